@@ -1,0 +1,30 @@
+"""mamba2-rocm: Mamba2/Mamba1 state-space-model kernels for AMD GPUs.
+
+The ops import torch lazily, so ``import mamba2_rocm`` (and the build driver, and
+``python -m mamba2_rocm doctor``) work on machines without PyTorch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from ._version import __version__
+except ImportError:  # a source tree that was never built or installed
+    __version__ = "0.0.0"
+
+__all__ = ["__version__", "causal_conv1d_fn", "causal_conv1d_update"]
+
+_LAZY = {
+    "causal_conv1d_fn": "mamba2_rocm.ops.conv1d",
+    "causal_conv1d_update": "mamba2_rocm.ops.conv1d",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mamba2_rocm' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

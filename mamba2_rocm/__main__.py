@@ -1,0 +1,3 @@
+from mamba2_rocm.cli import main
+
+raise SystemExit(main())
