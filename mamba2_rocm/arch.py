@@ -36,7 +36,7 @@ GENERIC_FAMILIES: dict[str, tuple[str, ...]] = {
 }
 
 _FAMILY_OF = {isa: fam for fam, isas in GENERIC_FAMILIES.items() for isa in isas}
-_AMD_RE = re.compile(r"^gfx(?:[0-9]{3,4}[a-f]?|[0-9]+(?:-[0-9]+)?-generic)$")
+_AMD_RE = re.compile(r"^gfx(?:[0-9]{1,2}[0-9a-f]{2}|[0-9]+(?:-[0-9]+)?-generic)$")
 _CUDA_RE = re.compile(r"^sm_([0-9]{2,3})[af]?$")
 
 #: Every AMD ISA this project can name, beyond those in a generic family.
@@ -95,12 +95,10 @@ def _wavefront(base: str) -> int:
     if base.startswith("sm_"):
         return 32
     # gfx9 (GCN/CDNA, gfx9xx and gfx9-*-generic) runs wave64; gfx10 and later default to wave32.
-    digits = re.match(r"gfx([0-9]+)", base)
-    assert digits
-    major = digits.group(1)
-    if base.endswith("-generic"):
-        return 64 if major == "9" else 32
-    return 64 if len(major) == 3 else 32
+    suffix = base[3:]
+    # gfx<major><minor><stepping>: the last two characters are minor and stepping (gfx90a).
+    major = suffix.split("-")[0] if base.endswith("-generic") else suffix[:-2]
+    return 64 if major == "9" else 32
 
 
 def arch_info(arch: str) -> ArchInfo:
