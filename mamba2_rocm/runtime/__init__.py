@@ -1,0 +1,1 @@
+"""Loading and launching code objects: driver bindings, discovery, selection per device."""

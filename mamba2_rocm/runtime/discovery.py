@@ -1,0 +1,138 @@
+"""Where code objects come from: installed kernel packages, an env path, the JIT cache.
+
+A kernel directory holds one target's code objects and the ``manifest.json`` the build driver
+wrote for them. Kernel packages (``mamba2-rocm-gfx1030``, ``mamba2-rocm-gfx11-generic``, ...)
+register their directory through the entry-point group :data:`ENTRY_POINT_GROUP`, so several
+can be installed side by side (an APU and a discrete card). The entry point names the target and
+points at a module; the directory is that module's ``KERNEL_DIR`` attribute, or its folder.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mamba2_rocm.arch import generic_family, split_arch_name
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "KERNEL_PATH_ENV",
+    "MANIFEST_NAME",
+    "KernelDir",
+    "find_kernel_dir",
+    "jit_cache_root",
+    "kernel_dirs",
+    "pip_install_hint",
+]
+
+ENTRY_POINT_GROUP = "mamba2_rocm.kernels"
+KERNEL_PATH_ENV = "MAMBA2_ROCM_KERNEL_PATH"
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass(frozen=True)
+class KernelDir:
+    """One target's code objects on disk, and where we found them."""
+
+    target: str
+    path: Path
+    origin: str  # e.g. "package mamba2-rocm-gfx1030 0.3.0", "env MAMBA2_ROCM_KERNEL_PATH"
+    manifest: dict[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def kernels(self) -> list[str]:
+        return sorted(k["name"] for co in self.manifest["code_objects"] for k in co["kernels"])
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((path / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "target" in data else None
+
+
+def _dirs_below(root: Path, origin: str) -> list[KernelDir]:
+    """``root`` itself if it is a kernel dir, else its immediate kernel subdirs."""
+    found = []
+    manifest = _read_manifest(root)
+    if manifest is not None:
+        return [KernelDir(manifest["target"], root, origin, manifest)]
+    if root.is_dir():
+        for sub in sorted(root.iterdir()):
+            manifest = _read_manifest(sub)
+            if manifest is not None:
+                found.append(KernelDir(manifest["target"], sub, origin, manifest))
+    return found
+
+
+def jit_cache_root() -> Path:
+    """Per-user, per-version cache of just-in-time builds (``MAMBA2_ROCM_CACHE`` overrides)."""
+    from mamba2_rocm import __version__
+
+    env = os.environ.get("MAMBA2_ROCM_CACHE")
+    if env:
+        return Path(env) / __version__
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("mamba2_rocm", appauthor=False)) / __version__
+
+
+def _package_dirs() -> list[KernelDir]:
+    found = []
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        origin = f"package {dist.name} {dist.version}" if dist else f"entry point {ep.value}"
+        try:
+            module = ep.load()
+        except Exception as exc:  # a broken kernel package must not hide the others
+            import warnings
+
+            warnings.warn(f"mamba2-rocm: cannot load kernel package {origin}: {exc}", stacklevel=3)
+            continue
+        path = Path(getattr(module, "KERNEL_DIR", None) or Path(module.__file__).parent)
+        found.extend(_dirs_below(path, origin))
+    return found
+
+
+def kernel_dirs(include_cache: bool = True) -> list[KernelDir]:
+    """All kernel dirs, in priority order: env path, installed packages, JIT cache."""
+    found: list[KernelDir] = []
+    for entry in filter(None, os.environ.get(KERNEL_PATH_ENV, "").split(os.pathsep)):
+        found.extend(_dirs_below(Path(entry), f"env {KERNEL_PATH_ENV}"))
+    found.extend(_package_dirs())
+    if include_cache:
+        found.extend(_dirs_below(jit_cache_root(), "jit cache"))
+    return found
+
+
+def find_kernel_dir(arch: str, dirs: list[KernelDir] | None = None) -> KernelDir | None:
+    """The kernel dir for ``arch``: its exact ISA first, then its generic family."""
+    base = split_arch_name(arch)[0]
+    dirs = kernel_dirs() if dirs is None else dirs
+    for wanted in (base, generic_family(base)):
+        if wanted is None:
+            continue
+        for kdir in dirs:
+            if kdir.target == wanted:
+                return kdir
+    return None
+
+
+def pip_install_hint(arch: str) -> str:
+    """The pip line that would give ``arch`` kernels: its own package, else its family's."""
+    from mamba2_rocm.targets import release_targets
+
+    base = split_arch_name(arch)[0]
+    targets = release_targets()
+    extra = base if base in targets else generic_family(base)
+    if extra is None or extra not in targets:
+        return (
+            f"no mamba2-rocm kernel package is published for {base}; build one with "
+            f"`python -m mamba2_rocm build --arch {base} --out DIR` and set {KERNEL_PATH_ENV}=DIR"
+        )
+    return f'pip install "mamba2-rocm[{extra}]"'
