@@ -1,0 +1,88 @@
+// Causal depthwise conv1d, decode step: new tokens against a rolling conv_state, in place.
+// One thread per (batch, channel); grid (ceil(dim / kThreads), batch). Semantics in params.h.
+#include "platform.h"
+
+namespace m2r {
+namespace conv1d {
+
+constexpr int kUpdateThreads = 128;
+
+M2R_DEVICE int64_t wrap(int64_t i, int64_t n) {
+  const int64_t r = i % n;
+  return r < 0 ? r + n : r;
+}
+
+template <typename T, int kW>
+M2R_DEVICE void update(const ConvUpdateParams& p) {
+  typedef typename T::storage S;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kUpdateThreads + threadIdx.x;
+  const int64_t b = blockIdx.y;
+  if (c >= p.dim) return;
+
+  const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + c * p.x_c_stride;
+  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + c * p.out_c_stride;
+  const int64_t row = p.state_indices ? p.state_indices[b] : b;
+  if (row < 0 || row >= p.num_states) {
+    // -1 is a padding slot: zeros out, state untouched. Anything else is out of range.
+    const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
+    for (int t = 0; t < p.seqlen; ++t) out[t * p.out_l_stride] = T::from_float(fill);
+    return;
+  }
+  S* state = static_cast<S*>(p.conv_state) + row * p.state_batch_stride + c * p.state_c_stride;
+
+  float w[kW];
+#pragma unroll
+  for (int k = 0; k < kW; ++k)
+    w[k] = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
+  const float bias = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
+
+  const int64_t L = p.state_len;
+  const bool circular = p.cache_seqlens != nullptr;
+  const int64_t head = circular ? p.cache_seqlens[b] : 0;  // next write slot (circular)
+
+  // win[k]: input at step t - (kW-1) + k; the first kW-1 come from the state.
+  float win[kW];
+#pragma unroll
+  for (int k = 0; k < kW - 1; ++k) {
+    const int64_t slot = circular ? wrap(head - (kW - 1) + k, L) : L - (kW - 1) + k;
+    win[k] = T::to_float(state[slot * p.state_l_stride]);
+  }
+  for (int t = 0; t < p.seqlen; ++t) {
+    win[kW - 1] = T::to_float(x[t * p.x_l_stride]);
+    float acc = bias;
+#pragma unroll
+    for (int k = 0; k < kW; ++k) acc = fmaf(w[k], win[k], acc);
+    out[t * p.out_l_stride] = T::from_float(p.silu ? silu(acc) : acc);
+#pragma unroll
+    for (int k = 0; k < kW - 1; ++k) win[k] = win[k + 1];
+  }
+
+  if (circular) {
+    // Later tokens win when seqlen > state_len, as a sequential write would.
+    for (int t = 0; t < p.seqlen; ++t)
+      state[wrap(head + t, L) * p.state_l_stride] = x[t * p.x_l_stride];
+  } else {
+    // Shift register: state <- last state_len entries of [state, x]. Reading ahead of the
+    // write index keeps the in-place shift safe.
+    const int64_t n = p.seqlen;
+    for (int64_t j = 0; j < L; ++j) {
+      const int64_t src = j + n;
+      state[j * p.state_l_stride] =
+          src < L ? state[src * p.state_l_stride] : x[(src - L) * p.x_l_stride];
+    }
+  }
+}
+
+}  // namespace conv1d
+}  // namespace m2r
+
+#define M2R_CONV_UPDATE(DT, T, W)                                                                \
+  M2R_KERNEL(m2r::conv1d::kUpdateThreads) m2r_conv1d_update_##DT##_w##W(ConvUpdateParams p) { \
+    m2r::conv1d::update<m2r::T, W>(p);                                                            \
+  }
+#define M2R_CONV_UPDATE_WIDTHS(DT, T) \
+  M2R_CONV_UPDATE(DT, T, 2) M2R_CONV_UPDATE(DT, T, 3) M2R_CONV_UPDATE(DT, T, 4)
+
+M2R_CONV_UPDATE_WIDTHS(f32, F32)
+M2R_CONV_UPDATE_WIDTHS(f16, F16)
+M2R_CONV_UPDATE_WIDTHS(bf16, BF16)

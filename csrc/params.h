@@ -1,0 +1,62 @@
+// Kernel parameter structs, passed by value as each kernel's only argument.
+//
+// Each struct exists twice: here and as a ctypes.Structure in mamba2_rocm/params.py. The build
+// reads every kernel's argument size from the code object and fails when it differs from the
+// Python struct; tests/test_params.py compiles this header with the host compiler and compares
+// every field offset. Keep both in the same order, 8-byte fields first.
+//
+// Strides are in elements, never bytes. Optional pointers are null when absent.
+// Plain C/C++: no device headers, so the host compiler can include it too.
+#pragma once
+
+#include <stdint.h>
+
+#define M2R_DTYPE_F32 0
+#define M2R_DTYPE_F16 1
+#define M2R_DTYPE_BF16 2
+
+// causal_conv1d forward: out[b, c, t] = act(bias[c] + sum_k weight[c, k] * x[b, c, t - (W-1) + k])
+// with x at t < 0 taken from initial_states[b, c, W-1+t] (or 0), and, with seq_idx, only taps
+// whose seq_idx equals that of t (positions before 0 count as seq_idx -1).
+struct ConvFwdParams {
+  const void* x;               // (batch, dim, seqlen), dtype of the kernel
+  const void* weight;          // (dim, width), dtype weight_dtype
+  const void* bias;            // (dim,), dtype bias_dtype, or null
+  void* out;                   // (batch, dim, seqlen), dtype of the kernel
+  const int32_t* seq_idx;      // (batch, seqlen) or null
+  const void* initial_states;  // (batch, dim, width-1), dtype of the kernel, or null
+  void* final_states;          // (batch, dim, width-1), dtype of the kernel, or null
+  int64_t x_batch_stride, x_c_stride, x_l_stride;
+  int64_t out_batch_stride, out_c_stride, out_l_stride;
+  int64_t weight_c_stride, weight_w_stride;
+  int64_t seq_idx_batch_stride, seq_idx_l_stride;
+  int64_t init_batch_stride, init_c_stride, init_l_stride;
+  int64_t final_batch_stride, final_c_stride, final_l_stride;
+  int32_t batch, dim, seqlen;
+  int32_t silu;  // 1: apply SiLU to the output
+  int32_t weight_dtype, bias_dtype;
+  int32_t reserved0, reserved1;
+};
+
+// causal_conv1d_update: x (batch, dim, seqlen) new tokens, conv_state (num_states, dim, state_len)
+// updated in place. Without cache_seqlens the state is a shift register; with it, a circular
+// buffer written at (cache_seqlens[b] + t) % state_len. state_indices maps batch -> state row;
+// -1 writes zeros to out and leaves the state alone; >= num_states writes NaN to out (an
+// out-of-range index cannot raise on the device, so it is made loud instead of silent).
+struct ConvUpdateParams {
+  const void* x;
+  void* conv_state;
+  const void* weight;
+  const void* bias;
+  void* out;
+  const int32_t* cache_seqlens;  // (batch,) or null
+  const int32_t* state_indices;  // (batch,) or null
+  int64_t x_batch_stride, x_c_stride, x_l_stride;
+  int64_t out_batch_stride, out_c_stride, out_l_stride;
+  int64_t state_batch_stride, state_c_stride, state_l_stride;
+  int64_t weight_c_stride, weight_w_stride;
+  int32_t batch, dim, seqlen, state_len;
+  int32_t num_states;
+  int32_t silu;
+  int32_t weight_dtype, bias_dtype;
+};

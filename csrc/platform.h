@@ -1,0 +1,136 @@
+// The few primitives that differ between HIP (clang, AMD targets) and CUDA (nvcc), so that
+// every kernel source compiles unchanged for both. The NVIDIA build exists to execute and
+// measure the kernels on the hardware we have; AMD targets are what we ship.
+//
+// Contract with the build driver:
+//   M2R_WAVEFRONT_SIZE  wavefront width of the target: 32 (gfx10/11/12, NVIDIA) or 64 (gfx9).
+//                       Always given on the command line; never assumed.
+#pragma once
+
+#include "params.h"
+
+#ifndef M2R_WAVEFRONT_SIZE
+#error "M2R_WAVEFRONT_SIZE must be defined by the build driver (32 or 64)"
+#endif
+#if M2R_WAVEFRONT_SIZE != 32 && M2R_WAVEFRONT_SIZE != 64
+#error "M2R_WAVEFRONT_SIZE must be 32 or 64"
+#endif
+
+#if defined(__HIP__) || defined(__HIPCC__)
+#define M2R_AMD 1
+#include <hip/hip_fp16.h>
+#include <hip/hip_runtime.h>
+#else
+#define M2R_CUDA 1
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#endif
+
+#define M2R_DEVICE __device__ __forceinline__
+// Every kernel is extern "C" so the loader finds it by a stable, unmangled name.
+#define M2R_KERNEL(threads) extern "C" __global__ void __launch_bounds__(threads)
+
+namespace m2r {
+
+constexpr int kWavefront = M2R_WAVEFRONT_SIZE;
+typedef uint64_t lane_mask_t;  // 64-bit on every target so wave64 code is never truncated
+
+// 16 bytes moved by one load instruction.
+#if M2R_AMD
+typedef unsigned int vec16_t __attribute__((ext_vector_type(4)));
+#else
+typedef uint4 vec16_t;
+#endif
+
+// Read-only global loads of data that is read once (streaming): non-temporal on AMD so it
+// does not evict reusable lines, the read-only path on NVIDIA.
+template <typename T>
+M2R_DEVICE T load_stream(const T* p) {
+#if M2R_AMD
+  return __builtin_nontemporal_load(p);
+#else
+  return __ldg(p);
+#endif
+}
+
+template <typename T>
+M2R_DEVICE void store_stream(T* p, T v) {
+#if M2R_AMD
+  __builtin_nontemporal_store(v, p);
+#else
+  *p = v;
+#endif
+}
+
+M2R_DEVICE float shfl_xor(float v, int lane_mask) {
+#if M2R_AMD
+  return __shfl_xor(v, lane_mask, kWavefront);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask, kWavefront);
+#endif
+}
+
+M2R_DEVICE float shfl_up(float v, unsigned delta) {
+#if M2R_AMD
+  return __shfl_up(v, delta, kWavefront);
+#else
+  return __shfl_up_sync(0xffffffffu, v, delta, kWavefront);
+#endif
+}
+
+M2R_DEVICE lane_mask_t ballot(bool pred) {
+#if M2R_AMD
+  return static_cast<lane_mask_t>(__ballot(pred));
+#else
+  return static_cast<lane_mask_t>(__ballot_sync(0xffffffffu, pred));
+#endif
+}
+
+// ---- element types: storage <-> fp32 ------------------------------------------------------
+// Storage is plain bits so no vendor half/bfloat16 class (with its differing operators) leaks
+// into kernel code; arithmetic is always fp32.
+
+M2R_DEVICE float bf16_to_float(uint16_t bits) {
+  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+}
+
+M2R_DEVICE uint16_t float_to_bf16(float f) {  // round to nearest even, NaN stays NaN
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+M2R_DEVICE float fp16_to_float(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+M2R_DEVICE uint16_t float_to_fp16(float f) { return __half_as_ushort(__float2half_rn(f)); }
+
+struct F32 {
+  typedef float storage;
+  static constexpr int kDType = M2R_DTYPE_F32;
+  static M2R_DEVICE float to_float(float v) { return v; }
+  static M2R_DEVICE float from_float(float v) { return v; }
+};
+struct F16 {
+  typedef uint16_t storage;
+  static constexpr int kDType = M2R_DTYPE_F16;
+  static M2R_DEVICE float to_float(uint16_t v) { return fp16_to_float(v); }
+  static M2R_DEVICE uint16_t from_float(float v) { return float_to_fp16(v); }
+};
+struct BF16 {
+  typedef uint16_t storage;
+  static constexpr int kDType = M2R_DTYPE_BF16;
+  static M2R_DEVICE float to_float(uint16_t v) { return bf16_to_float(v); }
+  static M2R_DEVICE uint16_t from_float(float v) { return float_to_bf16(v); }
+};
+
+// A small tensor (weights, biases) whose dtype is a run-time parameter: one uniform branch,
+// so callers may pass fp32 weights with bf16 activations without a conversion kernel.
+M2R_DEVICE float load_as_float(const void* p, int dtype, int64_t idx) {
+  if (dtype == M2R_DTYPE_F32) return static_cast<const float*>(p)[idx];
+  const uint16_t bits = static_cast<const uint16_t*>(p)[idx];
+  return dtype == M2R_DTYPE_F16 ? fp16_to_float(bits) : bf16_to_float(bits);
+}
+
+M2R_DEVICE float silu(float x) { return x / (1.0f + __expf(-x)); }
+
+}  // namespace m2r

@@ -1,0 +1,66 @@
+"""The kernel table: every csrc source, the kernels it must define, and their parameter struct.
+
+The build driver checks each code object against this table (every kernel present, argument
+size equal to the struct) and the runtime looks kernels up through it. Torch-free.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams
+
+__all__ = ["SOURCES", "KernelSource", "kernel_params", "source_of"]
+
+KERNEL_DTYPES = ("f32", "f16", "bf16")
+CONV_WIDTHS = (2, 3, 4)
+CONV_FWD_LAYOUTS = ("vec", "strided", "cl_vec", "cl_strided")
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """One csrc file: compiled to one code object per target."""
+
+    name: str  # file stem in csrc/, e.g. "conv1d_fwd"
+    params: type[ctypes.Structure]
+    kernels: tuple[str, ...]
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.hip"
+
+
+SOURCES: dict[str, KernelSource] = {
+    s.name: s
+    for s in (
+        KernelSource(
+            "conv1d_fwd",
+            ConvFwdParams,
+            tuple(
+                f"m2r_conv1d_fwd_{dt}_w{w}_{layout}"
+                for dt in KERNEL_DTYPES
+                for w in CONV_WIDTHS
+                for layout in CONV_FWD_LAYOUTS
+            ),
+        ),
+        KernelSource(
+            "conv1d_update",
+            ConvUpdateParams,
+            tuple(f"m2r_conv1d_update_{dt}_w{w}" for dt in KERNEL_DTYPES for w in CONV_WIDTHS),
+        ),
+    )
+}
+
+_SOURCE_OF = {k: src for src in SOURCES.values() for k in src.kernels}
+
+
+def source_of(kernel: str) -> KernelSource:
+    try:
+        return _SOURCE_OF[kernel]
+    except KeyError:
+        raise KeyError(f"unknown kernel {kernel!r}: not in mamba2_rocm.kernels.SOURCES") from None
+
+
+def kernel_params(kernel: str) -> type[ctypes.Structure]:
+    return source_of(kernel).params

@@ -1,0 +1,47 @@
+"""ctypes mirrors of ``csrc/params.h``: each kernel's single by-value argument.
+
+The build refuses a code object whose argument size differs from these, and
+``tests/test_params.py`` compares every field offset against the C header compiled by the host
+compiler. Torch-free: the build driver imports this inside the toolchain image.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+__all__ = ["DTYPE_CODES", "ConvFwdParams", "ConvUpdateParams"]
+
+#: dtype name -> the M2R_DTYPE_* code the kernels take for run-time-typed tensors.
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+_p = ctypes.c_void_p
+_i64 = ctypes.c_int64
+_i32 = ctypes.c_int32
+
+
+def _fields(pointers: str, int64s: str, int32s: str) -> list[tuple[str, type]]:
+    return (
+        [(n, _p) for n in pointers.split()]
+        + [(n, _i64) for n in int64s.split()]
+        + [(n, _i32) for n in int32s.split()]
+    )
+
+
+class ConvFwdParams(ctypes.Structure):
+    _fields_ = _fields(
+        "x weight bias out seq_idx initial_states final_states",
+        "x_batch_stride x_c_stride x_l_stride out_batch_stride out_c_stride out_l_stride "
+        "weight_c_stride weight_w_stride seq_idx_batch_stride seq_idx_l_stride "
+        "init_batch_stride init_c_stride init_l_stride "
+        "final_batch_stride final_c_stride final_l_stride",
+        "batch dim seqlen silu weight_dtype bias_dtype reserved0 reserved1",
+    )
+
+
+class ConvUpdateParams(ctypes.Structure):
+    _fields_ = _fields(
+        "x conv_state weight bias out cache_seqlens state_indices",
+        "x_batch_stride x_c_stride x_l_stride out_batch_stride out_c_stride out_l_stride "
+        "state_batch_stride state_c_stride state_l_stride weight_c_stride weight_w_stride",
+        "batch dim seqlen state_len num_states silu weight_dtype bias_dtype",
+    )

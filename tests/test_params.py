@@ -1,0 +1,61 @@
+"""The ctypes structs match csrc/params.h field by field, as the host C++ compiler lays it out."""
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mamba2_rocm.kernels import SOURCES
+from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams
+
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+STRUCTS = [ConvFwdParams, ConvUpdateParams]
+
+
+@pytest.fixture(scope="module")
+def c_layout(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.fail("a host C++ compiler (g++) is needed to check csrc/params.h")
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "params.h"', "int main() {"]
+    for st in STRUCTS:
+        name = st.__name__
+        lines.append(f'printf("{name} size %zu\\n", sizeof({name}));')
+        for field, _ in st._fields_:
+            lines.append(f'printf("{name} {field} %zu\\n", offsetof({name}, {field}));')
+    lines.append("return 0; }")
+    tmp = tmp_path_factory.mktemp("params")
+    (tmp / "p.cpp").write_text("\n".join(lines))
+    subprocess.run([cxx, "-I", str(CSRC), "-o", str(tmp / "p"), str(tmp / "p.cpp")], check=True)
+    out = subprocess.run([str(tmp / "p")], check=True, capture_output=True, text=True).stdout
+    return {tuple(line.split()[:2]): int(line.split()[2]) for line in out.splitlines()}
+
+
+@pytest.mark.parametrize("struct", STRUCTS, ids=lambda s: s.__name__)
+def test_struct_matches_header(struct, c_layout):
+    name = struct.__name__
+    assert c_layout[(name, "size")] == ctypes.sizeof(struct)
+    for field, _ in struct._fields_:
+        assert c_layout[(name, field)] == getattr(struct, field).offset, field
+
+
+def test_header_has_no_fields_we_do_not_mirror():
+    text = (CSRC / "params.h").read_text()
+    for struct in STRUCTS:
+        body = text.split(f"struct {struct.__name__} {{")[1].split("};")[0]
+        declared = set()
+        for line in body.splitlines():
+            code = line.split("//")[0].strip().rstrip(";")
+            if not code:
+                continue
+            declared.update(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:,|$)", code))
+        assert declared == {f for f, _ in struct._fields_}
+
+
+def test_every_kernel_is_defined_in_its_source():
+    for src in SOURCES.values():
+        text = (CSRC / src.filename).read_text()
+        assert src.params.__name__ in text, src.name
