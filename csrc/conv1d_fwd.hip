@@ -152,6 +152,27 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
     write_final_states<T, kW>(p, b, c);
 }
 
+// Channel-last: the kN channels c0.. at position pos (zeros past the end, history before 0).
+template <typename T, int kW, bool kVec>
+M2R_DEVICE void cl_load(const ConvFwdParams& p, int64_t b, int64_t c0, int64_t pos, bool full_c,
+                        float (&v)[Vec<T>::kN]) {
+  typedef typename T::storage S;
+  constexpr int kN = Vec<T>::kN;
+  if (pos >= p.seqlen) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] = 0.f;
+  } else if (kVec && pos >= 0 && full_c) {
+    const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + pos * p.x_l_stride + c0;
+    typename Vec<T>::U u;
+    u.v = load_stream(reinterpret_cast<const vec16_t*>(x));
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] = T::to_float(u.s[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] = c0 + i < p.dim ? x_at<T, kW>(p, b, c0 + i, pos) : 0.f;
+  }
+}
+
 // ---- layout: channel-last --------------------------------------------------------------------
 // grid (ceil(seqlen / (kClRowsL * kClPosPerThread)), ceil(dim / (kClLanesC * kN)), batch);
 // a thread owns kN consecutive channels and kClPosPerThread consecutive positions.
@@ -177,36 +198,21 @@ M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
     bias[i] = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
   }
 
-  const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride;
   S* out = static_cast<S*>(p.out) + b * p.out_batch_stride;
-  auto load_pos = [&](int64_t pos, float (&v)[kN]) {
-    if (pos >= p.seqlen) {
-#pragma unroll
-      for (int i = 0; i < kN; ++i) v[i] = 0.f;
-    } else if (pos >= 0 && kVec && full_c) {
-      typename Vec<T>::U u;
-      u.v = load_stream(reinterpret_cast<const vec16_t*>(x + pos * p.x_l_stride + c0));
-#pragma unroll
-      for (int i = 0; i < kN; ++i) v[i] = T::to_float(u.s[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kN; ++i)
-        v[i] = c0 + i < p.dim ? x_at<T, kW>(p, b, c0 + i, pos) : 0.f;
-    }
-  };
 
   // Sliding window: win[k] holds position t - (kW-1) + k for the output position t.
   float win[kW][kN];
   int sid[kW];
 #pragma unroll
   for (int k = 0; k < kW - 1; ++k) {
-    load_pos(t0 - (kW - 1) + k, win[k]);
+    cl_load<T, kW, kVec>(p, b, c0, t0 - (kW - 1) + k, full_c, win[k]);
     if (has_seq) sid[k] = seq_at(p, b, t0 - (kW - 1) + k);
   }
   const int steps = static_cast<int>(min(static_cast<int64_t>(kClPosPerThread), p.seqlen - t0));
+#pragma unroll 1
   for (int s = 0; s < steps; ++s) {
     const int64_t t = t0 + s;
-    load_pos(t, win[kW - 1]);
+    cl_load<T, kW, kVec>(p, b, c0, t, full_c, win[kW - 1]);
     if (has_seq) sid[kW - 1] = seq_at(p, b, t);
     float y[kN];
 #pragma unroll
@@ -235,6 +241,7 @@ M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
     }
   }
   if (p.final_states != nullptr && t0 + kClPosPerThread >= p.seqlen) {
+#pragma unroll 1
     for (int i = 0; i < kN; ++i)
       if (c0 + i < p.dim) write_final_states<T, kW>(p, b, c0 + i);
   }

@@ -131,6 +131,6 @@ M2R_DEVICE float load_as_float(const void* p, int dtype, int64_t idx) {
   return dtype == M2R_DTYPE_F16 ? fp16_to_float(bits) : bf16_to_float(bits);
 }
 
-M2R_DEVICE float silu(float x) { return x / (1.0f + __expf(-x)); }
+M2R_DEVICE float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 
 }  // namespace m2r

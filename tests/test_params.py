@@ -20,7 +20,7 @@ def c_layout(tmp_path_factory):
     cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if cxx is None:
         pytest.fail("a host C++ compiler (g++) is needed to check csrc/params.h")
-    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "params.h"', "int main() {"]
+    lines = ["#include <stdio.h>", "#include <stddef.h>", '#include "params.h"', "int main() {"]
     for st in STRUCTS:
         name = st.__name__
         lines.append(f'printf("{name} size %zu\\n", sizeof({name}));')

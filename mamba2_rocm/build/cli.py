@@ -1,0 +1,31 @@
+"""``python -m mamba2_rocm build``: compile the kernels for one or more targets."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _run(args: argparse.Namespace) -> int:
+    from mamba2_rocm.build.driver import build
+
+    result = build(args.arch, args.out, sources=args.source or None, jobs=args.jobs)
+    for target, path in result.targets.items():
+        manifest = result.manifest(target)
+        kernels = [k for co in manifest["code_objects"] for k in co["kernels"]]
+        worst_regs = max(k["vgpr"] for k in kernels)
+        worst_lds = max(k["lds_bytes"] for k in kernels)
+        print(
+            f"{target}: {len(manifest['code_objects'])} code objects, {len(kernels)} kernels, "
+            f"max {worst_regs} VGPRs, max {worst_lds} B LDS, 0 spills -> {path}"
+        )
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("build", help="compile the kernels into verified code objects")
+    p.add_argument("--arch", action="append", required=True,
+                   help="target: gfx1030, gfx11-generic, sm_90, ... or 'native' (repeatable)")  # fmt: skip
+    p.add_argument("--out", required=True, help="output directory (one subdirectory per target)")
+    p.add_argument("--source", action="append", help="build only this csrc source (repeatable)")
+    p.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: CPU count)")
+    p.set_defaults(func=_run)

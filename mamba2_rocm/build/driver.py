@@ -1,0 +1,325 @@
+"""Compile every csrc source for each target and verify the code objects statically.
+
+Output layout: ``OUT/<target>/<source>.{hsaco,cubin}`` and ``OUT/<target>/manifest.json``. The
+manifest is written only after every check passed, so a directory with a manifest is always a
+verified one (the runtime relies on that).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mamba2_rocm.arch import ArchInfo, arch_info
+from mamba2_rocm.build.codeobject import (
+    CodeObjectError,
+    KernelInfo,
+    amd_code_object_version,
+    amd_kernels,
+    cuda_kernels,
+)
+from mamba2_rocm.kernels import SOURCES, KernelSource
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "BuildError",
+    "BuildResult",
+    "Toolchain",
+    "build",
+    "csrc_dir",
+    "detect_native_archs",
+    "find_toolchain",
+    "verify_kernels",
+]
+
+MANIFEST_FORMAT = 1
+_TAIL_LINES = 40
+
+
+class BuildError(RuntimeError):
+    """A compile or verification failure; the message says which kernel, target and why."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    vendor: str  # "amd" or "nvidia"
+    compiler: str  # path to hipcc / nvcc
+    version: str  # first line(s) of `--version`, recorded in the manifest
+
+    def command(self, src: Path, out: Path, info: ArchInfo, include: Path) -> list[str]:
+        common = [
+            "-O3",
+            "-std=c++17",
+            f"-DM2R_WAVEFRONT_SIZE={info.wavefront_size}",
+            "-I",
+            str(include),
+        ]
+        if self.vendor == "amd":
+            cov = 6 if info.is_generic else 5  # generic targets exist only from code-object v6
+            return [
+                self.compiler, "-x", "hip", f"--offload-arch={info.name}", "--cuda-device-only",
+                f"-mcode-object-version={cov}", "-Wno-unused-command-line-argument",
+                # keep absolute paths out of the output so builds are byte-reproducible
+                f"-ffile-prefix-map={include}=csrc",
+                *common, "-o", str(out), str(src),
+            ]  # fmt: skip
+        sm = info.name.removeprefix("sm_")
+        return [
+            self.compiler, "-x", "cu", "-cubin", f"-gencode=arch=compute_{sm},code=sm_{sm}",
+            "--resource-usage", *common, "-o", str(out), str(src),
+        ]  # fmt: skip
+
+
+def csrc_dir() -> Path:
+    """The kernel sources: inside the installed package, or beside it in a source checkout."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "csrc", here.parent / "csrc"):
+        if (candidate / "platform.h").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"kernel sources not found in {here / 'csrc'} or {here.parent / 'csrc'}"
+    )
+
+
+def _version_of(compiler: str) -> str:
+    try:
+        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60,
+                             env=_compiler_env())  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"cannot run {compiler} --version: {exc}") from exc
+    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+    return " | ".join(ln for ln in lines if "version" in ln.lower() or "release" in ln.lower())[
+        :300
+    ]
+
+
+def _compiler_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["HIP_PLATFORM"] = "amd"  # hipcc otherwise switches to nvcc when it sees one
+    return env
+
+
+def find_toolchain(vendor: str) -> Toolchain:
+    """hipcc for AMD targets, nvcc for NVIDIA ones: env override, PATH, then the usual prefixes."""
+    if vendor == "amd":
+        env_var, name = "HIPCC", "hipcc"
+        prefixes = [os.environ.get("ROCM_PATH", ""), "/opt/rocm", "/usr"]
+    else:
+        env_var, name = "NVCC", "nvcc"
+        prefixes = [
+            os.environ.get("CUDA_HOME", ""),
+            os.environ.get("CUDA_PATH", ""),
+            "/usr/local/cuda",
+        ]
+    tried = []
+    candidates = [os.environ.get(env_var, ""), shutil.which(name) or ""]
+    candidates += [str(Path(p) / "bin" / name) for p in prefixes if p]
+    for cand in candidates:
+        if not cand:
+            continue
+        tried.append(cand)
+        if Path(cand).is_file() and os.access(cand, os.X_OK):
+            return Toolchain(vendor, cand, _version_of(cand))
+    raise BuildError(
+        f"no {name} found for {vendor.upper()} targets (tried ${env_var}, PATH, "
+        f"{', '.join(tried) or 'nothing'}); install it or set {env_var}=/path/to/{name}"
+    )
+
+
+def detect_native_archs() -> list[str]:
+    """The GPU architectures of this machine, for ``--arch native``."""
+    found: list[str] = []
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from mamba2_rocm.runtime.device import device_arch
+
+            found = [device_arch(i) for i in range(torch.cuda.device_count())]
+    except ImportError:
+        pass
+    probes = (
+        ["amdgpu-arch"],
+        ["rocm_agent_enumerator"],
+        ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+    )
+    for cmd in probes if not found else ():
+        if shutil.which(cmd[0]) is None:
+            continue
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        for line in out.split():
+            if line.startswith("gfx") and line != "gfx000":
+                found.append(line)
+            elif cmd[0] == "nvidia-smi" and line.replace(".", "").isdigit():
+                found.append("sm_" + line.replace(".", ""))
+    if not found:
+        raise BuildError(
+            "--arch native: no GPU found (asked torch, amdgpu-arch, rocm_agent_enumerator, "
+            "nvidia-smi); name the target instead, e.g. --arch gfx1030"
+        )
+    return sorted(set(found))
+
+
+@dataclass
+class CodeObject:
+    source: KernelSource
+    path: Path
+    kernels: list[KernelInfo]
+    code_object_version: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source.name,
+            "file": self.path.name,
+            "sha256": hashlib.sha256(self.path.read_bytes()).hexdigest(),
+            "code_object_version": self.code_object_version,
+            "kernels": [k.to_json() for k in sorted(self.kernels, key=lambda k: k.name)],
+        }
+
+
+@dataclass
+class BuildResult:
+    out_dir: Path
+    targets: dict[str, Path] = field(default_factory=dict)  # target -> its kernel dir
+
+    def manifest(self, target: str) -> dict[str, Any]:
+        return json.loads((self.targets[target] / "manifest.json").read_text())
+
+
+def _tail(text: str) -> str:
+    return "\n".join(text.strip().splitlines()[-_TAIL_LINES:])
+
+
+def _compile(
+    tc: Toolchain, src: KernelSource, info: ArchInfo, target_dir: Path, include: Path
+) -> CodeObject:
+    suffix = "hsaco" if tc.vendor == "amd" else "cubin"
+    out = target_dir / f"{src.name}.{suffix}"
+    cmd = tc.command(include / src.filename, out, info, include)
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=_compiler_env(), timeout=1800
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"{src.filename} for {info.name}: cannot run {cmd[0]}: {exc}") from exc
+    if proc.returncode != 0:
+        raise BuildError(
+            f"{src.filename} for {info.name}: {Path(cmd[0]).name} exited {proc.returncode}\n"
+            f"command: {' '.join(cmd)}\n--- compiler output (tail) ---\n{_tail(proc.stderr + proc.stdout)}"
+        )
+    data = out.read_bytes()
+    try:
+        if tc.vendor == "amd":
+            target, kernels = amd_kernels(data)
+            cov = amd_code_object_version(data)
+        else:
+            target, kernels = cuda_kernels(data, proc.stderr + proc.stdout)
+            cov = None
+    except CodeObjectError as exc:
+        raise BuildError(f"{out}: {exc}") from exc
+    if target != info.name:
+        raise BuildError(f"{out}: code object target is {target!r}, expected {info.name!r}")
+    return CodeObject(src, out, kernels, cov)
+
+
+def verify_kernels(co: CodeObject, info: ArchInfo) -> list[str]:
+    """Every reason this code object must not ship; empty when it is fine."""
+    problems = []
+    expected = ctypes.sizeof(co.source.params)
+    by_name = {k.name: k for k in co.kernels}
+    for name in co.source.kernels:
+        k = by_name.get(name)
+        where = f"{info.name} {co.source.name}: kernel {name}"
+        if k is None:
+            problems.append(f"{where} is missing from the code object")
+            continue
+        if k.arg_size != expected:
+            problems.append(
+                f"{where} takes {k.arg_size} argument bytes but {co.source.params.__name__} "
+                f"is {expected} (csrc/params.h and mamba2_rocm/params.py disagree)"
+            )
+        if k.spills:
+            problems.append(f"{where} spills registers ({k.vgpr_spill} vgpr / {k.sgpr_spill} sgpr)")
+        if k.lds_bytes > info.lds_limit_bytes:
+            problems.append(
+                f"{where} uses {k.lds_bytes} bytes of LDS, over the {info.lds_limit_bytes} limit"
+            )
+        if k.wavefront_size != info.wavefront_size:
+            problems.append(
+                f"{where} was built for wave{k.wavefront_size}, {info.name} runs wave{info.wavefront_size}"
+            )
+        if k.target != info.name:
+            problems.append(f"{where} targets {k.target}, expected {info.name}")
+    return problems
+
+
+def _build_target(
+    arch: str, out_dir: Path, sources: Sequence[KernelSource], include: Path, jobs: int,
+    toolchains: dict[str, Toolchain],
+) -> Path:  # fmt: skip
+    from mamba2_rocm import __version__
+
+    info = arch_info(arch)
+    tc = toolchains[info.vendor]
+    target_dir = out_dir / info.name
+    target_dir.mkdir(parents=True, exist_ok=True)
+    (target_dir / "manifest.json").unlink(missing_ok=True)  # unverified until proven otherwise
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        objects = list(pool.map(lambda s: _compile(tc, s, info, target_dir, include), sources))
+    problems = [p for co in objects for p in verify_kernels(co, info)]
+    if problems:
+        raise BuildError(
+            f"{len(problems)} verification failure(s) for {info.name}:\n  " + "\n  ".join(problems)
+        )
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "target": info.name,
+        "vendor": info.vendor,
+        "wavefront_size": info.wavefront_size,
+        "mamba2_rocm_version": __version__,
+        "compiler": tc.version,
+        "code_objects": [co.to_json() for co in objects],
+    }
+    (target_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return target_dir
+
+
+def build(
+    archs: Iterable[str],
+    out_dir: str | os.PathLike[str],
+    sources: Iterable[str] | None = None,
+    jobs: int | None = None,
+) -> BuildResult:
+    """Compile ``sources`` (default: all) for each arch into ``out_dir``; raise BuildError on failure."""
+    archs = list(archs)
+    if "native" in archs:
+        archs = [a for a in archs if a != "native"] + detect_native_archs()
+    if not archs:
+        raise BuildError("no target given: pass --arch gfx1030 (repeatable), or --arch native")
+    infos = [arch_info(a) for a in archs]  # unknown names fail here, before any compile
+    names = list(sources) if sources is not None else list(SOURCES)
+    unknown = [n for n in names if n not in SOURCES]
+    if unknown:
+        raise BuildError(f"unknown source(s) {unknown}; known: {sorted(SOURCES)}")
+    srcs = [SOURCES[n] for n in names]
+    include = csrc_dir()
+    toolchains = {v: find_toolchain(v) for v in {i.vendor for i in infos}}
+    jobs = jobs or os.cpu_count() or 1
+    result = BuildResult(Path(out_dir))
+    for info in infos:
+        result.targets[info.name] = _build_target(
+            info.name, Path(out_dir), srcs, include, jobs, toolchains
+        )
+    return result
