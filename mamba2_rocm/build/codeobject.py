@@ -183,9 +183,7 @@ def parse_ptxas_resource_usage(text: str) -> dict[str, dict[str, int]]:
     usage: dict[str, dict[str, int]] = {}
     current = None
     for line in text.splitlines():
-        if m := _PTXAS_ENTRY.search(line):
-            current = usage.setdefault(m.group(1), {})
-        elif m := _PTXAS_FUNC.search(line):
+        if (m := _PTXAS_ENTRY.search(line)) or (m := _PTXAS_FUNC.search(line)):
             current = usage.setdefault(m.group(1), {})
         elif current is not None and (m := _PTXAS_STACK.search(line)):
             current.update(

@@ -1,0 +1,46 @@
+"""Which tier runs an op: the GPU kernel, vectorized PyTorch, or the plain eager loop.
+
+``MAMBA2_ROCM_BACKEND=auto|kernel|torch|eager`` (read on every call, so it can be switched at
+run time). ``auto`` uses the kernel when the tensors are on a GPU that has code objects (see
+``runtime.loader``) and vectorized PyTorch otherwise; ``kernel`` fails loudly when no kernel
+can run instead of falling back.
+"""
+
+from __future__ import annotations
+
+import os
+
+BACKEND_ENV = "MAMBA2_ROCM_BACKEND"
+BACKENDS = ("auto", "kernel", "torch", "eager")
+
+
+def requested_backend() -> str:
+    value = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if value not in BACKENDS:
+        raise ValueError(f"{BACKEND_ENV}={value!r} is not one of {', '.join(BACKENDS)}")
+    return value
+
+
+def choose(device) -> tuple[str, object]:
+    """``(tier, kernel_set)`` for tensors on ``device``; kernel_set is None off the kernel tier."""
+    wanted = requested_backend()
+    if wanted in ("torch", "eager"):
+        return wanted, None
+    if device.type != "cuda":
+        if wanted == "kernel":
+            raise ValueError(f"{BACKEND_ENV}=kernel needs GPU tensors, got tensors on {device}")
+        return "torch", None
+    from mamba2_rocm.runtime.loader import kernels_for_device
+
+    kset = kernels_for_device(device.index if device.index is not None else 0)
+    if kset is None:
+        if wanted == "kernel":
+            from mamba2_rocm.runtime.device import device_arch
+            from mamba2_rocm.runtime.discovery import pip_install_hint
+
+            arch = device_arch(device.index or 0)
+            raise RuntimeError(
+                f"{BACKEND_ENV}=kernel but no kernels serve {arch} (device {device}); {pip_install_hint(arch)}"
+            )
+        return "torch", None
+    return "kernel", kset

@@ -1,0 +1,333 @@
+"""Causal depthwise conv1d: ``causal_conv1d_fn`` and ``causal_conv1d_update``.
+
+Same signatures and semantics as the ``causal_conv1d`` package, with a superset of its layouts:
+x may be seqlen-contiguous, channel-last (``x.stride(1) == 1``) or arbitrarily strided; weights
+and bias may be fp32/fp16/bf16 independently of x; initial/final states work in every layout.
+As in ``causal_conv1d``, ``seq_idx`` excludes initial and final states.
+
+Registered as ``torch.ops.mamba2_rocm.causal_conv1d_fwd`` / ``causal_conv1d_update`` with fake
+implementations, so ``torch.compile`` traces through them.
+"""
+
+from __future__ import annotations
+
+from mamba2_rocm._torch import require_torch
+from mamba2_rocm.ops._backend import choose
+from mamba2_rocm.params import DTYPE_CODES, ConvFwdParams, ConvUpdateParams
+
+torch = require_torch()
+Tensor = torch.Tensor
+
+__all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_KERNEL_DT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+_THREADS = 128
+_CL_LANES, _CL_ROWS, _CL_POS = (
+    32,
+    4,
+    16,
+)  # csrc/conv1d_fwd.hip: kClLanesC, kClRowsL, kClPosPerThread
+_GRID_YZ_MAX = 65535
+
+
+def _silu_flag(activation: str | None) -> bool:
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
+    return activation is not None
+
+
+def _tensor(name: str, t, *, dims: int, dtypes=_FLOATS, device=None) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name} must be one of {names}, got {str(t.dtype).removeprefix('torch.')}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of x)")
+
+
+def _shape(name: str, t, expected: tuple[int, ...]) -> None:
+    if tuple(t.shape) != expected:
+        raise ValueError(f"{name} must have shape {expected}, got {tuple(t.shape)}")
+
+
+def _check_weight_bias(weight, bias, dim: int, device) -> int:
+    _tensor("weight", weight, dims=2, device=device)
+    if weight.shape[0] != dim:
+        raise ValueError(f"weight must have shape (dim={dim}, width), got {tuple(weight.shape)}")
+    width = weight.shape[1]
+    if width not in (2, 3, 4):
+        raise ValueError(f"width must be 2..4, got {width} (weight shape {tuple(weight.shape)})")
+    if bias is not None:
+        _tensor("bias", bias, dims=1, device=device)
+        _shape("bias", bias, (dim,))
+    return width
+
+
+def _check_fwd(x, weight, bias, seq_idx, initial_states, final_states_out) -> int:
+    _tensor("x", x, dims=3)
+    batch, dim, seqlen = x.shape
+    if x.numel() == 0:
+        raise ValueError(f"x is empty (shape {tuple(x.shape)}); batch, dim and seqlen must be >= 1")
+    width = _check_weight_bias(weight, bias, dim, x.device)
+    if seq_idx is not None:
+        _tensor("seq_idx", seq_idx, dims=2, dtypes=(torch.int32,), device=x.device)
+        _shape("seq_idx", seq_idx, (batch, seqlen))
+        if initial_states is not None or final_states_out is not None:
+            raise ValueError(
+                "initial_states and final states are not supported together with seq_idx"
+            )
+    for name, t in (("initial_states", initial_states), ("final_states_out", final_states_out)):
+        if t is not None:
+            _tensor(name, t, dims=3, dtypes=(x.dtype,), device=x.device)
+            _shape(name, t, (batch, dim, width - 1))
+    return width
+
+
+def _check_update(
+    x, conv_state, weight, bias, cache_seqlens, conv_state_indices
+) -> tuple[int, int]:
+    _tensor("x", x, dims=3)
+    batch, dim, seqlen = x.shape
+    if x.numel() == 0:
+        raise ValueError(f"x is empty (shape {tuple(x.shape)}); batch, dim and seqlen must be >= 1")
+    width = _check_weight_bias(weight, bias, dim, x.device)
+    _tensor("conv_state", conv_state, dims=3, dtypes=(x.dtype,), device=x.device)
+    pool, sdim, state_len = conv_state.shape
+    if sdim != dim:
+        raise ValueError(
+            f"conv_state must have shape (batch, dim={dim}, state_len), got {tuple(conv_state.shape)}"
+        )
+    if state_len < width - 1:
+        raise ValueError(
+            f"conv_state's state_len must be >= width - 1 = {width - 1}, got {state_len}"
+        )
+    if cache_seqlens is not None:
+        _tensor("cache_seqlens", cache_seqlens, dims=1, dtypes=(torch.int32,), device=x.device)
+        _shape("cache_seqlens", cache_seqlens, (batch,))
+    if conv_state_indices is not None:
+        _tensor(
+            "conv_state_indices", conv_state_indices, dims=1, dtypes=(torch.int32,), device=x.device
+        )
+        _shape("conv_state_indices", conv_state_indices, (batch,))
+    elif pool != batch:
+        raise ValueError(
+            f"conv_state has {pool} rows for a batch of {batch}; pass conv_state_indices to select rows"
+        )
+    return width, pool
+
+
+def _alloc_out(x: Tensor) -> Tensor:
+    """Output in x's layout: channel-last stays channel-last, everything else is contiguous."""
+    batch, dim, seqlen = x.shape
+    if x.stride(1) == 1 and x.stride(2) != 1 and seqlen > 1:
+        return torch.empty(batch, seqlen, dim, dtype=x.dtype, device=x.device).transpose(1, 2)
+    return torch.empty(batch, dim, seqlen, dtype=x.dtype, device=x.device)
+
+
+def _ptr(t) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _strides(t, n: int) -> tuple[int, ...]:
+    return (0,) * n if t is None else tuple(t.stride())
+
+
+def _aligned(t: Tensor, strides: tuple[int, ...], n_elts: int) -> bool:
+    return t.data_ptr() % 16 == 0 and all(s % n_elts == 0 for s in strides)
+
+
+def _stream(x: Tensor) -> int:
+    return torch.cuda.current_stream(x.device).cuda_stream
+
+
+class _OnDevice:
+    """Make x's device current for a launch, only when it is not already (the common case)."""
+
+    def __init__(self, index: int) -> None:
+        self.index, self.prev = index, None
+
+    def __enter__(self):
+        cur = torch.cuda.current_device()
+        if cur != self.index:
+            self.prev = cur
+            torch.cuda.set_device(self.index)
+
+    def __exit__(self, *exc):
+        if self.prev is not None:
+            torch.cuda.set_device(self.prev)
+
+
+def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, silu, out) -> None:
+    batch, dim, seqlen = x.shape
+    width = weight.shape[1]
+    n_elts = 16 // x.element_size()
+    if x.stride(2) == 1 and out.stride(2) == 1:
+        vec = _aligned(x, x.stride()[:2], n_elts) and _aligned(out, out.stride()[:2], n_elts)
+        layout = "vec" if vec else "strided"
+        grid = (-(-seqlen // (_THREADS * n_elts)), dim, batch)
+    elif x.stride(1) == 1 and out.stride(1) == 1:
+        vec = _aligned(x, (x.stride(0), x.stride(2)), n_elts) and _aligned(
+            out, (out.stride(0), out.stride(2)), n_elts
+        )
+        layout = "cl_vec" if vec else "cl_strided"
+        grid = (-(-seqlen // (_CL_ROWS * _CL_POS)), -(-dim // (_CL_LANES * n_elts)), batch)
+    else:
+        layout = "strided"
+        grid = (-(-seqlen // (_THREADS * n_elts)), dim, batch)
+    if grid[1] > _GRID_YZ_MAX or grid[2] > _GRID_YZ_MAX:
+        raise ValueError(
+            f"conv1d kernel grid {grid} exceeds {_GRID_YZ_MAX} in y/z (dim={dim}, batch={batch})"
+        )
+    p = ConvFwdParams(
+        _ptr(x), _ptr(weight), _ptr(bias), _ptr(out), _ptr(seq_idx), _ptr(initial_states), _ptr(final_states),
+        *x.stride(), *out.stride(), *weight.stride(), *_strides(seq_idx, 2), *_strides(initial_states, 3),
+        *_strides(final_states, 3), batch, dim, seqlen, int(silu),
+        DTYPE_CODES[str(weight.dtype).removeprefix("torch.")],
+        DTYPE_CODES[str(bias.dtype).removeprefix("torch.")] if bias is not None else 0, 0, 0,
+    )  # fmt: skip
+    launcher = kset.launcher(f"m2r_conv1d_fwd_{_KERNEL_DT[x.dtype]}_w{width}_{layout}")
+    with _OnDevice(x.device.index):
+        launcher(p, grid, (_THREADS, 1, 1), _stream(x))
+
+
+def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indices, out) -> None:
+    batch, dim, seqlen = x.shape
+    width = weight.shape[1]
+    if batch > _GRID_YZ_MAX:
+        raise ValueError(f"conv1d update kernel supports batch <= {_GRID_YZ_MAX}, got {batch}")
+    p = ConvUpdateParams(
+        _ptr(x), _ptr(conv_state), _ptr(weight), _ptr(bias), _ptr(out), _ptr(cache_seqlens), _ptr(indices),
+        *x.stride(), *out.stride(), *conv_state.stride(), *weight.stride(),
+        batch, dim, seqlen, conv_state.shape[2], conv_state.shape[0], int(silu),
+        DTYPE_CODES[str(weight.dtype).removeprefix("torch.")],
+        DTYPE_CODES[str(bias.dtype).removeprefix("torch.")] if bias is not None else 0,
+    )  # fmt: skip
+    launcher = kset.launcher(f"m2r_conv1d_update_{_KERNEL_DT[x.dtype]}_w{width}")
+    with _OnDevice(x.device.index):
+        launcher(p, (-(-dim // _THREADS), batch, 1), (_THREADS, 1, 1), _stream(x))
+
+
+# ---- registered ops --------------------------------------------------------------------------
+
+
+@torch.library.custom_op("mamba2_rocm::causal_conv1d_fwd", mutates_args=("final_states_out",))
+def causal_conv1d_fwd(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    seq_idx: Tensor | None,
+    initial_states: Tensor | None,
+    final_states_out: Tensor | None,
+    silu: bool,
+) -> Tensor:
+    _check_fwd(x, weight, bias, seq_idx, initial_states, final_states_out)
+    tier, kset = choose(x.device)
+    if tier == "kernel":
+        out = _alloc_out(x)
+        _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states_out, silu, out)
+        return out
+    from mamba2_rocm.reference import conv1d as ref
+
+    fn = ref.causal_conv1d_torch if tier == "torch" else ref.causal_conv1d_eager
+    res, fin = fn(x, weight, bias, seq_idx, initial_states, silu)
+    if final_states_out is not None:
+        final_states_out.copy_(fin)
+    out = _alloc_out(x)
+    out.copy_(res)
+    return out
+
+
+@causal_conv1d_fwd.register_fake
+def _(x, weight, bias, seq_idx, initial_states, final_states_out, silu):
+    _check_fwd(x, weight, bias, seq_idx, initial_states, final_states_out)
+    return _alloc_out(x)
+
+
+@torch.library.custom_op("mamba2_rocm::causal_conv1d_update", mutates_args=("conv_state",))
+def causal_conv1d_update_op(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    silu: bool,
+    cache_seqlens: Tensor | None,
+    conv_state_indices: Tensor | None,
+) -> Tensor:
+    _check_update(x, conv_state, weight, bias, cache_seqlens, conv_state_indices)
+    tier, kset = choose(x.device)
+    if tier == "kernel":
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        _update_kernel(
+            kset, x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices, out
+        )
+        return out
+    from mamba2_rocm.reference import conv1d as ref
+
+    fn = ref.causal_conv1d_update_torch if tier == "torch" else ref.causal_conv1d_update_eager
+    return fn(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices).contiguous()
+
+
+@causal_conv1d_update_op.register_fake
+def _(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices):
+    _check_update(x, conv_state, weight, bias, cache_seqlens, conv_state_indices)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+# ---- public API (causal_conv1d's signatures) -------------------------------------------------
+
+
+def causal_conv1d_fn(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    seq_idx: Tensor | None = None,
+    initial_states: Tensor | None = None,
+    return_final_states: bool = False,
+    final_states_out: Tensor | None = None,
+    activation: str | None = None,
+):
+    """x (batch, dim, seqlen) -> out (batch, dim, seqlen) [, final_states (batch, dim, width-1)]."""
+    silu = _silu_flag(activation)
+    if final_states_out is not None and not return_final_states:
+        raise ValueError("final_states_out was given but return_final_states is False")
+    if return_final_states and final_states_out is None:
+        width = _check_fwd(x, weight, bias, seq_idx, initial_states, None)
+        final_states_out = torch.empty(
+            x.shape[0], x.shape[1], width - 1, dtype=x.dtype, device=x.device
+        )
+    out = causal_conv1d_fwd(x, weight, bias, seq_idx, initial_states, final_states_out, silu)
+    return (out, final_states_out) if return_final_states else out
+
+
+def causal_conv1d_update(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    activation: str | None = None,
+    cache_seqlens: Tensor | None = None,
+    conv_state_indices: Tensor | None = None,
+) -> Tensor:
+    """x (batch, dim) or (batch, dim, seqlen); conv_state (batch or pool, dim, state_len), in place."""
+    silu = _silu_flag(activation)
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() not in (2, 3):
+        raise ValueError(
+            f"x must be (batch, dim) or (batch, dim, seqlen), got shape {tuple(x.shape)}"
+        )
+    squeeze = x.dim() == 2
+    out = causal_conv1d_update_op(
+        x.unsqueeze(-1) if squeeze else x,
+        conv_state,
+        weight,
+        bias,
+        silu,
+        cache_seqlens,
+        conv_state_indices,
+    )
+    return out.squeeze(-1) if squeeze else out

@@ -1,0 +1,1 @@
+"""Pure-PyTorch implementations: fallback tiers and test references."""

@@ -1,0 +1,240 @@
+"""Code-object selection per device, module cache, and prepared kernel launchers.
+
+Selection for a device (ARCHITECTURE.md, "Distribution scheme"):
+  1. a kernel dir for the exact ISA (``gcnArchName`` without feature suffixes);
+  2. one for its generic family (gfx1031 -> gfx10-3-generic);
+  3. a just-in-time build from the packaged sources into the user cache dir, when a compiler
+     (hipcc / nvcc) is found and ``MAMBA2_ROCM_JIT`` is not ``0``;
+  4. none: the ops fall back to PyTorch, with one warning naming the arch and the pip line.
+
+Modules are loaded once per (device, source), on first use, and unloaded at interpreter exit.
+Launches go to torch's current stream on the tensor's device, so they are captured by
+``torch.cuda.graph`` like any torch kernel (load the module before capture: warm up first, as
+graph capture requires anyway).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import hashlib
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from mamba2_rocm.kernels import SOURCES, source_of
+from mamba2_rocm.runtime.discovery import (
+    KernelDir,
+    find_kernel_dir,
+    jit_cache_root,
+    pip_install_hint,
+)
+from mamba2_rocm.runtime.driver import DriverError, GpuDriver, get_driver
+
+__all__ = ["KernelSet", "Launcher", "LoaderError", "kernels_for_device", "release_all", "reset"]
+
+JIT_ENV = "MAMBA2_ROCM_JIT"
+
+
+class LoaderError(RuntimeError):
+    """A kernel dir that cannot be used safely (tampered file, struct mismatch, wrong vendor)."""
+
+
+@dataclass
+class Launcher:
+    """A kernel ready to launch: its function handle and parameter struct type."""
+
+    name: str
+    func: ctypes.c_void_p
+    params_type: type[ctypes.Structure]
+    driver: GpuDriver
+
+    def __call__(self, params: ctypes.Structure, grid: tuple[int, int, int],
+                 block: tuple[int, int, int], stream: int, shared_bytes: int = 0) -> None:  # fmt: skip
+        if type(params) is not self.params_type:
+            raise TypeError(
+                f"{self.name} takes {self.params_type.__name__}, got {type(params).__name__}"
+            )
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        self.driver.launch(self.func, grid, block, shared_bytes, stream, args)
+
+
+class KernelSet:
+    """The kernels of one kernel dir, loaded on one device (modules loaded lazily, per source)."""
+
+    def __init__(self, kdir: KernelDir, device_index: int, driver: GpuDriver) -> None:
+        self.kdir = kdir
+        self.device_index = device_index
+        self.driver = driver
+        self._modules: dict[str, ctypes.c_void_p] = {}
+        self._launchers: dict[str, Launcher] = {}
+        self._lock = threading.Lock()
+        self._objects = {co["source"]: co for co in kdir.manifest["code_objects"]}
+        self._check_manifest()
+
+    def _check_manifest(self) -> None:
+        m = self.kdir.manifest
+        expected_vendor = "amd" if self.driver.name == "hip" else "nvidia"
+        if m.get("vendor") != expected_vendor:
+            raise LoaderError(
+                f"{self.kdir.path}: built for {m.get('vendor')}, this torch runs {self.driver.name}"
+            )
+        for co in m["code_objects"]:
+            src = SOURCES.get(co["source"])
+            if src is None:
+                continue  # a newer kernel package may carry sources we do not use
+            want = ctypes.sizeof(src.params)
+            for k in co["kernels"]:
+                if k["arg_size"] != want:
+                    raise LoaderError(
+                        f"{self.kdir.path / co['file']}: {k['name']} takes {k['arg_size']} argument "
+                        f"bytes, this mamba2-rocm passes {want} ({src.params.__name__}); "
+                        f"the kernel package does not match the installed mamba2-rocm version"
+                    )
+
+    @property
+    def target(self) -> str:
+        return self.kdir.target
+
+    def has(self, kernel: str) -> bool:
+        co = self._objects.get(source_of(kernel).name)
+        return co is not None and any(k["name"] == kernel for k in co["kernels"])
+
+    def _module(self, source: str) -> ctypes.c_void_p:
+        module = self._modules.get(source)
+        if module is not None:
+            return module
+        co = self._objects.get(source)
+        if co is None:
+            raise LoaderError(
+                f"{self.kdir.path}: no code object for {source} (kernel dir from {self.kdir.origin})"
+            )
+        path = self.kdir.path / co["file"]
+        image = path.read_bytes()
+        if hashlib.sha256(image).hexdigest() != co["sha256"]:
+            raise LoaderError(
+                f"{path}: sha256 differs from its manifest; reinstall the kernel package"
+            )
+        from mamba2_rocm._torch import require_torch
+
+        with require_torch().cuda.device(self.device_index):
+            module = self.driver.load_module(image)
+        self._modules[source] = module
+        return module
+
+    def launcher(self, kernel: str) -> Launcher:
+        """The prepared launcher for ``kernel`` (cached; first call loads its module)."""
+        launcher = self._launchers.get(kernel)
+        if launcher is not None:
+            return launcher
+        with self._lock:
+            src = source_of(kernel)
+            module = self._module(src.name)
+            func = self.driver.get_function(module, kernel)
+            actual = self.driver.param_size(func)
+            if actual is not None and actual != ctypes.sizeof(src.params):
+                raise LoaderError(
+                    f"{kernel} on device {self.device_index}: the runtime reports a "
+                    f"{actual}-byte parameter, {src.params.__name__} is {ctypes.sizeof(src.params)}"
+                )
+            launcher = Launcher(kernel, func, src.params, self.driver)
+            self._launchers[kernel] = launcher
+            return launcher
+
+    def release(self) -> None:
+        with self._lock:
+            self._launchers.clear()
+            modules, self._modules = self._modules, {}
+        for module in modules.values():
+            try:
+                self.driver.unload_module(module)
+            except DriverError:
+                pass  # the context may already be gone at interpreter exit
+
+
+_SETS: dict[int, KernelSet | None] = {}
+_WARNED: set[str] = set()
+_LOCK = threading.Lock()
+
+
+def _jit_build(arch: str) -> KernelDir | None:
+    if os.environ.get(JIT_ENV, "1") == "0":
+        return None
+    from mamba2_rocm.arch import arch_info
+    from mamba2_rocm.build.driver import BuildError, build, find_toolchain
+
+    try:
+        info = arch_info(arch)
+        find_toolchain(info.vendor)
+    except (ValueError, BuildError):
+        return None
+    from filelock import FileLock
+
+    root = jit_cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f"{info.name}.lock")):
+        kdir = find_kernel_dir(arch, _cache_dirs(root))
+        if kdir is not None:
+            return kdir
+        warnings.warn(
+            f"mamba2-rocm: building kernels for {info.name} into {root} (once)", stacklevel=4
+        )
+        try:
+            build([info.name], root)
+        except BuildError as exc:
+            warnings.warn(
+                f"mamba2-rocm: just-in-time build for {info.name} failed: {exc}", stacklevel=4
+            )
+            return None
+    return find_kernel_dir(arch, _cache_dirs(root))
+
+
+def _cache_dirs(root: Path) -> list[KernelDir]:
+    from mamba2_rocm.runtime.discovery import _dirs_below
+
+    return _dirs_below(root, "jit cache")
+
+
+def kernels_for_device(device_index: int) -> KernelSet | None:
+    """The kernel set serving this device, or None (then the caller uses the torch fallback)."""
+    try:
+        return _SETS[device_index]
+    except KeyError:
+        pass
+    with _LOCK:
+        if device_index in _SETS:
+            return _SETS[device_index]
+        from mamba2_rocm.runtime.device import device_arch
+
+        arch = device_arch(device_index)
+        kdir = find_kernel_dir(arch) or _jit_build(arch)
+        kset = KernelSet(kdir, device_index, get_driver()) if kdir is not None else None
+        if kset is None and arch not in _WARNED:
+            _WARNED.add(arch)
+            warnings.warn(
+                f"mamba2-rocm: no kernels for {arch} (device {device_index}); using the slower "
+                f"PyTorch fallback. To get kernels: {pip_install_hint(arch)}",
+                stacklevel=3,
+            )
+        _SETS[device_index] = kset
+        return kset
+
+
+def release_all() -> None:
+    """Unload every module (also run at interpreter exit)."""
+    with _LOCK:
+        sets = [s for s in _SETS.values() if s is not None]
+        _SETS.clear()
+    for kset in sets:
+        kset.release()
+
+
+def reset() -> None:
+    """Forget selections and warnings (tests, or after installing a kernel package)."""
+    release_all()
+    _WARNED.clear()
+
+
+atexit.register(release_all)
