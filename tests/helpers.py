@@ -1,0 +1,32 @@
+"""Input builders shared by the conv1d tests: fresh random data in every layout."""
+
+import torch
+
+
+def make_x(batch, dim, seqlen, dtype, layout, device="cpu", gen=None):
+    """x (batch, dim, seqlen) in 'contiguous', 'channel_last' or 'sliced' (non-contiguous) layout."""
+    if layout == "contiguous":
+        return torch.randn(batch, dim, seqlen, generator=gen, device=device).to(dtype)
+    if layout == "channel_last":
+        return torch.randn(batch, seqlen, dim, generator=gen, device=device).to(dtype).transpose(1, 2)
+    if layout == "sliced":  # every other channel of a wider tensor, and an offset start
+        big = torch.randn(batch, 2 * dim + 1, seqlen + 3, generator=gen, device=device).to(dtype)
+        return big[:, 1::2, 3:]
+    if layout == "channel_last_sliced":  # xBC-style: a channel slice of a wider channel-last tensor
+        big = torch.randn(batch, seqlen, dim + 24, generator=gen, device=device).to(dtype)
+        return big[:, :, 8 : 8 + dim].transpose(1, 2)
+    raise ValueError(layout)
+
+
+def make_seq_idx(batch, seqlen, device="cpu", gen=None, pad=True):
+    """Several sequences per row, with -1 padding tokens at the end of some rows."""
+    rows = []
+    for b in range(batch):
+        cuts = sorted(torch.randint(1, max(2, seqlen), (3,), generator=gen).tolist())
+        row = torch.zeros(seqlen, dtype=torch.int32)
+        for i, c in enumerate(cuts):
+            row[c:] = i + 1
+        if pad and b % 2 == 0 and seqlen > 4:
+            row[seqlen - seqlen // 4 :] = -1
+        rows.append(row)
+    return torch.stack(rows).to(device)

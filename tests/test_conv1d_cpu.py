@@ -1,0 +1,220 @@
+"""conv1d on the CPU: the vectorized tier against the eager float64 loop, and the public API."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DTYPES, TOL
+from helpers import make_seq_idx, make_x
+
+from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
+from mamba2_rocm.reference.conv1d import (
+    causal_conv1d_eager,
+    causal_conv1d_torch,
+    causal_conv1d_update_eager,
+    causal_conv1d_update_torch,
+)
+
+SEQLENS = [1, 2, 129, 151, 1134, 4096]
+LAYOUTS = ["contiguous", "channel_last", "sliced", "channel_last_sliced"]
+
+
+def _gen(*key):
+    return torch.Generator().manual_seed(hash(key) % (2**31))
+
+
+@pytest.mark.parametrize("seqlen", SEQLENS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_fn_matches_eager(width, dtype, seqlen):
+    g = _gen(width, str(dtype), seqlen)
+    layout = LAYOUTS[(width + seqlen) % len(LAYOUTS)]
+    has_bias, silu = (seqlen % 2 == 1), (width != 3)
+    x = make_x(2, 64, seqlen, dtype, layout, gen=g)
+    w = torch.randn(64, width, generator=g).to(dtype)
+    b = torch.randn(64, generator=g).to(dtype) if has_bias else None
+    out = causal_conv1d_fn(x, w, b, activation="silu" if silu else None)
+    ref, _ = causal_conv1d_eager(x, w, b, silu=silu)
+    assert out.shape == x.shape and out.dtype == dtype
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("seqlen", [129, 151])
+def test_fn_wide_dim(dtype, seqlen):
+    g = _gen("wide", str(dtype), seqlen)
+    x = make_x(1, 4128, seqlen, dtype, "channel_last", gen=g)
+    w = torch.randn(4128, 4, generator=g, dtype=torch.float32)  # fp32 weights with any x dtype
+    b = torch.randn(4128, generator=g).to(torch.bfloat16)
+    ref, _ = causal_conv1d_eager(x, w, b, silu=True)
+    torch.testing.assert_close(causal_conv1d_fn(x, w, b, activation="swish"), ref, **TOL[dtype])
+
+
+def test_matches_torch_conv1d_float64():
+    """An independent formula: F.conv1d with left padding, in float64."""
+    g = _gen("conv")
+    x = torch.randn(3, 11, 151, generator=g, dtype=torch.float64)
+    w = torch.randn(11, 4, generator=g, dtype=torch.float64)
+    b = torch.randn(11, generator=g, dtype=torch.float64)
+    expect = F.conv1d(x, w.unsqueeze(1), b, padding=3, groups=11)[..., :151]
+    got, _ = causal_conv1d_eager(x, w, b)
+    torch.testing.assert_close(got, expect, rtol=1e-12, atol=1e-12)
+    got_t, _ = causal_conv1d_torch(x, w, b, compute_dtype=torch.float64)
+    torch.testing.assert_close(got_t, expect, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("seqlen", [1, 2, 151])
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_initial_and_final_states(width, seqlen, layout):
+    g = _gen("states", width, seqlen, layout)
+    dtype = torch.float32
+    x = make_x(3, 40, seqlen, dtype, layout, gen=g)
+    w = torch.randn(40, width, generator=g)
+    init = torch.randn(3, width - 1, 40, generator=g).transpose(1, 2)  # channel-last states too
+    out, fin = causal_conv1d_fn(x, w, None, initial_states=init, return_final_states=True)
+    ref, ref_fin = causal_conv1d_eager(x, w, None, initial_states=init)
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    assert torch.equal(fin, ref_fin)  # a copy of inputs: exact
+    # chunked prefill: running two halves with carried state equals one run
+    if seqlen > 2:
+        cut = seqlen // 3
+        o1, f1 = causal_conv1d_fn(x[..., :cut], w, initial_states=init, return_final_states=True)
+        o2 = causal_conv1d_fn(x[..., cut:], w, initial_states=f1)
+        torch.testing.assert_close(torch.cat([o1, o2], -1), ref, **TOL[dtype])
+
+
+def test_final_states_out_buffer_is_written():
+    x = torch.randn(2, 8, 5)
+    w = torch.randn(8, 4)
+    buf = torch.full((2, 8, 3), float("nan"))
+    out, fin = causal_conv1d_fn(x, w, return_final_states=True, final_states_out=buf)
+    assert fin is buf and torch.equal(buf, x[..., -3:])
+    short = torch.randn(2, 8, 2)  # seqlen < width - 1: zero-padded on the left
+    _, fin = causal_conv1d_fn(short, w, return_final_states=True)
+    assert torch.equal(fin[..., 0], torch.zeros(2, 8)) and torch.equal(fin[..., 1:], short)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channel_last"])
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_seq_idx_with_padding(width, layout):
+    g = _gen("seq", width, layout)
+    x = make_x(4, 24, 151, torch.float32, layout, gen=g)
+    w, b = torch.randn(24, width, generator=g), torch.randn(24, generator=g)
+    seq = make_seq_idx(4, 151, gen=g)
+    out = causal_conv1d_fn(x, w, b, seq_idx=seq, activation="silu")
+    ref, _ = causal_conv1d_eager(x, w, b, seq_idx=seq, silu=True)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
+    # independent check: each sequence alone gives the same outputs
+    for row in range(4):
+        for sid in seq[row].unique().tolist():
+            if sid < 0:
+                continue
+            mask = seq[row] == sid
+            alone = causal_conv1d_fn(x[row : row + 1, :, mask].contiguous(), w, b, activation="silu")
+            torch.testing.assert_close(out[row : row + 1, :, mask], alone, **TOL[torch.float32])
+
+
+def test_eager_backend_is_used(backend, monkeypatch):
+    calls = []
+    import mamba2_rocm.reference.conv1d as ref
+
+    real = ref.causal_conv1d_eager
+    monkeypatch.setattr(ref, "causal_conv1d_eager", lambda *a, **k: calls.append(1) or real(*a, **k))
+    backend("eager")
+    causal_conv1d_fn(torch.randn(1, 4, 9), torch.randn(4, 3))
+    assert calls == [1]
+
+
+# ---- update ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize("seqlen", [None, 1, 3])
+@pytest.mark.parametrize("state_extra", [0, 2])
+def test_update_shift_register(width, dtype, seqlen, state_extra):
+    g = _gen("upd", width, str(dtype), seqlen, state_extra)
+    batch, dim, state_len = 3, 72, width - 1 + state_extra
+    x = torch.randn(batch, dim, *(() if seqlen is None else (seqlen,)), generator=g).to(dtype)
+    state = torch.randn(batch, dim, state_len, generator=g).to(dtype)
+    w, b = torch.randn(dim, width, generator=g).to(dtype), torch.randn(dim, generator=g).to(dtype)
+    ref_state = state.clone()
+    out = causal_conv1d_update(x, state, w, b, activation="silu")
+    x3 = x if seqlen is not None else x.unsqueeze(-1)
+    ref = causal_conv1d_update_eager(x3, ref_state, w, b, silu=True)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, ref if seqlen is not None else ref.squeeze(-1), **TOL[dtype])
+    assert torch.equal(state, ref_state)
+
+
+@pytest.mark.parametrize("seqlen", [1, 2, 7])
+@pytest.mark.parametrize("width", [2, 4])
+def test_update_circular_buffer(width, seqlen):
+    g = _gen("circ", width, seqlen)
+    batch, dim, state_len = 4, 16, 5
+    x = torch.randn(batch, dim, seqlen, generator=g)
+    state = torch.randn(batch, dim, state_len, generator=g)
+    w = torch.randn(dim, width, generator=g)
+    cache_seqlens = torch.tensor([0, 3, 4, 13], dtype=torch.int32)
+    before = state.clone()
+    ref_state = state.clone()
+    out = causal_conv1d_update(x, state, w, None, cache_seqlens=cache_seqlens)
+    ref = causal_conv1d_update_eager(x, ref_state, w, None, cache_seqlens=cache_seqlens)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
+    assert torch.equal(state, ref_state)
+    # by hand: row 1's first output reads slots (3 - (width-1) + j) mod state_len, then x
+    window = [before[1, :, (3 - (width - 1) + j) % state_len] for j in range(width - 1)] + [x[1, :, 0]]
+    expect = sum(w[:, k] * window[k] for k in range(width))
+    torch.testing.assert_close(out[1, :, 0], expect, **TOL[torch.float32])
+    last = max(t for t in range(seqlen) if (3 + t) % state_len == 3)  # later tokens win
+    assert torch.equal(state[1, :, 3], x[1, :, last])
+
+
+def test_update_circular_matches_decode_loop():
+    """Token-by-token circular updates equal the forward conv over the whole sequence."""
+    g = _gen("decode")
+    dim, width, state_len, steps = 8, 4, 6, 20
+    x = torch.randn(1, dim, steps, generator=g)
+    w = torch.randn(dim, width, generator=g)
+    full, _ = causal_conv1d_eager(x, w)
+    state = torch.zeros(1, dim, state_len)
+    outs = []
+    for t in range(steps):
+        outs.append(causal_conv1d_update(x[:, :, t], state, w, cache_seqlens=torch.tensor([t], dtype=torch.int32)))
+    torch.testing.assert_close(torch.stack(outs, -1), full)
+    state2 = torch.zeros(1, dim, width - 1)
+    outs2 = [causal_conv1d_update(x[:, :, t], state2, w) for t in range(steps)]
+    torch.testing.assert_close(torch.stack(outs2, -1), full)
+
+
+def test_update_pool_indices():
+    g = _gen("pool")
+    batch, dim, width, pool = 4, 16, 4, 7
+    x = torch.randn(batch, dim, generator=g)
+    state = torch.randn(pool, dim, width - 1, generator=g)
+    w = torch.randn(dim, width, generator=g)
+    idx = torch.tensor([5, -1, 0, 3], dtype=torch.int32)
+    before = state.clone()
+    out = causal_conv1d_update(x, state, w, conv_state_indices=idx)
+    assert torch.equal(out[1], torch.zeros(dim))  # padding slot: zeros out
+    untouched = [1, 2, 4, 6]
+    assert torch.equal(state[untouched], before[untouched])  # rows not selected, or -1
+    ref_state = before.clone()
+    ref = causal_conv1d_update_eager(x.unsqueeze(-1), ref_state, w, conv_state_indices=idx).squeeze(-1)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
+    assert torch.equal(state, ref_state)
+
+
+def test_update_vectorized_matches_eager_long_circular():
+    """seqlen > state_len in a circular buffer: later tokens win."""
+    g = _gen("long")
+    x = torch.randn(2, 8, 9, generator=g)
+    s1 = torch.randn(2, 8, 4, generator=g)
+    s2 = s1.clone()
+    w = torch.randn(8, 3, generator=g)
+    cs = torch.tensor([2, 7], dtype=torch.int32)
+    a = causal_conv1d_update_torch(x, s1, w, cache_seqlens=cs)
+    b = causal_conv1d_update_eager(x, s2, w, cache_seqlens=cs)
+    torch.testing.assert_close(a, b, **TOL[torch.float32])
+    assert torch.equal(s1, s2)
+    assert torch.equal(s1[0, :, (2 + 8) % 4], x[0, :, 8])
