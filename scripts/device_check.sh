@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Build the kernels for the local NVIDIA GPU, run the GPU tests and the benchmark.
+# Used through the device tool (the NVIDIA machine); wheels it lacks travel in .whl/.
+# Results go to $OUT (or ./device-out).
+set -uo pipefail
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+nvidia-smi -L | tee "$OUT/gpu.txt"
+python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' | tee -a "$OUT/gpu.txt"
+python3 -m mamba2_rocm build --arch native --out /tmp/m2r-kernels 2>&1 | tee "$OUT/build.txt" || exit 1
+export MAMBA2_ROCM_KERNEL_PATH=/tmp/m2r-kernels
+python3 -m pytest -m gpu -q -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
+echo "--- just-in-time path (empty kernel path, fresh cache) ---"
+MAMBA2_ROCM_KERNEL_PATH= MAMBA2_ROCM_CACHE=/tmp/m2r-jit python3 - <<'PY' 2>&1 | tee "$OUT/jit.txt"
+import torch, warnings
+warnings.simplefilter("always")
+from mamba2_rocm import causal_conv1d_fn
+from mamba2_rocm.runtime.loader import kernels_for_device
+x = torch.randn(1, 64, 100, device="cuda"); w = torch.randn(64, 4, device="cuda")
+y = causal_conv1d_fn(x, w)
+k = kernels_for_device(0)
+print("jit kernel dir:", k.kdir.path, "origin:", k.kdir.origin)
+PY
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  python3 -m mamba2_rocm bench conv1d 2>&1 | tee "$OUT/bench-conv1d.txt"
+fi

@@ -1,0 +1,192 @@
+"""conv1d kernels on a GPU against the float64 reference: every layout, poisoned outputs, graphs.
+
+Run with ``pytest -m gpu`` on a machine with a GPU and kernels (a kernel package, a build in
+``MAMBA2_ROCM_KERNEL_PATH``, or a compiler for the just-in-time path).
+"""
+
+import pytest
+import torch
+from conftest import DTYPES, TOL, gpu_available
+from helpers import make_seq_idx, make_x
+
+from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
+from mamba2_rocm.reference.conv1d import causal_conv1d_torch, causal_conv1d_update_eager
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu_available(), reason="needs a GPU (run on the device machine)"),
+]
+
+DEV = "cuda"
+LAYOUTS = ["contiguous", "channel_last", "sliced", "channel_last_sliced"]
+
+
+@pytest.fixture(autouse=True)
+def kernel_backend(backend):
+    backend("kernel")  # never silently fall back to torch in these tests
+
+
+def _ref(x, w, b, seq_idx=None, init=None, silu=False):
+    return causal_conv1d_torch(x, w, b, seq_idx, init, silu, compute_dtype=torch.float64)
+
+
+def _poison_allocator(nbytes: int):
+    """Leave NaN-filled blocks in torch's caching allocator so fresh outputs start as NaN."""
+    blocks = [torch.full((nbytes // 4 + 64,), float("nan"), device=DEV) for _ in range(4)]
+    del blocks
+
+
+def _gen(*key):
+    return torch.Generator(device=DEV).manual_seed(hash(key) % (2**31))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("seqlen", [1, 2, 129, 151, 1134, 4096])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_fwd_kernel(width, dtype, seqlen, layout):
+    g = _gen(width, str(dtype), seqlen, layout)
+    dim = 4128 if (seqlen + width) % 3 == 0 else 64
+    has_bias, silu = seqlen % 2 == 1, width != 3
+    x = make_x(2, dim, seqlen, dtype, layout, device=DEV, gen=g)
+    w = torch.randn(dim, width, device=DEV, generator=g).to(dtype if width != 2 else torch.float32)
+    b = torch.randn(dim, device=DEV, generator=g).to(dtype) if has_bias else None
+    _poison_allocator(x.numel() * x.element_size())
+    out = causal_conv1d_fn(x, w, b, activation="silu" if silu else None)
+    ref, _ = _ref(x, w, b, silu=silu)
+    assert not out.isnan().any(), "unwritten output elements"
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("seqlen", [1, 2, 3, 151, 1134])
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_fwd_states(width, seqlen, layout):
+    g = _gen("states", width, seqlen, layout)
+    dtype = torch.bfloat16
+    x = make_x(3, 136, seqlen, dtype, layout, device=DEV, gen=g)
+    w = torch.randn(136, width, device=DEV, generator=g).to(dtype)
+    init = torch.randn(3, width - 1, 136, device=DEV, generator=g).to(dtype).transpose(1, 2)
+    fin = torch.full((3, 136, width - 1), float("nan"), device=DEV, dtype=dtype)
+    out, fin_out = causal_conv1d_fn(x, w, None, initial_states=init, return_final_states=True, final_states_out=fin)
+    ref, ref_fin = _ref(x, w, None, init=init)
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    assert fin_out is fin and torch.equal(fin, ref_fin)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_fwd_seq_idx(width, dtype, layout):
+    g = _gen("seq", width, str(dtype), layout)
+    x = make_x(4, 264, 1134, dtype, layout, device=DEV, gen=g)
+    w = torch.randn(264, width, device=DEV, generator=g).to(dtype)
+    b = torch.randn(264, device=DEV, generator=g).to(dtype)
+    seq = make_seq_idx(4, 1134, device=DEV)
+    out = causal_conv1d_fn(x, w, b, seq_idx=seq, activation="silu")
+    ref, _ = _ref(x, w, b, seq_idx=seq, silu=True)
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize("mode", ["shift", "shift_long_state", "circular", "pool"])
+@pytest.mark.parametrize("seqlen", [None, 1, 4])
+def test_update_kernel(width, dtype, mode, seqlen):
+    g = _gen("upd", width, str(dtype), mode, seqlen)
+    batch, dim = 5, 1032
+    state_len = width - 1 + (3 if mode in ("shift_long_state", "circular") else 0)
+    pool = 9 if mode == "pool" else batch
+    x = torch.randn(batch, dim, *(() if seqlen is None else (seqlen,)), device=DEV, generator=g).to(dtype)
+    state = torch.randn(pool, dim, state_len, device=DEV, generator=g).to(dtype)
+    w = torch.randn(dim, width, device=DEV, generator=g).to(dtype)
+    b = torch.randn(dim, device=DEV, generator=g).to(dtype)
+    cache = torch.tensor([0, 2, 5, 11, 3], dtype=torch.int32, device=DEV) if mode == "circular" else None
+    idx = torch.tensor([7, -1, 0, 4, 2], dtype=torch.int32, device=DEV) if mode == "pool" else None
+    ref_state = state.clone()
+    _poison_allocator(x.numel() * x.element_size())
+    out = causal_conv1d_update(x, state, w, b, activation="silu", cache_seqlens=cache, conv_state_indices=idx)
+    x3 = x if seqlen is not None else x.unsqueeze(-1)
+    ref = causal_conv1d_update_eager(x3, ref_state, w, b, silu=True, cache_seqlens=cache, conv_state_indices=idx)
+    ref = ref if seqlen is not None else ref.squeeze(-1)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    assert torch.equal(state, ref_state), "conv_state must be updated exactly"
+
+
+def test_update_out_of_range_index_is_loud():
+    x = torch.randn(2, 64, device=DEV)
+    state = torch.randn(3, 64, 3, device=DEV)
+    before = state.clone()
+    w = torch.randn(64, 4, device=DEV)
+    out = causal_conv1d_update(x, state, w, conv_state_indices=torch.tensor([1, 3], dtype=torch.int32, device=DEV))
+    assert out[1].isnan().all() and not out[0].isnan().any()
+    assert torch.equal(state[[0, 2]], before[[0, 2]])
+
+
+def test_graph_capture_and_replay():
+    g = _gen("graph")
+    dtype = torch.bfloat16
+    x = torch.randn(2, 256, 300, device=DEV, generator=g).to(dtype)
+    w = torch.randn(256, 4, device=DEV, generator=g).to(dtype)
+    b = torch.randn(256, device=DEV, generator=g).to(dtype)
+    xs = torch.randn(2, 256, device=DEV, generator=g).to(dtype)
+    state = torch.randn(2, 256, 3, device=DEV, generator=g).to(dtype)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up loads the modules outside capture
+        causal_conv1d_fn(x, w, b, activation="silu")
+        causal_conv1d_update(xs, state.clone(), w, b)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = causal_conv1d_fn(x, w, b, activation="silu")
+        upd = causal_conv1d_update(xs, state, w, b)
+    for _ in range(2):  # new data in the static inputs, then replay
+        x.copy_(torch.randn(x.shape, device=DEV, generator=g))
+        xs.copy_(torch.randn(xs.shape, device=DEV, generator=g))
+        ref_state = state.clone()
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, _ref(x, w, b, silu=True)[0], **TOL[dtype])
+        ref = causal_conv1d_update_eager(xs.unsqueeze(-1), ref_state, w, b).squeeze(-1)
+        torch.testing.assert_close(upd, ref, **TOL[dtype])
+        assert torch.equal(state, ref_state)
+
+
+def test_side_stream_ordering():
+    """Launches go to torch's current stream: work queued before them on it is seen."""
+    s = torch.cuda.Stream()
+    x = torch.zeros(1, 64, 4096, device=DEV)
+    w = torch.randn(64, 4, device=DEV)
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(1_000_000)  # ~ms of GPU time before the fill
+        x.fill_(1.0)
+        out = causal_conv1d_fn(x, w)
+    s.synchronize()
+    torch.testing.assert_close(out[..., 10:], w.sum(1).view(1, 64, 1).expand(1, 64, 4086))
+
+
+def test_torch_compile_traces_the_kernel_op():
+    x = torch.randn(2, 64, 151, device=DEV)
+    w = torch.randn(64, 4, device=DEV)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(x, w):
+        return causal_conv1d_fn(x, w, activation="silu") * 2
+
+    torch.testing.assert_close(f(x, w), 2 * _ref(x, w, None, silu=True)[0].float(), **TOL[torch.float32])
+
+
+def test_kernel_tier_is_really_used(monkeypatch):
+    """Guard against a test suite that silently exercises the torch fallback."""
+    import mamba2_rocm.reference.conv1d as ref
+
+    def boom(*a, **k):
+        raise AssertionError("fallback used")
+
+    monkeypatch.setattr(ref, "causal_conv1d_torch", boom)
+    monkeypatch.setattr(ref, "causal_conv1d_update_torch", boom)
+    causal_conv1d_fn(torch.randn(1, 8, 32, device=DEV), torch.randn(8, 4, device=DEV))
+    causal_conv1d_update(torch.randn(1, 8, device=DEV), torch.randn(1, 8, 3, device=DEV), torch.randn(8, 4, device=DEV))
