@@ -7,7 +7,7 @@ called, so ``python -m mamba2_rocm doctor`` works where torch is missing or brok
 from __future__ import annotations
 
 from mamba2_rocm.arch import generic_family
-from mamba2_rocm.env.audit import Finding, audit, render_text
+from mamba2_rocm.env.audit import Finding, render_text, run_audit
 from mamba2_rocm.env.compile_safety import (
     CompileSafety,
     configure_torch_compile,
@@ -37,7 +37,6 @@ __all__ = [
     "GpuDevice",
     "HsaOverride",
     "TorchStackChanged",
-    "audit",
     "configure_torch_compile",
     "detect_devices",
     "fingerprint",
@@ -48,6 +47,7 @@ __all__ = [
     "is_rocm",
     "protected_install",
     "render_text",
+    "run_audit",
     "safe_compile_mode",
     "verify",
 ]

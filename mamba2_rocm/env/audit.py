@@ -59,11 +59,11 @@ __all__ = [
     "Facts",
     "Finding",
     "TorchInfo",
-    "audit",
     "check",
     "exit_code",
     "gather",
     "render_text",
+    "run_audit",
 ]
 
 SCHEMA_VERSION = 1
@@ -566,7 +566,7 @@ def report(facts: Facts, findings: list[Finding] | None = None) -> dict[str, Any
     }
 
 
-def audit(*, use_torch: bool = True) -> tuple[dict[str, Any], int]:
+def run_audit(*, use_torch: bool = True) -> tuple[dict[str, Any], int]:
     """Gather, check and report: ``(report, exit_code)``."""
     facts = gather(use_torch=use_torch)
     findings = check(facts)

@@ -10,9 +10,9 @@ from typing import Any
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from mamba2_rocm.env.audit import audit, render_text
+    from mamba2_rocm.env.audit import render_text, run_audit
 
-    rep, code = audit()
+    rep, code = run_audit()
     if args.json:
         print(json.dumps(rep, indent=2))
     else:
