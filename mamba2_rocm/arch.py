@@ -27,10 +27,23 @@ GENERIC_FAMILIES: dict[str, tuple[str, ...]] = {
     "gfx9-4-generic": ("gfx940", "gfx941", "gfx942", "gfx950"),
     "gfx10-1-generic": ("gfx1010", "gfx1011", "gfx1012", "gfx1013"),
     "gfx10-3-generic": (
-        "gfx1030", "gfx1031", "gfx1032", "gfx1033", "gfx1034", "gfx1035", "gfx1036",
+        "gfx1030",
+        "gfx1031",
+        "gfx1032",
+        "gfx1033",
+        "gfx1034",
+        "gfx1035",
+        "gfx1036",
     ),
     "gfx11-generic": (
-        "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153",
+        "gfx1100",
+        "gfx1101",
+        "gfx1102",
+        "gfx1103",
+        "gfx1150",
+        "gfx1151",
+        "gfx1152",
+        "gfx1153",
     ),
     "gfx12-generic": ("gfx1200", "gfx1201"),
 }
@@ -70,7 +83,9 @@ def split_arch_name(name: str) -> tuple[str, dict[str, bool]]:
         if not feat:
             continue
         if feat[-1] not in "+-":
-            raise ValueError(f"malformed target feature {feat!r} in {name!r} (expected e.g. xnack-)")
+            raise ValueError(
+                f"malformed target feature {feat!r} in {name!r} (expected e.g. xnack-)"
+            )
         features[feat[:-1]] = feat[-1] == "+"
     return base, features
 

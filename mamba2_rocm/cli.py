@@ -23,7 +23,9 @@ _COMMAND_MODULES = (
 def make_parser() -> argparse.ArgumentParser:
     from mamba2_rocm import __version__
 
-    parser = argparse.ArgumentParser(prog="python -m mamba2_rocm", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mamba2_rocm", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--version", action="version", version=f"mamba2-rocm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMAND_MODULES:

@@ -7,9 +7,22 @@ list is what the host package knows about at run time, for install hints and ext
 from __future__ import annotations
 
 RELEASE_TARGETS: tuple[str, ...] = (
-    "gfx1030", "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151",
-    "gfx1200", "gfx1201", "gfx90a", "gfx942", "gfx950",
-    "gfx10-3-generic", "gfx11-generic", "gfx12-generic", "gfx9-4-generic",
+    "gfx1030",
+    "gfx1100",
+    "gfx1101",
+    "gfx1102",
+    "gfx1103",
+    "gfx1150",
+    "gfx1151",
+    "gfx1200",
+    "gfx1201",
+    "gfx90a",
+    "gfx942",
+    "gfx950",
+    "gfx10-3-generic",
+    "gfx11-generic",
+    "gfx12-generic",
+    "gfx9-4-generic",
 )
 
 

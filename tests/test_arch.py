@@ -23,7 +23,10 @@ def test_generic_family(arch, family):
 
 
 def test_split_features():
-    assert split_arch_name("gfx90a:sramecc+:xnack-") == ("gfx90a", {"sramecc": True, "xnack": False})
+    assert split_arch_name("gfx90a:sramecc+:xnack-") == (
+        "gfx90a",
+        {"sramecc": True, "xnack": False},
+    )
     assert split_arch_name("gfx1100") == ("gfx1100", {})
     with pytest.raises(ValueError, match="malformed target feature 'xnack'"):
         split_arch_name("gfx90a:xnack")
@@ -31,8 +34,17 @@ def test_split_features():
 
 @pytest.mark.parametrize(
     ("arch", "wave"),
-    [("gfx1030", 32), ("gfx1100", 32), ("gfx1201", 32), ("gfx90a", 64), ("gfx942", 64),
-     ("gfx9-4-generic", 64), ("gfx11-generic", 32), ("gfx10-3-generic", 32), ("sm_90", 32)],
+    [
+        ("gfx1030", 32),
+        ("gfx1100", 32),
+        ("gfx1201", 32),
+        ("gfx90a", 64),
+        ("gfx942", 64),
+        ("gfx9-4-generic", 64),
+        ("gfx11-generic", 32),
+        ("gfx10-3-generic", 32),
+        ("sm_90", 32),
+    ],
 )
 def test_wavefront(arch, wave):
     assert arch_info(arch).wavefront_size == wave
