@@ -382,27 +382,27 @@ def _check_override(f: Facts) -> list[Finding]:
         ]
     from mamba2_rocm.arch import generic_family
 
-    reals = sorted({d.real_arch for d in f.devices if d.real_arch})
-    if not reals:
+    pairs = sorted({(d.real_arch, d.arch) for d in f.devices if d.real_arch})
+    if not pairs:
         return [
             Finding(
                 "hsa-override",
                 "info",
                 f"HSA_OVERRIDE_GFX_VERSION={ov.value} makes ROCm report {ov.arch}; the real "
-                f"arch is unknown (no KFD topology)",
+                f"arch is unknown (no GPU node in the KFD topology)",
                 "nothing to do if intended; kernels are selected for the reported arch",
             )
         ]
     found = []
-    for real in reals:
-        fam_real, fam_eff = generic_family(real) or real, generic_family(ov.arch) or ov.arch
-        if real == ov.arch or fam_real == fam_eff:
+    for real, effective in pairs:
+        fam_real, fam_eff = generic_family(real), generic_family(effective)
+        if real == effective or (fam_real is not None and fam_real == fam_eff):
             found.append(
                 Finding(
                     "hsa-override",
                     "info",
                     f"HSA_OVERRIDE_GFX_VERSION={ov.value}: real arch {real}, effective "
-                    f"{ov.arch} (same ISA family {fam_eff})",
+                    f"{effective}" + (f" (same ISA family {fam_eff})" if fam_eff else ""),
                     "nothing to do; kernels are selected for the effective arch",
                 )
             )
@@ -411,14 +411,22 @@ def _check_override(f: Facts) -> list[Finding]:
                 Finding(
                     "hsa-override-cross-family",
                     "warning",
-                    f"HSA_OVERRIDE_GFX_VERSION={ov.value} makes a {real} ({fam_real}) run code "
-                    f"built for {ov.arch} ({fam_eff}): a different ISA family, so kernels may "
+                    f"HSA_OVERRIDE_GFX_VERSION={ov.value} makes a {_arch_fam(real)} run code "
+                    f"built for {_arch_fam(effective)}: a different ISA family, so kernels may "
                     f"fault or compute wrong results",
                     f"unset HSA_OVERRIDE_GFX_VERSION and use kernels built for {real} "
-                    f"({_hint_for(real)}), or override to an ISA of the {fam_real} family",
+                    f"({_hint_for(real)})"
+                    + (f", or override to an ISA of the {fam_real} family" if fam_real else ""),
                 )
             )
     return found
+
+
+def _arch_fam(arch: str) -> str:
+    from mamba2_rocm.arch import generic_family
+
+    fam = generic_family(arch)
+    return f"{arch} ({fam})" if fam else arch
 
 
 def _hint_for(arch: str) -> str:

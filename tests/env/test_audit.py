@@ -400,3 +400,15 @@ def test_doctor_exit_code_on_error(monkeypatch, capsys, no_rocm_tools):
     )
     assert main(["doctor", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
+
+
+def test_override_onto_an_isa_without_family_is_cross_family():
+    dev = GpuDevice(0, "gfx1100", "gfx1100", {}, "", "torch", real_arch="gfx90a")
+    kd = [KernelDir("gfx1100", Path("/k"), "p", {})]
+    env = {"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}
+    (f,) = check(facts(devices=[dev], kernel_dirs=kd, environ=env))
+    assert f.id == "hsa-override-cross-family"
+    assert "makes a gfx90a run code built for gfx1100 (gfx11-generic)" in f.message
+    assert f.fix == (
+        'unset HSA_OVERRIDE_GFX_VERSION and use kernels built for gfx90a (pip install "mamba2-rocm[gfx90a]")'
+    )
