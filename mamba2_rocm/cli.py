@@ -32,8 +32,9 @@ def make_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if not (exc.name and (name == exc.name or name.startswith(exc.name + "."))):
-                # a real missing dependency inside the module: say so
+            # Skip a command module (or its package) that does not exist yet; a real missing
+            # dependency inside the module is an error: say so.
+            if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
                 raise
             continue
         module.register(sub)

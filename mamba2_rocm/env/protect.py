@@ -1,0 +1,318 @@
+"""Keep pip from replacing the installed torch stack.
+
+A ROCm torch (``torch==2.5.1+rocm6.2``) is installed from PyTorch's own index; any later
+``pip install`` of a package that requires another torch version quietly swaps it for a CUDA
+build from PyPI. :func:`protected_install` prevents that: it fingerprints the stack (torch and,
+where present, torchvision, torchaudio and the triton variants), runs ``pip install`` under a
+constraints file pinning exactly those versions, and verifies the fingerprint afterwards,
+raising :class:`TorchStackChanged` (naming each change and how to restore it) if pip altered it
+anyway. :func:`fingerprint` and :func:`verify` are the same steps for use around any install
+step, e.g. in a Dockerfile::
+
+    python -m mamba2_rocm env fingerprint --out /tmp/torch.json
+    ... any install step ...
+    python -m mamba2_rocm env verify /tmp/torch.json
+
+The fingerprint is taken inside the interpreter pip installs into (``python=``, default
+``sys.executable``), by a small script run there, without importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "STACK",
+    "Fingerprint",
+    "TorchStackChanged",
+    "constraints",
+    "diff",
+    "fingerprint",
+    "protected_install",
+    "restore_hint",
+    "verify",
+]
+
+FINGERPRINT_SCHEMA = 1
+
+#: The distributions that make up "the torch stack" (the triton variants ROCm and CUDA use).
+STACK = (
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "triton",
+    "pytorch-triton-rocm",
+    "pytorch-triton",
+    "triton-rocm",
+)
+
+# Runs in the target interpreter (any Python >= 3.8): keep it self-contained and old-syntax.
+# The file hash covers each distribution's RECORD entries (path and hash), leaving out
+# byte-code (its header changes with every install) and install bookkeeping in .dist-info
+# (INSTALLER, REQUESTED, direct_url.json differ between an index and a file install).
+_FINGERPRINT_SCRIPT = r"""
+import ast, hashlib, json, sys
+import importlib.metadata as md
+
+def version_module(dist):
+    path = dist.locate_file("torch/version.py")
+    try:
+        tree = ast.parse(open(str(path)).read())
+    except (OSError, SyntaxError):
+        return None
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        for t in targets:
+            if isinstance(t, ast.Name) and t.id in ("__version__", "hip", "cuda", "rocm", "git_version"):
+                try:
+                    found[t.id] = ast.literal_eval(value)
+                except ValueError:
+                    pass
+    return found
+
+out = {"python": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3],
+       "packages": {}, "torch_version_module": None}
+for name in json.loads(sys.argv[1]):
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        continue
+    entries = []
+    for f in dist.files or []:
+        p = f.as_posix()
+        parts = p.split("/")
+        if p.endswith(".pyc"):
+            continue
+        if parts[0].endswith(".dist-info") and parts[-1] != "METADATA":
+            continue
+        h = "%s=%s" % (f.hash.mode, f.hash.value) if f.hash else ""
+        entries.append(p + "," + h)
+    entries.sort()
+    version = dist.version
+    out["packages"][name] = {
+        "version": version,
+        "local": version.split("+", 1)[1] if "+" in version else None,
+        "files": len(entries),
+        "files_sha256": hashlib.sha256("\n".join(entries).encode()).hexdigest(),
+        "location": str(dist.locate_file("")),
+    }
+    if name == "torch":
+        out["torch_version_module"] = version_module(dist)
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class Fingerprint:
+    """The torch stack of one interpreter."""
+
+    python: str
+    python_version: str
+    packages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    torch_version_module: dict[str, Any] | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({"schema_version": FINGERPRINT_SCHEMA, **asdict(self)}, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> Fingerprint:
+        data = json.loads(text)
+        if data.get("schema_version") != FINGERPRINT_SCHEMA:
+            raise ValueError(
+                f"fingerprint schema_version {data.get('schema_version')!r} is not "
+                f"{FINGERPRINT_SCHEMA}: re-create it with `python -m mamba2_rocm env fingerprint`"
+            )
+        data.pop("schema_version")
+        return cls(**data)
+
+    def summary(self) -> str:
+        if not self.packages:
+            return "no torch stack installed"
+        parts = [f"{n}=={p['version']}" for n, p in self.packages.items()]
+        tv = self.torch_version_module or {}
+        if tv.get("hip"):
+            parts.append(f"hip {tv['hip']}")
+        elif tv.get("cuda"):
+            parts.append(f"cuda {tv['cuda']}")
+        return ", ".join(parts)
+
+
+class TorchStackChanged(RuntimeError):
+    """pip changed the torch stack; the message names every change and how to undo it."""
+
+    def __init__(self, changes: list[str], before: Fingerprint) -> None:
+        self.changes = changes
+        lines = [f"the torch stack of {before.python} changed:"]
+        lines += [f"  - {c}" for c in changes]
+        lines.append("restore it with:")
+        lines += [f"  {h}" for h in restore_hint(before)]
+        super().__init__("\n".join(lines))
+
+
+def fingerprint(python: str | os.PathLike[str] | None = None) -> Fingerprint:
+    """Fingerprint the torch stack of ``python`` (default: this interpreter)."""
+    python = str(python or sys.executable)
+    with tempfile.TemporaryDirectory() as cwd:  # no stray ./torch can shadow the real one
+        try:
+            proc = subprocess.run(
+                [python, "-c", _FINGERPRINT_SCRIPT, json.dumps(STACK)],
+                capture_output=True,
+                text=True,
+                cwd=cwd,
+                check=False,
+            )
+        except OSError as exc:
+            raise RuntimeError(
+                f"cannot run the interpreter {python!r} to fingerprint its torch stack: {exc}; "
+                f"pass --python with the path of the environment's python"
+            ) from exc
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"fingerprinting the torch stack of {python!r} failed (exit {proc.returncode}): "
+            f"{proc.stderr.strip()[-2000:]}; it needs Python >= 3.8"
+        )
+    return Fingerprint(**json.loads(proc.stdout))
+
+
+def constraints(fp: Fingerprint) -> list[str]:
+    """pip constraint lines pinning ``fp``'s stack exactly.
+
+    A local label (``+rocm6.2``) makes ``==`` exact; without one ``==2.5.1`` would also accept
+    ``2.5.1+cu124``, so arbitrary equality (``===``) is used.
+    """
+    return [
+        f"{name}{'==' if info['local'] else '==='}{info['version']}"
+        for name, info in fp.packages.items()
+    ]
+
+
+def diff(before: Fingerprint, after: Fingerprint) -> list[str]:
+    """Human-readable changes from ``before`` to ``after`` (empty when identical)."""
+    changes = []
+    for name in sorted(set(before.packages) | set(after.packages), key=STACK.index):
+        old, new = before.packages.get(name), after.packages.get(name)
+        if old is None:
+            changes.append(f"{name}: added {new['version']} (it was not installed)")
+        elif new is None:
+            changes.append(f"{name}: removed (was {old['version']})")
+        elif old["version"] != new["version"]:
+            changes.append(f"{name}: version {old['version']} -> {new['version']}")
+        elif old["files_sha256"] != new["files_sha256"]:
+            changes.append(
+                f"{name}: reinstalled with different files, same version {old['version']} "
+                f"({old['files']} -> {new['files']} files, hash {old['files_sha256'][:12]} -> "
+                f"{new['files_sha256'][:12]})"
+            )
+        elif old["location"] != new["location"]:
+            changes.append(f"{name}: moved from {old['location']} to {new['location']}")
+    tv_old, tv_new = before.torch_version_module or {}, after.torch_version_module or {}
+    for key in ("hip", "cuda"):
+        if tv_old.get(key) != tv_new.get(key) and (tv_old or tv_new):
+            changes.append(f"torch.version.{key}: {tv_old.get(key)!r} -> {tv_new.get(key)!r}")
+    return changes
+
+
+def restore_hint(fp: Fingerprint) -> list[str]:
+    """pip lines that reinstall ``fp``'s stack (PyTorch's index chosen from the local label)."""
+    if not fp.packages:
+        return [f"{fp.python} -m pip uninstall torch  (there was no torch stack before)"]
+    by_index: dict[str, list[str]] = {}
+    for name, info in fp.packages.items():
+        label = info["local"] or ""
+        index = ""
+        if re.fullmatch(r"rocm\d+(\.\d+)*|cu\d+|cpu|xpu", label):
+            index = f" --index-url https://download.pytorch.org/whl/{label}"
+        by_index.setdefault(index, []).append(f'"{name}=={info["version"]}"')
+    return [
+        f"{fp.python} -m pip install --force-reinstall --no-deps {' '.join(pins)}{index}"
+        for index, pins in by_index.items()
+    ]
+
+
+def verify(before: Fingerprint, python: str | os.PathLike[str] | None = None) -> Fingerprint:
+    """Fingerprint again and raise :class:`TorchStackChanged` if anything differs."""
+    after = fingerprint(python or before.python)
+    changes = diff(before, after)
+    if changes:
+        raise TorchStackChanged(changes, before)
+    return after
+
+
+_PIP_COMMANDS = {"download", "uninstall", "freeze", "list", "show", "wheel", "check", "config"}
+
+
+def _install_args(pip_args: list[str]) -> list[str]:
+    args = list(pip_args)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if args[:1] == ["install"]:
+        args = args[1:]
+    if not args:
+        raise ValueError(
+            "protect-torch needs the arguments of `pip install`, e.g. "
+            "`python -m mamba2_rocm env protect-torch -- mamba2-rocm-gfx1030`"
+        )
+    if args[0] in _PIP_COMMANDS:
+        raise ValueError(
+            f"protect-torch runs `pip install`, got the pip command {args[0]!r}: pass only the "
+            f"install arguments (packages, -r FILE, --index-url ...)"
+        )
+    return args
+
+
+def protected_install(
+    pip_args: list[str],
+    python: str | os.PathLike[str] | None = None,
+    *,
+    log: Any = None,
+) -> int:
+    """``pip install *pip_args`` into ``python`` with the torch stack pinned; pip's exit code.
+
+    Raises :class:`TorchStackChanged` when the stack changed anyway (also when pip failed
+    half-way). A non-zero return means pip refused or failed and the stack is unchanged.
+    """
+    log = sys.stderr if log is None else log
+    args = _install_args(pip_args)
+    python = str(python or sys.executable)
+    before = fingerprint(python)
+    pins = constraints(before)
+    if pins:
+        print(f"protect-torch: pinning {', '.join(pins)} in {python}", file=log)
+    else:
+        print(
+            f"protect-torch: {python} has no torch stack installed; nothing to pin, but a "
+            f"torch that pip installs now is reported as a change",
+            file=log,
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        cfile = Path(tmp) / "torch-constraints.txt"
+        cfile.write_text("".join(p + "\n" for p in pins))
+        cmd = [python, "-m", "pip", "install", *args]
+        if pins:
+            cmd += ["-c", str(cfile)]
+        log.flush()
+        rc = subprocess.run(cmd, check=False).returncode
+    verify(before, python)
+    if rc != 0:
+        print(
+            f"protect-torch: pip exited with {rc}; the torch stack is unchanged "
+            f"({before.summary()}). If pip reports a conflict on torch, the requested packages "
+            f"need a different torch: pick versions of them that support the installed one, "
+            f"or change torch deliberately (outside protect-torch) from PyTorch's index",
+            file=log,
+        )
+    return rc
