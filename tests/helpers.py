@@ -1,6 +1,20 @@
 """Input builders shared by the conv1d tests: fresh random data in every layout."""
 
+import os
+
 import torch
+
+# Per-dtype tolerances in one place (causal-conv1d's own test tolerances).
+TOL = {
+    torch.float32: {"rtol": 3e-4, "atol": 1e-3},
+    torch.float16: {"rtol": 3e-3, "atol": 5e-3},
+    torch.bfloat16: {"rtol": 1e-2, "atol": 5e-2},
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def gpu_available() -> bool:
+    return torch.cuda.is_available() and os.environ.get("MAMBA2_ROCM_NO_GPU") != "1"
 
 
 def make_x(batch, dim, seqlen, dtype, layout, device="cpu", gen=None):
@@ -8,7 +22,9 @@ def make_x(batch, dim, seqlen, dtype, layout, device="cpu", gen=None):
     if layout == "contiguous":
         return torch.randn(batch, dim, seqlen, generator=gen, device=device).to(dtype)
     if layout == "channel_last":
-        return torch.randn(batch, seqlen, dim, generator=gen, device=device).to(dtype).transpose(1, 2)
+        return (
+            torch.randn(batch, seqlen, dim, generator=gen, device=device).to(dtype).transpose(1, 2)
+        )
     if layout == "sliced":  # every other channel of a wider tensor, and an offset start
         big = torch.randn(batch, 2 * dim + 1, seqlen + 3, generator=gen, device=device).to(dtype)
         return big[:, 1::2, 3:]

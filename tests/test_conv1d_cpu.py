@@ -3,8 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DTYPES, TOL
-from helpers import make_seq_idx, make_x
+from helpers import DTYPES, TOL, make_seq_idx, make_x
 
 from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
 from mamba2_rocm.reference.conv1d import (
@@ -110,7 +109,9 @@ def test_seq_idx_with_padding(width, layout):
             if sid < 0:
                 continue
             mask = seq[row] == sid
-            alone = causal_conv1d_fn(x[row : row + 1, :, mask].contiguous(), w, b, activation="silu")
+            alone = causal_conv1d_fn(
+                x[row : row + 1, :, mask].contiguous(), w, b, activation="silu"
+            )
             torch.testing.assert_close(out[row : row + 1, :, mask], alone, **TOL[torch.float32])
 
 
@@ -119,7 +120,9 @@ def test_eager_backend_is_used(backend, monkeypatch):
     import mamba2_rocm.reference.conv1d as ref
 
     real = ref.causal_conv1d_eager
-    monkeypatch.setattr(ref, "causal_conv1d_eager", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        ref, "causal_conv1d_eager", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
     backend("eager")
     causal_conv1d_fn(torch.randn(1, 4, 9), torch.randn(4, 3))
     assert calls == [1]
@@ -163,7 +166,9 @@ def test_update_circular_buffer(width, seqlen):
     torch.testing.assert_close(out, ref, **TOL[torch.float32])
     assert torch.equal(state, ref_state)
     # by hand: row 1's first output reads slots (3 - (width-1) + j) mod state_len, then x
-    window = [before[1, :, (3 - (width - 1) + j) % state_len] for j in range(width - 1)] + [x[1, :, 0]]
+    window = [before[1, :, (3 - (width - 1) + j) % state_len] for j in range(width - 1)] + [
+        x[1, :, 0]
+    ]
     expect = sum(w[:, k] * window[k] for k in range(width))
     torch.testing.assert_close(out[1, :, 0], expect, **TOL[torch.float32])
     last = max(t for t in range(seqlen) if (3 + t) % state_len == 3)  # later tokens win
@@ -180,7 +185,11 @@ def test_update_circular_matches_decode_loop():
     state = torch.zeros(1, dim, state_len)
     outs = []
     for t in range(steps):
-        outs.append(causal_conv1d_update(x[:, :, t], state, w, cache_seqlens=torch.tensor([t], dtype=torch.int32)))
+        outs.append(
+            causal_conv1d_update(
+                x[:, :, t], state, w, cache_seqlens=torch.tensor([t], dtype=torch.int32)
+            )
+        )
     torch.testing.assert_close(torch.stack(outs, -1), full)
     state2 = torch.zeros(1, dim, width - 1)
     outs2 = [causal_conv1d_update(x[:, :, t], state2, w) for t in range(steps)]
@@ -200,7 +209,9 @@ def test_update_pool_indices():
     untouched = [1, 2, 4, 6]
     assert torch.equal(state[untouched], before[untouched])  # rows not selected, or -1
     ref_state = before.clone()
-    ref = causal_conv1d_update_eager(x.unsqueeze(-1), ref_state, w, conv_state_indices=idx).squeeze(-1)
+    ref = causal_conv1d_update_eager(x.unsqueeze(-1), ref_state, w, conv_state_indices=idx).squeeze(
+        -1
+    )
     torch.testing.assert_close(out, ref, **TOL[torch.float32])
     assert torch.equal(state, ref_state)
 

@@ -6,8 +6,7 @@ Run with ``pytest -m gpu`` on a machine with a GPU and kernels (a kernel package
 
 import pytest
 import torch
-from conftest import DTYPES, TOL, gpu_available
-from helpers import make_seq_idx, make_x
+from helpers import DTYPES, TOL, gpu_available, make_seq_idx, make_x
 
 from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
 from mamba2_rocm.reference.conv1d import causal_conv1d_torch, causal_conv1d_update_eager
@@ -68,7 +67,9 @@ def test_fwd_states(width, seqlen, layout):
     w = torch.randn(136, width, device=DEV, generator=g).to(dtype)
     init = torch.randn(3, width - 1, 136, device=DEV, generator=g).to(dtype).transpose(1, 2)
     fin = torch.full((3, 136, width - 1), float("nan"), device=DEV, dtype=dtype)
-    out, fin_out = causal_conv1d_fn(x, w, None, initial_states=init, return_final_states=True, final_states_out=fin)
+    out, fin_out = causal_conv1d_fn(
+        x, w, None, initial_states=init, return_final_states=True, final_states_out=fin
+    )
     ref, ref_fin = _ref(x, w, None, init=init)
     torch.testing.assert_close(out, ref, **TOL[dtype])
     assert fin_out is fin and torch.equal(fin, ref_fin)
@@ -97,17 +98,27 @@ def test_update_kernel(width, dtype, mode, seqlen):
     batch, dim = 5, 1032
     state_len = width - 1 + (3 if mode in ("shift_long_state", "circular") else 0)
     pool = 9 if mode == "pool" else batch
-    x = torch.randn(batch, dim, *(() if seqlen is None else (seqlen,)), device=DEV, generator=g).to(dtype)
+    x = torch.randn(batch, dim, *(() if seqlen is None else (seqlen,)), device=DEV, generator=g).to(
+        dtype
+    )
     state = torch.randn(pool, dim, state_len, device=DEV, generator=g).to(dtype)
     w = torch.randn(dim, width, device=DEV, generator=g).to(dtype)
     b = torch.randn(dim, device=DEV, generator=g).to(dtype)
-    cache = torch.tensor([0, 2, 5, 11, 3], dtype=torch.int32, device=DEV) if mode == "circular" else None
+    cache = (
+        torch.tensor([0, 2, 5, 11, 3], dtype=torch.int32, device=DEV)
+        if mode == "circular"
+        else None
+    )
     idx = torch.tensor([7, -1, 0, 4, 2], dtype=torch.int32, device=DEV) if mode == "pool" else None
     ref_state = state.clone()
     _poison_allocator(x.numel() * x.element_size())
-    out = causal_conv1d_update(x, state, w, b, activation="silu", cache_seqlens=cache, conv_state_indices=idx)
+    out = causal_conv1d_update(
+        x, state, w, b, activation="silu", cache_seqlens=cache, conv_state_indices=idx
+    )
     x3 = x if seqlen is not None else x.unsqueeze(-1)
-    ref = causal_conv1d_update_eager(x3, ref_state, w, b, silu=True, cache_seqlens=cache, conv_state_indices=idx)
+    ref = causal_conv1d_update_eager(
+        x3, ref_state, w, b, silu=True, cache_seqlens=cache, conv_state_indices=idx
+    )
     ref = ref if seqlen is not None else ref.squeeze(-1)
     assert not out.isnan().any()
     torch.testing.assert_close(out, ref, **TOL[dtype])
@@ -119,7 +130,9 @@ def test_update_out_of_range_index_is_loud():
     state = torch.randn(3, 64, 3, device=DEV)
     before = state.clone()
     w = torch.randn(64, 4, device=DEV)
-    out = causal_conv1d_update(x, state, w, conv_state_indices=torch.tensor([1, 3], dtype=torch.int32, device=DEV))
+    out = causal_conv1d_update(
+        x, state, w, conv_state_indices=torch.tensor([1, 3], dtype=torch.int32, device=DEV)
+    )
     assert out[1].isnan().all() and not out[0].isnan().any()
     assert torch.equal(state[[0, 2]], before[[0, 2]])
 
@@ -176,7 +189,9 @@ def test_torch_compile_traces_the_kernel_op():
     def f(x, w):
         return causal_conv1d_fn(x, w, activation="silu") * 2
 
-    torch.testing.assert_close(f(x, w), 2 * _ref(x, w, None, silu=True)[0].float(), **TOL[torch.float32])
+    torch.testing.assert_close(
+        f(x, w), 2 * _ref(x, w, None, silu=True)[0].float(), **TOL[torch.float32]
+    )
 
 
 def test_kernel_tier_is_really_used(monkeypatch):
@@ -189,4 +204,8 @@ def test_kernel_tier_is_really_used(monkeypatch):
     monkeypatch.setattr(ref, "causal_conv1d_torch", boom)
     monkeypatch.setattr(ref, "causal_conv1d_update_torch", boom)
     causal_conv1d_fn(torch.randn(1, 8, 32, device=DEV), torch.randn(8, 4, device=DEV))
-    causal_conv1d_update(torch.randn(1, 8, device=DEV), torch.randn(1, 8, 3, device=DEV), torch.randn(8, 4, device=DEV))
+    causal_conv1d_update(
+        torch.randn(1, 8, device=DEV),
+        torch.randn(1, 8, 3, device=DEV),
+        torch.randn(8, 4, device=DEV),
+    )
