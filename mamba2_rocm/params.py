@@ -8,8 +8,9 @@ compiler. Torch-free: the build driver imports this inside the toolchain image.
 from __future__ import annotations
 
 import ctypes
+import struct
 
-__all__ = ["DTYPE_CODES", "ConvFwdParams", "ConvUpdateParams"]
+__all__ = ["DTYPE_CODES", "ConvFwdParams", "ConvUpdateParams", "packer"]
 
 #: dtype name -> the M2R_DTYPE_* code the kernels take for run-time-typed tensors.
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -45,3 +46,21 @@ class ConvUpdateParams(ctypes.Structure):
         "state_batch_stride state_c_stride state_l_stride weight_c_stride weight_w_stride",
         "batch dim seqlen state_len num_states silu weight_dtype bias_dtype",
     )
+
+
+_FORMAT = {ctypes.c_void_p: "Q", ctypes.c_int64: "q", ctypes.c_int32: "i"}
+
+
+def packer(params: type[ctypes.Structure]) -> struct.Struct:
+    """A ``struct.Struct`` with the same byte layout as ``params``.
+
+    Packing a tuple is several times faster than filling a ctypes.Structure field by field,
+    and the launch path runs once per op call. Pointers are passed as ints (0 for null).
+    """
+    fmt = "<" + "".join(_FORMAT[ctype] for _, ctype in params._fields_)
+    packed = struct.Struct(fmt)
+    if packed.size != ctypes.sizeof(params):
+        raise AssertionError(
+            f"{params.__name__}: packed size {packed.size} != ctypes size {ctypes.sizeof(params)}"
+        )
+    return packed

@@ -27,7 +27,9 @@ def _backend(name: str):
             os.environ["MAMBA2_ROCM_BACKEND"] = old
 
 
-def run(batch=4, dim=4096, seqlen=4096, width=4, decode_batch=64, decode_dim=8192, dtype="bfloat16") -> list[dict]:
+def run(
+    batch=4, dim=4096, seqlen=4096, width=4, decode_batch=64, decode_dim=8192, dtype="bfloat16"
+) -> list[dict]:
     torch = require_torch()
     import torch.nn.functional as F
 
@@ -61,7 +63,12 @@ def run(batch=4, dim=4096, seqlen=4096, width=4, decode_batch=64, decode_dim=819
     add(case, "mamba2-rocm kernel", lambda: causal_conv1d_fn(x, w, b, activation="silu"), fwd_bytes)
     add(case + " channel-last", "mamba2-rocm kernel (channel-last)",
         lambda: causal_conv1d_fn(x_cl, w, b, activation="silu"), fwd_bytes)  # fmt: skip
-    add(case, "vectorized torch tier", lambda: causal_conv1d_fn(x, w, b, activation="silu"), fwd_bytes)
+    add(
+        case,
+        "vectorized torch tier",
+        lambda: causal_conv1d_fn(x, w, b, activation="silu"),
+        fwd_bytes,
+    )
     wc = w.unsqueeze(1)
     add(case, "F.conv1d (cuDNN) + silu",
         lambda: F.silu(F.conv1d(x, wc, b, padding=width - 1, groups=dim)[..., :seqlen]), fwd_bytes)  # fmt: skip
@@ -72,7 +79,12 @@ def run(batch=4, dim=4096, seqlen=4096, width=4, decode_batch=64, decode_dim=819
     bd = torch.randn(decode_dim, device=dev, dtype=dt)
     upd_bytes = (2 * xs.numel() + 2 * state.numel() + wd.numel() + bd.numel()) * elt
     case = f"update b{decode_batch} d{decode_dim} w{width} {dtype}"
-    add(case, "mamba2-rocm kernel", lambda: causal_conv1d_update(xs, state, wd, bd, activation="silu"), upd_bytes)
+    add(
+        case,
+        "mamba2-rocm kernel",
+        lambda: causal_conv1d_update(xs, state, wd, bd, activation="silu"),
+        upd_bytes,
+    )
     add(case, "vectorized torch tier",
         lambda: causal_conv1d_update(xs, state, wd, bd, activation="silu"), upd_bytes, graph=False)  # fmt: skip
     for r in rows:
@@ -101,6 +113,8 @@ def format_table(rows: list[dict]) -> str:
         by_case.setdefault(r["case"].replace(" channel-last", ""), {})[r["impl"]] = r["us"]
     for case, impls in by_case.items():
         ours = impls.get("mamba2-rocm kernel")
-        others = ", ".join(f"{k}: {v / ours:.1f}x" for k, v in impls.items() if ours and k != "mamba2-rocm kernel")
+        others = ", ".join(
+            f"{k}: {v / ours:.1f}x" for k, v in impls.items() if ours and k != "mamba2-rocm kernel"
+        )
         lines.append(f"speed-up of the kernel, {case}: {others}")
     return head + "\n".join(lines)

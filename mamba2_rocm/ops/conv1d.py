@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.ops._backend import choose
-from mamba2_rocm.params import DTYPE_CODES, ConvFwdParams, ConvUpdateParams
+from mamba2_rocm.params import DTYPE_CODES
 
 torch = require_torch()
 Tensor = torch.Tensor
@@ -22,6 +22,7 @@ __all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _KERNEL_DT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+_DT_CODE = {dt: DTYPE_CODES[str(dt).removeprefix("torch.")] for dt in _FLOATS}
 _THREADS = 128
 _CL_LANES, _CL_ROWS, _CL_POS = (
     32,
@@ -128,8 +129,8 @@ def _alloc_out(x: Tensor) -> Tensor:
     return torch.empty(batch, dim, seqlen, dtype=x.dtype, device=x.device)
 
 
-def _ptr(t) -> int | None:
-    return None if t is None else t.data_ptr()
+def _ptr(t) -> int:
+    return 0 if t is None else t.data_ptr()
 
 
 def _strides(t, n: int) -> tuple[int, ...]:
@@ -140,7 +141,13 @@ def _aligned(t: Tensor, strides: tuple[int, ...], n_elts: int) -> bool:
     return t.data_ptr() % 16 == 0 and all(s % n_elts == 0 for s in strides)
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(x: Tensor) -> int:
+    """torch's current stream on x's device, as the raw handle the driver API takes."""
+    if _raw_stream is not None:
+        return _raw_stream(x.device.index)
     return torch.cuda.current_stream(x.device).cuda_stream
 
 
@@ -182,13 +189,29 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
         raise ValueError(
             f"conv1d kernel grid {grid} exceeds {_GRID_YZ_MAX} in y/z (dim={dim}, batch={batch})"
         )
-    p = ConvFwdParams(
-        _ptr(x), _ptr(weight), _ptr(bias), _ptr(out), _ptr(seq_idx), _ptr(initial_states), _ptr(final_states),
-        *x.stride(), *out.stride(), *weight.stride(), *_strides(seq_idx, 2), *_strides(initial_states, 3),
-        *_strides(final_states, 3), batch, dim, seqlen, int(silu),
-        DTYPE_CODES[str(weight.dtype).removeprefix("torch.")],
-        DTYPE_CODES[str(bias.dtype).removeprefix("torch.")] if bias is not None else 0, 0, 0,
-    )  # fmt: skip
+    p = (
+        _ptr(x),
+        _ptr(weight),
+        _ptr(bias),
+        _ptr(out),
+        _ptr(seq_idx),
+        _ptr(initial_states),
+        _ptr(final_states),
+        *x.stride(),
+        *out.stride(),
+        *weight.stride(),
+        *_strides(seq_idx, 2),
+        *_strides(initial_states, 3),
+        *_strides(final_states, 3),
+        batch,
+        dim,
+        seqlen,
+        int(silu),
+        _DT_CODE[weight.dtype],
+        _DT_CODE[bias.dtype] if bias is not None else 0,
+        0,
+        0,
+    )  # fmt: skip  (ConvFwdParams, field order)
     launcher = kset.launcher(f"m2r_conv1d_fwd_{_KERNEL_DT[x.dtype]}_w{width}_{layout}")
     with _OnDevice(x.device.index):
         launcher(p, grid, (_THREADS, 1, 1), _stream(x))
@@ -199,13 +222,27 @@ def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indic
     width = weight.shape[1]
     if batch > _GRID_YZ_MAX:
         raise ValueError(f"conv1d update kernel supports batch <= {_GRID_YZ_MAX}, got {batch}")
-    p = ConvUpdateParams(
-        _ptr(x), _ptr(conv_state), _ptr(weight), _ptr(bias), _ptr(out), _ptr(cache_seqlens), _ptr(indices),
-        *x.stride(), *out.stride(), *conv_state.stride(), *weight.stride(),
-        batch, dim, seqlen, conv_state.shape[2], conv_state.shape[0], int(silu),
-        DTYPE_CODES[str(weight.dtype).removeprefix("torch.")],
-        DTYPE_CODES[str(bias.dtype).removeprefix("torch.")] if bias is not None else 0,
-    )  # fmt: skip
+    p = (
+        _ptr(x),
+        _ptr(conv_state),
+        _ptr(weight),
+        _ptr(bias),
+        _ptr(out),
+        _ptr(cache_seqlens),
+        _ptr(indices),
+        *x.stride(),
+        *out.stride(),
+        *conv_state.stride(),
+        *weight.stride(),
+        batch,
+        dim,
+        seqlen,
+        conv_state.shape[2],
+        conv_state.shape[0],
+        int(silu),
+        _DT_CODE[weight.dtype],
+        _DT_CODE[bias.dtype] if bias is not None else 0,
+    )  # fmt: skip  (ConvUpdateParams, field order)
     launcher = kset.launcher(f"m2r_conv1d_update_{_KERNEL_DT[x.dtype]}_w{width}")
     with _OnDevice(x.device.index):
         launcher(p, (-(-dim // _THREADS), batch, 1), (_THREADS, 1, 1), _stream(x))
@@ -214,8 +251,7 @@ def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indic
 # ---- registered ops --------------------------------------------------------------------------
 
 
-@torch.library.custom_op("mamba2_rocm::causal_conv1d_fwd", mutates_args=("final_states_out",))
-def causal_conv1d_fwd(
+def _fwd_impl(
     x: Tensor,
     weight: Tensor,
     bias: Tensor | None,
@@ -241,14 +277,20 @@ def causal_conv1d_fwd(
     return out
 
 
+# Eager calls go straight to the implementation: the dispatcher round trip of a Python custom
+# op costs tens of microseconds, more than a decode-step kernel. torch.compile traces the op.
+causal_conv1d_fwd = torch.library.custom_op(
+    "mamba2_rocm::causal_conv1d_fwd", _fwd_impl, mutates_args=("final_states_out",)
+)
+
+
 @causal_conv1d_fwd.register_fake
 def _(x, weight, bias, seq_idx, initial_states, final_states_out, silu):
     _check_fwd(x, weight, bias, seq_idx, initial_states, final_states_out)
     return _alloc_out(x)
 
 
-@torch.library.custom_op("mamba2_rocm::causal_conv1d_update", mutates_args=("conv_state",))
-def causal_conv1d_update_op(
+def _update_impl(
     x: Tensor,
     conv_state: Tensor,
     weight: Tensor,
@@ -269,6 +311,11 @@ def causal_conv1d_update_op(
 
     fn = ref.causal_conv1d_update_torch if tier == "torch" else ref.causal_conv1d_update_eager
     return fn(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices).contiguous()
+
+
+causal_conv1d_update_op = torch.library.custom_op(
+    "mamba2_rocm::causal_conv1d_update", _update_impl, mutates_args=("conv_state",)
+)
 
 
 @causal_conv1d_update_op.register_fake
@@ -299,7 +346,8 @@ def causal_conv1d_fn(
         final_states_out = torch.empty(
             x.shape[0], x.shape[1], width - 1, dtype=x.dtype, device=x.device
         )
-    out = causal_conv1d_fwd(x, weight, bias, seq_idx, initial_states, final_states_out, silu)
+    op = causal_conv1d_fwd if torch.compiler.is_compiling() else _fwd_impl
+    out = op(x, weight, bias, seq_idx, initial_states, final_states_out, silu)
     return (out, final_states_out) if return_final_states else out
 
 
@@ -321,7 +369,8 @@ def causal_conv1d_update(
             f"x must be (batch, dim) or (batch, dim, seqlen), got shape {tuple(x.shape)}"
         )
     squeeze = x.dim() == 2
-    out = causal_conv1d_update_op(
+    op = causal_conv1d_update_op if torch.compiler.is_compiling() else _update_impl
+    out = op(
         x.unsqueeze(-1) if squeeze else x,
         conv_state,
         weight,

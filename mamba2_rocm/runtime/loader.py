@@ -16,15 +16,16 @@ graph capture requires anyway).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import hashlib
 import os
 import threading
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 from mamba2_rocm.kernels import SOURCES, source_of
+from mamba2_rocm.params import packer
 from mamba2_rocm.runtime.discovery import (
     KernelDir,
     find_kernel_dir,
@@ -42,23 +43,27 @@ class LoaderError(RuntimeError):
     """A kernel dir that cannot be used safely (tampered file, struct mismatch, wrong vendor)."""
 
 
-@dataclass
 class Launcher:
-    """A kernel ready to launch: its function handle and parameter struct type."""
+    """A kernel ready to launch: its function handle and the packer of its parameter struct.
 
-    name: str
-    func: ctypes.c_void_p
-    params_type: type[ctypes.Structure]
-    driver: GpuDriver
+    ``launcher(values, grid, block, stream)`` packs ``values`` (the struct's fields in order,
+    pointers as ints) and launches. The runtime copies the parameter bytes at launch time, also
+    during graph capture, so the buffer may die as soon as the call returns.
+    """
 
-    def __call__(self, params: ctypes.Structure, grid: tuple[int, int, int],
-                 block: tuple[int, int, int], stream: int, shared_bytes: int = 0) -> None:  # fmt: skip
-        if type(params) is not self.params_type:
-            raise TypeError(
-                f"{self.name} takes {self.params_type.__name__}, got {type(params).__name__}"
-            )
-        args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
-        self.driver.launch(self.func, grid, block, shared_bytes, stream, args)
+    __slots__ = ("_launch", "_packer", "func", "name", "params_type")
+
+    def __init__(self, name: str, func: ctypes.c_void_p, params_type: type[ctypes.Structure],
+                 driver: GpuDriver) -> None:  # fmt: skip
+        self.name, self.func, self.params_type = name, func, params_type
+        self._packer = packer(params_type)
+        self._launch = driver.launch
+
+    def __call__(self, values: tuple, grid: tuple[int, int, int], block: tuple[int, int, int],
+                 stream: int, shared_bytes: int = 0) -> None:  # fmt: skip
+        buf = ctypes.create_string_buffer(self._packer.pack(*values), self._packer.size)
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+        self._launch(self.func, grid, block, shared_bytes, stream, args)
 
 
 class KernelSet:
@@ -148,10 +153,8 @@ class KernelSet:
             self._launchers.clear()
             modules, self._modules = self._modules, {}
         for module in modules.values():
-            try:
+            with contextlib.suppress(DriverError):  # the context may be gone at interpreter exit
                 self.driver.unload_module(module)
-            except DriverError:
-                pass  # the context may already be gone at interpreter exit
 
 
 _SETS: dict[int, KernelSet | None] = {}
