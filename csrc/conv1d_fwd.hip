@@ -14,7 +14,7 @@ namespace conv1d {
 constexpr int kThreads = 128;
 constexpr int kClLanesC = 32;                  // channel-last: lanes along dim
 constexpr int kClRowsL = kThreads / kClLanesC;  // channel-last: thread rows along seqlen
-constexpr int kClPosPerThread = 16;            // channel-last: positions per thread
+constexpr int kClPosPerThread = 8;             // channel-last: positions per thread
 
 template <typename T>
 struct Vec {
@@ -57,62 +57,64 @@ M2R_DEVICE void write_final_states(const ConvFwdParams& p, int64_t b, int64_t c)
   }
 }
 
-// One output from a window of kW inputs ending at that position.
-template <int kW, bool kSeq>
-M2R_DEVICE float tap(const float (&w)[kW], float bias, const float* win, const int* sid, int silu) {
-  float acc = bias;
-#pragma unroll
-  for (int k = 0; k < kW; ++k) {
-    if (!kSeq || sid[k] == sid[kW - 1]) acc = fmaf(w[k], win[k], acc);
-  }
-  return silu ? m2r::silu(acc) : acc;
-}
-
 // ---- layout: seqlen-contiguous ---------------------------------------------------------------
-// grid (ceil(seqlen / (kThreads * kN)), dim, batch); each thread owns kN consecutive positions.
+// grid (ceil(seqlen / kRowTile), dim, batch). Thread t owns vectors v = 0..kRowVecs-1 at
+// positions blk0 + (v * kThreads + t) * kN: every load instruction is coalesced across the
+// wavefront, and all kRowVecs loads are in flight before the first use. A vector's kW-1 taps
+// of history come from its left neighbour through LDS; thread 0 fetches the block's history.
+constexpr int kRowVecs = 4;
+
 template <typename T, int kW, bool kVec>
 M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   typedef typename T::storage S;
   constexpr int kN = Vec<T>::kN;
-  __shared__ float sh_x[kThreads + 1][kW - 1];
-  __shared__ int sh_s[kThreads + 1][kW - 1];
+  constexpr int kTile = kThreads * kRowVecs * kN;
+  __shared__ float sh_x[kRowVecs][kThreads][kW - 1];
+  __shared__ int sh_s[kRowVecs][kThreads][kW - 1];
 
   const int tid = threadIdx.x;
   const int64_t b = blockIdx.z, c = blockIdx.y;
-  const int64_t blk0 = static_cast<int64_t>(blockIdx.x) * kThreads * kN;
-  const int64_t t0 = blk0 + static_cast<int64_t>(tid) * kN;
+  const int64_t blk0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const bool has_seq = p.seq_idx != nullptr;
-
   const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + c * p.x_c_stride;
-  float xv[kN];
-  if (kVec && t0 + kN <= p.seqlen) {
-    typename Vec<T>::U u;
-    u.v = load_stream(reinterpret_cast<const vec16_t*>(x + t0));
-#pragma unroll
-    for (int i = 0; i < kN; ++i) xv[i] = T::to_float(u.s[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kN; ++i)
-      xv[i] = t0 + i < p.seqlen ? T::to_float(x[(t0 + i) * p.x_l_stride]) : 0.f;
-  }
-  int sid[kW - 1 + kN];
-  if (has_seq) {
-#pragma unroll
-    for (int i = 0; i < kN; ++i) sid[kW - 1 + i] = t0 + i < p.seqlen ? seq_at(p, b, t0 + i) : -2;
-  }
 
-  // Hand this thread's last kW-1 taps to the next thread; thread 0 fetches the block's history.
+  // Kept in storage format until used: half the registers for 16-bit types.
+  typename Vec<T>::U xv[kRowVecs];
 #pragma unroll
-  for (int j = 0; j < kW - 1; ++j) {
-    sh_x[tid + 1][j] = xv[kN - (kW - 1) + j];
-    if (has_seq) sh_s[tid + 1][j] = sid[kW - 1 + kN - (kW - 1) + j];
+  for (int v = 0; v < kRowVecs; ++v) {
+    const int64_t t0 = blk0 + static_cast<int64_t>(v * kThreads + tid) * kN;
+    if (kVec && t0 + kN <= p.seqlen) {
+      xv[v].v = load_stream(reinterpret_cast<const vec16_t*>(x + t0));
+    } else {
+#pragma unroll
+      for (int i = 0; i < kN; ++i) xv[v].s[i] = t0 + i < p.seqlen ? x[(t0 + i) * p.x_l_stride] : S(0);
+    }
   }
+  float halo[kW - 1];
+  int halo_s[kW - 1];
   if (tid == 0) {
 #pragma unroll
     for (int j = 0; j < kW - 1; ++j) {
       const int64_t pos = blk0 - (kW - 1) + j;
-      sh_x[0][j] = x_at<T, kW>(p, b, c, pos);
-      if (has_seq) sh_s[0][j] = seq_at(p, b, pos);
+      halo[j] = x_at<T, kW>(p, b, c, pos);
+      halo_s[j] = has_seq ? seq_at(p, b, pos) : 0;
+    }
+  }
+  int sid[kRowVecs][kN];
+  if (has_seq) {
+#pragma unroll
+    for (int v = 0; v < kRowVecs; ++v) {
+      const int64_t t0 = blk0 + static_cast<int64_t>(v * kThreads + tid) * kN;
+#pragma unroll
+      for (int i = 0; i < kN; ++i) sid[v][i] = t0 + i < p.seqlen ? seq_at(p, b, t0 + i) : -2;
+    }
+  }
+#pragma unroll
+  for (int v = 0; v < kRowVecs; ++v) {
+#pragma unroll
+    for (int j = 0; j < kW - 1; ++j) {
+      sh_x[v][tid][j] = T::to_float(xv[v].s[kN - (kW - 1) + j]);
+      if (has_seq) sh_s[v][tid][j] = sid[v][kN - (kW - 1) + j];
     }
   }
   float w[kW];
@@ -122,31 +124,50 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   const float bias = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
   __syncthreads();
 
-  float win[kW - 1 + kN];
-#pragma unroll
-  for (int j = 0; j < kW - 1; ++j) {
-    win[j] = sh_x[tid][j];
-    if (has_seq) sid[j] = sh_s[tid][j];
-  }
-#pragma unroll
-  for (int i = 0; i < kN; ++i) win[kW - 1 + i] = xv[i];
-
-  float yv[kN];
-#pragma unroll
-  for (int i = 0; i < kN; ++i)
-    yv[i] = has_seq ? tap<kW, true>(w, bias, win + i, sid + i, p.silu)
-                    : tap<kW, false>(w, bias, win + i, sid, p.silu);
-
   S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + c * p.out_c_stride;
-  if (kVec && t0 + kN <= p.seqlen) {
-    typename Vec<T>::U u;
 #pragma unroll
-    for (int i = 0; i < kN; ++i) u.s[i] = T::from_float(yv[i]);
-    store_stream(reinterpret_cast<vec16_t*>(out + t0), u.v);
-  } else {
+  for (int v = 0; v < kRowVecs; ++v) {
+    const int64_t t0 = blk0 + static_cast<int64_t>(v * kThreads + tid) * kN;
+    if (t0 >= p.seqlen) break;
+    float win[kW - 1 + kN];
+    int ws[kW - 1 + kN];
 #pragma unroll
-    for (int i = 0; i < kN; ++i)
-      if (t0 + i < p.seqlen) out[(t0 + i) * p.out_l_stride] = T::from_float(yv[i]);
+    for (int j = 0; j < kW - 1; ++j) {
+      if (tid > 0) {
+        win[j] = sh_x[v][tid - 1][j];
+        if (has_seq) ws[j] = sh_s[v][tid - 1][j];
+      } else if (v > 0) {
+        win[j] = sh_x[v - 1][kThreads - 1][j];
+        if (has_seq) ws[j] = sh_s[v - 1][kThreads - 1][j];
+      } else {
+        win[j] = halo[j];
+        if (has_seq) ws[j] = halo_s[j];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      win[kW - 1 + i] = T::to_float(xv[v].s[i]);
+      if (has_seq) ws[kW - 1 + i] = sid[v][i];
+    }
+    float yv[kN];
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      float acc = bias;
+#pragma unroll
+      for (int k = 0; k < kW; ++k)
+        if (!has_seq || ws[i + k] == ws[i + kW - 1]) acc = fmaf(w[k], win[i + k], acc);
+      yv[i] = p.silu ? silu(acc) : acc;
+    }
+    if (kVec && t0 + kN <= p.seqlen) {
+      typename Vec<T>::U u;
+#pragma unroll
+      for (int i = 0; i < kN; ++i) u.s[i] = T::from_float(yv[i]);
+      store_stream(reinterpret_cast<vec16_t*>(out + t0), u.v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kN; ++i)
+        if (t0 + i < p.seqlen) out[(t0 + i) * p.out_l_stride] = T::from_float(yv[i]);
+    }
   }
   if (p.final_states != nullptr && tid == 0 && blockIdx.x == gridDim.x - 1)
     write_final_states<T, kW>(p, b, c);
@@ -175,72 +196,67 @@ M2R_DEVICE void cl_load(const ConvFwdParams& p, int64_t b, int64_t c0, int64_t p
 
 // ---- layout: channel-last --------------------------------------------------------------------
 // grid (ceil(seqlen / (kClRowsL * kClPosPerThread)), ceil(dim / (kClLanesC * kN)), batch);
-// a thread owns kN consecutive channels and kClPosPerThread consecutive positions.
+// a thread owns kN consecutive channels and kClPosPerThread consecutive positions. All
+// kClPosPerThread + kW - 1 input vectors are loaded before the first output is computed.
 template <typename T, int kW, bool kVec>
 M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
   typedef typename T::storage S;
   constexpr int kN = Vec<T>::kN;
+  constexpr int kP = kClPosPerThread;
   const int lane = threadIdx.x % kClLanesC, row = threadIdx.x / kClLanesC;
   const int64_t b = blockIdx.z;
   const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kClLanesC + lane) * kN;
-  const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * kClRowsL + row) * kClPosPerThread;
+  const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * kClRowsL + row) * kP;
   if (c0 >= p.dim || t0 >= p.seqlen) return;
   const bool full_c = c0 + kN <= p.dim;
   const bool has_seq = p.seq_idx != nullptr;
 
-  float w[kN][kW], bias[kN];
+  float win[kP + kW - 1][kN];
 #pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    const int64_t c = full_c ? c0 + i : min(c0 + i, static_cast<int64_t>(p.dim) - 1);
+  for (int j = 0; j < kP + kW - 1; ++j) cl_load<T, kW, kVec>(p, b, c0, t0 - (kW - 1) + j, full_c, win[j]);
+  int sid[kP + kW - 1];
+  if (has_seq) {
 #pragma unroll
-    for (int k = 0; k < kW; ++k)
-      w[i][k] = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
-    bias[i] = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
+    for (int j = 0; j < kP + kW - 1; ++j) {
+      const int64_t pos = t0 - (kW - 1) + j;
+      sid[j] = pos < p.seqlen ? seq_at(p, b, pos) : -2;
+    }
   }
 
   S* out = static_cast<S*>(p.out) + b * p.out_batch_stride;
-
-  // Sliding window: win[k] holds position t - (kW-1) + k for the output position t.
-  float win[kW][kN];
-  int sid[kW];
 #pragma unroll
-  for (int k = 0; k < kW - 1; ++k) {
-    cl_load<T, kW, kVec>(p, b, c0, t0 - (kW - 1) + k, full_c, win[k]);
-    if (has_seq) sid[k] = seq_at(p, b, t0 - (kW - 1) + k);
-  }
-  const int steps = static_cast<int>(min(static_cast<int64_t>(kClPosPerThread), p.seqlen - t0));
-#pragma unroll 1
-  for (int s = 0; s < steps; ++s) {
-    const int64_t t = t0 + s;
-    cl_load<T, kW, kVec>(p, b, c0, t, full_c, win[kW - 1]);
-    if (has_seq) sid[kW - 1] = seq_at(p, b, t);
-    float y[kN];
+  for (int i = 0; i < kN; ++i) {
+    const int64_t c = full_c ? c0 + i : min(c0 + i, static_cast<int64_t>(p.dim) - 1);
+    float w[kW];
 #pragma unroll
-    for (int i = 0; i < kN; ++i) {
-      float acc = bias[i];
+    for (int k = 0; k < kW; ++k)
+      w[k] = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
+    const float bias = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
+#pragma unroll
+    for (int s = 0; s < kP; ++s) {
+      float acc = bias;
 #pragma unroll
       for (int k = 0; k < kW; ++k)
-        if (!has_seq || sid[k] == sid[kW - 1]) acc = fmaf(w[i][k], win[k][i], acc);
-      y[i] = p.silu ? silu(acc) : acc;
+        if (!has_seq || sid[s + k] == sid[s + kW - 1]) acc = fmaf(w[k], win[s + k][i], acc);
+      win[s][i] = p.silu ? silu(acc) : acc;  // output s overwrites input s: no longer needed
     }
+  }
+#pragma unroll
+  for (int s = 0; s < kP; ++s) {
+    const int64_t t = t0 + s;
+    if (t >= p.seqlen) break;
     if (kVec && full_c) {
       typename Vec<T>::U u;
 #pragma unroll
-      for (int i = 0; i < kN; ++i) u.s[i] = T::from_float(y[i]);
+      for (int i = 0; i < kN; ++i) u.s[i] = T::from_float(win[s][i]);
       store_stream(reinterpret_cast<vec16_t*>(out + t * p.out_l_stride + c0), u.v);
     } else {
 #pragma unroll
       for (int i = 0; i < kN; ++i)
-        if (c0 + i < p.dim) out[t * p.out_l_stride + (c0 + i) * p.out_c_stride] = T::from_float(y[i]);
-    }
-#pragma unroll
-    for (int k = 0; k < kW - 1; ++k) {
-#pragma unroll
-      for (int i = 0; i < kN; ++i) win[k][i] = win[k + 1][i];
-      sid[k] = sid[k + 1];
+        if (c0 + i < p.dim) out[t * p.out_l_stride + (c0 + i) * p.out_c_stride] = T::from_float(win[s][i]);
     }
   }
-  if (p.final_states != nullptr && t0 + kClPosPerThread >= p.seqlen) {
+  if (p.final_states != nullptr && t0 + kP >= p.seqlen) {
 #pragma unroll 1
     for (int i = 0; i < kN; ++i)
       if (c0 + i < p.dim) write_final_states<T, kW>(p, b, c0 + i);

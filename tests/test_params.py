@@ -59,3 +59,17 @@ def test_every_kernel_is_defined_in_its_source():
     for src in SOURCES.values():
         text = (CSRC / src.filename).read_text()
         assert src.params.__name__ in text, src.name
+
+
+def test_launch_geometry_matches_kernel_constants():
+    """The grid the ops compute must cover what each kernel block processes."""
+    import mamba2_rocm.ops.conv1d as ops
+
+    text = (CSRC / "conv1d_fwd.hip").read_text() + (CSRC / "conv1d_update.hip").read_text()
+    consts = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (k\w+) = (\d+);", text)}
+    assert consts["kThreads"] == ops._THREADS
+    assert consts["kUpdateThreads"] == ops._THREADS
+    assert consts["kRowVecs"] == ops._ROW_VECS
+    assert consts["kClLanesC"] == ops._CL_LANES
+    assert consts["kClPosPerThread"] == ops._CL_POS
+    assert consts["kThreads"] // consts["kClLanesC"] == ops._CL_ROWS

@@ -24,11 +24,9 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _KERNEL_DT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _DT_CODE = {dt: DTYPE_CODES[str(dt).removeprefix("torch.")] for dt in _FLOATS}
 _THREADS = 128
-_CL_LANES, _CL_ROWS, _CL_POS = (
-    32,
-    4,
-    16,
-)  # csrc/conv1d_fwd.hip: kClLanesC, kClRowsL, kClPosPerThread
+_ROW_VECS = 4  # csrc/conv1d_fwd.hip: kRowVecs
+# Launch geometry; must equal the constants in csrc/conv1d_fwd.hip (tests/test_params.py checks).
+_CL_LANES, _CL_ROWS, _CL_POS = 32, 4, 8  # kClLanesC, kClRowsL, kClPosPerThread
 _GRID_YZ_MAX = 65535
 
 
@@ -175,7 +173,7 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
     if x.stride(2) == 1 and out.stride(2) == 1:
         vec = _aligned(x, x.stride()[:2], n_elts) and _aligned(out, out.stride()[:2], n_elts)
         layout = "vec" if vec else "strided"
-        grid = (-(-seqlen // (_THREADS * n_elts)), dim, batch)
+        grid = (-(-seqlen // (_THREADS * _ROW_VECS * n_elts)), dim, batch)
     elif x.stride(1) == 1 and out.stride(1) == 1:
         vec = _aligned(x, (x.stride(0), x.stride(2)), n_elts) and _aligned(
             out, (out.stride(0), out.stride(2)), n_elts
@@ -184,7 +182,7 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
         grid = (-(-seqlen // (_CL_ROWS * _CL_POS)), -(-dim // (_CL_LANES * n_elts)), batch)
     else:
         layout = "strided"
-        grid = (-(-seqlen // (_THREADS * n_elts)), dim, batch)
+        grid = (-(-seqlen // (_THREADS * _ROW_VECS * n_elts)), dim, batch)
     if grid[1] > _GRID_YZ_MAX or grid[2] > _GRID_YZ_MAX:
         raise ValueError(
             f"conv1d kernel grid {grid} exceeds {_GRID_YZ_MAX} in y/z (dim={dim}, batch={batch})"
