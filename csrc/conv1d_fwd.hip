@@ -64,7 +64,7 @@ M2R_DEVICE void write_final_states(const ConvFwdParams& p, int64_t b, int64_t c)
 // of history come from its left neighbour through LDS; thread 0 fetches the block's history.
 constexpr int kRowVecs = 4;
 
-template <typename T, int kW, bool kVec>
+template <typename T, int kW, bool kVec, bool kSeq>
 M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   typedef typename T::storage S;
   constexpr int kN = Vec<T>::kN;
@@ -75,7 +75,7 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   const int tid = threadIdx.x;
   const int64_t b = blockIdx.z, c = blockIdx.y;
   const int64_t blk0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const bool has_seq = p.seq_idx != nullptr;
+  constexpr bool has_seq = kSeq;  // seq_idx given: a separate instantiation, no cost otherwise
   const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + c * p.x_c_stride;
 
   // Kept in storage format until used: half the registers for 16-bit types.
@@ -198,7 +198,7 @@ M2R_DEVICE void cl_load(const ConvFwdParams& p, int64_t b, int64_t c0, int64_t p
 // grid (ceil(seqlen / (kClRowsL * kClPosPerThread)), ceil(dim / (kClLanesC * kN)), batch);
 // a thread owns kN consecutive channels and kClPosPerThread consecutive positions. All
 // kClPosPerThread + kW - 1 input vectors are loaded before the first output is computed.
-template <typename T, int kW, bool kVec>
+template <typename T, int kW, bool kVec, bool kSeq>
 M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
   typedef typename T::storage S;
   constexpr int kN = Vec<T>::kN;
@@ -209,7 +209,7 @@ M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
   const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * kClRowsL + row) * kP;
   if (c0 >= p.dim || t0 >= p.seqlen) return;
   const bool full_c = c0 + kN <= p.dim;
-  const bool has_seq = p.seq_idx != nullptr;
+  constexpr bool has_seq = kSeq;  // seq_idx given: a separate instantiation, no cost otherwise
 
   float win[kP + kW - 1][kN];
 #pragma unroll
@@ -266,19 +266,19 @@ M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
 }  // namespace conv1d
 }  // namespace m2r
 
-#define M2R_CONV_FWD(DT, T, W)                                                                 \
-  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_vec(ConvFwdParams p) {        \
-    m2r::conv1d::fwd_rows<m2r::T, W, true>(p);                                                  \
-  }                                                                                            \
-  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_strided(ConvFwdParams p) {    \
-    m2r::conv1d::fwd_rows<m2r::T, W, false>(p);                                                 \
-  }                                                                                            \
-  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_cl_vec(ConvFwdParams p) {     \
-    m2r::conv1d::fwd_channel_last<m2r::T, W, true>(p);                                          \
-  }                                                                                            \
-  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_cl_strided(ConvFwdParams p) { \
-    m2r::conv1d::fwd_channel_last<m2r::T, W, false>(p);                                         \
+// One kernel per (dtype, width, layout), each with and without seq_idx ("_seq").
+#define M2R_CONV_FWD_ONE(DT, T, W, NAME, FN, VEC)                                                   \
+  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME(ConvFwdParams p) {        \
+    m2r::conv1d::FN<m2r::T, W, VEC, false>(p);                                                     \
+  }                                                                                               \
+  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME##_seq(ConvFwdParams p) {  \
+    m2r::conv1d::FN<m2r::T, W, VEC, true>(p);                                                      \
   }
+#define M2R_CONV_FWD(DT, T, W)                               \
+  M2R_CONV_FWD_ONE(DT, T, W, vec, fwd_rows, true)            \
+  M2R_CONV_FWD_ONE(DT, T, W, strided, fwd_rows, false)       \
+  M2R_CONV_FWD_ONE(DT, T, W, cl_vec, fwd_channel_last, true) \
+  M2R_CONV_FWD_ONE(DT, T, W, cl_strided, fwd_channel_last, false)
 
 #define M2R_CONV_FWD_WIDTHS(DT, T) M2R_CONV_FWD(DT, T, 2) M2R_CONV_FWD(DT, T, 3) M2R_CONV_FWD(DT, T, 4)
 

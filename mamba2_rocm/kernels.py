@@ -38,10 +38,11 @@ SOURCES: dict[str, KernelSource] = {
             "conv1d_fwd",
             ConvFwdParams,
             tuple(
-                f"m2r_conv1d_fwd_{dt}_w{w}_{layout}"
+                f"m2r_conv1d_fwd_{dt}_w{w}_{layout}{seq}"
                 for dt in KERNEL_DTYPES
                 for w in CONV_WIDTHS
                 for layout in CONV_FWD_LAYOUTS
+                for seq in ("", "_seq")
             ),
         ),
         KernelSource(

@@ -210,7 +210,8 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
         0,
         0,
     )  # fmt: skip  (ConvFwdParams, field order)
-    launcher = kset.launcher(f"m2r_conv1d_fwd_{_KERNEL_DT[x.dtype]}_w{width}_{layout}")
+    seq = "_seq" if seq_idx is not None else ""
+    launcher = kset.launcher(f"m2r_conv1d_fwd_{_KERNEL_DT[x.dtype]}_w{width}_{layout}{seq}")
     with _OnDevice(x.device.index):
         launcher(p, grid, (_THREADS, 1, 1), _stream(x))
 
