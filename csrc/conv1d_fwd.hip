@@ -1,10 +1,11 @@
-// Causal depthwise conv1d, forward. Four layouts per (dtype, width):
-//   *_vec         x and out (batch, dim, seqlen) with unit stride along seqlen, 16-byte aligned:
-//                 one 16-byte load and store per thread, neighbours' taps exchanged in LDS.
-//   *_strided     any strides (sliced, transposed, misaligned): same tiling, scalar accesses.
-//   *_cl_vec      channel-last (unit stride along dim), 16-byte aligned: each thread owns one
-//                 16-byte vector of channels and walks a run of positions with a sliding window.
-//   *_cl_strided  channel-last tiling with scalar accesses and any strides.
+// Causal depthwise conv1d, forward. Three layouts per (dtype, width), each with and without
+// seq_idx ("_seq"):
+//   *_vec      x and out (batch, dim, seqlen) with unit stride along seqlen, 16-byte aligned:
+//              four 16-byte loads per thread in flight; neighbours' taps exchanged in LDS.
+//   *_cl_vec   channel-last (unit stride along dim), 4-byte aligned: a thread owns one 32-bit
+//              word of channels and walks kClPosPerThread positions.
+//   *_strided  any strides (sliced, transposed, misaligned): one thread per output, simple and
+//              correct everywhere; the host uses it only when neither fast layout applies.
 // The host picks the layout; all variants compute the same function (tested against each other).
 #include "platform.h"
 
@@ -12,9 +13,8 @@ namespace m2r {
 namespace conv1d {
 
 constexpr int kThreads = 128;
-constexpr int kClLanesC = 32;                  // channel-last: lanes along dim
-constexpr int kClRowsL = kThreads / kClLanesC;  // channel-last: thread rows along seqlen
-constexpr int kClPosPerThread = 8;             // channel-last: positions per thread
+constexpr int kRowVecs = 4;          // seqlen-contiguous: 16-byte vectors per thread
+constexpr int kClPosPerThread = 16;  // channel-last: positions per thread
 
 template <typename T>
 struct Vec {
@@ -23,7 +23,16 @@ struct Vec {
   union U {
     vec16_t v;
     S s[kN];
+    uint32_t w[4];
   };
+  static M2R_DEVICE void unpack(const U& u, float (&f)[kN]) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) T::unpack(u.w[q], f + q * T::kPerWord);
+  }
+  static M2R_DEVICE void pack(const float (&f)[kN], U& u) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) u.w[q] = T::pack(f + q * T::kPerWord);
+  }
 };
 
 // x at position pos < seqlen of row (b, c), with the history rule for pos < 0.
@@ -58,13 +67,11 @@ M2R_DEVICE void write_final_states(const ConvFwdParams& p, int64_t b, int64_t c)
 }
 
 // ---- layout: seqlen-contiguous ---------------------------------------------------------------
-// grid (ceil(seqlen / kRowTile), dim, batch). Thread t owns vectors v = 0..kRowVecs-1 at
+// grid (ceil(seqlen / (kThreads * kRowVecs * kN)), dim, batch). Thread t owns vectors v = 0..kRowVecs-1 at
 // positions blk0 + (v * kThreads + t) * kN: every load instruction is coalesced across the
 // wavefront, and all kRowVecs loads are in flight before the first use. A vector's kW-1 taps
 // of history come from its left neighbour through LDS; thread 0 fetches the block's history.
-constexpr int kRowVecs = 4;
-
-template <typename T, int kW, bool kVec, bool kSeq>
+template <typename T, int kW, bool kSeq>
 M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   typedef typename T::storage S;
   constexpr int kN = Vec<T>::kN;
@@ -83,11 +90,11 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
 #pragma unroll
   for (int v = 0; v < kRowVecs; ++v) {
     const int64_t t0 = blk0 + static_cast<int64_t>(v * kThreads + tid) * kN;
-    if (kVec && t0 + kN <= p.seqlen) {
+    if (t0 + kN <= p.seqlen) {
       xv[v].v = load_stream(reinterpret_cast<const vec16_t*>(x + t0));
     } else {
 #pragma unroll
-      for (int i = 0; i < kN; ++i) xv[v].s[i] = t0 + i < p.seqlen ? x[(t0 + i) * p.x_l_stride] : S(0);
+      for (int i = 0; i < kN; ++i) xv[v].s[i] = t0 + i < p.seqlen ? x[t0 + i] : S(0);
     }
   }
   float halo[kW - 1];
@@ -109,11 +116,14 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
       for (int i = 0; i < kN; ++i) sid[v][i] = t0 + i < p.seqlen ? seq_at(p, b, t0 + i) : -2;
     }
   }
+  float xf[kRowVecs][kN];
+#pragma unroll
+  for (int v = 0; v < kRowVecs; ++v) Vec<T>::unpack(xv[v], xf[v]);
 #pragma unroll
   for (int v = 0; v < kRowVecs; ++v) {
 #pragma unroll
     for (int j = 0; j < kW - 1; ++j) {
-      sh_x[v][tid][j] = T::to_float(xv[v].s[kN - (kW - 1) + j]);
+      sh_x[v][tid][j] = xf[v][kN - (kW - 1) + j];
       if (has_seq) sh_s[v][tid][j] = sid[v][kN - (kW - 1) + j];
     }
   }
@@ -146,7 +156,7 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
     }
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
-      win[kW - 1 + i] = T::to_float(xv[v].s[i]);
+      win[kW - 1 + i] = xf[v][i];
       if (has_seq) ws[kW - 1 + i] = sid[v][i];
     }
     float yv[kN];
@@ -158,127 +168,154 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
         if (!has_seq || ws[i + k] == ws[i + kW - 1]) acc = fmaf(w[k], win[i + k], acc);
       yv[i] = p.silu ? silu(acc) : acc;
     }
-    if (kVec && t0 + kN <= p.seqlen) {
+    if (t0 + kN <= p.seqlen) {
       typename Vec<T>::U u;
-#pragma unroll
-      for (int i = 0; i < kN; ++i) u.s[i] = T::from_float(yv[i]);
+      Vec<T>::pack(yv, u);
       store_stream(reinterpret_cast<vec16_t*>(out + t0), u.v);
     } else {
 #pragma unroll
       for (int i = 0; i < kN; ++i)
-        if (t0 + i < p.seqlen) out[(t0 + i) * p.out_l_stride] = T::from_float(yv[i]);
+        if (t0 + i < p.seqlen) out[t0 + i] = T::from_float(yv[i]);
     }
   }
   if (p.final_states != nullptr && tid == 0 && blockIdx.x == gridDim.x - 1)
     write_final_states<T, kW>(p, b, c);
 }
 
-// Channel-last: the kN channels c0.. at position pos (zeros past the end, history before 0).
-template <typename T, int kW, bool kVec>
-M2R_DEVICE void cl_load(const ConvFwdParams& p, int64_t b, int64_t c0, int64_t pos, bool full_c,
-                        float (&v)[Vec<T>::kN]) {
-  typedef typename T::storage S;
-  constexpr int kN = Vec<T>::kN;
-  if (pos >= p.seqlen) {
-#pragma unroll
-    for (int i = 0; i < kN; ++i) v[i] = 0.f;
-  } else if (kVec && pos >= 0 && full_c) {
-    const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + pos * p.x_l_stride + c0;
-    typename Vec<T>::U u;
-    u.v = load_stream(reinterpret_cast<const vec16_t*>(x));
-#pragma unroll
-    for (int i = 0; i < kN; ++i) v[i] = T::to_float(u.s[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kN; ++i) v[i] = c0 + i < p.dim ? x_at<T, kW>(p, b, c0 + i, pos) : 0.f;
-  }
-}
-
 // ---- layout: channel-last --------------------------------------------------------------------
-// grid (ceil(seqlen / (kClRowsL * kClPosPerThread)), ceil(dim / (kClLanesC * kN)), batch);
-// a thread owns kN consecutive channels and kClPosPerThread consecutive positions. All
-// kClPosPerThread + kW - 1 input vectors are loaded before the first output is computed.
-template <typename T, int kW, bool kVec, bool kSeq>
+// grid (ceil(seqlen / kClPosPerThread), ceil(dim / (kThreads * kPerWord)), batch). A thread owns
+// one 32-bit word of channels (2 for 16-bit types, 1 for fp32) and kClPosPerThread positions: a
+// wavefront reads whole 128-byte rows, and all kClPosPerThread + kW - 1 words are loaded before
+// the first output is computed. Few registers (no per-channel weight arrays), so many waves.
+template <typename T, int kW, bool kSeq>
 M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
   typedef typename T::storage S;
-  constexpr int kN = Vec<T>::kN;
+  constexpr int kC = T::kPerWord;
   constexpr int kP = kClPosPerThread;
-  const int lane = threadIdx.x % kClLanesC, row = threadIdx.x / kClLanesC;
+  constexpr int kJ = kP + kW - 1;  // inputs: kW - 1 of history, then kP positions
   const int64_t b = blockIdx.z;
-  const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kClLanesC + lane) * kN;
-  const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * kClRowsL + row) * kP;
-  if (c0 >= p.dim || t0 >= p.seqlen) return;
-  const bool full_c = c0 + kN <= p.dim;
-  constexpr bool has_seq = kSeq;  // seq_idx given: a separate instantiation, no cost otherwise
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x) * kC;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kP;
+  // seq ids are the same for the whole block: staged once in LDS (kept out of scalar
+  // registers, which RDNA would otherwise run out of), before any thread leaves.
+  __shared__ int sh_sid[kSeq ? kJ : 1];
+  if (kSeq) {
+    if (threadIdx.x < kJ) {
+      const int64_t pos = t0 - (kW - 1) + threadIdx.x;
+      sh_sid[threadIdx.x] = pos < p.seqlen ? seq_at(p, b, pos) : -2;
+    }
+    __syncthreads();
+  }
+  if (c0 >= p.dim) return;
+  const bool full_c = c0 + kC <= p.dim;
+  const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + c0;
 
-  float win[kP + kW - 1][kN];
+  // Inputs j in [j_lo, j_hi) are inside the sequence; a running pointer keeps the per-position
+  // offsets out of scalar registers.
+  const int j_lo = static_cast<int>(max(static_cast<int64_t>(0), (kW - 1) - t0));
+  const int j_hi = static_cast<int>(min(static_cast<int64_t>(kJ), p.seqlen - t0 + (kW - 1)));
+  const S* px = x + (t0 - (kW - 1)) * p.x_l_stride;
+  uint32_t raw[kJ];
 #pragma unroll
-  for (int j = 0; j < kP + kW - 1; ++j) cl_load<T, kW, kVec>(p, b, c0, t0 - (kW - 1) + j, full_c, win[j]);
-  int sid[kP + kW - 1];
-  if (has_seq) {
+  for (int j = 0; j < kJ; ++j, px += p.x_l_stride) {
+    const int64_t pos = t0 - (kW - 1) + j;
+    if (full_c && j >= j_lo && j < j_hi) {
+      raw[j] = load_stream(reinterpret_cast<const uint32_t*>(px));
+    } else {
+      float f[kC];
 #pragma unroll
-    for (int j = 0; j < kP + kW - 1; ++j) {
-      const int64_t pos = t0 - (kW - 1) + j;
-      sid[j] = pos < p.seqlen ? seq_at(p, b, pos) : -2;
+      for (int i = 0; i < kC; ++i) f[i] = c0 + i < p.dim && pos < p.seqlen ? x_at<T, kW>(p, b, c0 + i, pos) : 0.f;
+      raw[j] = T::pack(f);
     }
   }
-
-  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride;
+  float w[kC][kW], bias[kC];
 #pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    const int64_t c = full_c ? c0 + i : min(c0 + i, static_cast<int64_t>(p.dim) - 1);
-    float w[kW];
+  for (int i = 0; i < kC; ++i) {
+    const int64_t c = min(c0 + i, static_cast<int64_t>(p.dim) - 1);
 #pragma unroll
     for (int k = 0; k < kW; ++k)
-      w[k] = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
-    const float bias = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
-#pragma unroll
-    for (int s = 0; s < kP; ++s) {
-      float acc = bias;
-#pragma unroll
-      for (int k = 0; k < kW; ++k)
-        if (!has_seq || sid[s + k] == sid[s + kW - 1]) acc = fmaf(w[k], win[s + k][i], acc);
-      win[s][i] = p.silu ? silu(acc) : acc;  // output s overwrites input s: no longer needed
-    }
+      w[i][k] = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
+    bias[i] = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
   }
+  float xf[kJ][kC];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) T::unpack(raw[j], xf[j]);
+
+  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride;
 #pragma unroll
   for (int s = 0; s < kP; ++s) {
     const int64_t t = t0 + s;
     if (t >= p.seqlen) break;
-    if (kVec && full_c) {
-      typename Vec<T>::U u;
+    float y[kC];
 #pragma unroll
-      for (int i = 0; i < kN; ++i) u.s[i] = T::from_float(win[s][i]);
-      store_stream(reinterpret_cast<vec16_t*>(out + t * p.out_l_stride + c0), u.v);
+    for (int i = 0; i < kC; ++i) {
+      float acc = bias[i];
+#pragma unroll
+      for (int k = 0; k < kW; ++k)
+        if (!kSeq || sh_sid[s + k] == sh_sid[s + kW - 1]) acc = fmaf(w[i][k], xf[s + k][i], acc);
+      y[i] = p.silu ? silu(acc) : acc;
+    }
+    if (full_c) {
+      store_stream(reinterpret_cast<uint32_t*>(out + t * p.out_l_stride + c0), T::pack(y));
     } else {
 #pragma unroll
-      for (int i = 0; i < kN; ++i)
-        if (c0 + i < p.dim) out[t * p.out_l_stride + (c0 + i) * p.out_c_stride] = T::from_float(win[s][i]);
+      for (int i = 0; i < kC; ++i)
+        if (c0 + i < p.dim) out[t * p.out_l_stride + (c0 + i) * p.out_c_stride] = T::from_float(y[i]);
     }
   }
   if (p.final_states != nullptr && t0 + kP >= p.seqlen) {
-#pragma unroll 1
-    for (int i = 0; i < kN; ++i)
+#pragma unroll
+    for (int i = 0; i < kC; ++i)
       if (c0 + i < p.dim) write_final_states<T, kW>(p, b, c0 + i);
   }
+}
+
+// ---- layout: any strides ---------------------------------------------------------------------
+// grid (ceil(batch * dim * seqlen / kThreads)); one thread per output. Consecutive threads walk
+// the dimension with the smaller input stride (p.channels_fastest = 1: channels), so loads coalesce
+// for both sliced seqlen-major and misaligned channel-last inputs.
+template <typename T, int kW, bool kSeq>
+M2R_DEVICE void fwd_strided(const ConvFwdParams& p) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t n = static_cast<int64_t>(p.batch) * p.dim * p.seqlen;
+  if (idx >= n) return;
+  int64_t b, c, t;
+  if (p.channels_fastest) {
+    c = idx % p.dim, t = (idx / p.dim) % p.seqlen;
+  } else {
+    t = idx % p.seqlen, c = (idx / p.seqlen) % p.dim;
+  }
+  b = idx / (static_cast<int64_t>(p.dim) * p.seqlen);
+  const int sid_t = kSeq ? seq_at(p, b, t) : 0;
+  float acc = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
+#pragma unroll
+  for (int k = 0; k < kW; ++k) {
+    const int64_t pos = t - (kW - 1) + k;
+    if (kSeq && seq_at(p, b, pos) != sid_t) continue;
+    const float w = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
+    acc = fmaf(w, x_at<T, kW>(p, b, c, pos), acc);
+  }
+  typedef typename T::storage S;
+  S* out = static_cast<S*>(p.out);
+  out[b * p.out_batch_stride + c * p.out_c_stride + t * p.out_l_stride] = T::from_float(p.silu ? silu(acc) : acc);
+  if (p.final_states != nullptr && t == p.seqlen - 1) write_final_states<T, kW>(p, b, c);
 }
 
 }  // namespace conv1d
 }  // namespace m2r
 
 // One kernel per (dtype, width, layout), each with and without seq_idx ("_seq").
-#define M2R_CONV_FWD_ONE(DT, T, W, NAME, FN, VEC)                                                   \
-  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME(ConvFwdParams p) {        \
-    m2r::conv1d::FN<m2r::T, W, VEC, false>(p);                                                     \
-  }                                                                                               \
-  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME##_seq(ConvFwdParams p) {  \
-    m2r::conv1d::FN<m2r::T, W, VEC, true>(p);                                                      \
+#define M2R_CONV_FWD_ONE(DT, T, W, NAME, FN)                                                     \
+  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME(ConvFwdParams p) {       \
+    m2r::conv1d::FN<m2r::T, W, false>(p);                                                         \
+  }                                                                                              \
+  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME##_seq(ConvFwdParams p) { \
+    m2r::conv1d::FN<m2r::T, W, true>(p);                                                          \
   }
-#define M2R_CONV_FWD(DT, T, W)                               \
-  M2R_CONV_FWD_ONE(DT, T, W, vec, fwd_rows, true)            \
-  M2R_CONV_FWD_ONE(DT, T, W, strided, fwd_rows, false)       \
-  M2R_CONV_FWD_ONE(DT, T, W, cl_vec, fwd_channel_last, true) \
-  M2R_CONV_FWD_ONE(DT, T, W, cl_strided, fwd_channel_last, false)
+#define M2R_CONV_FWD(DT, T, W)                      \
+  M2R_CONV_FWD_ONE(DT, T, W, vec, fwd_rows)         \
+  M2R_CONV_FWD_ONE(DT, T, W, cl_vec, fwd_channel_last) \
+  M2R_CONV_FWD_ONE(DT, T, W, strided, fwd_strided)
 
 #define M2R_CONV_FWD_WIDTHS(DT, T) M2R_CONV_FWD(DT, T, 2) M2R_CONV_FWD(DT, T, 3) M2R_CONV_FWD(DT, T, 4)
 

@@ -40,12 +40,15 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
   const bool circular = p.cache_seqlens != nullptr;
   const int64_t head = circular ? p.cache_seqlens[b] : 0;  // next write slot (circular)
 
-  // win[k]: input at step t - (kW-1) + k; the first kW-1 come from the state.
+  // win[k]: input at step t - (kW-1) + k; the first kW-1 come from the state (kept as stored,
+  // so the shift below can write them back bit for bit without reading the state again).
+  S hist[kW - 1];
   float win[kW];
 #pragma unroll
   for (int k = 0; k < kW - 1; ++k) {
     const int64_t slot = circular ? wrap(head - (kW - 1) + k, L) : L - (kW - 1) + k;
-    win[k] = T::to_float(state[slot * p.state_l_stride]);
+    hist[k] = state[slot * p.state_l_stride];
+    win[k] = T::to_float(hist[k]);
   }
   for (int t = 0; t < p.seqlen; ++t) {
     win[kW - 1] = T::to_float(x[t * p.x_l_stride]);
@@ -61,6 +64,13 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
     // Later tokens win when seqlen > state_len, as a sequential write would.
     for (int t = 0; t < p.seqlen; ++t)
       state[wrap(head + t, L) * p.state_l_stride] = x[t * p.x_l_stride];
+  } else if (L == kW - 1) {
+    // The common case: the whole state is in hist.
+#pragma unroll
+    for (int j = 0; j < kW - 1; ++j) {
+      const int64_t src = j + p.seqlen;
+      state[j * p.state_l_stride] = src < kW - 1 ? hist[src] : x[(src - (kW - 1)) * p.x_l_stride];
+    }
   } else {
     // Shift register: state <- last state_len entries of [state, x]. Reading ahead of the
     // write index keeps the in-place shift safe.

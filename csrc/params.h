@@ -35,7 +35,8 @@ struct ConvFwdParams {
   int32_t batch, dim, seqlen;
   int32_t silu;  // 1: apply SiLU to the output
   int32_t weight_dtype, bias_dtype;
-  int32_t reserved0, reserved1;
+  int32_t channels_fastest;  // *_strided kernels: 1 = consecutive threads walk channels
+  int32_t reserved;
 };
 
 // causal_conv1d_update: x (batch, dim, seqlen) new tokens, conv_state (num_states, dim, state_len)

@@ -22,6 +22,7 @@
 #include <hip/hip_runtime.h>
 #else
 #define M2R_CUDA 1
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #endif
@@ -95,29 +96,65 @@ M2R_DEVICE float bf16_to_float(uint16_t bits) {
 }
 
 M2R_DEVICE uint16_t float_to_bf16(float f) {  // round to nearest even, NaN stays NaN
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+#if M2R_AMD
+  return __builtin_bit_cast(uint16_t, static_cast<__bf16>(f));  // hardware cvt where the ISA has one
+#else
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#endif
 }
 
 M2R_DEVICE float fp16_to_float(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
 M2R_DEVICE uint16_t float_to_fp16(float f) { return __half_as_ushort(__float2half_rn(f)); }
 
+// Two 16-bit values in one 32-bit word <-> two floats (the low half is the first element).
+M2R_DEVICE float2 bf16x2_to_float2(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+M2R_DEVICE uint32_t float2_to_bf16x2(float a, float b) {
+#if M2R_AMD
+  return static_cast<uint32_t>(float_to_bf16(a)) | (static_cast<uint32_t>(float_to_bf16(b)) << 16);
+#else
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);  // one instruction for both
+  return *reinterpret_cast<const uint32_t*>(&h);
+#endif
+}
+M2R_DEVICE float2 fp16x2_to_float2(uint32_t w) {
+  return make_float2(fp16_to_float(static_cast<uint16_t>(w)), fp16_to_float(static_cast<uint16_t>(w >> 16)));
+}
+M2R_DEVICE uint32_t float2_to_fp16x2(float a, float b) {
+  return static_cast<uint32_t>(float_to_fp16(a)) | (static_cast<uint32_t>(float_to_fp16(b)) << 16);
+}
+
+// Element-type traits. kPerWord elements share one 32-bit word; unpack/pack convert a word.
 struct F32 {
   typedef float storage;
+  static constexpr int kPerWord = 1;
+  static M2R_DEVICE void unpack(uint32_t w, float* f) { f[0] = __uint_as_float(w); }
+  static M2R_DEVICE uint32_t pack(const float* f) { return __float_as_uint(f[0]); }
   static constexpr int kDType = M2R_DTYPE_F32;
   static M2R_DEVICE float to_float(float v) { return v; }
   static M2R_DEVICE float from_float(float v) { return v; }
 };
 struct F16 {
   typedef uint16_t storage;
+  static constexpr int kPerWord = 2;
+  static M2R_DEVICE void unpack(uint32_t w, float* f) {
+    const float2 v = fp16x2_to_float2(w);
+    f[0] = v.x, f[1] = v.y;
+  }
+  static M2R_DEVICE uint32_t pack(const float* f) { return float2_to_fp16x2(f[0], f[1]); }
   static constexpr int kDType = M2R_DTYPE_F16;
   static M2R_DEVICE float to_float(uint16_t v) { return fp16_to_float(v); }
   static M2R_DEVICE uint16_t from_float(float v) { return float_to_fp16(v); }
 };
 struct BF16 {
   typedef uint16_t storage;
+  static constexpr int kPerWord = 2;
+  static M2R_DEVICE void unpack(uint32_t w, float* f) {
+    const float2 v = bf16x2_to_float2(w);
+    f[0] = v.x, f[1] = v.y;
+  }
+  static M2R_DEVICE uint32_t pack(const float* f) { return float2_to_bf16x2(f[0], f[1]); }
   static constexpr int kDType = M2R_DTYPE_BF16;
   static M2R_DEVICE float to_float(uint16_t v) { return bf16_to_float(v); }
   static M2R_DEVICE uint16_t from_float(float v) { return float_to_bf16(v); }

@@ -15,7 +15,7 @@ __all__ = ["SOURCES", "KernelSource", "kernel_params", "source_of"]
 
 KERNEL_DTYPES = ("f32", "f16", "bf16")
 CONV_WIDTHS = (2, 3, 4)
-CONV_FWD_LAYOUTS = ("vec", "strided", "cl_vec", "cl_strided")
+CONV_FWD_LAYOUTS = ("vec", "cl_vec", "strided")
 
 
 @dataclass(frozen=True)

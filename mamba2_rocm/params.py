@@ -35,7 +35,7 @@ class ConvFwdParams(ctypes.Structure):
         "weight_c_stride weight_w_stride seq_idx_batch_stride seq_idx_l_stride "
         "init_batch_stride init_c_stride init_l_stride "
         "final_batch_stride final_c_stride final_l_stride",
-        "batch dim seqlen silu weight_dtype bias_dtype reserved0 reserved1",
+        "batch dim seqlen silu weight_dtype bias_dtype channels_fastest reserved",
     )
 
 

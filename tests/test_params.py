@@ -70,6 +70,4 @@ def test_launch_geometry_matches_kernel_constants():
     assert consts["kThreads"] == ops._THREADS
     assert consts["kUpdateThreads"] == ops._THREADS
     assert consts["kRowVecs"] == ops._ROW_VECS
-    assert consts["kClLanesC"] == ops._CL_LANES
     assert consts["kClPosPerThread"] == ops._CL_POS
-    assert consts["kThreads"] // consts["kClLanesC"] == ops._CL_ROWS

@@ -26,7 +26,7 @@ _DT_CODE = {dt: DTYPE_CODES[str(dt).removeprefix("torch.")] for dt in _FLOATS}
 _THREADS = 128
 _ROW_VECS = 4  # csrc/conv1d_fwd.hip: kRowVecs
 # Launch geometry; must equal the constants in csrc/conv1d_fwd.hip (tests/test_params.py checks).
-_CL_LANES, _CL_ROWS, _CL_POS = 32, 4, 8  # kClLanesC, kClRowsL, kClPosPerThread
+_CL_POS = 16  # kClPosPerThread
 _GRID_YZ_MAX = 65535
 
 
@@ -135,8 +135,9 @@ def _strides(t, n: int) -> tuple[int, ...]:
     return (0,) * n if t is None else tuple(t.stride())
 
 
-def _aligned(t: Tensor, strides: tuple[int, ...], n_elts: int) -> bool:
-    return t.data_ptr() % 16 == 0 and all(s % n_elts == 0 for s in strides)
+def _aligned(t: Tensor, strides: tuple[int, ...], n_elts: int, nbytes: int = 16) -> bool:
+    """Can ``t`` be accessed in ``nbytes`` chunks of ``n_elts`` elements along every stride?"""
+    return t.data_ptr() % nbytes == 0 and all(s % n_elts == 0 for s in strides)
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -170,19 +171,23 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     n_elts = 16 // x.element_size()
-    if x.stride(2) == 1 and out.stride(2) == 1:
-        vec = _aligned(x, x.stride()[:2], n_elts) and _aligned(out, out.stride()[:2], n_elts)
-        layout = "vec" if vec else "strided"
-        grid = (-(-seqlen // (_THREADS * _ROW_VECS * n_elts)), dim, batch)
-    elif x.stride(1) == 1 and out.stride(1) == 1:
-        vec = _aligned(x, (x.stride(0), x.stride(2)), n_elts) and _aligned(
-            out, (out.stride(0), out.stride(2)), n_elts
-        )
-        layout = "cl_vec" if vec else "cl_strided"
-        grid = (-(-seqlen // (_CL_ROWS * _CL_POS)), -(-dim // (_CL_LANES * n_elts)), batch)
-    else:
-        layout = "strided"
-        grid = (-(-seqlen // (_THREADS * _ROW_VECS * n_elts)), dim, batch)
+    per_word = 4 // x.element_size()
+    if (
+        x.stride(2) == 1
+        and out.stride(2) == 1
+        and _aligned(x, x.stride()[:2], n_elts)
+        and _aligned(out, out.stride()[:2], n_elts)
+    ):
+        layout, grid = "vec", (-(-seqlen // (_THREADS * _ROW_VECS * n_elts)), dim, batch)
+    elif (
+        x.stride(1) == 1
+        and out.stride(1) == 1
+        and _aligned(x, (x.stride(0), x.stride(2)), per_word, 4)
+        and _aligned(out, (out.stride(0), out.stride(2)), per_word, 4)
+    ):
+        layout, grid = "cl_vec", (-(-seqlen // _CL_POS), -(-dim // (_THREADS * per_word)), batch)
+    else:  # any other strides: one thread per output
+        layout, grid = "strided", (-(-(batch * dim * seqlen) // _THREADS), 1, 1)
     if grid[1] > _GRID_YZ_MAX or grid[2] > _GRID_YZ_MAX:
         raise ValueError(
             f"conv1d kernel grid {grid} exceeds {_GRID_YZ_MAX} in y/z (dim={dim}, batch={batch})"
@@ -207,9 +212,9 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
         int(silu),
         _DT_CODE[weight.dtype],
         _DT_CODE[bias.dtype] if bias is not None else 0,
+        int(abs(x.stride(1)) < abs(x.stride(2))),  # channels_fastest, for the strided kernel
         0,
-        0,
-    )  # fmt: skip  (ConvFwdParams, field order)
+    )  # (ConvFwdParams, field order)
     seq = "_seq" if seq_idx is not None else ""
     launcher = kset.launcher(f"m2r_conv1d_fwd_{_KERNEL_DT[x.dtype]}_w{width}_{layout}{seq}")
     with _OnDevice(x.device.index):
