@@ -69,7 +69,10 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
 #pragma unroll
     for (int j = 0; j < kW - 1; ++j) {
       const int64_t src = j + p.seqlen;
-      state[j * p.state_l_stride] = src < kW - 1 ? hist[src] : x[(src - (kW - 1)) * p.x_l_stride];
+      S v = src >= kW - 1 ? x[(src - (kW - 1)) * p.x_l_stride] : hist[0];
+#pragma unroll
+      for (int k = 1; k < kW - 1; ++k) v = src == k ? hist[k] : v;  // constant indices only
+      state[j * p.state_l_stride] = v;
     }
   } else {
     // Shift register: state <- last state_len entries of [state, x]. Reading ahead of the
