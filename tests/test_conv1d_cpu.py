@@ -86,7 +86,7 @@ def test_final_states_out_buffer_is_written():
     x = torch.randn(2, 8, 5)
     w = torch.randn(8, 4)
     buf = torch.full((2, 8, 3), float("nan"))
-    out, fin = causal_conv1d_fn(x, w, return_final_states=True, final_states_out=buf)
+    _out, fin = causal_conv1d_fn(x, w, return_final_states=True, final_states_out=buf)
     assert fin is buf and torch.equal(buf, x[..., -3:])
     short = torch.randn(2, 8, 2)  # seqlen < width - 1: zero-padded on the left
     _, fin = causal_conv1d_fn(short, w, return_final_states=True)

@@ -24,12 +24,12 @@ def time_calls(fn: Callable[[], object], warmup: int = 10, iters: int = 100) -> 
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for s, e in zip(starts, ends):
+    for s, e in zip(starts, ends, strict=False):
         s.record()
         fn()
         e.record()
     torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+    times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=False))
     q = statistics.quantiles(times, n=4)
     return Timing(statistics.median(times), q[2] - q[0], iters)
 

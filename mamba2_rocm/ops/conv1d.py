@@ -90,7 +90,7 @@ def _check_update(
     x, conv_state, weight, bias, cache_seqlens, conv_state_indices
 ) -> tuple[int, int]:
     _tensor("x", x, dims=3)
-    batch, dim, seqlen = x.shape
+    batch, dim, _seqlen = x.shape
     if x.numel() == 0:
         raise ValueError(f"x is empty (shape {tuple(x.shape)}); batch, dim and seqlen must be >= 1")
     width = _check_weight_bias(weight, bias, dim, x.device)
