@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from mamba2_rocm.runtime.loader import kernels_for_device
+
 BACKEND_ENV = "MAMBA2_ROCM_BACKEND"
 BACKENDS = ("auto", "kernel", "torch", "eager")
 
@@ -30,8 +32,6 @@ def choose(device) -> tuple[str, object]:
         if wanted == "kernel":
             raise ValueError(f"{BACKEND_ENV}=kernel needs GPU tensors, got tensors on {device}")
         return "torch", None
-    from mamba2_rocm.runtime.loader import kernels_for_device
-
     kset = kernels_for_device(device.index if device.index is not None else 0)
     if kset is None:
         if wanted == "kernel":

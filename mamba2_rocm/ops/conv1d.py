@@ -140,31 +140,22 @@ def _aligned(t: Tensor, strides: tuple[int, ...], n_elts: int, nbytes: int = 16)
     return t.data_ptr() % nbytes == 0 and all(s % n_elts == 0 for s in strides)
 
 
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+def _raw_stream(index: int) -> int:
+    """torch's current stream on device ``index``, as the raw handle the driver API takes."""
+    return torch.cuda.current_stream(index).cuda_stream
 
 
-def _stream(x: Tensor) -> int:
-    """torch's current stream on x's device, as the raw handle the driver API takes."""
-    if _raw_stream is not None:
-        return _raw_stream(x.device.index)
-    return torch.cuda.current_stream(x.device).cuda_stream
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _raw_stream)  # same value, 40x faster
 
 
-class _OnDevice:
-    """Make x's device current for a launch, only when it is not already (the common case)."""
-
-    def __init__(self, index: int) -> None:
-        self.index, self.prev = index, None
-
-    def __enter__(self):
-        cur = torch.cuda.current_device()
-        if cur != self.index:
-            self.prev = cur
-            torch.cuda.set_device(self.index)
-
-    def __exit__(self, *exc):
-        if self.prev is not None:
-            torch.cuda.set_device(self.prev)
+def _launch(launcher, x: Tensor, params: tuple, grid: tuple[int, int, int]) -> None:
+    """Launch on torch's current stream of x's device, making that device current if it is not."""
+    index = x.get_device()
+    if torch.cuda.current_device() == index:  # the common case: no guard object, no switch
+        launcher(params, grid, (_THREADS, 1, 1), _raw_stream(index))
+        return
+    with torch.cuda.device(index):
+        launcher(params, grid, (_THREADS, 1, 1), _raw_stream(index))
 
 
 def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, silu, out) -> None:
@@ -217,8 +208,7 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
     )  # (ConvFwdParams, field order)
     seq = "_seq" if seq_idx is not None else ""
     launcher = kset.launcher(f"m2r_conv1d_fwd_{_KERNEL_DT[x.dtype]}_w{width}_{layout}{seq}")
-    with _OnDevice(x.device.index):
-        launcher(p, grid, (_THREADS, 1, 1), _stream(x))
+    _launch(launcher, x, p, grid)
 
 
 def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indices, out) -> None:
@@ -227,11 +217,11 @@ def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indic
     if batch > _GRID_YZ_MAX:
         raise ValueError(f"conv1d update kernel supports batch <= {_GRID_YZ_MAX}, got {batch}")
     p = (
-        _ptr(x),
-        _ptr(conv_state),
-        _ptr(weight),
+        x.data_ptr(),
+        conv_state.data_ptr(),
+        weight.data_ptr(),
         _ptr(bias),
-        _ptr(out),
+        out.data_ptr(),
         _ptr(cache_seqlens),
         _ptr(indices),
         *x.stride(),
@@ -248,8 +238,7 @@ def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indic
         _DT_CODE[bias.dtype] if bias is not None else 0,
     )  # fmt: skip  (ConvUpdateParams, field order)
     launcher = kset.launcher(f"m2r_conv1d_update_{_KERNEL_DT[x.dtype]}_w{width}")
-    with _OnDevice(x.device.index):
-        launcher(p, (-(-dim // _THREADS), batch, 1), (_THREADS, 1, 1), _stream(x))
+    _launch(launcher, x, p, (-(-dim // _THREADS), batch, 1))
 
 
 # ---- registered ops --------------------------------------------------------------------------
