@@ -8,7 +8,8 @@ import argparse
 def _run(args: argparse.Namespace) -> int:
     from mamba2_rocm.build.driver import build
 
-    result = build(args.arch, args.out, sources=args.source or None, jobs=args.jobs)
+    result = build(args.arch, args.out, sources=args.source or None, jobs=args.jobs,
+                   code_object_version=args.code_object_version, extra_flags=args.extra_flag or ())  # fmt: skip
     for target, path in result.targets.items():
         manifest = result.manifest(target)
         kernels = [k for co in manifest["code_objects"] for k in co["kernels"]]
@@ -28,4 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output directory (one subdirectory per target)")
     p.add_argument("--source", action="append", help="build only this csrc source (repeatable)")
     p.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: CPU count)")
+    p.add_argument("--code-object-version", type=int, choices=[5, 6], default=None,
+                   help="AMD code-object version (default: 6 for generic targets, else 5)")  # fmt: skip
+    p.add_argument("--extra-flag", action="append", metavar="FLAG",
+                   help="extra compiler flag, e.g. --extra-flag=-O3 (repeatable)")  # fmt: skip
     p.set_defaults(func=_run)

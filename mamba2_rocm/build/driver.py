@@ -55,7 +55,10 @@ class Toolchain:
     compiler: str  # path to hipcc / nvcc
     version: str  # first line(s) of `--version`, recorded in the manifest
 
-    def command(self, src: Path, out: Path, info: ArchInfo, include: Path) -> list[str]:
+    def command(
+        self, src: Path, out: Path, info: ArchInfo, include: Path,
+        code_object_version: int | None = None, extra_flags: Sequence[str] = (),
+    ) -> list[str]:  # fmt: skip
         common = [
             "-O3",
             "-std=c++17",
@@ -63,8 +66,10 @@ class Toolchain:
             "-I",
             str(include),
         ]
+        common += list(extra_flags)
         if self.vendor == "amd":
-            cov = 6 if info.is_generic else 5  # generic targets exist only from code-object v6
+            # generic targets exist only from code-object v6; v5 loads on every ROCm 6 runtime
+            cov = code_object_version or (6 if info.is_generic else 5)
             return [
                 self.compiler, "-x", "hip", f"--offload-arch={info.name}", "--cuda-device-only",
                 f"-mcode-object-version={cov}", "-Wno-unused-command-line-argument",
@@ -203,11 +208,12 @@ def _tail(text: str) -> str:
 
 
 def _compile(
-    tc: Toolchain, src: KernelSource, info: ArchInfo, target_dir: Path, include: Path
-) -> CodeObject:
+    tc: Toolchain, src: KernelSource, info: ArchInfo, target_dir: Path, include: Path,
+    cov: int | None = None, extra_flags: Sequence[str] = (),
+) -> CodeObject:  # fmt: skip
     suffix = "hsaco" if tc.vendor == "amd" else "cubin"
     out = target_dir / f"{src.name}.{suffix}"
-    cmd = tc.command(include / src.filename, out, info, include)
+    cmd = tc.command(include / src.filename, out, info, include, cov, extra_flags)
     try:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, env=_compiler_env(), timeout=1800
@@ -265,19 +271,11 @@ def verify_kernels(co: CodeObject, info: ArchInfo) -> list[str]:
     return problems
 
 
-def _build_target(
-    arch: str, out_dir: Path, sources: Sequence[KernelSource], include: Path, jobs: int,
-    toolchains: dict[str, Toolchain],
-) -> Path:  # fmt: skip
+def _finish_target(info: ArchInfo, tc: Toolchain, objects: list[CodeObject], target_dir: Path,
+                   extra_flags: Sequence[str]) -> Path:  # fmt: skip
+    """Verify one target's code objects; write its manifest only when all of them pass."""
     from mamba2_rocm import __version__
 
-    info = arch_info(arch)
-    tc = toolchains[info.vendor]
-    target_dir = out_dir / info.name
-    target_dir.mkdir(parents=True, exist_ok=True)
-    (target_dir / "manifest.json").unlink(missing_ok=True)  # unverified until proven otherwise
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        objects = list(pool.map(lambda s: _compile(tc, s, info, target_dir, include), sources))
     problems = [p for co in objects for p in verify_kernels(co, info)]
     if problems:
         raise BuildError(
@@ -290,6 +288,7 @@ def _build_target(
         "wavefront_size": info.wavefront_size,
         "mamba2_rocm_version": __version__,
         "compiler": tc.version,
+        "compile_flags": list(extra_flags),
         "code_objects": [co.to_json() for co in objects],
     }
     (target_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -301,8 +300,14 @@ def build(
     out_dir: str | os.PathLike[str],
     sources: Iterable[str] | None = None,
     jobs: int | None = None,
+    code_object_version: int | None = None,
+    extra_flags: Sequence[str] = (),
 ) -> BuildResult:
-    """Compile ``sources`` (default: all) for each arch into ``out_dir``; raise BuildError on failure."""
+    """Compile ``sources`` (default: all) for each arch into ``out_dir``; raise BuildError on failure.
+
+    ``code_object_version`` (AMD) defaults to 6 for generic targets and 5 otherwise;
+    ``extra_flags`` go to every compile (a recipe's ``compile_flags``).
+    """
     archs = list(archs)
     if "native" in archs:
         archs = [a for a in archs if a != "native"] + detect_native_archs()
@@ -317,9 +322,20 @@ def build(
     include = csrc_dir()
     toolchains = {v: find_toolchain(v) for v in {i.vendor for i in infos}}
     jobs = jobs or os.cpu_count() or 1
-    result = BuildResult(Path(out_dir))
+    out = Path(out_dir)
     for info in infos:
-        result.targets[info.name] = _build_target(
-            info.name, Path(out_dir), srcs, include, jobs, toolchains
+        (out / info.name).mkdir(parents=True, exist_ok=True)
+        (out / info.name / "manifest.json").unlink(missing_ok=True)  # unverified until proven
+    # One pool over every (target, source) pair: all cores stay busy across targets.
+    pairs = [(info, src) for info in infos for src in srcs]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        objects = list(pool.map(
+            lambda pair: _compile(toolchains[pair[0].vendor], pair[1], pair[0], out / pair[0].name,
+                                  include, code_object_version, extra_flags), pairs))  # fmt: skip
+    result = BuildResult(out)
+    for info in infos:
+        mine = [co for (i, _), co in zip(pairs, objects, strict=True) if i is info]
+        result.targets[info.name] = _finish_target(
+            info, toolchains[info.vendor], mine, out / info.name, extra_flags
         )
     return result

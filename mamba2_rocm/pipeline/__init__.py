@@ -1,0 +1,1 @@
+"""The build pipeline: recipes, Docker toolchain, staged builds of arch-tagged wheels."""
