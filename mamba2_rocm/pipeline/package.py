@@ -1,0 +1,162 @@
+"""Wheels: the host package (this repository) and one kernel package per recipe.
+
+Both are built by hatchling through ``python -m build --no-isolation`` with
+``SOURCE_DATE_EPOCH`` from the source commit, so the same commit gives the same bytes. A kernel
+package holds only its target's code objects and manifests, depends on the exact host version,
+and registers itself in the ``mamba2_rocm.kernels`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from mamba2_rocm.pipeline.recipes import Recipe
+
+__all__ = [
+    "PackageError", "build_host_wheel", "build_target_wheel", "export_commit", "host_version",
+    "source_date_epoch", "work_tree_dirty",
+]  # fmt: skip
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class PackageError(RuntimeError):
+    pass
+
+
+def source_date_epoch(repo: Path = REPO) -> str:
+    """The source commit's time: every timestamp inside the wheels."""
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "log", "-1", "--format=%ct"], capture_output=True, text=True
+    )
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise PackageError(
+            f"cannot read the commit time of {repo} (is it a git checkout?): {proc.stderr.strip()}"
+        )
+    return proc.stdout.strip()
+
+
+def _build_wheel(project: Path, out: Path, epoch: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    before = set(out.glob("*.whl"))
+    env = dict(os.environ, SOURCE_DATE_EPOCH=epoch)
+    cmd = [
+        sys.executable,
+        "-m",
+        "build",
+        "--wheel",
+        "--no-isolation",
+        "--outdir",
+        str(out),
+        str(project),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        raise PackageError(f"building a wheel from {project} failed:\n{tail}")
+    new = sorted(set(out.glob("*.whl")) - before) or sorted(out.glob("*.whl"))
+    return new[-1]
+
+
+def host_version(repo: Path = REPO) -> str:
+    """The version hatch-vcs derives from git: the same string the host wheel gets."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from hatchling.metadata.core import ProjectMetadata; "
+         "from hatchling.plugin.manager import PluginManager; import sys; "
+         "print(ProjectMetadata(sys.argv[1], PluginManager()).version)", str(repo)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise PackageError(f"cannot compute the version of {repo}: {proc.stderr.strip()[-500:]}")
+    return proc.stdout.strip()
+
+
+def export_commit(dest: Path, repo: Path = REPO) -> str:
+    """Clone HEAD of ``repo`` into ``dest`` (committed files only, with git metadata for
+    hatch-vcs); returns the commit. Every stage builds from this export, never the work tree."""
+    proc = subprocess.run(
+        ["git", "clone", "-q", "--no-local", str(repo), str(dest)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise PackageError(f"cannot export {repo}: {proc.stderr.strip()}")
+    return subprocess.run(
+        ["git", "-C", str(dest), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def work_tree_dirty(repo: Path = REPO) -> bool:
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True
+    )
+    return bool(proc.stdout.strip())
+
+
+def build_host_wheel(export: Path, out: Path, epoch: str) -> Path:
+    """``mamba2_rocm-<ver>-py3-none-any.whl`` from an export made by :func:`export_commit`."""
+    return _build_wheel(export, out, epoch)
+
+
+_PYPROJECT = """\
+[build-system]
+requires = ["hatchling>=1.26"]
+build-backend = "hatchling.build"
+
+[project]
+name = "{package}"
+version = "{version}"
+description = "mamba2-rocm kernels (code objects) for {target}: {archs}"
+requires-python = ">=3.10"
+license = "Apache-2.0"
+dependencies = ["mamba2-rocm=={version}"]
+classifiers = ["Programming Language :: Python :: 3", "Operating System :: POSIX :: Linux",
+               "Operating System :: Microsoft :: Windows"]
+
+[project.entry-points."mamba2_rocm.kernels"]
+{target} = "{module}"
+
+[tool.hatch.build.targets.wheel]
+packages = ["{module}"]
+"""
+
+_INIT = '''"""Code objects of mamba2-rocm for {target} ({archs}); found by mamba2_rocm.runtime.discovery."""
+
+from pathlib import Path
+
+TARGET = "{target}"
+ARCHS = {archs_tuple!r}
+MIN_ROCM = "{min_rocm}"
+GPU_GATE = "{gpu_gate}"
+KERNEL_DIR = Path(__file__).parent / "kernels"
+'''
+
+
+def build_target_wheel(recipe: Recipe, kernels: Path, version: str, out: Path, epoch: str) -> Path:
+    """``mamba2_rocm_<target>-<ver>-py3-none-any.whl`` holding ``kernels/<arch>/`` for each arch."""
+    with tempfile.TemporaryDirectory() as tmp:
+        project = Path(tmp) / recipe.package_name
+        pkg = project / recipe.module_name
+        for arch in recipe.archs:
+            src = kernels / arch
+            if not (src / "manifest.json").is_file():
+                raise PackageError(
+                    f"{src} has no manifest.json: the build of {arch} did not verify"
+                )
+            shutil.copytree(src, pkg / "kernels" / arch)
+        fmt = {
+            "package": recipe.package_name, "version": version, "target": recipe.target,
+            "archs": ", ".join(recipe.archs), "archs_tuple": tuple(recipe.archs), "module": recipe.module_name,
+            "min_rocm": recipe.min_rocm, "gpu_gate": recipe.gpu_gate,
+        }  # fmt: skip
+        (project / "pyproject.toml").write_text(_PYPROJECT.format(**fmt))
+        (pkg / "__init__.py").write_text(_INIT.format(**fmt))
+        (project / "README.md").write_text(
+            f"Kernels of mamba2-rocm for {recipe.target}. Install `mamba2-rocm[{recipe.target}]`.\n"
+        )
+        for path in project.rglob("*"):  # the umask must not leak into the wheel
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        return _build_wheel(project, out, epoch)

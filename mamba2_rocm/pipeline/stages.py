@@ -1,0 +1,348 @@
+"""``build-<target>``: audit → compile → verify → package → smoke-test → publish to wheels/.
+
+Every stage is logged with its duration; any failure stops the build with a message that names
+the stage, the target and the cause. The result is ``wheels/<target>/``: the host wheel, the
+target wheel and ``build-manifest.json`` (deterministic: no timestamps, no absolute paths).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mamba2_rocm.arch import arch_info
+from mamba2_rocm.build.codeobject import CodeObjectError, amd_code_object_version, amd_kernels
+from mamba2_rocm.kernels import SOURCES
+from mamba2_rocm.pipeline import images, package
+from mamba2_rocm.pipeline.recipes import Recipe
+
+__all__ = [
+    "ENV_AUDIT_PATTERN",
+    "PipelineError",
+    "build_target",
+    "estimate_waves_per_simd",
+    "verify_kernel_dir",
+]
+
+ENV_AUDIT_PATTERN = "TORCH|INDUCTOR|AUTOTUNE|TRITON|HIP|ROCM|HSA|GPU|AMD|CUDA"
+MANIFEST_FORMAT = 1
+
+
+class PipelineError(RuntimeError):
+    pass
+
+
+@dataclass
+class StageLog:
+    timings: dict[str, float] = field(default_factory=dict)
+    log: Any = print
+
+    @contextlib.contextmanager
+    def stage(self, name: str, target: str) -> Iterator[None]:
+        self.log(f"[{target}] {name} ...")
+        start = time.monotonic()
+        try:
+            yield
+        except Exception as exc:
+            self.log(f"[{target}] {name} FAILED after {time.monotonic() - start:.1f} s")
+            if isinstance(exc, PipelineError):
+                raise
+            raise PipelineError(f"[{target}] stage {name!r} failed: {exc}") from exc
+        self.timings[name] = time.monotonic() - start
+        self.log(f"[{target}] {name} done in {self.timings[name]:.1f} s")
+
+
+# ---- occupancy estimate ---------------------------------------------------------------------
+
+# (VGPRs per lane per SIMD, allocation granule, max waves per SIMD, SIMDs per CU, LDS per CU)
+_FAMILY_LIMITS = {
+    "gfx9": (512, 8, 8, 4, 64 * 1024),  # CDNA: unified VGPR/AGPR file
+    "gfx10": (1024, 8, 16, 2, 64 * 1024),  # RDNA2, wave32
+    "gfx11": (1536, 12, 16, 2, 64 * 1024),  # RDNA3/3.5 (gfx1102/1103/115x: 1024 in hardware)
+    "gfx12": (1536, 12, 16, 2, 64 * 1024),  # RDNA4
+}
+_SMALL_VGPR_FILE = {"gfx1102", "gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153"}
+
+
+def estimate_waves_per_simd(
+    arch: str, vgpr: int, agpr: int, lds_bytes: int, workgroup: int = 128
+) -> int:
+    """Waves one SIMD can hold for a kernel, from its registers and LDS (an estimate: SGPRs and
+    scratch are ignored)."""
+    family = "gfx9" if arch.startswith("gfx9") else arch.split("-")[0][:5]
+    vgprs, granule, max_waves, simds, lds_cu = _FAMILY_LIMITS.get(family, _FAMILY_LIMITS["gfx11"])
+    if arch in _SMALL_VGPR_FILE:
+        vgprs = 1024
+    used = max(1, vgpr + (agpr if family == "gfx9" else 0))
+    used = -(-used // granule) * granule
+    waves = min(max_waves, vgprs // used)
+    if lds_bytes:
+        wave_size = arch_info(arch).wavefront_size
+        waves_per_group = -(-workgroup // wave_size)
+        groups_per_cu = lds_cu // lds_bytes
+        waves = min(waves, groups_per_cu * waves_per_group // simds)
+    return waves
+
+
+# ---- verification -----------------------------------------------------------------------------
+
+
+def verify_kernel_dir(recipe: Recipe, kernels: Path) -> dict[str, Any]:
+    """Re-read every code object on the host and check it against the recipe and our structs.
+
+    Independent of the checks the driver made inside the container: the files are parsed again
+    here, so a tampered or mislabeled file cannot slip through. Returns the resource table.
+    """
+    problems: list[str] = []
+    table: dict[str, Any] = {}
+    for arch in recipe.archs:
+        info = arch_info(arch)
+        kdir = kernels / arch
+        manifest_path = kdir / "manifest.json"
+        if not manifest_path.is_file():
+            raise PipelineError(
+                f"{arch}: no manifest.json in {kdir}: the compile stage did not verify"
+            )
+        manifest = json.loads(manifest_path.read_text())
+        objects = {co["source"]: co for co in manifest["code_objects"]}
+        rows = []
+        for src in SOURCES.values():
+            co = objects.get(src.name)
+            if co is None:
+                problems.append(f"{arch}: no code object for {src.name}")
+                continue
+            data = (kdir / co["file"]).read_bytes()
+            if hashlib.sha256(data).hexdigest() != co["sha256"]:
+                problems.append(f"{arch}/{co['file']}: sha256 differs from the manifest")
+            try:
+                target, kinfos = amd_kernels(data)
+                cov = amd_code_object_version(data)
+            except CodeObjectError as exc:
+                problems.append(f"{arch}/{co['file']}: {exc}")
+                continue
+            if target != arch:
+                problems.append(
+                    f"{arch}/{co['file']}: code-object target is {target}, recipe says {arch}"
+                )
+            if cov != recipe.code_object_version:
+                problems.append(
+                    f"{arch}/{co['file']}: code-object v{cov}, recipe says v{recipe.code_object_version}"
+                )
+            by_name = {k.name: k for k in kinfos}
+            want = ctypes.sizeof(src.params)
+            for name in src.kernels:
+                k = by_name.get(name)
+                if k is None:
+                    problems.append(f"{arch}/{co['file']}: kernel {name} missing")
+                    continue
+                if k.wavefront_size != recipe.wavefront_size:
+                    problems.append(
+                        f"{arch}: {name} is wave{k.wavefront_size}, recipe says {recipe.wavefront_size}"
+                    )
+                if k.spills:
+                    problems.append(
+                        f"{arch}: {name} spills ({k.vgpr_spill} vgpr, {k.sgpr_spill} sgpr)"
+                    )
+                if k.lds_bytes > info.lds_limit_bytes:
+                    problems.append(
+                        f"{arch}: {name} uses {k.lds_bytes} B LDS > {info.lds_limit_bytes}"
+                    )
+                if k.arg_size != want:
+                    problems.append(
+                        f"{arch}: {name} takes {k.arg_size} B of arguments, {src.params.__name__} is {want}"
+                    )
+                rows.append({
+                    "kernel": name, "vgpr": k.vgpr, "sgpr": k.sgpr, "agpr": k.agpr, "lds_bytes": k.lds_bytes,
+                    "spills": k.spills, "scratch_bytes": k.scratch_bytes,
+                    "waves_per_simd": estimate_waves_per_simd(arch, k.vgpr, k.agpr, k.lds_bytes),
+                })  # fmt: skip
+        table[arch] = sorted(rows, key=lambda r: r["kernel"])
+    if problems:
+        raise PipelineError(
+            f"static verification of {recipe.target} failed:\n  " + "\n  ".join(problems)
+        )
+    return table
+
+
+# ---- the stages -------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _audit(image: str, export: Path, scratch: Path) -> dict[str, Any]:
+    script = (
+        "set -u; unset TORCHINDUCTOR_MAX_AUTOTUNE TORCHINDUCTOR_MAX_AUTOTUNE_GEMM TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE; "
+        "hipcc --version | head -2; python3 --version; "
+        f"echo '--- env'; env | grep -E '{ENV_AUDIT_PATTERN}' | sort; "
+        "echo '--- doctor'; python3 -m mamba2_rocm doctor --json > /out/doctor.json; echo \"doctor exit $?\""
+    )
+    proc = images.run_in_image(image, ["sh", "-c", script], export, scratch)
+    if proc.returncode != 0:
+        raise PipelineError(f"audit in {image} failed:\n{proc.stdout}\n{proc.stderr}")
+    doctor = json.loads((scratch / "doctor.json").read_text())
+    env_lines = proc.stdout.split("--- env\n", 1)[1].split("--- doctor", 1)[0].strip().splitlines()
+    if any(line.startswith("TORCHINDUCTOR_MAX_AUTOTUNE=") for line in env_lines):
+        raise PipelineError("TORCHINDUCTOR_MAX_AUTOTUNE is still set inside the build container")
+    return {
+        "tools": proc.stdout.split("--- env", 1)[0].strip().splitlines(),
+        "env": env_lines,
+        "findings": [{k: f[k] for k in ("id", "severity")} for f in doctor.get("findings", [])],
+    }
+
+
+def _compile(recipe: Recipe, image: str, export: Path, kernels: Path, jobs: int) -> None:
+    cmd = ["python3", "-m", "mamba2_rocm", "build", "--out", "/out", "--jobs", str(jobs),
+           "--code-object-version", str(recipe.code_object_version)]  # fmt: skip
+    for arch in recipe.archs:
+        cmd += ["--arch", arch]
+    for flag in recipe.compile_flags:
+        cmd.append(f"--extra-flag={flag}")
+    proc = images.run_in_image(image, cmd, export, kernels)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
+        raise PipelineError(f"compile for {recipe.target} failed in {image}:\n{tail}")
+
+
+def _smoke_test(
+    recipe: Recipe, host_wheel: Path, target_wheel: Path, scratch: Path
+) -> dict[str, Any]:
+    venv = scratch / "smoke-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    py = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    pip = [
+        str(py),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "--find-links",
+        str(host_wheel.parent),
+    ]
+    proc = subprocess.run(
+        [*pip, str(host_wheel), str(target_wheel)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise PipelineError(
+            f"installing the wheels into a fresh venv failed:\n{proc.stderr[-2000:]}"
+        )
+    clean_env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("MAMBA2_ROCM_", "PYTHON"))
+    }
+    proc = subprocess.run([str(py), "-m", "mamba2_rocm", "info", "--json"], capture_output=True, text=True,
+                          cwd=scratch, env=clean_env)  # fmt: skip
+    if proc.returncode != 0:
+        raise PipelineError(
+            f"`python -m mamba2_rocm info --json` failed in the smoke venv:\n{proc.stderr[-2000:]}"
+        )
+    info = json.loads(proc.stdout)
+    found = {d["target"]: d for d in info["kernel_dirs"]}
+    expected = {k for src in SOURCES.values() for k in src.kernels}
+    for arch in recipe.archs:
+        d = found.get(arch)
+        if d is None:
+            raise PipelineError(
+                f"the installed {recipe.package_name} does not expose {arch} (info: {sorted(found)})"
+            )
+        if not d["origin"].startswith(f"package {recipe.package_name} "):
+            raise PipelineError(
+                f"{arch} was found through {d['origin']!r}, not the installed package"
+            )
+        missing = expected - set(d["kernels"])
+        if missing:
+            raise PipelineError(f"{arch}: installed package lacks kernels {sorted(missing)[:5]}")
+    return {
+        "kernel_dirs": [{"target": d["target"], "origin": d["origin"]} for d in info["kernel_dirs"]]
+    }
+
+
+def build_target(recipe: Recipe, out_root: Path, jobs: int | None = None, log=print,
+                 mirror: str | None = None) -> Path:  # fmt: skip
+    """Run every stage for ``recipe``; returns ``out_root/<target>``."""
+    stages = StageLog(log=log)
+    jobs = jobs or os.cpu_count() or 1
+    t = recipe.target
+    with tempfile.TemporaryDirectory(prefix=f"m2r-build-{t}-") as tmp:
+        tmp = Path(tmp)
+        with stages.stage("toolchain image", t):
+            images.docker_check()
+            image = images.ensure_toolchain(recipe, mirror=mirror, log=log)
+        with stages.stage("export source", t):
+            if package.work_tree_dirty():
+                log(
+                    f"[{t}] note: uncommitted changes are not part of the build (it builds the commit)"
+                )
+            export = tmp / "src"
+            commit = package.export_commit(export)
+            epoch = package.source_date_epoch(export)
+        with stages.stage("audit", t):
+            audit = _audit(image, export, tmp / "audit")
+        with stages.stage("compile", t):
+            _compile(recipe, image, export, tmp / "kernels", jobs)
+        with stages.stage("verify", t):
+            resources = verify_kernel_dir(recipe, tmp / "kernels")
+        with stages.stage("package", t):
+            dist = tmp / "dist"
+            host = package.build_host_wheel(export, dist, epoch)
+            version = host.name.split("-")[1]
+            target_whl = package.build_target_wheel(recipe, tmp / "kernels", version, dist, epoch)
+        with stages.stage("smoke test", t):
+            smoke = _smoke_test(recipe, host, target_whl, tmp / "smoke")
+        with stages.stage("write", t):
+            dest = out_root / t
+            if dest.exists():
+                shutil.rmtree(dest)
+            dest.mkdir(parents=True)
+            for whl in (host, target_whl):
+                shutil.copy2(whl, dest / whl.name)
+            code_objects = {
+                f"{arch}/{co['file']}": co["sha256"]
+                for arch in recipe.archs
+                for co in json.loads((tmp / "kernels" / arch / "manifest.json").read_text())[
+                    "code_objects"
+                ]
+            }
+            manifest = {
+                "format": MANIFEST_FORMAT,
+                "target": t,
+                "package": recipe.package_name,
+                "version": version,
+                "source_commit": commit,
+                "recipe": {"file": f"recipes/{recipe.path.name}", "sha256": recipe.sha256},
+                "gpu_gate": recipe.gpu_gate,
+                "min_rocm": recipe.min_rocm,
+                "toolchain": {
+                    "image": image,
+                    "image_id": images.image_id(image),
+                    "packages": images.dpkg_versions(image, list(recipe.toolchain_packages)),
+                },
+                "audit": audit,
+                "verification": {"static": "passed", "smoke_test": "passed", "gpu_test": "not run"},
+                "code_objects": code_objects,
+                "wheels": {w.name: _sha256(w) for w in (host, target_whl)},
+                "resources": resources,
+                "smoke_test": smoke,
+            }
+            (dest / "build-manifest.json").write_text(
+                json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+            )
+    total = sum(stages.timings.values())
+    log(
+        f"[{t}] built {dest} in {total:.1f} s: "
+        + ", ".join(f"{k} {v:.1f}s" for k, v in stages.timings.items())
+    )
+    return dest
