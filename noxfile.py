@@ -1,14 +1,30 @@
 """Nox sessions for mamba2-rocm. See the sessions with `nox -l`.
 
-Tags: `tests` (CPU suite), `lint`. The build pipeline sessions (`build-<target>`, ...) come
-from recipes/ once it exists. Logic lives in the package, not here.
+Tags: `tests` and `lint` run by default; the pipeline sessions are explicit:
+`toolchain`, `build-<target>` (one per recipes/<target>.toml), `build-all`, `reproducibility`.
+Sessions are thin: the logic lives in mamba2_rocm.pipeline (tested), called as
+`python -m mamba2_rocm.pipeline ...`.
 """
+
+from pathlib import Path
 
 import nox
 
 nox.needs_version = ">=2024.3.2"
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["lint", "tests"]
+
+RECIPES = sorted(p.stem for p in (Path(__file__).parent / "recipes").glob("*.toml"))
+PIPELINE_DEPS = ["build>=1", "hatchling>=1.26", "hatch-vcs>=0.4"]
+
+
+def _pipeline(session: nox.Session, *args: str) -> None:
+    """Install the package (no torch: the pipeline never needs it), audit, then run a command."""
+    session.install("-e", ".", *PIPELINE_DEPS)
+    session.run("python", "-m", "mamba2_rocm", "doctor", success_codes=[0, 1])
+    session.run(
+        "python", "-m", "mamba2_rocm.pipeline", *args, env={"TORCHINDUCTOR_MAX_AUTOTUNE": None}
+    )
 
 
 @nox.session
@@ -23,5 +39,35 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check."""
     session.install("ruff")
-    session.run("ruff", "check", "mamba2_rocm", "tests", "noxfile.py")
-    session.run("ruff", "format", "--check", "mamba2_rocm", "tests", "noxfile.py")
+    session.run("ruff", "check", "mamba2_rocm", "tests", "noxfile.py", "hatch_build.py")
+    session.run("ruff", "format", "--check", "mamba2_rocm", "tests", "noxfile.py", "hatch_build.py")
+
+
+@nox.session(default=False)
+def toolchain(session: nox.Session) -> None:
+    """Build the toolchain images (pass --refresh to rebuild without cache)."""
+    _pipeline(session, "toolchain", *session.posargs)
+
+
+def _make_build(target: str):
+    def build(session: nox.Session) -> None:
+        _pipeline(session, "build", target, *session.posargs)
+
+    build.__doc__ = f"Build, verify and package wheels/{target}/ (mamba2-rocm-{target})."
+    return build
+
+
+for _target in RECIPES:
+    nox.session(name=f"build-{_target}", default=False)(_make_build(_target))
+
+
+@nox.session(name="build-all", default=False)
+def build_all(session: nox.Session) -> None:
+    """Build every recipe into wheels/."""
+    _pipeline(session, "build", "all", *session.posargs)
+
+
+@nox.session(default=False)
+def reproducibility(session: nox.Session) -> None:
+    """Build a target twice from scratch and compare the wheels (default gfx1030)."""
+    _pipeline(session, "reproducibility", *(session.posargs or ["gfx1030"]))
