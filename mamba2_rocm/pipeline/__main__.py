@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("target")
     args = parser.parse_args(argv)
 
-    from mamba2_rocm.pipeline.stages import PipelineError, build_target
+    from mamba2_rocm.pipeline.stages import PipelineError, build_targets
 
     try:
         if args.cmd == "targets":
@@ -48,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             names = list(load_recipes()) if args.targets == ["all"] else args.targets
             recipes = [get_recipe(t) for t in names]  # every name checked before any work
             start = time.monotonic()
-            for recipe in recipes:
-                build_target(recipe, Path(args.out), jobs=args.jobs)
+            build_targets(recipes, Path(args.out), jobs=args.jobs)
             print(f"built {len(recipes)} target(s) in {time.monotonic() - start:.1f} s")
         elif args.cmd == "reproducibility":
             from mamba2_rocm.pipeline.repro import check_reproducible

@@ -204,22 +204,27 @@ def _audit(image: str, export: Path, scratch: Path) -> dict[str, Any]:
     }
 
 
-def _compile(recipe: Recipe, image: str, export: Path, kernels: Path, jobs: int) -> None:
+def _compile(recipes: list[Recipe], image: str, export: Path, kernels: Path, jobs: int) -> None:
+    """One container run compiles every arch of ``recipes`` (same image, version and flags)."""
+    first = recipes[0]
     cmd = ["python3", "-m", "mamba2_rocm", "build", "--out", "/out", "--jobs", str(jobs),
-           "--code-object-version", str(recipe.code_object_version)]  # fmt: skip
-    for arch in recipe.archs:
+           "--code-object-version", str(first.code_object_version)]  # fmt: skip
+    for arch in dict.fromkeys(a for r in recipes for a in r.archs):
         cmd += ["--arch", arch]
-    for flag in recipe.compile_flags:
+    for flag in first.compile_flags:
         cmd.append(f"--extra-flag={flag}")
     proc = images.run_in_image(image, cmd, export, kernels)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
-        raise PipelineError(f"compile for {recipe.target} failed in {image}:\n{tail}")
+        names = ", ".join(r.target for r in recipes)
+        raise PipelineError(f"compile for {names} failed in {image}:\n{tail}")
 
 
 def _smoke_test(
-    recipe: Recipe, host_wheel: Path, target_wheel: Path, scratch: Path
+    recipes: list[Recipe], host_wheel: Path, target_wheels: dict[str, Path], scratch: Path
 ) -> dict[str, Any]:
+    """Install the host wheel and the target wheels into one fresh venv (no torch) and check, via
+    ``python -m mamba2_rocm info --json``, that each target's kernels come from its own package."""
     venv = scratch / "smoke-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
     py = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
@@ -234,7 +239,7 @@ def _smoke_test(
         str(host_wheel.parent),
     ]
     proc = subprocess.run(
-        [*pip, str(host_wheel), str(target_wheel)], capture_output=True, text=True
+        [*pip, str(host_wheel), *map(str, target_wheels.values())], capture_output=True, text=True
     )
     if proc.returncode != 0:
         raise PipelineError(
@@ -243,6 +248,9 @@ def _smoke_test(
     clean_env = {
         k: v for k, v in os.environ.items() if not k.startswith(("MAMBA2_ROCM_", "PYTHON"))
     }
+    clean_env["MAMBA2_ROCM_CACHE"] = str(
+        scratch / "empty-cache"
+    )  # no JIT dirs may answer for a package
     proc = subprocess.run([str(py), "-m", "mamba2_rocm", "info", "--json"], capture_output=True, text=True,
                           cwd=scratch, env=clean_env)  # fmt: skip
     if proc.returncode != 0:
@@ -250,37 +258,45 @@ def _smoke_test(
             f"`python -m mamba2_rocm info --json` failed in the smoke venv:\n{proc.stderr[-2000:]}"
         )
     info = json.loads(proc.stdout)
-    found = {d["target"]: d for d in info["kernel_dirs"]}
     expected = {k for src in SOURCES.values() for k in src.kernels}
-    for arch in recipe.archs:
-        d = found.get(arch)
-        if d is None:
-            raise PipelineError(
-                f"the installed {recipe.package_name} does not expose {arch} (info: {sorted(found)})"
-            )
-        if not d["origin"].startswith(f"package {recipe.package_name} "):
-            raise PipelineError(
-                f"{arch} was found through {d['origin']!r}, not the installed package"
-            )
-        missing = expected - set(d["kernels"])
-        if missing:
-            raise PipelineError(f"{arch}: installed package lacks kernels {sorted(missing)[:5]}")
-    return {
-        "kernel_dirs": [{"target": d["target"], "origin": d["origin"]} for d in info["kernel_dirs"]]
-    }
+    for recipe in recipes:
+        for arch in recipe.archs:
+            dirs = [
+                d
+                for d in info["kernel_dirs"]
+                if d["target"] == arch and d["origin"].startswith(f"package {recipe.package_name} ")
+            ]
+            if not dirs:
+                raise PipelineError(
+                    f"the installed {recipe.package_name} does not expose {arch} (info: {info['kernel_dirs']})"
+                )
+            missing = expected - set(dirs[0]["kernels"])
+            if missing:
+                raise PipelineError(
+                    f"{arch}: installed {recipe.package_name} lacks kernels {sorted(missing)[:5]}"
+                )
+    return {"kernel_dirs": sorted(f"{d['target']} <- {d['origin']}" for d in info["kernel_dirs"])}
 
 
-def build_target(recipe: Recipe, out_root: Path, jobs: int | None = None, log=print,
-                 mirror: str | None = None) -> Path:  # fmt: skip
-    """Run every stage for ``recipe``; returns ``out_root/<target>``."""
+def build_targets(recipes: list[Recipe], out_root: Path, jobs: int | None = None, log=print,
+                  mirror: str | None = None) -> list[Path]:  # fmt: skip
+    """Run every stage for ``recipes``; returns ``out_root/<target>`` for each.
+
+    Shared work is done once: the source export, the host wheel, one audit per toolchain image
+    and one compile per group of recipes with the same image, code-object version and flags
+    (the driver spreads all of that group's (arch, source) compiles over ``jobs`` cores).
+    """
     stages = StageLog(log=log)
     jobs = jobs or os.cpu_count() or 1
-    t = recipe.target
-    with tempfile.TemporaryDirectory(prefix=f"m2r-build-{t}-") as tmp:
+    t = ",".join(r.target for r in recipes) if len(recipes) <= 3 else f"{len(recipes)} targets"
+    results = []
+    with tempfile.TemporaryDirectory(prefix="m2r-build-") as tmp:
         tmp = Path(tmp)
         with stages.stage("toolchain image", t):
             images.docker_check()
-            image = images.ensure_toolchain(recipe, mirror=mirror, log=log)
+            image_of = {
+                r.target: images.ensure_toolchain(r, mirror=mirror, log=log) for r in recipes
+            }
         with stages.stage("export source", t):
             if package.work_tree_dirty():
                 log(
@@ -290,59 +306,85 @@ def build_target(recipe: Recipe, out_root: Path, jobs: int | None = None, log=pr
             commit = package.export_commit(export)
             epoch = package.source_date_epoch(export)
         with stages.stage("audit", t):
-            audit = _audit(image, export, tmp / "audit")
+            audits = {
+                img: _audit(img, export, tmp / f"audit-{i}")
+                for i, img in enumerate(dict.fromkeys(image_of.values()))
+            }
+        groups: dict[tuple, list[Recipe]] = {}
+        for r in recipes:
+            groups.setdefault(
+                (image_of[r.target], r.code_object_version, r.compile_flags), []
+            ).append(r)
+        kernels_of: dict[str, Path] = {}
         with stages.stage("compile", t):
-            _compile(recipe, image, export, tmp / "kernels", jobs)
+            for gi, ((image, _cov, _flags), members) in enumerate(groups.items()):
+                out = tmp / "kernels" / f"group{gi}"
+                _compile(members, image, export, out, jobs)
+                kernels_of.update({r.target: out for r in members})
         with stages.stage("verify", t):
-            resources = verify_kernel_dir(recipe, tmp / "kernels")
+            resources = {r.target: verify_kernel_dir(r, kernels_of[r.target]) for r in recipes}
         with stages.stage("package", t):
             dist = tmp / "dist"
             host = package.build_host_wheel(export, dist, epoch)
             version = host.name.split("-")[1]
-            target_whl = package.build_target_wheel(recipe, tmp / "kernels", version, dist, epoch)
+            target_wheels = {
+                r.target: package.build_target_wheel(
+                    r, kernels_of[r.target], version, dist / r.target, epoch
+                )
+                for r in recipes
+            }
         with stages.stage("smoke test", t):
-            smoke = _smoke_test(recipe, host, target_whl, tmp / "smoke")
+            smoke = _smoke_test(recipes, host, target_wheels, tmp / "smoke")
         with stages.stage("write", t):
-            dest = out_root / t
-            if dest.exists():
-                shutil.rmtree(dest)
-            dest.mkdir(parents=True)
-            for whl in (host, target_whl):
-                shutil.copy2(whl, dest / whl.name)
-            code_objects = {
-                f"{arch}/{co['file']}": co["sha256"]
-                for arch in recipe.archs
-                for co in json.loads((tmp / "kernels" / arch / "manifest.json").read_text())[
-                    "code_objects"
-                ]
-            }
-            manifest = {
-                "format": MANIFEST_FORMAT,
-                "target": t,
-                "package": recipe.package_name,
-                "version": version,
-                "source_commit": commit,
-                "recipe": {"file": f"recipes/{recipe.path.name}", "sha256": recipe.sha256},
-                "gpu_gate": recipe.gpu_gate,
-                "min_rocm": recipe.min_rocm,
-                "toolchain": {
-                    "image": image,
-                    "image_id": images.image_id(image),
-                    "packages": images.dpkg_versions(image, list(recipe.toolchain_packages)),
-                },
-                "audit": audit,
-                "verification": {"static": "passed", "smoke_test": "passed", "gpu_test": "not run"},
-                "code_objects": code_objects,
-                "wheels": {w.name: _sha256(w) for w in (host, target_whl)},
-                "resources": resources,
-                "smoke_test": smoke,
-            }
-            (dest / "build-manifest.json").write_text(
-                json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-            )
-    total = sum(stages.timings.values())
-    log(
-        f"[{t}] built {dest} in {total:.1f} s: "
-        + ", ".join(f"{k} {v:.1f}s" for k, v in stages.timings.items())
-    )
+            for r in recipes:
+                results.append(_write(r, out_root, host, target_wheels[r.target], kernels_of[r.target], version,
+                                      commit, image_of[r.target], audits[image_of[r.target]],
+                                      resources[r.target], smoke))  # fmt: skip
+    log(f"[{t}] built in {sum(stages.timings.values()):.1f} s: "
+        + ", ".join(f"{k} {v:.1f}s" for k, v in stages.timings.items()))  # fmt: skip
+    return results
+
+
+def _write(recipe: Recipe, out_root: Path, host: Path, target_whl: Path, kernels: Path, version: str,
+           commit: str, image: str, audit: dict, resources: dict, smoke: dict) -> Path:  # fmt: skip
+    dest = out_root / recipe.target
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for whl in (host, target_whl):
+        shutil.copy2(whl, dest / whl.name)
+    code_objects = {
+        f"{arch}/{co['file']}": co["sha256"]
+        for arch in recipe.archs
+        for co in json.loads((kernels / arch / "manifest.json").read_text())["code_objects"]
+    }
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "target": recipe.target,
+        "package": recipe.package_name,
+        "version": version,
+        "source_commit": commit,
+        "recipe": {"file": f"recipes/{recipe.path.name}", "sha256": recipe.sha256},
+        "gpu_gate": recipe.gpu_gate,
+        "min_rocm": recipe.min_rocm,
+        "toolchain": {
+            "image": image,
+            "image_id": images.image_id(image),
+            "packages": images.dpkg_versions(image, list(recipe.toolchain_packages)),
+        },
+        "audit": audit,
+        "verification": {"static": "passed", "smoke_test": "passed", "gpu_test": "not run"},
+        "code_objects": code_objects,
+        "wheels": {w.name: _sha256(w) for w in (host, target_whl)},
+        "resources": resources,
+        "smoke_test": smoke,
+    }
+    (dest / "build-manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return dest
+
+
+def build_target(
+    recipe: Recipe, out_root: Path, jobs: int | None = None, log=print, mirror: str | None = None
+) -> Path:
+    """All stages for one recipe; returns ``out_root/<target>``."""
+    return build_targets([recipe], out_root, jobs, log, mirror)[0]
