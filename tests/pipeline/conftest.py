@@ -1,0 +1,53 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from mamba2_rocm.pipeline import images
+from mamba2_rocm.pipeline.recipes import get_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _require(reason: str):
+    """In CI (MAMBA2_ROCM_REQUIRE_TOOLCHAINS=1) a missing tool is a failure, elsewhere a skip."""
+    if os.environ.get("MAMBA2_ROCM_REQUIRE_TOOLCHAINS") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def toolchain_image():
+    try:
+        images.docker_check()
+    except images.DockerError as exc:
+        _require(str(exc))
+    tag = images.toolchain_image(get_recipe("gfx1030"))
+    if images.image_id(tag) is None:
+        try:
+            images.ensure_toolchain(get_recipe("gfx1030"))
+        except images.DockerError as exc:
+            _require(f"cannot build the toolchain image: {exc}")
+    return tag
+
+
+@pytest.fixture(scope="session")
+def built_gfx1030(toolchain_image, tmp_path_factory):
+    """gfx1030 code objects compiled in the toolchain container from this checkout."""
+    out = tmp_path_factory.mktemp("gfx1030-build")
+    proc = images.run_in_image(
+        toolchain_image,
+        ["python3", "-m", "mamba2_rocm", "build", "--arch", "gfx1030", "--out", "/out"],
+        REPO,
+        out,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out / "gfx1030"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "built_gfx1030" in getattr(item, "fixturenames", ()) or "toolchain_image" in getattr(
+            item, "fixturenames", ()
+        ):
+            item.add_marker(pytest.mark.docker)
