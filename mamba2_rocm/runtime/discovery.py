@@ -92,7 +92,7 @@ def _package_dirs() -> list[KernelDir]:
         except Exception as exc:  # a broken kernel package must not hide the others
             import warnings
 
-            warnings.warn(f"mamba2-rocm: cannot load kernel package {origin}: {exc}", stacklevel=3)
+            warnings.warn(f"mamba2-rocm: cannot load kernel {origin}: {exc}", stacklevel=3)
             continue
         path = Path(getattr(module, "KERNEL_DIR", None) or Path(module.__file__).parent)
         found.extend(_dirs_below(path, origin))
