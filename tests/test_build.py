@@ -61,7 +61,7 @@ def test_sm90_manifest_lists_every_kernel_with_verified_facts(sm90):
     assert manifest["vendor"] == "nvidia"
     assert manifest["wavefront_size"] == 32
     assert manifest["format"] == driver.MANIFEST_FORMAT
-    assert "13." in manifest["compiler"] or "release" in manifest["compiler"]
+    assert manifest["compiler"] and manifest["compiler"] == find_toolchain("nvidia").version
     by_source = {co["source"]: co for co in manifest["code_objects"]}
     assert set(by_source) == set(SOURCES)
     for name, src in SOURCES.items():
@@ -345,6 +345,17 @@ def test_native_uses_probe_output(tmp_path, monkeypatch):
     probe.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert driver.detect_native_archs() == ["gfx1030", "gfx1100"]
+
+
+def test_native_from_nvidia_smi(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    probe = tmp_path / "nvidia-smi"
+    probe.write_text("#!/bin/sh\necho 9.0\necho 12.0\n")
+    probe.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert driver.detect_native_archs() == ["sm_120", "sm_90"]
 
 
 @pytest.mark.parametrize(

@@ -108,11 +108,13 @@ def site_dir(tmp_path, monkeypatch):
     site.mkdir()
     added = []
 
-    def add(target: str, kernel_dir_attr: bool = False) -> Path:
+    def add(target: str, kernel_dir_attr: bool = False, namespace: bool = False) -> Path:
         module = f"fake_kernels_{target.replace('-', '_')}"
         pkg = site / module
         pkg.mkdir()
-        if kernel_dir_attr:  # the module names a folder of target dirs
+        if namespace:  # data only: no __init__.py
+            kdir = write_kernel_dir(pkg, target)
+        elif kernel_dir_attr:  # the module names a folder of target dirs
             (pkg / "__init__.py").write_text(
                 "from pathlib import Path\nKERNEL_DIR = Path(__file__).parent / 'kernels'\n"
             )
@@ -156,6 +158,12 @@ def test_two_kernel_packages_side_by_side(site_dir):
     assert sorted(_targets(_package_dirs())) == [("gfx1030", a), ("gfx11-generic", b)]
     assert find_kernel_dir("gfx1030").path == a
     assert find_kernel_dir("gfx1151").path == b  # through its generic family
+
+
+def test_kernel_package_without_init_py(site_dir):
+    a = site_dir("gfx1030")
+    b = site_dir("gfx1100", namespace=True)
+    assert sorted(_targets(_package_dirs())) == [("gfx1030", a), ("gfx1100", b)]
 
 
 def test_broken_kernel_package_warns_and_hides_nothing(site_dir, tmp_path):
