@@ -7,6 +7,7 @@ import ctypes
 import hashlib
 import importlib
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -84,7 +85,8 @@ def test_env_path_to_a_parent_of_target_dirs(tmp_path, monkeypatch):
     (tmp_path / "out" / "broken" / "manifest.json").write_text("{ not json")
     other = write_kernel_dir(tmp_path / "other" / "sm_90", "sm_90", vendor="nvidia")
     monkeypatch.setenv(
-        "MAMBA2_ROCM_KERNEL_PATH", f"{tmp_path / 'out'}:{tmp_path / 'missing'}:{other}"
+        "MAMBA2_ROCM_KERNEL_PATH",
+        os.pathsep.join(map(str, (tmp_path / "out", tmp_path / "missing", other))),
     )
     assert _targets(kernel_dirs()) == [("gfx1030", a), ("gfx90a", b), ("sm_90", other)]
 
