@@ -81,11 +81,17 @@ def unbundle(data: bytes) -> dict[str, bytes]:
         )
     if not data.startswith(BUNDLE_MAGIC):
         raise CodeObjectError("not an ELF code object or clang offload bundle (bad magic)")
-    (count,) = struct.unpack_from("<Q", data, len(BUNDLE_MAGIC))
     pos = len(BUNDLE_MAGIC) + 8
+    if len(data) < pos:
+        raise CodeObjectError("offload bundle truncated inside its header")
+    (count,) = struct.unpack_from("<Q", data, len(BUNDLE_MAGIC))
     entries: dict[str, bytes] = {}
-    for _ in range(count):
+    for i in range(count):
+        if pos + 24 > len(data):
+            raise CodeObjectError(f"offload bundle truncated in entry {i} of {count}")
         offset, size, triple_len = struct.unpack_from("<QQQ", data, pos)
+        if pos + 24 + triple_len > len(data):
+            raise CodeObjectError(f"offload bundle truncated in the triple of entry {i} of {count}")
         triple = data[pos + 24 : pos + 24 + triple_len].decode()
         pos += 24 + triple_len
         if offset + size > len(data):
@@ -200,6 +206,12 @@ def cuda_kernels(data: bytes, ptxas_report: str = "") -> tuple[str, list[KernelI
     if elf.header["e_machine"] != "EM_CUDA":
         raise CodeObjectError(f"not a cubin (e_machine {elf.header['e_machine']})")
     target = f"sm_{(elf.header['e_flags'] >> 8) & 0xFF}"
+    # e_flags is the same for sm_90 and sm_90a (sm_100f, ...); the ptxas command line recorded
+    # in the toolkit-info note carries the suffix.
+    tkinfo = elf.get_section_by_name(".note.nv.tkinfo")
+    if tkinfo is not None:
+        m = re.search(rb"-arch (" + target.encode() + rb"[af]?)\b", tkinfo.data())
+        target = m.group(1).decode() if m else target
     symtab = elf.get_section_by_name(".symtab")
     regs: dict[str, int] = {}
     glob = elf.get_section_by_name(".nv.info")

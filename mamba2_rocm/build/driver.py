@@ -125,8 +125,14 @@ def find_toolchain(vendor: str) -> Toolchain:
             os.environ.get("CUDA_PATH", ""),
             "/usr/local/cuda",
         ]
+    override = os.environ.get(env_var, "")
+    if override and not (Path(override).is_file() and os.access(override, os.X_OK)):
+        # an explicit choice that points nowhere must not silently become another compiler
+        raise BuildError(
+            f"{env_var}={override} is not an executable file; point it at {name} or unset it"
+        )
     tried = []
-    candidates = [os.environ.get(env_var, ""), shutil.which(name) or ""]
+    candidates = [override, shutil.which(name) or ""]
     candidates += [str(Path(p) / "bin" / name) for p in prefixes if p]
     for cand in candidates:
         if not cand:

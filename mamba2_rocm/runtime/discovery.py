@@ -92,10 +92,15 @@ def _package_dirs() -> list[KernelDir]:
         except Exception as exc:  # a broken kernel package must not hide the others
             import warnings
 
-            warnings.warn(f"mamba2-rocm: cannot load kernel package {origin}: {exc}", stacklevel=3)
+            warnings.warn(f"mamba2-rocm: cannot load kernel {origin}: {exc}", stacklevel=3)
             continue
-        path = Path(getattr(module, "KERNEL_DIR", None) or Path(module.__file__).parent)
-        found.extend(_dirs_below(path, origin))
+        path = getattr(module, "KERNEL_DIR", None)
+        if path is None:
+            # a data-only package may be a namespace package: no __init__.py, so no __file__
+            file = getattr(module, "__file__", None)
+            path = Path(file).parent if file else next(iter(getattr(module, "__path__", [])), None)
+        if path is not None:
+            found.extend(_dirs_below(Path(path), origin))
     return found
 
 
