@@ -46,3 +46,13 @@ def make_seq_idx(batch, seqlen, device="cpu", gen=None, pad=True):
             row[seqlen - seqlen // 4 :] = -1
         rows.append(row)
     return torch.stack(rows).to(device)
+
+
+def require_tool(reason: str):
+    """A missing compiler or Docker: a skip on a developer's machine, a failure in CI
+    (``.ci/run`` sets ``MAMBA2_ROCM_REQUIRE_TOOLCHAINS=1`` after installing them)."""
+    import pytest
+
+    if os.environ.get("MAMBA2_ROCM_REQUIRE_TOOLCHAINS") == "1":
+        pytest.fail(f"required tool missing: {reason}")
+    pytest.skip(reason)

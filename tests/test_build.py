@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import require_tool
 
 from mamba2_rocm.arch import arch_info
 from mamba2_rocm.build import driver
@@ -32,14 +33,23 @@ from mamba2_rocm.kernels import SOURCES, KernelSource
 from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams
 
 REPO = Path(__file__).resolve().parents[1]
-IMAGE = os.environ.get("MAMBA2_ROCM_TOOLCHAIN_IMAGE", "mamba2-rocm-toolchain:latest")
+
+
+def _default_image() -> str:
+    from mamba2_rocm.pipeline.images import toolchain_image
+    from mamba2_rocm.pipeline.recipes import get_recipe
+
+    return toolchain_image(get_recipe("gfx1030"))  # the image `nox -s toolchain` builds
+
+
+IMAGE = os.environ.get("MAMBA2_ROCM_TOOLCHAIN_IMAGE") or _default_image()
 
 
 def _need_nvcc():
     try:
         return find_toolchain("nvidia")
     except BuildError as exc:
-        pytest.skip(f"nvcc not installed: {exc}")
+        require_tool(f"nvcc not installed: {exc}")
 
 
 # --- a real sm_90 build with nvcc -------------------------------------------------------------
@@ -120,16 +130,16 @@ def test_cli_bad_arch_exits_1(tmp_path):
 
 def _docker_image_or_skip():
     if shutil.which("docker") is None:
-        pytest.skip("docker CLI not installed")
+        require_tool("docker CLI not installed")
     try:
         proc = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True,
                               text=True, timeout=60)  # fmt: skip
     except subprocess.TimeoutExpired:
-        pytest.skip("docker engine did not answer within 60 s")
+        require_tool("docker engine did not answer within 60 s")
     if proc.returncode != 0:
         err = proc.stderr.strip().splitlines()[-1:] or ["?"]
-        pytest.skip(
-            f"toolchain image {IMAGE} not available (set MAMBA2_ROCM_TOOLCHAIN_IMAGE): {err[0]}"
+        require_tool(
+            f"toolchain image {IMAGE} not available (build it with `nox -s toolchain`): {err[0]}"
         )
 
 

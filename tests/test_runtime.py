@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import require_tool
 
 from mamba2_rocm.kernels import SOURCES
 from mamba2_rocm.params import ConvUpdateParams, packer
@@ -499,7 +500,7 @@ def test_jit_build_into_the_cache_then_reuse(fake_devices, tmp_path, monkeypatch
     try:
         build_driver.find_toolchain("nvidia")
     except build_driver.BuildError as exc:
-        pytest.skip(f"nvcc not installed: {exc}")
+        require_tool(f"nvcc not installed: {exc}")
     archs, _ = fake_devices
     archs[0] = "sm_90"
     fake_devices[1].name = "cuda"

@@ -1,7 +1,7 @@
-import os
 from pathlib import Path
 
 import pytest
+from helpers import require_tool
 
 from mamba2_rocm.pipeline import images
 from mamba2_rocm.pipeline.recipes import get_recipe
@@ -9,25 +9,18 @@ from mamba2_rocm.pipeline.recipes import get_recipe
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _require(reason: str):
-    """In CI (MAMBA2_ROCM_REQUIRE_TOOLCHAINS=1) a missing tool is a failure, elsewhere a skip."""
-    if os.environ.get("MAMBA2_ROCM_REQUIRE_TOOLCHAINS") == "1":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def toolchain_image():
     try:
         images.docker_check()
     except images.DockerError as exc:
-        _require(str(exc))
+        require_tool(str(exc))
     tag = images.toolchain_image(get_recipe("gfx1030"))
     if images.image_id(tag) is None:
         try:
             images.ensure_toolchain(get_recipe("gfx1030"))
         except images.DockerError as exc:
-            _require(f"cannot build the toolchain image: {exc}")
+            require_tool(f"cannot build the toolchain image: {exc}")
     return tag
 
 
