@@ -37,7 +37,7 @@ RUN set -eu; \
       exit 1; \
     fi; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      $PACKAGES python3 python3-msgpack python3-pyelftools python3-packaging >/dev/null; \
+      $PACKAGES python3 python3-msgpack python3-pyelftools python3-packaging python3-platformdirs >/dev/null; \
     rm -rf /var/lib/apt/lists/*
 
 RUN useradd --create-home --uid "${BUILDER_UID}" builder

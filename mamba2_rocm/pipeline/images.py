@@ -109,7 +109,11 @@ def ensure_base(suite: str = "unstable", mirror: str | None = None, log=print) -
 
 
 def toolchain_image(recipe: Recipe) -> str:
-    return f"mamba2-rocm-toolchain:{recipe.toolchain_key}"
+    """Tag from the recipe's pins and the Dockerfile: a change to either builds a new image."""
+    import hashlib
+
+    key = hashlib.sha256(recipe.toolchain_key.encode() + DOCKERFILE.read_bytes()).hexdigest()[:12]
+    return f"mamba2-rocm-toolchain:{key}"
 
 
 def ensure_toolchain(
