@@ -391,6 +391,7 @@ def test_launcher_loads_each_module_once_and_caches(tmp_path, no_cuda_device):
     assert [name for _, name in drv.functions] == [update[0], update[1], fwd[0], fwd[5]]
     assert first.params_type is ConvUpdateParams and first.name == update[0]
     assert kset.has(update[0]) and kset.has(fwd[-1])
+    assert not kset.has("m2r_no_such_kernel")
 
 
 def test_launch_packs_the_params_struct(tmp_path, no_cuda_device):

@@ -104,7 +104,11 @@ class KernelSet:
         return self.kdir.target
 
     def has(self, kernel: str) -> bool:
-        co = self._objects.get(source_of(kernel).name)
+        """Whether this kernel dir provides ``kernel`` (False for names we do not know)."""
+        try:
+            co = self._objects.get(source_of(kernel).name)
+        except KeyError:
+            return False
         return co is not None and any(k["name"] == kernel for k in co["kernels"])
 
     def _module(self, source: str) -> ctypes.c_void_p:
