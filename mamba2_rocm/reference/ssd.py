@@ -164,8 +164,8 @@ def ssd_chunked(
     """
     dims = check_chunk_scan_args(
         x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-        chunk_size=chunk_size, dt_limit=dt_limit, return_varlen_states=return_varlen_states,
-        state_dtype=state_dtype,
+        chunk_size=chunk_size, chunked=True, dt_limit=dt_limit,
+        return_varlen_states=return_varlen_states, state_dtype=state_dtype,
     )  # fmt: skip
     cd = compute_dtype
     batch, seqlen, nheads, headdim = x.shape

@@ -113,8 +113,8 @@ class ChunkScanDims:
 def check_chunk_scan_args(
     x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
     cu_seqlens=None, *, chunk_size=None, dt_limit=(0.0, math.inf), return_varlen_states=False,
-    state_dtype=None, chunk_sizes: Collection[int] | None = None, dtypes=REFERENCE_FLOATS,
-    inspect_values: bool = True,
+    state_dtype=None, chunk_sizes: Collection[int] | None = None, chunked: bool | None = None,
+    dtypes=REFERENCE_FLOATS, inspect_values: bool = True,
 ) -> ChunkScanDims:  # fmt: skip
     """Checks the arguments of ``mamba_chunk_scan_combined`` and returns the derived sizes.
 
@@ -123,7 +123,8 @@ def check_chunk_scan_args(
     dt_bias (nheads,), initial_states (batch, nheads, headdim, dstate), seq_idx (batch, seqlen)
     int32, cu_seqlens (num_seqs + 1,) int32/int64 with batch == 1.
 
-    ``chunk_size=None`` skips the chunk-size check (the sequential reference has no chunks);
+    ``chunked`` (default: whether chunk_size is given) checks chunk_size; the sequential
+    reference has no chunks.
     ``chunk_sizes=None`` accepts any power of two >= 16 (the reference), otherwise exactly those.
     ``inspect_values`` reads cu_seqlens (a device sync): it must be 0 = c0 < c1 < ... = seqlen.
     """
@@ -200,7 +201,7 @@ def check_chunk_scan_args(
                     f"got {cu}"
                 )
     limit = _check_dt_limit(dt_limit)
-    if chunk_size is not None:
+    if chunked or (chunked is None and chunk_size is not None):
         _check_chunk_size(chunk_size, chunk_sizes)
     if state_dtype is None:
         state_dtype = torch.float32
