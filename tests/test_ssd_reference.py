@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import zlib
 
 import pytest
 import torch
@@ -25,7 +26,8 @@ F64 = torch.float64
 
 
 def _gen(*key):
-    return torch.Generator().manual_seed(hash(key) % (2**31))
+    """A generator seeded from the test's key, the same in every process (unlike hash())."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
 
 
 # ---- inputs ----------------------------------------------------------------------------------
@@ -601,8 +603,9 @@ def test_update_tied_head_dim_is_not_copied(dtype):
         out = selective_state_update_ref(**args, dt_softplus=True)
     assert watch.copies == []
     out_dense = selective_state_update_ref(**dense, dt_softplus=True)
-    torch.testing.assert_close(out, out_dense, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(args["state"], dense["state"], rtol=1e-6, atol=1e-6)
+    # same math; broadcasting may change the summation order (float32 rounding, a bf16 ulp)
+    torch.testing.assert_close(out, out_dense, **SSD_TOL[dtype])
+    torch.testing.assert_close(args["state"], dense["state"], **SSD_STATE_TOL[torch.float32])
     # the watcher does see a copy when one happens
     with _CopyWatcher([args["A"]]) as watch:
         args["A"].to(torch.float64)
