@@ -1,4 +1,4 @@
-"""Input builders shared by the conv1d tests: fresh random data in every layout."""
+"""Input builders and tolerances shared by the tests: fresh random data in every layout."""
 
 import os
 
@@ -11,6 +11,17 @@ TOL = {
     torch.bfloat16: {"rtol": 1e-2, "atol": 5e-2},
 }
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# SSD scans. float64: the chunked and sequential forms differ only in summation order.
+# Lower precisions: the output's rounding dominates, so the conv1d tolerances apply.
+SSD_TOL = {torch.float64: {"rtol": 1e-9, "atol": 1e-9}, **TOL}
+# SSM states are fp32 (or state_dtype); fp32 states accumulate over many tokens.
+SSD_STATE_TOL = {
+    torch.float64: {"rtol": 1e-9, "atol": 1e-9},
+    torch.float32: {"rtol": 1e-4, "atol": 1e-4},
+    torch.float16: {"rtol": 1e-3, "atol": 1e-3},
+    torch.bfloat16: {"rtol": 1e-2, "atol": 1e-2},
+}
 
 
 def gpu_available() -> bool:

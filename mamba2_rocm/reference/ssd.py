@@ -1,0 +1,365 @@
+"""Pure-PyTorch Mamba2 SSD scan, decode-step state update and gated RMSNorm.
+
+The ground truth the kernels are tested against, and the fallback tiers:
+
+- :func:`ssd_sequential`: the recurrence one token at a time (float64 by default). Obviously
+  right; the reference every other implementation is compared with.
+- :func:`ssd_chunked`: the chunked "SSD minimal" form, vectorized (float32 by default): the
+  ``torch`` fallback tier of ``mamba_chunk_scan_combined``.
+- :func:`selective_state_update_ref`: one decode step, both the multi-head (Mamba2) and the
+  head-less (Mamba1) forms of ``selective_state_update``.
+- :func:`rmsnorm_ref`: gated RMSNorm as in ``mamba_ssm.ops.triton.layernorm_gated``.
+
+Semantics (mamba_ssm's, where it is self-consistent; see each function for the details):
+
+- dt' = clamp(softplus?(dt + dt_bias), *dt_limit). Like mamba_ssm's ``_chunk_cumsum_fwd``
+  kernel the clamp is always applied, so the default (0, inf) floors a negative dt at 0
+  (a no-op after softplus). softplus uses threshold 20, as mamba_ssm does.
+- Per head h of group g(h) = h // (nheads // ngroups), for each token:
+  state = exp(dt' * A[h]) * state + dt' * outer(x, B[g]);  y = state @ C[g] + D * x;
+  with z: y * silu(z).
+- seq_idx: the state restarts from zero wherever seq_idx changes between consecutive tokens.
+  ``initial_states`` belong to an implicit sequence id 0 before the first token, so they are
+  used only if the row starts with seq_idx 0 (mamba_ssm compares chunk 0 against id 0).
+  For seq_idx whose ids each form one contiguous run (the way it is built from cu_seqlens)
+  this is exactly mamba_ssm; where an id reappears after another, mamba_ssm's result depends
+  on the chunk size and this one does not (it resets at every change). Negative ids are
+  ordinary ids here.
+- Final and varlen states are returned in float32 unless ``state_dtype`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from mamba2_rocm.reference.ssd_checks import (
+    check_chunk_scan_args,
+    check_rmsnorm_args,
+    check_state_update_args,
+)
+
+__all__ = ["rmsnorm_ref", "selective_state_update_ref", "ssd_chunked", "ssd_sequential"]
+
+
+def _effective_dt(dt, dt_bias, dt_softplus, dt_limit, cd):
+    """dt' (batch, seqlen, nheads) in ``cd``: bias, softplus (threshold 20), clamp."""
+    dt = dt.to(cd)
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(cd)
+    if dt_softplus:
+        dt = F.softplus(dt)  # beta=1, linear above 20: mamba_ssm's `where(dt <= 20, ...)`
+    return dt.clamp(min=dt_limit[0], max=dt_limit[1])
+
+
+def _segments(seq_idx, batch, seqlen, device):
+    """seg[b, t] = how often seq_idx changed in row b up to token t, starting from an implicit
+    id 0 before token 0. Tokens share a state history iff they share a segment; segment 0 is
+    the one that starts from initial_states."""
+    if seq_idx is None:
+        return torch.zeros(batch, seqlen, dtype=torch.int64, device=device)
+    s = seq_idx.to(torch.int64)
+    prev = F.pad(s[:, :-1], (1, 0), value=0)
+    return torch.cumsum((s != prev).to(torch.int64), dim=1)
+
+
+def _d_term(D, x, cd):
+    """D * x for x (..., nheads, headdim) with D (nheads,) or (nheads, headdim)."""
+    d = D.to(cd)
+    return x * (d.unsqueeze(-1) if d.dim() == 1 else d)
+
+
+def _returns(out, final, varlen, return_final_states, return_varlen_states):
+    """mamba_chunk_scan_combined's return convention."""
+    if not return_varlen_states:
+        return (out, final) if return_final_states else out
+    return (out, final, varlen) if return_final_states else (out, varlen)
+
+
+def ssd_sequential(
+    x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+    cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf), return_final_states=False,
+    return_varlen_states=False, state_dtype=None, compute_dtype=torch.float64,
+):  # fmt: skip
+    """The SSD scan as the plain recurrence, one token at a time (all rows at once).
+
+    Arguments and return value as ``mamba_chunk_scan_combined`` (without chunk_size): ``out``
+    (batch, seqlen, nheads, headdim) in x's dtype; with ``return_final_states`` also the state
+    after the last token (batch, nheads, headdim, dstate); with ``return_varlen_states`` also
+    (num_seqs, nheads, headdim, dstate): varlen_states[i] is the state this scan carries right
+    after token cu_seqlens[i+1] - 1. cu_seqlens does not drive the scan: sequences restart only
+    where seq_idx says so (as in mamba_ssm). With seq_idx marking the same boundaries, each
+    varlen state is the final state of that sequence run alone (the first one starting from
+    initial_states). mamba_ssm agrees there, except that it drops initial_states from the first
+    sequence's varlen state when that sequence ends inside the first chunk.
+    """
+    dims = check_chunk_scan_args(
+        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_limit=dt_limit,
+        return_varlen_states=return_varlen_states, state_dtype=state_dtype,
+    )  # fmt: skip
+    cd = compute_dtype
+    batch, seqlen, nheads, headdim = x.shape
+    r = dims.heads_per_group
+    xc = x.to(cd)
+    dtc = _effective_dt(dt, dt_bias, dt_softplus, dims.dt_limit, cd)
+    Ac = A.to(cd)
+    Bh = B.to(cd).repeat_interleave(r, dim=2)  # (batch, seqlen, nheads, dstate)
+    Ch = C.to(cd).repeat_interleave(r, dim=2)
+    zc = None if z is None else z.to(cd)
+    seg = _segments(seq_idx, batch, seqlen, x.device)
+    if initial_states is None:
+        state = torch.zeros(batch, nheads, headdim, dims.dstate, dtype=cd, device=x.device)
+    else:
+        state = initial_states.to(cd).clone()
+    ends = {}
+    if return_varlen_states:
+        ends = {int(e) - 1: i for i, e in enumerate(cu_seqlens[1:].tolist())}
+        varlen = torch.empty(dims.num_seqs, nheads, headdim, dims.dstate, dtype=cd, device=x.device)
+    out = torch.empty(batch, seqlen, nheads, headdim, dtype=cd, device=x.device)
+    prev_seg = torch.zeros(batch, dtype=torch.int64, device=x.device)
+    for t in range(seqlen):
+        same = (seg[:, t] == prev_seg).to(cd)  # 0 where a new sequence starts: reset
+        prev_seg = seg[:, t]
+        decay = torch.exp(dtc[:, t] * Ac) * same[:, None]  # (batch, nheads)
+        inp = (dtc[:, t, :, None] * xc[:, t])[..., None] * Bh[:, t, :, None, :]
+        state = decay[:, :, None, None] * state + inp
+        y = torch.einsum("bhpn,bhn->bhp", state, Ch[:, t])
+        if D is not None:
+            y = y + _d_term(D, xc[:, t], cd)
+        if zc is not None:
+            y = y * F.silu(zc[:, t])
+        out[:, t] = y
+        if t in ends:
+            varlen[ends[t]] = state[0]
+    sd = dims.state_dtype
+    return _returns(
+        out.to(x.dtype),
+        state.to(sd),
+        varlen.to(sd) if return_varlen_states else None,
+        return_final_states,
+        return_varlen_states,
+    )
+
+
+def ssd_chunked(
+    x, dt, A, B, C, chunk_size=256, D=None, z=None, dt_bias=None, initial_states=None,
+    seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, math.inf),
+    return_final_states=False, return_varlen_states=False, state_dtype=None,
+    compute_dtype=torch.float32,
+):  # fmt: skip
+    """The SSD scan in chunked form; same arguments and results as :func:`ssd_sequential`.
+
+    The three phases of mamba_ssm's kernels, each vectorized over all chunks:
+    1. chunk states: each chunk's contribution to the state at its end, from a zero state;
+    2. state passing: the state entering each chunk, a short loop over chunks;
+    3. outputs: intra-chunk (the masked, decayed C·Bᵀ "diagonal block") plus the entering
+       state read through C and decayed to each token (the "off-diagonal" part), plus D·x,
+       then the z gate.
+    seq_idx masks every term that would cross a sequence boundary. Any seqlen works: the last
+    chunk is padded with dt = 0 tokens (no decay, no input) and outputs are trimmed.
+    chunk_size: any power of two >= 16 (the kernels take 64, 128, 256).
+    Memory: O(batch * seqlen * chunk_size * nheads) for the intra-chunk decay matrix.
+    """
+    dims = check_chunk_scan_args(
+        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+        chunk_size=chunk_size, chunked=True, dt_limit=dt_limit,
+        return_varlen_states=return_varlen_states, state_dtype=state_dtype,
+    )  # fmt: skip
+    cd = compute_dtype
+    batch, seqlen, nheads, headdim = x.shape
+    g, r, n, cs = dims.ngroups, dims.heads_per_group, dims.dstate, chunk_size
+    nchunks = -(-seqlen // cs)
+    pad = nchunks * cs - seqlen
+    dev = x.device
+
+    def chunked(t, *inner):  # (batch, seqlen, ...) -> padded (batch, nchunks, cs, *inner)
+        t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))
+        return t.reshape(batch, nchunks, cs, *inner)
+
+    xc = chunked(x.to(cd), g, r, headdim)  # (b, c, s, g, r, p)
+    dtc = chunked(_effective_dt(dt, dt_bias, dt_softplus, dims.dt_limit, cd), g, r)
+    Bc = chunked(B.to(cd), g, n)  # (b, c, s, g, n)
+    Cc = chunked(C.to(cd), g, n)
+    seg = _segments(seq_idx, batch, seqlen, dev)
+    seg = torch.cat([seg, seg[:, -1:].expand(batch, pad)], dim=1).reshape(batch, nchunks, cs)
+    Acs = torch.cumsum(dtc * A.to(cd).view(g, r), dim=2)  # (b, c, s, g, r)
+    neg_inf = torch.tensor(-math.inf, dtype=cd, device=dev)
+
+    # 1. chunk states: tokens of the chunk's last segment, decayed to the chunk end
+    last_seg = seg[:, :, -1]  # (b, c)
+    in_last = (seg == last_seg[..., None])[..., None, None]  # (b, c, s, 1, 1)
+    to_end = torch.exp(torch.where(in_last, Acs[:, :, -1:] - Acs, neg_inf)) * dtc
+    chunk_states = torch.einsum("bcsgn,bcsgr,bcsgrp->bcgrpn", Bc, to_end, xc)
+
+    # 2. state passing: carry across a chunk only if its last token continues the segment of
+    #    the token before it (an implicit segment 0 before the row: initial_states)
+    seg_before = F.pad(last_seg[:, :-1], (1, 0), value=0)  # (b, c)
+    carry = (last_seg == seg_before).to(cd)[..., None, None] * torch.exp(Acs[:, :, -1])
+    if initial_states is None:
+        state = torch.zeros(batch, g, r, headdim, n, dtype=cd, device=dev)
+    else:
+        state = initial_states.to(cd).reshape(batch, g, r, headdim, n)
+    entering = []
+    for c in range(nchunks):
+        entering.append(state)
+        state = carry[:, c, :, :, None, None] * state + chunk_states[:, c]
+    entering = torch.stack(entering, dim=1)  # (b, c, g, r, p, n)
+
+    # 3. outputs
+    causal = torch.ones(cs, cs, dtype=torch.bool, device=dev).tril()
+    mask = (seg[:, :, :, None] == seg[:, :, None, :]) & causal  # (b, c, t, s)
+    seg_diff = Acs[:, :, :, None] - Acs[:, :, None, :]  # (b, c, t, s, g, r)
+    decay = torch.exp(torch.where(mask[..., None, None], seg_diff, neg_inf))
+    cb = torch.einsum("bctgn,bcsgn->bctsg", Cc, Bc)
+    weights = cb[..., None] * decay * dtc[:, :, None]  # (b, c, t, s, g, r)
+    y = torch.einsum("bctsgr,bcsgrp->bctgrp", weights, xc)
+    from_prev = (seg == seg_before[..., None])[..., None, None]  # (b, c, t, 1, 1)
+    to_token = torch.exp(Acs) * from_prev  # (b, c, t, g, r)
+    y = y + torch.einsum("bctgn,bcgrpn->bctgrp", Cc, entering) * to_token[..., None]
+    y = y.reshape(batch, nchunks * cs, nheads, headdim)[:, :seqlen]
+    if D is not None:
+        y = y + _d_term(D, x.to(cd), cd)
+    if z is not None:
+        y = y * F.silu(z.to(cd))
+
+    varlen = None
+    if return_varlen_states:
+        varlen = _varlen_states(cu_seqlens, cs, seg, seg_before, Acs, dtc, Bc, xc, entering)
+        varlen = varlen.reshape(dims.num_seqs, nheads, headdim, n).to(dims.state_dtype)
+    return _returns(
+        y.to(x.dtype),
+        state.reshape(batch, nheads, headdim, n).to(dims.state_dtype),
+        varlen,
+        return_final_states,
+        return_varlen_states,
+    )
+
+
+def _varlen_states(cu_seqlens, cs, seg, seg_before, Acs, dtc, Bc, xc, entering):
+    """The scan state right after each token cu_seqlens[i+1] - 1 of row 0: the state entering
+    its chunk (if the segment continues) decayed to it, plus the chunk's tokens up to it."""
+    ends = cu_seqlens[1:].to(torch.int64) - 1
+    c, j = ends // cs, ends % cs  # chunk and position of each sequence's last token
+    seg_row, seg_end = seg[0, c], seg[0, c, j]  # (i, s), (i,)
+    pos = torch.arange(cs, device=ends.device)
+    take = (pos <= j[:, None]) & (seg_row == seg_end[:, None])  # (i, s)
+    a_end = Acs[0, c, j]  # (i, g, r)
+    diff = a_end[:, None] - Acs[0, c]  # (i, s, g, r)
+    neg_inf = torch.tensor(-math.inf, dtype=diff.dtype, device=diff.device)
+    w = torch.exp(torch.where(take[..., None, None], diff, neg_inf)) * dtc[0, c]
+    part = torch.einsum("isgr,isgn,isgrp->igrpn", w, Bc[0, c], xc[0, c])
+    cont = (seg_end == seg_before[0, c]).to(diff.dtype)[:, None, None] * torch.exp(a_end)
+    return part + cont[..., None, None] * entering[0, c]
+
+
+def _compact(t):
+    """A view of t with each broadcast (stride-0) dim narrowed to size 1.
+
+    Converting a broadcast view with ``.to()`` materializes it; the compact view converts
+    only the distinct values and broadcasts again in the arithmetic.
+    """
+    if t is None:
+        return None
+    for d in range(t.dim()):
+        if t.stride(d) == 0 and t.shape[d] > 1:
+            t = t.narrow(d, 0, 1)
+    return t
+
+
+def _state_rows(state_batch_indices, pool: int, batch: int) -> list[int]:
+    if state_batch_indices is None:
+        return list(range(batch))
+    rows = state_batch_indices.tolist()
+    seen: dict[int, int] = {}
+    for b, row in enumerate(rows):
+        if row < -1 or row >= pool:
+            raise IndexError(
+                f"state_batch_indices[{b}] = {row} is out of range for a state pool of {pool}"
+            )
+        if row >= 0:
+            if row in seen:
+                raise ValueError(
+                    f"state_batch_indices[{seen[row]}] and [{b}] are both {row}; "
+                    "each live row needs its own state"
+                )
+            seen[row] = b
+    return rows
+
+
+def selective_state_update_ref(
+    state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+    state_batch_indices=None, compute_dtype=torch.float32,
+):  # fmt: skip
+    """One decode step of the selective SSM; updates ``state`` in place and returns ``out``.
+
+    Multi-head (Mamba2): state (pool, nheads, headdim, dstate), x/dt/z (batch, nheads, headdim),
+    A (nheads, headdim, dstate), B/C (batch, ngroups, dstate), D/dt_bias (nheads, headdim).
+    Mamba1: the same without the head dim. Mamba2 callers pass A, dt, dt_bias and D as
+    broadcast views of per-head values ("tied head dim"); those are read without copying.
+
+    dt' = softplus?(dt + dt_bias) (no dt_limit clamp, as in mamba_ssm);
+    state = exp(A * dt') * state + dt' * B * x;  out = sum_n(state * C) + D * x, * silu(z).
+    The state is stored in its own dtype; out is computed from the new state before that
+    rounding (as mamba_ssm's kernel does). With state_batch_indices, row b reads and writes
+    state[state_batch_indices[b]]; -1 marks a padded row: its out is zero, no state is touched.
+    """
+    dims = check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
+    rows = _state_rows(state_batch_indices, dims.pool, dims.batch)
+    if not dims.has_heads:  # Mamba1: one head, one group, headdim = dim (views: in place)
+        state, x, dt, A, B, C = (
+            state.unsqueeze(1), x.unsqueeze(1), dt.unsqueeze(1), A.unsqueeze(0),
+            B.unsqueeze(1), C.unsqueeze(1),
+        )  # fmt: skip
+        D = None if D is None else D.unsqueeze(0)
+        z = None if z is None else z.unsqueeze(1)
+        dt_bias = None if dt_bias is None else dt_bias.unsqueeze(0)
+    out = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    live = [b for b, row in enumerate(rows) if row >= 0]
+    if live:
+        cd = compute_dtype
+        r = dims.nheads // dims.ngroups
+        live_t = torch.tensor(live, device=x.device)
+        rows_t = torch.tensor([rows[b] for b in live], device=x.device)
+        xb = x[live_t].to(cd)  # (n, h, p)
+        dtb = _compact(dt)[live_t].to(cd)  # (n, h, p or 1)
+        if dt_bias is not None:
+            dtb = dtb + _compact(dt_bias).to(cd)
+        if dt_softplus:
+            dtb = F.softplus(dtb)
+        dA = torch.exp(_compact(A).to(cd) * dtb[..., None])  # (n, h, p or 1, n or 1)
+        Bh = B[live_t].to(cd).repeat_interleave(r, dim=1)[:, :, None, :]  # (n, h, 1, dstate)
+        Ch = C[live_t].to(cd).repeat_interleave(r, dim=1)[:, :, None, :]
+        new = state[rows_t].to(cd) * dA + (dtb[..., None] * Bh) * xb[..., None]
+        y = (new * Ch).sum(-1)
+        if D is not None:
+            y = y + _compact(D).to(cd) * xb
+        if z is not None:
+            y = y * F.silu(z[live_t].to(cd))
+        state[rows_t] = new.to(state.dtype)
+        out[live_t] = y.to(x.dtype)
+    return out if dims.has_heads else out.squeeze(1)
+
+
+def rmsnorm_ref(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True):
+    """Gated RMSNorm (``layernorm_gated.rmsnorm_fn``), computed in float32, returned in x's dtype.
+
+    norm_before_gate=True: y = x / rms(x) * weight + bias, then y * silu(z).
+    norm_before_gate=False: x * silu(z) first, then y = that / rms(that) * weight + bias.
+    group_size splits the last dim into groups, each normalized with its own rms; the
+    default is one group. rms(v) = sqrt(mean(v^2) + eps). bias may be None.
+    """
+    hidden, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size)
+    cd = torch.promote_types(x.dtype, torch.float32)
+    v = x.to(cd)
+    if z is not None and not norm_before_gate:
+        v = v * F.silu(z.to(cd))
+    grouped = v.unflatten(-1, (hidden // gs, gs))
+    rstd = torch.rsqrt(grouped.square().mean(-1, keepdim=True) + eps)
+    y = (grouped * rstd).flatten(-2) * weight.to(cd)
+    if bias is not None:
+        y = y + bias.to(cd)
+    if z is not None and norm_before_gate:
+        y = y * F.silu(z.to(cd))
+    return y.to(x.dtype)

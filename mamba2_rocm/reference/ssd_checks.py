@@ -1,0 +1,334 @@
+"""Argument checks shared by the SSD references and, later, the SSD ops.
+
+Every check raises with a message that carries the offending value. Shape and dtype checks never
+synchronize with the device; the few checks that read tensor values (``cu_seqlens`` contents,
+``state_batch_indices`` range) are in the references only, or behind ``inspect_values``.
+
+The references accept float64 as well as the kernel dtypes so that they can be compared with
+each other in double precision; the op layer passes ``dtypes=KERNEL_FLOATS`` and
+``chunk_sizes=KERNEL_CHUNK_SIZES``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "KERNEL_CHUNK_SIZES",
+    "KERNEL_FLOATS",
+    "MAX_DSTATE",
+    "MAX_HEADDIM",
+    "REFERENCE_FLOATS",
+    "ChunkScanDims",
+    "StateUpdateDims",
+    "check_chunk_scan_args",
+    "check_rmsnorm_args",
+    "check_state_update_args",
+]
+
+KERNEL_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+REFERENCE_FLOATS = (*KERNEL_FLOATS, torch.float64)
+KERNEL_CHUNK_SIZES = (64, 128, 256)
+MAX_HEADDIM = 128  # the kernels keep one head's (headdim, dstate) tile on chip
+MAX_DSTATE = 256
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _dtype_name(dt) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+def _tensor(name: str, t, *, dims: int, layout: str, dtypes, device=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must have {dims} dimensions {layout}, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        names = ", ".join(_dtype_name(d) for d in dtypes)
+        raise TypeError(f"{name} must be one of {names}, got {_dtype_name(t.dtype)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of x)")
+
+
+def _shape(name: str, t, layout: str, expected: tuple[int, ...]) -> None:
+    if tuple(t.shape) != expected:
+        raise ValueError(f"{name} must have shape {layout} = {expected}, got {tuple(t.shape)}")
+
+
+def _limits(headdim: int | None, dstate: int) -> None:
+    if headdim is not None and headdim > MAX_HEADDIM:
+        raise ValueError(f"headdim must be <= {MAX_HEADDIM}, got {headdim}")
+    if dstate > MAX_DSTATE:
+        raise ValueError(f"dstate must be <= {MAX_DSTATE}, got {dstate}")
+
+
+def _check_chunk_size(chunk_size, chunk_sizes: Collection[int] | None) -> None:
+    if chunk_sizes is not None:
+        if isinstance(chunk_size, bool) or chunk_size not in chunk_sizes:
+            names = ", ".join(str(c) for c in chunk_sizes)
+            raise ValueError(f"chunk_size must be one of {names}, got {chunk_size!r}")
+        return
+    ok = isinstance(chunk_size, int) and not isinstance(chunk_size, bool)
+    if not ok or chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise ValueError(
+            "chunk_size must be a power of two >= 16 (the kernels take 64, 128 or 256), "
+            f"got {chunk_size!r}"
+        )
+
+
+def _check_dt_limit(dt_limit) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in dt_limit)
+    except (TypeError, ValueError):
+        raise ValueError(f"dt_limit must be a pair (min, max), got {dt_limit!r}") from None
+    if math.isnan(lo) or math.isnan(hi) or lo > hi:
+        raise ValueError(f"dt_limit must be (min, max) with min <= max, got {dt_limit!r}")
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class ChunkScanDims:
+    """The sizes a chunk-scan call derives from its arguments."""
+
+    batch: int
+    seqlen: int
+    nheads: int
+    headdim: int
+    ngroups: int
+    dstate: int
+    num_seqs: int  # sequences in cu_seqlens; 0 without it
+    dt_limit: tuple[float, float]
+    state_dtype: torch.dtype  # dtype of the returned final / varlen states
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.nheads // self.ngroups
+
+
+def check_chunk_scan_args(
+    x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+    cu_seqlens=None, *, chunk_size=None, dt_limit=(0.0, math.inf), return_varlen_states=False,
+    state_dtype=None, chunk_sizes: Collection[int] | None = None, chunked: bool | None = None,
+    dtypes=REFERENCE_FLOATS, inspect_values: bool = True,
+) -> ChunkScanDims:  # fmt: skip
+    """Checks the arguments of ``mamba_chunk_scan_combined`` and returns the derived sizes.
+
+    Shapes: x (batch, seqlen, nheads, headdim), dt (batch, seqlen, nheads), A (nheads,),
+    B and C (batch, seqlen, ngroups, dstate), D (nheads,) or (nheads, headdim), z like x,
+    dt_bias (nheads,), initial_states (batch, nheads, headdim, dstate), seq_idx (batch, seqlen)
+    int32, cu_seqlens (num_seqs + 1,) int32/int64 with batch == 1.
+
+    ``chunked`` (default: whether chunk_size is given) checks chunk_size; the sequential
+    reference has no chunks.
+    ``chunk_sizes=None`` accepts any power of two >= 16 (the reference), otherwise exactly those.
+    ``inspect_values`` reads cu_seqlens (a device sync): it must be 0 = c0 < c1 < ... = seqlen.
+    """
+    _tensor("x", x, dims=4, layout="(batch, seqlen, nheads, headdim)", dtypes=dtypes, device=None)
+    dev = x.device
+    batch, seqlen, nheads, headdim = x.shape
+    if x.numel() == 0:
+        raise ValueError(
+            f"x is empty (shape {tuple(x.shape)}); batch, seqlen, nheads and headdim must be >= 1"
+        )
+    _tensor("dt", dt, dims=3, layout="(batch, seqlen, nheads)", dtypes=dtypes, device=dev)
+    _shape("dt", dt, "(batch, seqlen, nheads)", (batch, seqlen, nheads))
+    _tensor("A", A, dims=1, layout="(nheads,)", dtypes=dtypes, device=dev)
+    _shape("A", A, "(nheads,)", (nheads,))
+    _tensor("B", B, dims=4, layout="(batch, seqlen, ngroups, dstate)", dtypes=dtypes, device=dev)
+    ngroups, dstate = B.shape[2], B.shape[3]
+    if B.numel() == 0:
+        raise ValueError(f"B is empty (shape {tuple(B.shape)}); ngroups and dstate must be >= 1")
+    _shape("B", B, "(batch, seqlen, ngroups, dstate)", (batch, seqlen, ngroups, dstate))
+    _tensor("C", C, dims=4, layout="(batch, seqlen, ngroups, dstate)", dtypes=dtypes, device=dev)
+    _shape("C", C, "(batch, seqlen, ngroups, dstate) like B", tuple(B.shape))
+    if nheads % ngroups:
+        raise ValueError(
+            f"nheads must be divisible by ngroups, got nheads={nheads}, ngroups={ngroups}"
+        )
+    _limits(headdim, dstate)
+    if D is not None:
+        d_dims = D.dim() if isinstance(D, torch.Tensor) else 1
+        _tensor("D", D, dims=d_dims, layout="", dtypes=dtypes, device=dev)
+        if tuple(D.shape) not in ((nheads,), (nheads, headdim)):
+            raise ValueError(
+                f"D must have shape (nheads,) = {(nheads,)} or (nheads, headdim) = "
+                f"{(nheads, headdim)}, got {tuple(D.shape)}"
+            )
+    if z is not None:
+        _tensor(
+            "z", z, dims=4, layout="(batch, seqlen, nheads, headdim)", dtypes=dtypes, device=dev
+        )
+        _shape("z", z, "like x", tuple(x.shape))
+    if dt_bias is not None:
+        _tensor("dt_bias", dt_bias, dims=1, layout="(nheads,)", dtypes=dtypes, device=dev)
+        _shape("dt_bias", dt_bias, "(nheads,)", (nheads,))
+    if initial_states is not None:
+        layout = "(batch, nheads, headdim, dstate)"
+        _tensor("initial_states", initial_states, dims=4, layout=layout, dtypes=dtypes, device=dev)
+        _shape("initial_states", initial_states, layout, (batch, nheads, headdim, dstate))
+    if seq_idx is not None:
+        _tensor(
+            "seq_idx", seq_idx, dims=2, layout="(batch, seqlen)", dtypes=(torch.int32,), device=dev
+        )
+        _shape("seq_idx", seq_idx, "(batch, seqlen)", (batch, seqlen))
+    num_seqs = 0
+    if return_varlen_states and cu_seqlens is None:
+        raise ValueError("return_varlen_states=True needs cu_seqlens")
+    if cu_seqlens is not None:
+        _tensor(
+            "cu_seqlens", cu_seqlens, dims=1, layout="(num_seqs + 1,)", dtypes=_INDEX_DTYPES,
+            device=dev,
+        )  # fmt: skip
+        if batch != 1:
+            raise ValueError(
+                f"cu_seqlens needs batch == 1 (sequences packed into one row), got batch={batch}"
+            )
+        num_seqs = cu_seqlens.shape[0] - 1
+        if num_seqs < 1:
+            raise ValueError(
+                f"cu_seqlens must hold at least 2 offsets, got shape {tuple(cu_seqlens.shape)}"
+            )
+        if inspect_values:
+            cu = cu_seqlens.tolist()
+            if cu[0] != 0 or cu[-1] != seqlen or any(a >= b for a, b in itertools.pairwise(cu)):
+                raise ValueError(
+                    f"cu_seqlens must start at 0, increase strictly and end at seqlen={seqlen}, "
+                    f"got {cu}"
+                )
+    limit = _check_dt_limit(dt_limit)
+    if chunked or (chunked is None and chunk_size is not None):
+        _check_chunk_size(chunk_size, chunk_sizes)
+    if state_dtype is None:
+        state_dtype = torch.float32
+    elif state_dtype not in dtypes:
+        names = ", ".join(_dtype_name(d) for d in dtypes)
+        raise TypeError(f"state_dtype must be one of {names}, got {state_dtype!r}")
+    return ChunkScanDims(
+        batch, seqlen, nheads, headdim, ngroups, dstate, num_seqs, limit, state_dtype
+    )
+
+
+@dataclass(frozen=True)
+class StateUpdateDims:
+    """Sizes of a ``selective_state_update`` call, in the multi-head form.
+
+    The Mamba1 form (no head dim) reads as nheads = ngroups = 1, headdim = dim.
+    """
+
+    batch: int
+    nheads: int
+    headdim: int
+    dstate: int
+    ngroups: int
+    pool: int  # rows of the state tensor
+    has_heads: bool
+
+
+def check_state_update_args(
+    state, x, dt, A, B, C, D=None, z=None, dt_bias=None, state_batch_indices=None, *,
+    dtypes=REFERENCE_FLOATS,
+) -> StateUpdateDims:  # fmt: skip
+    """Checks the arguments of ``selective_state_update`` (both forms).
+
+    Multi-head: state (pool, nheads, headdim, dstate), x/dt/z (batch, nheads, headdim),
+    A (nheads, headdim, dstate), B/C (batch, ngroups, dstate), D/dt_bias (nheads, headdim).
+    Mamba1: state (pool, dim, dstate), x/dt/z (batch, dim), A (dim, dstate), B/C (batch, dstate),
+    D/dt_bias (dim,). ``pool`` may exceed batch only with state_batch_indices (batch,).
+    Broadcast (stride-0) views are fine everywhere.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() not in (2, 3):
+        raise ValueError(
+            f"x must be (batch, dim) or (batch, nheads, dim), got shape {tuple(x.shape)}"
+        )
+    heads = x.dim() == 3
+    xl = "(batch, nheads, headdim)" if heads else "(batch, dim)"
+    _tensor("x", x, dims=x.dim(), layout=xl, dtypes=dtypes)
+    dev = x.device
+    if x.numel() == 0:
+        raise ValueError(f"x is empty (shape {tuple(x.shape)})")
+    batch, nheads, headdim = (*x.shape,) if heads else (x.shape[0], 1, x.shape[1])
+    sl = "(batch, nheads, headdim, dstate)" if heads else "(batch, dim, dstate)"
+    _tensor("state", state, dims=x.dim() + 1, layout=sl, dtypes=dtypes, device=dev)
+    pool, dstate = state.shape[0], state.shape[-1]
+    if tuple(state.shape[1:-1]) != tuple(x.shape[1:]) or state.numel() == 0:
+        inner = ", ".join(str(s) for s in x.shape[1:])
+        raise ValueError(
+            f"state must have shape {sl} = (pool, {inner}, dstate >= 1), got {tuple(state.shape)}"
+        )
+    _limits(headdim if heads else None, dstate)
+    _tensor("dt", dt, dims=x.dim(), layout=xl, dtypes=dtypes, device=dev)
+    _shape("dt", dt, "like x", tuple(x.shape))
+    al = "(nheads, headdim, dstate)" if heads else "(dim, dstate)"
+    _tensor("A", A, dims=x.dim(), layout=al, dtypes=dtypes, device=dev)
+    _shape("A", A, al, (*x.shape[1:], dstate))
+    bl = "(batch, ngroups, dstate)" if heads else "(batch, dstate)"
+    _tensor("B", B, dims=x.dim(), layout=bl, dtypes=dtypes, device=dev)
+    ngroups = B.shape[1] if heads else 1
+    _shape("B", B, bl, (batch, ngroups, dstate) if heads else (batch, dstate))
+    _tensor("C", C, dims=x.dim(), layout=bl, dtypes=dtypes, device=dev)
+    _shape("C", C, f"{bl} like B", tuple(B.shape))
+    if ngroups == 0 or nheads % ngroups:
+        raise ValueError(
+            f"nheads must be divisible by ngroups, got nheads={nheads}, ngroups={ngroups}"
+        )
+    dl = "(nheads, headdim)" if heads else "(dim,)"
+    for name, t in (("D", D), ("dt_bias", dt_bias)):
+        if t is not None:
+            _tensor(name, t, dims=x.dim() - 1, layout=dl, dtypes=dtypes, device=dev)
+            _shape(name, t, dl, tuple(x.shape[1:]))
+    if z is not None:
+        _tensor("z", z, dims=x.dim(), layout=xl, dtypes=dtypes, device=dev)
+        _shape("z", z, "like x", tuple(x.shape))
+    if state_batch_indices is not None:
+        _tensor(
+            "state_batch_indices", state_batch_indices, dims=1, layout="(batch,)",
+            dtypes=_INDEX_DTYPES, device=dev,
+        )  # fmt: skip
+        _shape("state_batch_indices", state_batch_indices, "(batch,)", (batch,))
+    elif pool != batch:
+        raise ValueError(
+            f"state has {pool} rows for a batch of {batch}; pass state_batch_indices to select rows"
+        )
+    return StateUpdateDims(batch, nheads, headdim, dstate, ngroups, pool, heads)
+
+
+def check_rmsnorm_args(
+    x, weight, bias=None, z=None, eps=1e-6, group_size=None, *, dtypes=REFERENCE_FLOATS
+) -> tuple[int, int]:
+    """Checks gated-RMSNorm arguments; returns (hidden, group_size)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ValueError(
+            f"x must have at least 1 dimension (..., hidden), got shape {tuple(x.shape)}"
+        )
+    _tensor("x", x, dims=x.dim(), layout="(..., hidden)", dtypes=dtypes)
+    if x.numel() == 0:
+        raise ValueError(f"x is empty (shape {tuple(x.shape)})")
+    hidden = x.shape[-1]
+    _tensor("weight", weight, dims=1, layout="(hidden,)", dtypes=dtypes, device=x.device)
+    _shape("weight", weight, "(hidden,)", (hidden,))
+    if bias is not None:
+        _tensor("bias", bias, dims=1, layout="(hidden,)", dtypes=dtypes, device=x.device)
+        _shape("bias", bias, "(hidden,)", (hidden,))
+    if z is not None:
+        _tensor("z", z, dims=x.dim(), layout="like x", dtypes=dtypes, device=x.device)
+        _shape("z", z, "like x", tuple(x.shape))
+    if group_size is None:
+        group_size = hidden
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    if hidden % group_size:
+        raise ValueError(
+            f"group_size must divide hidden, got hidden={hidden}, group_size={group_size}"
+        )
+    if not (isinstance(eps, (int, float)) and eps >= 0):
+        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    return hidden, group_size
