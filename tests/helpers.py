@@ -67,3 +67,11 @@ def require_tool(reason: str):
     if os.environ.get("MAMBA2_ROCM_REQUIRE_TOOLCHAINS") == "1":
         pytest.fail(f"required tool missing: {reason}")
     pytest.skip(reason)
+
+
+def seeded(*key, device="cpu"):
+    """A generator seeded from the test's key: the same inputs in every run and process (str hash()
+    is randomized per process), different inputs for every case."""
+    import zlib
+
+    return torch.Generator(device=device).manual_seed(zlib.crc32(repr(key).encode()))

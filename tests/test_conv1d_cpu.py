@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import DTYPES, TOL, make_seq_idx, make_x
+from helpers import DTYPES, TOL, make_seq_idx, make_x, seeded
 
 from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
 from mamba2_rocm.reference.conv1d import (
@@ -18,7 +18,7 @@ LAYOUTS = ["contiguous", "channel_last", "sliced", "channel_last_sliced"]
 
 
 def _gen(*key):
-    return torch.Generator().manual_seed(hash(key) % (2**31))
+    return seeded(*key)
 
 
 @pytest.mark.parametrize("seqlen", SEQLENS)

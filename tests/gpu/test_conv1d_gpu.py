@@ -6,7 +6,7 @@ Run with ``pytest -m gpu`` on a machine with a GPU and kernels (a kernel package
 
 import pytest
 import torch
-from helpers import DTYPES, TOL, gpu_available, make_seq_idx, make_x
+from helpers import DTYPES, TOL, gpu_available, make_seq_idx, make_x, seeded
 
 from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
 from mamba2_rocm.reference.conv1d import causal_conv1d_torch, causal_conv1d_update_eager
@@ -36,7 +36,7 @@ def _poison_allocator(nbytes: int):
 
 
 def _gen(*key):
-    return torch.Generator(device=DEV).manual_seed(hash(key) % (2**31))
+    return seeded(*key, device=DEV)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
