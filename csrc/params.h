@@ -61,3 +61,37 @@ struct ConvUpdateParams {
   int32_t silu;
   int32_t weight_dtype, bias_dtype;
 };
+
+// selective_state_update (one decode step), multi-head form; the Mamba1 form is passed as one
+// head with headdim = dim. dt' = softplus?(dt + dt_bias); state = exp(A dt') state + dt' B x;
+// out = sum_n state C + D x, times silu(z). Strides may be 0 ("tied" A/dt/dt_bias/D broadcast
+// over headdim and dstate): the kernel reads them as given, nothing is copied.
+// state_indices: -1 = padded row (out zeros, state untouched); >= num_states: out NaN.
+struct SsuParams {
+  void* state;                   // (num_states, nheads, headdim, dstate), dtype of the kernel
+  const void* x;                 // (batch, nheads, headdim), input dtype of the kernel
+  const void* dt;                // (batch, nheads, headdim), dtype dt_dtype
+  const void* A;                 // (nheads, headdim, dstate), dtype a_dtype
+  const void* B;                 // (batch, ngroups, dstate), input dtype
+  const void* C;                 // (batch, ngroups, dstate), input dtype
+  const void* D;                 // (nheads, headdim), dtype d_dtype, or null
+  const void* z;                 // (batch, nheads, headdim), input dtype, or null
+  const void* dt_bias;           // (nheads, headdim), dtype dt_bias_dtype, or null
+  void* out;                     // (batch, nheads, headdim), input dtype
+  const int32_t* state_indices;  // (batch,) or null
+  int64_t state_batch_stride, state_h_stride, state_p_stride, state_n_stride;
+  int64_t x_batch_stride, x_h_stride, x_p_stride;
+  int64_t dt_batch_stride, dt_h_stride, dt_p_stride;
+  int64_t A_h_stride, A_p_stride, A_n_stride;
+  int64_t B_batch_stride, B_g_stride, B_n_stride;
+  int64_t C_batch_stride, C_g_stride, C_n_stride;
+  int64_t D_h_stride, D_p_stride;
+  int64_t z_batch_stride, z_h_stride, z_p_stride;
+  int64_t dt_bias_h_stride, dt_bias_p_stride;
+  int64_t out_batch_stride, out_h_stride, out_p_stride;
+  int32_t batch, nheads, headdim, dstate;
+  int32_t heads_per_group, num_states;
+  int32_t dt_softplus;
+  int32_t dt_dtype, a_dtype, d_dtype, dt_bias_dtype;
+  int32_t reserved;
+};

@@ -71,6 +71,15 @@ M2R_DEVICE float shfl_xor(float v, int lane_mask) {
 #endif
 }
 
+// Butterfly within aligned groups of `width` lanes (width <= the wavefront).
+M2R_DEVICE float shfl_xor_width(float v, int lane_mask, int width) {
+#if M2R_AMD
+  return __shfl_xor(v, lane_mask, width);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
+#endif
+}
+
 M2R_DEVICE float shfl_up(float v, unsigned delta) {
 #if M2R_AMD
   return __shfl_up(v, delta, kWavefront);
@@ -169,5 +178,6 @@ M2R_DEVICE float load_as_float(const void* p, int dtype, int64_t idx) {
 }
 
 M2R_DEVICE float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+M2R_DEVICE float softplus(float x) { return x <= 20.f ? log1pf(__expf(x)) : x; }  // torch's threshold
 
 }  // namespace m2r

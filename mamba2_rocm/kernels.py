@@ -9,13 +9,14 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams
+from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams, SsuParams
 
 __all__ = ["SOURCES", "KernelSource", "kernel_params", "source_of"]
 
 KERNEL_DTYPES = ("f32", "f16", "bf16")
 CONV_WIDTHS = (2, 3, 4)
 CONV_FWD_LAYOUTS = ("vec", "cl_vec", "strided")
+SSU_DSTATE_TIERS = (32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,16 @@ SOURCES: dict[str, KernelSource] = {
             "conv1d_update",
             ConvUpdateParams,
             tuple(f"m2r_conv1d_update_{dt}_w{w}" for dt in KERNEL_DTYPES for w in CONV_WIDTHS),
+        ),
+        KernelSource(
+            "state_update",
+            SsuParams,
+            tuple(
+                f"m2r_ssu_{sd}_{xd}_n{n}"
+                for sd in KERNEL_DTYPES
+                for xd in KERNEL_DTYPES
+                for n in SSU_DSTATE_TIERS
+            ),
         ),
     )
 }

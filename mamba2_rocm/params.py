@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import struct
 
-__all__ = ["DTYPE_CODES", "ConvFwdParams", "ConvUpdateParams", "packer"]
+__all__ = ["DTYPE_CODES", "ConvFwdParams", "ConvUpdateParams", "SsuParams", "packer"]
 
 #: dtype name -> the M2R_DTYPE_* code the kernels take for run-time-typed tensors.
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -45,6 +45,20 @@ class ConvUpdateParams(ctypes.Structure):
         "x_batch_stride x_c_stride x_l_stride out_batch_stride out_c_stride out_l_stride "
         "state_batch_stride state_c_stride state_l_stride weight_c_stride weight_w_stride",
         "batch dim seqlen state_len num_states silu weight_dtype bias_dtype",
+    )
+
+
+class SsuParams(ctypes.Structure):
+    _fields_ = _fields(
+        "state x dt A B C D z dt_bias out state_indices",
+        "state_batch_stride state_h_stride state_p_stride state_n_stride "
+        "x_batch_stride x_h_stride x_p_stride dt_batch_stride dt_h_stride dt_p_stride "
+        "A_h_stride A_p_stride A_n_stride B_batch_stride B_g_stride B_n_stride "
+        "C_batch_stride C_g_stride C_n_stride D_h_stride D_p_stride "
+        "z_batch_stride z_h_stride z_p_stride dt_bias_h_stride dt_bias_p_stride "
+        "out_batch_stride out_h_stride out_p_stride",
+        "batch nheads headdim dstate heads_per_group num_states dt_softplus "
+        "dt_dtype a_dtype d_dtype dt_bias_dtype reserved",
     )
 
 

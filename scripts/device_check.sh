@@ -28,4 +28,5 @@ print("jit kernel dir:", k.kdir.path, "origin:", k.kdir.origin)
 PY
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   python3 -m mamba2_rocm bench conv1d 2>&1 | tee "$OUT/bench-conv1d.txt"
+  python3 -m mamba2_rocm bench decode 2>&1 | tee "$OUT/bench-decode.txt"
 fi

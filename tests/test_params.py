@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from mamba2_rocm.kernels import SOURCES
-from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams
+from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams, SsuParams
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
-STRUCTS = [ConvFwdParams, ConvUpdateParams]
+STRUCTS = [ConvFwdParams, ConvUpdateParams, SsuParams]
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,17 @@ import json
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mamba2_rocm.bench import conv1d
+    import importlib
 
-    rows = conv1d.run(dtype=args.dtype)
-    print(json.dumps(rows, indent=1) if args.json else conv1d.format_table(rows))
+    bench = importlib.import_module(f"mamba2_rocm.bench.{args.op}")
+    rows = bench.run(dtype=args.dtype)
+    print(json.dumps(rows, indent=1) if args.json else bench.format_table(rows))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark an op family on the local GPU")
-    p.add_argument("op", choices=["conv1d"], help="which op family")
+    p.add_argument("op", choices=["conv1d", "decode"], help="which op family")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--json", action="store_true", help="machine-readable rows instead of the table")
     p.set_defaults(func=_run)

@@ -1,0 +1,78 @@
+"""Decode-step benchmark: ``selective_state_update`` kernel vs the vectorized torch tier.
+
+Mamba2 decode shapes (nheads 64, headdim 64, dstate 128, ngroups 8, bf16 state, tied-head
+A/dt/dt_bias/D as HF transformers passes them) at batch 1/16/64. Reports the median per-call
+device-event time (launch included), the per-call time inside a CUDA graph (kernel only), and
+bandwidth over the bytes that must move (the state read and written once, inputs, output).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from mamba2_rocm._torch import require_torch
+from mamba2_rocm.bench.conv1d import _backend
+from mamba2_rocm.bench.timing import copy_bandwidth_gbs, time_calls, time_graph
+
+
+def run(
+    batches=(1, 16, 64), nheads=64, headdim=64, dstate=128, ngroups=8, dtype="bfloat16"
+) -> list[dict]:
+    torch = require_torch()
+    from mamba2_rocm import selective_state_update
+
+    dt_ = getattr(torch, dtype)
+    copy = copy_bandwidth_gbs()
+    rows = []
+    for b in batches:
+        h, p, n = nheads, headdim, dstate
+        g = torch.Generator(device="cuda").manual_seed(b)
+        r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+        state = r(b, h, p, n).to(dt_)
+        x, z = r(b, h, p).to(dt_), r(b, h, p).to(dt_)
+        dt = torch.rand(b, h, device="cuda", generator=g).to(dt_)[:, :, None].expand(b, h, p)
+        A = (-torch.rand(h, device="cuda", generator=g))[:, None, None].expand(h, p, n)
+        dt_bias, D = r(h)[:, None].expand(h, p), r(h)[:, None].expand(h, p)
+        B, C = r(b, ngroups, n).to(dt_), r(b, ngroups, n).to(dt_)
+        elt = state.element_size()
+        nbytes = 2 * state.numel() * elt + (3 * x.numel() + b * h + 2 * B.numel()) * elt + 3 * h * 4
+
+        call = functools.partial(
+            selective_state_update,
+            state,
+            x,
+            dt,
+            A,
+            B,
+            C,
+            D=D,
+            z=z,
+            dt_bias=dt_bias,
+            dt_softplus=True,
+        )
+
+        for impl in ("kernel", "torch"):
+            with _backend(impl):
+                t = time_calls(call)
+                gr = time_graph(call) if impl == "kernel" else None
+            best = min(t.median_us, gr.median_us) if gr else t.median_us
+            gbs = nbytes / (best * 1e-6) / 1e9
+            rows.append({
+                "case": f"decode b{b} h{h} p{p} n{n} g{ngroups} {dtype}", "impl": impl, "us": t.median_us,
+                "graph_us": gr.median_us if gr else None, "gbs": gbs, "copy_frac": gbs / copy, "copy_gbs": copy,
+                "mbytes": nbytes / 1e6,
+            })  # fmt: skip
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    torch = require_torch()
+    lines = [
+        f"device: {torch.cuda.get_device_name()}  copy bandwidth {rows[0]['copy_gbs']:.0f} GB/s (read+write)",
+        f"{'case':38} {'impl':8} {'MB':>6} {'median us':>10} {'graph us':>9} {'GB/s':>7} {'% copy':>7}",
+    ]
+    for r in rows:
+        graph = f"{r['graph_us']:.1f}" if r["graph_us"] is not None else "-"
+        lines.append(f"{r['case']:38} {r['impl']:8} {r['mbytes']:6.1f} {r['us']:10.1f} {graph:>9} "
+                     f"{r['gbs']:7.0f} {100 * r['copy_frac']:6.1f}%")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""``selective_state_update``: one decode step of the selective SSM, as in mamba_ssm.
+
+Both forms: multi-head Mamba2 (state (b, h, p, n), x/dt/z (b, h, p), A (h, p, n), B/C (b, g, n),
+D/dt_bias (h, p)) and Mamba1 without the head dim. The state is updated in place. The stride-0
+"tied head dim" A/dt/dt_bias/D views that HF transformers passes go to the kernel as they are
+(stride 0), never copied. Registered as ``torch.ops.mamba2_rocm.selective_state_update``.
+"""
+
+from __future__ import annotations
+
+from mamba2_rocm._torch import require_torch
+from mamba2_rocm.ops._backend import choose
+from mamba2_rocm.params import DTYPE_CODES
+from mamba2_rocm.reference.ssd import selective_state_update_ref
+from mamba2_rocm.reference.ssd_checks import check_state_update_args
+
+torch = require_torch()
+Tensor = torch.Tensor
+
+__all__ = ["selective_state_update"]
+
+_THREADS, _ROWS_PER_BLOCK = 128, 4  # csrc/state_update.hip: kThreads, kRowsPerBlock
+_TIERS = (32, 64, 128, 256)  # kernels.SSU_DSTATE_TIERS
+_KDT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+_CODE = {dt: DTYPE_CODES[str(dt).removeprefix("torch.")] for dt in _KDT}
+_GRID_YZ_MAX = 65535
+
+
+def _s(t, n: int) -> tuple[int, ...]:
+    return (0,) * n if t is None else tuple(t.stride())
+
+
+def _check_kernel_dtypes(state, x, dt, A, B, C, D, z, dt_bias) -> None:
+    for name, t in (
+        ("state", state),
+        ("x", x),
+        ("dt", dt),
+        ("A", A),
+        ("D", D),
+        ("dt_bias", dt_bias),
+    ):
+        if t is not None and t.dtype not in _KDT:
+            raise TypeError(
+                f"{name} must be float32, float16 or bfloat16 on the GPU, got {t.dtype}"
+            )
+    for name, t in (("B", B), ("C", C), ("z", z)):
+        if t is not None and t.dtype != x.dtype:
+            raise TypeError(f"{name} must have x's dtype {x.dtype} on the GPU, got {t.dtype}")
+
+
+def _kernel(kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, indices, dims, out) -> None:
+    batch, nheads, headdim, dstate = dims.batch, dims.nheads, dims.headdim, dims.dstate
+    tier = next(n for n in _TIERS if dstate <= n)
+    grid = (-(-headdim // _ROWS_PER_BLOCK), nheads, batch)
+    if nheads > _GRID_YZ_MAX or batch > _GRID_YZ_MAX:
+        raise ValueError(f"selective_state_update kernel grid {grid} exceeds {_GRID_YZ_MAX} in y/z")
+    p = (
+        state.data_ptr(),
+        x.data_ptr(),
+        dt.data_ptr(),
+        A.data_ptr(),
+        B.data_ptr(),
+        C.data_ptr(),
+        0 if D is None else D.data_ptr(),
+        0 if z is None else z.data_ptr(),
+        0 if dt_bias is None else dt_bias.data_ptr(),
+        out.data_ptr(),
+        0 if indices is None else indices.data_ptr(),
+        *state.stride(),
+        *x.stride(),
+        *dt.stride(),
+        *A.stride(),
+        *B.stride(),
+        *C.stride(),
+        *_s(D, 2),
+        *_s(z, 3),
+        *_s(dt_bias, 2),
+        *out.stride(),
+        batch,
+        nheads,
+        headdim,
+        dstate,
+        nheads // dims.ngroups,
+        state.shape[0],
+        int(dt_softplus),
+        _CODE[dt.dtype],
+        _CODE[A.dtype],
+        _CODE[D.dtype] if D is not None else 0,
+        _CODE[dt_bias.dtype] if dt_bias is not None else 0,
+        0,
+    )  # fmt: skip  (SsuParams, field order)
+    launcher = kset.launcher(f"m2r_ssu_{_KDT[state.dtype]}_{_KDT[x.dtype]}_n{tier}")
+    index = x.get_device()
+    with torch.cuda.device(index):
+        launcher(p, grid, (_THREADS, 1, 1), torch.cuda.current_stream(index).cuda_stream)
+
+
+def _as_heads(state, x, dt, A, B, C, D, z, dt_bias):
+    """The Mamba1 form as one head with headdim = dim: views only."""
+    return (
+        state.unsqueeze(1), x.unsqueeze(1), dt.unsqueeze(1), A.unsqueeze(0), B.unsqueeze(1), C.unsqueeze(1),
+        None if D is None else D.unsqueeze(0), None if z is None else z.unsqueeze(1),
+        None if dt_bias is None else dt_bias.unsqueeze(0),
+    )  # fmt: skip
+
+
+def _impl(
+    state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
+    z: Tensor | None, dt_bias: Tensor | None, dt_softplus: bool, state_batch_indices: Tensor | None,
+) -> Tensor:  # fmt: skip
+    dims = check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
+    tier, kset = choose(x.device)
+    if tier != "kernel":
+        cd = torch.float64 if tier == "eager" else torch.float32
+        return selective_state_update_ref(
+            state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, cd
+        )
+    _check_kernel_dtypes(state, x, dt, A, B, C, D, z, dt_bias)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if dims.has_heads:
+        _kernel(
+            kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, dims, out
+        )
+    else:
+        # dims already describe the Mamba1 form as one head and one group
+        args = _as_heads(state, x, dt, A, B, C, D, z, dt_bias)
+        _kernel(kset, *args, dt_softplus, state_batch_indices, dims, out.unsqueeze(1))
+    return out
+
+
+selective_state_update_op = torch.library.custom_op(
+    "mamba2_rocm::selective_state_update", _impl, mutates_args=("state",)
+)
+
+
+@selective_state_update_op.register_fake
+def _(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices):
+    check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def selective_state_update(
+    state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
+    z: Tensor | None = None, dt_bias: Tensor | None = None, dt_softplus: bool = False,
+    state_batch_indices: Tensor | None = None,
+) -> Tensor:  # fmt: skip
+    """One decode step; ``state`` is updated in place; returns out with x's shape and dtype."""
+    op = selective_state_update_op if torch.compiler.is_compiling() else _impl
+    return op(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices)

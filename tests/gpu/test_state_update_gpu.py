@@ -1,0 +1,149 @@
+"""selective_state_update kernel vs the float64 reference on a GPU (both forms, all dtypes)."""
+
+import pytest
+import torch
+from helpers import gpu_available, seeded
+
+from mamba2_rocm import selective_state_update
+from mamba2_rocm.reference.ssd import selective_state_update_ref, ssd_sequential
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a GPU")]
+DEV = "cuda"
+# mamba_ssm's state-update tolerances: fp32 1e-3 (ours tighter), fp16 1e-2/5e-2, bf16 1e-2/5e-2
+TOL = {torch.float32: (3e-4, 1e-3), torch.float16: (1e-2, 5e-2), torch.bfloat16: (1e-2, 5e-2)}
+
+
+@pytest.fixture(autouse=True)
+def kernel_backend(backend):
+    backend("kernel")
+
+
+def _make(g, b, h, p, n, groups, xdt, sdt, tied, pool=None):
+    pool = pool or b
+    r = lambda *s: torch.randn(*s, device=DEV, generator=g)  # noqa: E731
+    A_h = -torch.rand(h, device=DEV, generator=g) - 0.1
+    dt_h = torch.rand(b, h, device=DEV, generator=g)
+    bias_h, D_h = r(h) * 0.5, r(h)
+    if tied:  # what HF transformers passes: per-head values broadcast with stride 0
+        A = A_h[:, None, None].expand(h, p, n)
+        dt = dt_h[:, :, None].expand(b, h, p).to(xdt)
+        dt_bias, D = bias_h[:, None].expand(h, p), D_h[:, None].expand(h, p)
+    else:
+        A, dt, dt_bias, D = (
+            -torch.rand(h, p, n, device=DEV, generator=g),
+            r(b, h, p).to(xdt),
+            r(h, p),
+            r(h, p),
+        )
+    return dict(
+        state=r(pool, h, p, n).to(sdt), x=r(b, h, p).to(xdt), dt=dt, A=A, B=r(b, groups, n).to(xdt),
+        C=r(b, groups, n).to(xdt), D=D, z=r(b, h, p).to(xdt), dt_bias=dt_bias,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [16, 64, 128, 256])
+@pytest.mark.parametrize("xdt", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("tied", [False, True])
+def test_multihead(n, xdt, sdt, tied):
+    g = seeded("mh", n, str(xdt), str(sdt), tied, device=DEV)
+    groups = 1 if n == 16 else (2 if n == 64 else 8)
+    args = _make(g, 5, 8, 24, n, groups, xdt, sdt, tied)
+    ref_state = args["state"].clone()
+    ref = selective_state_update_ref(
+        **{**args, "state": ref_state}, dt_softplus=True, compute_dtype=torch.float64
+    )
+    torch.cuda.caching_allocator_alloc  # noqa: B018 - allocator in use below
+    poison = torch.full((args["x"].numel() + 64,), float("nan"), device=DEV)
+    del poison
+    out = selective_state_update(**args, dt_softplus=True)
+    rtol, atol = TOL[xdt if xdt != torch.float32 else sdt]
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
+    srtol, satol = TOL[sdt]
+    torch.testing.assert_close(args["state"], ref_state, rtol=srtol, atol=satol)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=str)
+def test_mamba1_form(dt):
+    g = seeded("m1", str(dt), device=DEV)
+    b, d, n = 4, 200, 16
+    args = dict(
+        state=torch.randn(b, d, n, device=DEV, generator=g), x=torch.randn(b, d, device=DEV, generator=g).to(dt),
+        dt=torch.rand(b, d, device=DEV, generator=g).to(dt), A=-torch.rand(d, n, device=DEV, generator=g),
+        B=torch.randn(b, n, device=DEV, generator=g).to(dt), C=torch.randn(b, n, device=DEV, generator=g).to(dt),
+        D=torch.randn(d, device=DEV, generator=g), z=torch.randn(b, d, device=DEV, generator=g).to(dt),
+        dt_bias=torch.randn(d, device=DEV, generator=g),
+    )  # fmt: skip
+    ref_state = args["state"].clone()
+    ref = selective_state_update_ref(
+        **{**args, "state": ref_state}, dt_softplus=True, compute_dtype=torch.float64
+    )
+    out = selective_state_update(**args, dt_softplus=True)
+    torch.testing.assert_close(out, ref, rtol=TOL[dt][0], atol=TOL[dt][1])
+    torch.testing.assert_close(args["state"], ref_state, rtol=3e-4, atol=1e-3)
+
+
+def test_pool_indices_and_padding():
+    g = seeded("pool", device=DEV)
+    args = _make(g, 4, 4, 16, 64, 2, torch.bfloat16, torch.float32, True, pool=9)
+    idx = torch.tensor([7, -1, 0, 3], dtype=torch.int32, device=DEV)
+    before = args["state"].clone()
+    ref_state = before.clone()
+    ref = selective_state_update_ref(
+        **{**args, "state": ref_state}, state_batch_indices=idx, compute_dtype=torch.float64
+    )
+    out = selective_state_update(**args, state_batch_indices=idx)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    untouched = [1, 2, 4, 5, 6, 8]
+    assert torch.equal(args["state"][untouched], before[untouched])
+    torch.testing.assert_close(out, ref, rtol=1e-2, atol=5e-2)
+    torch.testing.assert_close(args["state"], ref_state, rtol=3e-4, atol=1e-3)
+    bad = torch.tensor([9, 0, 0, 0], dtype=torch.int32, device=DEV)
+    out = selective_state_update(**{**args, "state": before.clone()}, state_batch_indices=bad)
+    assert out[0].isnan().all(), "an out-of-range index must be loud"
+
+
+def test_decode_continues_the_scan():
+    """Scan a prefix, then step token by token: equals the scan over the whole sequence."""
+    g = seeded("decode", device=DEV)
+    b, L, h, p, n, groups, prefix = 2, 40, 4, 16, 32, 2, 25
+    x = torch.randn(b, L, h, p, device=DEV, generator=g)
+    dt = torch.rand(b, L, h, device=DEV, generator=g)
+    A = -torch.rand(h, device=DEV, generator=g)
+    B = torch.randn(b, L, groups, n, device=DEV, generator=g)
+    C = torch.randn(b, L, groups, n, device=DEV, generator=g)
+    D = torch.randn(h, device=DEV, generator=g)
+    full = ssd_sequential(x, dt, A, B, C, D=D, dt_softplus=True)
+    _, state = ssd_sequential(x[:, :prefix], dt[:, :prefix], A, B[:, :prefix], C[:, :prefix], D=D,
+                              dt_softplus=True, return_final_states=True)  # fmt: skip
+    state = state.float().contiguous()
+    for t in range(prefix, L):
+        y = selective_state_update(
+            state, x[:, t], dt[:, t, :, None].expand(b, h, p), A[:, None, None].expand(h, p, n), B[:, t], C[:, t],
+            D=D[:, None].expand(h, p), dt_softplus=True,
+        )  # fmt: skip
+        torch.testing.assert_close(y, full[:, t], rtol=1e-3, atol=1e-3)
+
+
+def test_graph_capture():
+    g = seeded("graph", device=DEV)
+    args = _make(g, 8, 8, 16, 128, 8, torch.bfloat16, torch.bfloat16, True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        selective_state_update(**{**args, "state": args["state"].clone()}, dt_softplus=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = selective_state_update(**args, dt_softplus=True)
+    for _ in range(2):
+        args["x"].copy_(torch.randn(args["x"].shape, device=DEV, generator=g))
+        ref_state = args["state"].clone()
+        ref = selective_state_update_ref(
+            **{**args, "state": ref_state}, dt_softplus=True, compute_dtype=torch.float64
+        )
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, ref, rtol=1e-2, atol=5e-2)
+        torch.testing.assert_close(args["state"], ref_state, rtol=1e-2, atol=5e-2)
