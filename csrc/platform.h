@@ -178,6 +178,7 @@ M2R_DEVICE float load_as_float(const void* p, int dtype, int64_t idx) {
 }
 
 M2R_DEVICE float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
-M2R_DEVICE float softplus(float x) { return x <= 20.f ? log1pf(__expf(x)) : x; }  // torch's threshold
+// softplus with torch's threshold, in the form Triton's Mamba kernels use (no libm call).
+M2R_DEVICE float softplus(float x) { return x <= 20.f ? __logf(1.f + __expf(x)) : x; }
 
 }  // namespace m2r

@@ -55,10 +55,11 @@ SOURCES: dict[str, KernelSource] = {
             "state_update",
             SsuParams,
             tuple(
-                f"m2r_ssu_{sd}_{xd}_n{n}"
+                f"m2r_ssu_{sd}_{xd}_n{n}{contig}"
                 for sd in KERNEL_DTYPES
                 for xd in KERNEL_DTYPES
                 for n in SSU_DSTATE_TIERS
+                for contig in ("", "_contig")
             ),
         ),
     )

@@ -89,7 +89,16 @@ def _kernel(kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, indices, di
         _CODE[dt_bias.dtype] if dt_bias is not None else 0,
         0,
     )  # fmt: skip  (SsuParams, field order)
-    launcher = kset.launcher(f"m2r_ssu_{_KDT[state.dtype]}_{_KDT[x.dtype]}_n{tier}")
+    per = max(1, tier // 32)  # elements per lane in the contiguous variant
+    contig = (
+        dstate == tier
+        and state.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
+        and all(st % per == 0 for st in (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1]))
+        and all(t.data_ptr() % (per * t.element_size()) == 0 for t in (state, B, C))
+    )  # fmt: skip
+    launcher = kset.launcher(
+        f"m2r_ssu_{_KDT[state.dtype]}_{_KDT[x.dtype]}_n{tier}{'_contig' if contig else ''}"
+    )
     index = x.get_device()
     with torch.cuda.device(index):
         launcher(p, grid, (_THREADS, 1, 1), torch.cuda.current_stream(index).cuda_stream)
