@@ -43,7 +43,10 @@ def test_public_op_matches_reference(heads, tier, backend):
 
 def test_errors_name_the_value():
     args = _inputs(seeded("err"))
-    with pytest.raises(ValueError, match=r"C must have shape \(batch, ngroups, dstate\) like B = \(3, 3, 16\), got \(3, 2, 16\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"C must have shape \(batch, ngroups, dstate\) like B = \(3, 3, 16\), got \(3, 2, 16\)",
+    ):
         selective_state_update(**{**args, "B": torch.randn(3, 3, 16)})
     with pytest.raises(ValueError, match="divisible"):
         selective_state_update(**{**args, "B": torch.randn(3, 3, 16), "C": torch.randn(3, 3, 16)})

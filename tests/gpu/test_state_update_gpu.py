@@ -147,3 +147,21 @@ def test_graph_capture():
         torch.cuda.synchronize()
         torch.testing.assert_close(out, ref, rtol=1e-2, atol=5e-2)
         torch.testing.assert_close(args["state"], ref_state, rtol=1e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("n", [64, 100])
+def test_strided_state_and_odd_dstate(n):
+    """A state with a non-unit dstate stride, and a dstate that fills no tier: the general path."""
+    g = seeded("strided", n, device=DEV)
+    args = _make(g, 3, 4, 16, n, 2, torch.bfloat16, torch.float32, False)
+    big = torch.randn(3, 4, 16, 2 * n, device=DEV, generator=g)
+    args["state"] = big[..., ::2]
+    ref_state = args["state"].clone()
+    ref = selective_state_update_ref(
+        **{**args, "state": ref_state}, dt_softplus=True, compute_dtype=torch.float64
+    )
+    untouched = big[..., 1::2].clone()
+    out = selective_state_update(**args, dt_softplus=True)
+    torch.testing.assert_close(out, ref, rtol=1e-2, atol=5e-2)
+    torch.testing.assert_close(args["state"], ref_state, rtol=3e-4, atol=1e-3)
+    assert torch.equal(big[..., 1::2], untouched), "only the state's own elements may be written"
