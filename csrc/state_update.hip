@@ -1,66 +1,90 @@
 // selective_state_update: one decode step of the selective SSM, state updated in place.
-// Semantics in params.h (SsuParams). grid (ceil(headdim / kRowsPerBlock), nheads, batch);
-// 32 lanes per (batch, head, headdim row), lane l owning dstate elements l, l + 32, ...: every
+// Semantics in params.h (SsuParams). 32 lanes per (batch, head, headdim row), lane l owning dstate elements l, l + 32, ...: every
 // state load and store is coalesced, and the C-weighted sum is a 32-lane butterfly.
 #include "platform.h"
 
 namespace m2r {
 namespace ssu {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;  // 8 rows per block: fewer, larger blocks (4-row ones were scheduling-bound)
 constexpr int kLanes = 32;
-constexpr int kRowsPerBlock = kThreads / kLanes;
+constexpr int kGroups = kThreads / kLanes;  // 32-lane groups per block
+constexpr int kRowIters = 1;                 // headdim rows per group
+constexpr int kRowsPerBlock = kGroups * kRowIters;
 
-// K contiguous elements in as few loads/stores as their size allows (the host guarantees the
-// alignment when it picks a *_contig kernel).
+// K contiguous elements held in registers, moved in as few 4..16-byte accesses as their size
+// allows (the host guarantees the alignment when it picks a *_contig kernel). A union filled
+// word by word keeps the values in registers, where reinterpreting an array's address did not.
 template <typename S, int K>
-M2R_DEVICE void load_chunk(const S* p, S (&o)[K]) {
-  constexpr int kBytes = static_cast<int>(sizeof(S)) * K;
-  if constexpr (kBytes % 16 == 0) {
-#pragma unroll
-    for (int q = 0; q < kBytes / 16; ++q) reinterpret_cast<uint4*>(o)[q] = reinterpret_cast<const uint4*>(p)[q];
-  } else if constexpr (kBytes % 8 == 0) {
-#pragma unroll
-    for (int q = 0; q < kBytes / 8; ++q) reinterpret_cast<uint2*>(o)[q] = reinterpret_cast<const uint2*>(p)[q];
-  } else if constexpr (kBytes % 4 == 0) {
-#pragma unroll
-    for (int q = 0; q < kBytes / 4; ++q) reinterpret_cast<uint32_t*>(o)[q] = reinterpret_cast<const uint32_t*>(p)[q];
-  } else {
-#pragma unroll
-    for (int k = 0; k < K; ++k) o[k] = p[k];
-  }
-}
+struct Chunk {
+  static_assert(sizeof(S) == 2 || sizeof(S) == 4, "16- or 32-bit elements");
+  static constexpr int kPerWord = 4 / static_cast<int>(sizeof(S));
+  static constexpr int kBytes = static_cast<int>(sizeof(S)) * K;
+  static constexpr int kWords = (K + kPerWord - 1) / kPerWord;
+  uint32_t w[kWords];  // only whole words: element access is shifts, never type punning
 
-template <typename S, int K>
-M2R_DEVICE void store_chunk(S* p, const S (&o)[K]) {
-  constexpr int kBytes = static_cast<int>(sizeof(S)) * K;
-  if constexpr (kBytes % 16 == 0) {
-#pragma unroll
-    for (int q = 0; q < kBytes / 16; ++q) reinterpret_cast<uint4*>(p)[q] = reinterpret_cast<const uint4*>(o)[q];
-  } else if constexpr (kBytes % 8 == 0) {
-#pragma unroll
-    for (int q = 0; q < kBytes / 8; ++q) reinterpret_cast<uint2*>(p)[q] = reinterpret_cast<const uint2*>(o)[q];
-  } else if constexpr (kBytes % 4 == 0) {
-#pragma unroll
-    for (int q = 0; q < kBytes / 4; ++q) reinterpret_cast<uint32_t*>(p)[q] = reinterpret_cast<const uint32_t*>(o)[q];
-  } else {
-#pragma unroll
-    for (int k = 0; k < K; ++k) p[k] = o[k];
+  M2R_DEVICE S get(int i) const {
+    if constexpr (sizeof(S) == 4) {
+      return __uint_as_float(w[i]);
+    } else {
+      return static_cast<S>(w[i / 2] >> (16 * (i % 2)));
+    }
   }
-}
+  M2R_DEVICE void set(int i, S v) {
+    if constexpr (sizeof(S) == 4) {
+      w[i] = __float_as_uint(v);
+    } else {
+      const int sh = 16 * (i % 2);
+      w[i / 2] = (w[i / 2] & ~(0xffffu << sh)) | (static_cast<uint32_t>(v) << sh);
+    }
+  }
+  M2R_DEVICE void load(const S* p) {
+    if constexpr (kBytes == 16) {  // (wider chunks in 8-byte steps: 32-byte ones made ptxas spill)
+#pragma unroll
+      for (int q = 0; q < kBytes / 16; ++q) {
+        const uint4 v = reinterpret_cast<const uint4*>(p)[q];
+        w[4 * q] = v.x, w[4 * q + 1] = v.y, w[4 * q + 2] = v.z, w[4 * q + 3] = v.w;
+      }
+    } else if constexpr (kBytes % 8 == 0) {
+#pragma unroll
+      for (int q = 0; q < kBytes / 8; ++q) {
+        const uint2 v = reinterpret_cast<const uint2*>(p)[q];
+        w[2 * q] = v.x, w[2 * q + 1] = v.y;
+      }
+    } else if constexpr (kBytes % 4 == 0) {
+#pragma unroll
+      for (int q = 0; q < kWords; ++q) w[q] = reinterpret_cast<const uint32_t*>(p)[q];
+    } else {
+#pragma unroll
+      for (int k = 0; k < K; ++k) set(k, p[k]);
+    }
+  }
+  M2R_DEVICE void store(S* p) const {
+    if constexpr (kBytes == 16) {  // (wider chunks in 8-byte steps: 32-byte ones made ptxas spill)
+#pragma unroll
+      for (int q = 0; q < kBytes / 16; ++q)
+        reinterpret_cast<uint4*>(p)[q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
+    } else if constexpr (kBytes % 8 == 0) {
+#pragma unroll
+      for (int q = 0; q < kBytes / 8; ++q) reinterpret_cast<uint2*>(p)[q] = make_uint2(w[2 * q], w[2 * q + 1]);
+    } else if constexpr (kBytes % 4 == 0) {
+#pragma unroll
+      for (int q = 0; q < kWords; ++q) reinterpret_cast<uint32_t*>(p)[q] = w[q];
+    } else {
+#pragma unroll
+      for (int k = 0; k < K; ++k) p[k] = get(k);
+    }
+  }
+};
 
 // kContig: dstate == kN, unit stride along dstate for state/B/C, aligned: lane l owns the
 // contiguous elements [l*kPer, (l+1)*kPer) and moves them in 4..16-byte accesses. Otherwise lane
 // l owns l, l+32, ... with any strides. All loads are issued before the first use.
 template <typename TS, typename TI, int kN, bool kContig>  // state type, input type, max dstate
-M2R_DEVICE void update(const SsuParams& p) {
+M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr, int lane) {
   typedef typename TS::storage SS;
   typedef typename TI::storage SI;
   constexpr int kPer = kN >= kLanes ? kN / kLanes : 1;
-  const int lane = threadIdx.x % kLanes;
-  const int64_t pr = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  if (pr >= p.headdim) return;
   SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * p.out_h_stride + pr * p.out_p_stride;
   const int64_t row = p.state_indices ? p.state_indices[b] : b;
   if (row < 0 || row >= p.num_states) {
@@ -73,13 +97,13 @@ M2R_DEVICE void update(const SsuParams& p) {
   const SI* C = static_cast<const SI*>(p.C) + b * p.C_batch_stride + g * p.C_g_stride;
   const int64_t a_row = h * p.A_h_stride + pr * p.A_p_stride;
 
-  SS s_old[kPer];
-  SI b_v[kPer], c_v[kPer];
+  Chunk<SS, kPer> s_old;
+  Chunk<SI, kPer> b_v, c_v;
   float a_v[kPer];
   if constexpr (kContig) {
-    load_chunk<SS, kPer>(st + lane * kPer, s_old);
-    load_chunk<SI, kPer>(B + lane * kPer, b_v);
-    load_chunk<SI, kPer>(C + lane * kPer, c_v);
+    s_old.load(st + lane * kPer);
+    b_v.load(B + lane * kPer);
+    c_v.load(C + lane * kPer);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) a_v[i] = load_as_float(p.A, p.a_dtype, a_row + (lane * kPer + i) * p.A_n_stride);
   } else {
@@ -87,9 +111,9 @@ M2R_DEVICE void update(const SsuParams& p) {
     for (int i = 0; i < kPer; ++i) {
       const int n = lane + i * kLanes;
       if (n < p.dstate) {
-        s_old[i] = st[n * p.state_n_stride];
-        b_v[i] = B[n * p.B_n_stride];
-        c_v[i] = C[n * p.C_n_stride];
+        s_old.set(i, st[n * p.state_n_stride]);
+        b_v.set(i, B[n * p.B_n_stride]);
+        c_v.set(i, C[n * p.C_n_stride]);
         a_v[i] = load_as_float(p.A, p.a_dtype, a_row + n * p.A_n_stride);
       }
     }
@@ -101,17 +125,17 @@ M2R_DEVICE void update(const SsuParams& p) {
   const float dtx = dt * x;
 
   float acc = 0.f;
-  SS s_new[kPer];
+  Chunk<SS, kPer> s_new;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int n = kContig ? lane * kPer + i : lane + i * kLanes;
     if (!kContig && n >= p.dstate) continue;
-    const float s = TS::to_float(s_old[i]) * __expf(a_v[i] * dt) + TI::to_float(b_v[i]) * dtx;
-    acc = fmaf(s, TI::to_float(c_v[i]), acc);
-    s_new[i] = TS::from_float(s);
-    if (!kContig) st[n * p.state_n_stride] = s_new[i];
+    const float s = TS::to_float(s_old.get(i)) * __expf(a_v[i] * dt) + TI::to_float(b_v.get(i)) * dtx;
+    acc = fmaf(s, TI::to_float(c_v.get(i)), acc);
+    s_new.set(i, TS::from_float(s));
+    if (!kContig) st[n * p.state_n_stride] = s_new.get(i);
   }
-  if constexpr (kContig) store_chunk<SS, kPer>(st + lane * kPer, s_new);
+  if constexpr (kContig) s_new.store(st + lane * kPer);
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off /= 2) acc += shfl_xor_width(acc, off, kLanes);
   if (lane == 0) {
@@ -123,6 +147,13 @@ M2R_DEVICE void update(const SsuParams& p) {
     }
     *out = TI::from_float(y);
   }
+}
+
+// grid (ceil(headdim / kRowsPerBlock), nheads, batch): one headdim row per 32-lane group.
+template <typename TS, typename TI, int kN, bool kContig>
+M2R_DEVICE void update(const SsuParams& p) {
+  const int64_t pr = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
+  if (pr < p.headdim) update_row<TS, TI, kN, kContig>(p, blockIdx.z, blockIdx.y, pr, threadIdx.x % kLanes);
 }
 
 }  // namespace ssu

@@ -19,7 +19,7 @@ Tensor = torch.Tensor
 
 __all__ = ["selective_state_update"]
 
-_THREADS, _ROWS_PER_BLOCK = 128, 4  # csrc/state_update.hip: kThreads, kRowsPerBlock
+_THREADS, _ROWS_PER_BLOCK = 256, 8  # csrc/state_update.hip: kThreads, kGroups * kRowIters
 _TIERS = (32, 64, 128, 256)  # kernels.SSU_DSTATE_TIERS
 _KDT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _CODE = {dt: DTYPE_CODES[str(dt).removeprefix("torch.")] for dt in _KDT}
