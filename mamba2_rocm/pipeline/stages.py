@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
@@ -220,6 +221,27 @@ def _compile(recipes: list[Recipe], image: str, export: Path, kernels: Path, job
         raise PipelineError(f"compile for {names} failed in {image}:\n{tail}")
 
 
+# Run inside the smoke venv: every requirement of the named distributions is installed.
+_REQUIREMENTS_CHECK = """
+import sys, importlib.metadata as md
+from packaging.requirements import Requirement
+bad = []
+for name in sys.argv[1:]:
+    for req in map(Requirement, md.requires(name) or []):
+        if req.marker and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            version = md.version(req.name)
+        except md.PackageNotFoundError:
+            bad.append(f"{name}: {req} (missing)")
+            continue
+        if not req.specifier.contains(version, prereleases=True):
+            bad.append(f"{name}: {req} (found {version})")
+print("\\n".join(bad))
+sys.exit(1 if bad else 0)
+"""
+
+
 def _smoke_test(
     recipes: list[Recipe], host_wheel: Path, target_wheels: dict[str, Path], scratch: Path
 ) -> dict[str, Any]:
@@ -228,6 +250,9 @@ def _smoke_test(
     venv = scratch / "smoke-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
     py = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    # Offline: the wheels without their dependencies, which then come from the interpreter that
+    # runs the pipeline (appended to sys.path, after the venv's own site-packages, so the
+    # installed wheels win). Whether the declared requirements are met is checked below.
     pip = [
         str(py),
         "-m",
@@ -235,8 +260,8 @@ def _smoke_test(
         "install",
         "-q",
         "--disable-pip-version-check",
-        "--find-links",
-        str(host_wheel.parent),
+        "--no-index",
+        "--no-deps",
     ]
     proc = subprocess.run(
         [*pip, str(host_wheel), *map(str, target_wheels.values())], capture_output=True, text=True
@@ -244,6 +269,17 @@ def _smoke_test(
     if proc.returncode != 0:
         raise PipelineError(
             f"installing the wheels into a fresh venv failed:\n{proc.stderr[-2000:]}"
+        )
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    Path(site, "_m2r_pipeline_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    names = ["mamba2-rocm", *(r.package_name for r in recipes)]
+    proc = subprocess.run(
+        [str(py), "-c", _REQUIREMENTS_CHECK, *names], capture_output=True, text=True, cwd=scratch
+    )
+    if proc.returncode != 0:
+        raise PipelineError(
+            f"requirements of the installed wheels are not met:\n{proc.stdout}{proc.stderr[-1000:]}"
         )
     clean_env = {
         k: v for k, v in os.environ.items() if not k.startswith(("MAMBA2_ROCM_", "PYTHON"))
