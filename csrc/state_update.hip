@@ -6,11 +6,9 @@
 namespace m2r {
 namespace ssu {
 
-constexpr int kThreads = 256;  // 8 rows per block: fewer, larger blocks (4-row ones were scheduling-bound)
+constexpr int kThreads = 256;
 constexpr int kLanes = 32;
-constexpr int kGroups = kThreads / kLanes;  // 32-lane groups per block
-constexpr int kRowIters = 1;                 // headdim rows per group
-constexpr int kRowsPerBlock = kGroups * kRowIters;
+constexpr int kGroups = kThreads / kLanes;  // 32-lane groups per block, looping over headdim
 
 // K contiguous elements held in registers, moved in as few 4..16-byte accesses as their size
 // allows (the host guarantees the alignment when it picks a *_contig kernel). A union filled
@@ -77,9 +75,101 @@ struct Chunk {
   }
 };
 
-// kContig: dstate == kN, unit stride along dstate for state/B/C, aligned: lane l owns the
-// contiguous elements [l*kPer, (l+1)*kPer) and moves them in 4..16-byte accesses. Otherwise lane
-// l owns l, l+32, ... with any strides. All loads are issued before the first use.
+// One block per (head, batch): grid (nheads, batch). Group g (32 lanes) takes headdim rows
+// g, g + kGroups, ...; B and C of the (batch, group) are read and converted once per block.
+// kContig: dstate == kN, unit dstate stride for state/B/C, aligned: lane l owns elements
+// [l*kPer, (l+1)*kPer), moved in 4..16-byte accesses; otherwise lane l owns l, l+32, ...
+// Tied A (stride 0 over headdim and dstate, the Mamba2 case): exp(A*dt) is one value per row.
+template <typename TS, typename TI, int kN, bool kContig>
+M2R_DEVICE void update_head(const SsuParams& p) {
+  typedef typename TS::storage SS;
+  typedef typename TI::storage SI;
+  constexpr int kPer = kN >= kLanes ? kN / kLanes : 1;
+  const int lane = threadIdx.x % kLanes;
+  const int group = threadIdx.x / kLanes;
+  const int64_t h = blockIdx.x, b = blockIdx.y;
+  const int64_t row = p.state_indices ? p.state_indices[b] : b;
+  SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * p.out_h_stride;
+  if (row < 0 || row >= p.num_states) {  // -1: padding, zeros; beyond the pool: NaN, loudly
+    const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
+    for (int64_t pr = group; pr < p.headdim; pr += kGroups)
+      if (lane == 0) out[pr * p.out_p_stride] = TI::from_float(fill);
+    return;
+  }
+  const int64_t g = h / p.heads_per_group;
+  const SI* B = static_cast<const SI*>(p.B) + b * p.B_batch_stride + g * p.B_g_stride;
+  const SI* C = static_cast<const SI*>(p.C) + b * p.C_batch_stride + g * p.C_g_stride;
+  float bf[kPer], cf[kPer];
+  if constexpr (kContig) {
+    Chunk<SI, kPer> bv, cv;
+    bv.load(B + lane * kPer);
+    cv.load(C + lane * kPer);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) bf[i] = TI::to_float(bv.get(i)), cf[i] = TI::to_float(cv.get(i));
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int n = lane + i * kLanes;
+      bf[i] = n < p.dstate ? TI::to_float(B[n * p.B_n_stride]) : 0.f;
+      cf[i] = n < p.dstate ? TI::to_float(C[n * p.C_n_stride]) : 0.f;
+    }
+  }
+  const bool a_tied = p.A_p_stride == 0 && p.A_n_stride == 0;
+  SS* st = static_cast<SS*>(p.state) + row * p.state_batch_stride + h * p.state_h_stride;
+
+#pragma unroll 1
+  for (int64_t pr = group; pr < p.headdim; pr += kGroups) {
+    SS* srow = st + pr * p.state_p_stride;
+    Chunk<SS, kPer> s_old;
+    if constexpr (kContig) {
+      s_old.load(srow + lane * kPer);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int n = lane + i * kLanes;
+        if (n < p.dstate) s_old.set(i, srow[n * p.state_n_stride]);
+      }
+    }
+    float dt = load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + h * p.dt_h_stride + pr * p.dt_p_stride);
+    if (p.dt_bias) dt += load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_h_stride + pr * p.dt_bias_p_stride);
+    if (p.dt_softplus) dt = softplus(dt);
+    const float x = TI::to_float(static_cast<const SI*>(p.x)[b * p.x_batch_stride + h * p.x_h_stride + pr * p.x_p_stride]);
+    const float dtx = dt * x;
+    const int64_t a_row = h * p.A_h_stride + pr * p.A_p_stride;
+    const float da_tied = a_tied ? __expf(load_as_float(p.A, p.a_dtype, a_row) * dt) : 0.f;
+
+    float acc = 0.f;
+    Chunk<SS, kPer> s_new;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int n = kContig ? lane * kPer + i : lane + i * kLanes;
+      if (!kContig && n >= p.dstate) continue;
+      // contiguous variant: A's dstate stride is 1 unless tied (host-checked), so offsets are constants
+      const float da = a_tied ? da_tied
+                              : __expf(load_as_float(p.A, p.a_dtype, a_row + (kContig ? n : n * p.A_n_stride)) * dt);
+      const float s = fmaf(TS::to_float(s_old.get(i)), da, bf[i] * dtx);
+      acc = fmaf(s, cf[i], acc);
+      s_new.set(i, TS::from_float(s));
+      if (!kContig) srow[n * p.state_n_stride] = s_new.get(i);
+    }
+    if constexpr (kContig) s_new.store(srow + lane * kPer);
+#pragma unroll
+    for (int off = kLanes / 2; off > 0; off /= 2) acc += shfl_xor_width(acc, off, kLanes);
+    if (lane == 0) {
+      float y = acc;
+      if (p.D) y = fmaf(load_as_float(p.D, p.d_dtype, h * p.D_h_stride + pr * p.D_p_stride), x, y);
+      if (p.z) {
+        const SI* z = static_cast<const SI*>(p.z);
+        y *= silu(TI::to_float(z[b * p.z_batch_stride + h * p.z_h_stride + pr * p.z_p_stride]));
+      }
+      out[pr * p.out_p_stride] = TI::from_float(y);
+    }
+  }
+}
+
+// The general path (any strides, any dstate): one headdim row per 32-lane group, lane l owning
+// elements l, l+32, ...; grid (ceil(headdim / kGroups), nheads, batch). No row loop: with
+// one, AMD's compiler hoisted the per-element offsets into scalar registers and spilled them.
 template <typename TS, typename TI, int kN, bool kContig>  // state type, input type, max dstate
 M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr, int lane) {
   typedef typename TS::storage SS;
@@ -149,26 +239,30 @@ M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr,
   }
 }
 
-// grid (ceil(headdim / kRowsPerBlock), nheads, batch): one headdim row per 32-lane group.
-template <typename TS, typename TI, int kN, bool kContig>
-M2R_DEVICE void update(const SsuParams& p) {
-  const int64_t pr = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
-  if (pr < p.headdim) update_row<TS, TI, kN, kContig>(p, blockIdx.z, blockIdx.y, pr, threadIdx.x % kLanes);
+template <typename TS, typename TI, int kN>
+M2R_DEVICE void update_strided(const SsuParams& p) {
+  const int64_t pr = static_cast<int64_t>(blockIdx.x) * kGroups + threadIdx.x / kLanes;
+  if (pr < p.headdim) update_row<TS, TI, kN, false>(p, blockIdx.z, blockIdx.y, pr, threadIdx.x % kLanes);
 }
 
 }  // namespace ssu
 }  // namespace m2r
 
 // m2r_ssu_<state dtype>_<input dtype>_n<max dstate>[_contig]
-#define M2R_SSU(SD, TS, ID, TI, N)                                                           \
-  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##_n##N(SsuParams p) {                  \
-    m2r::ssu::update<m2r::TS, m2r::TI, N, false>(p);                                         \
-  }                                                                                         \
-  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##_n##N##_contig(SsuParams p) {         \
-    m2r::ssu::update<m2r::TS, m2r::TI, N, true>(p);                                          \
+#define M2R_SSU(SD, TS, ID, TI, N)                                                  \
+  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##_n##N(SsuParams p) {         \
+    m2r::ssu::update_strided<m2r::TS, m2r::TI, N>(p);                               \
   }
-#define M2R_SSU_N(SD, TS, ID, TI) \
-  M2R_SSU(SD, TS, ID, TI, 32) M2R_SSU(SD, TS, ID, TI, 64) M2R_SSU(SD, TS, ID, TI, 128) M2R_SSU(SD, TS, ID, TI, 256)
+// The per-head contiguous kernels stop at dstate 128: at 256 the row loop spilled scalar
+// registers on wave64 targets (gfx90a); dstate 256 uses the general kernel.
+#define M2R_SSU_CONTIG(SD, TS, ID, TI, N)                                           \
+  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##_n##N##_contig(SsuParams p) { \
+    m2r::ssu::update_head<m2r::TS, m2r::TI, N, true>(p);                            \
+  }
+#define M2R_SSU_N(SD, TS, ID, TI)                                                            \
+  M2R_SSU(SD, TS, ID, TI, 32) M2R_SSU(SD, TS, ID, TI, 64) M2R_SSU(SD, TS, ID, TI, 128)      \
+  M2R_SSU(SD, TS, ID, TI, 256) M2R_SSU_CONTIG(SD, TS, ID, TI, 32)                          \
+  M2R_SSU_CONTIG(SD, TS, ID, TI, 64) M2R_SSU_CONTIG(SD, TS, ID, TI, 128)
 #define M2R_SSU_STATE(SD, TS) M2R_SSU_N(SD, TS, f32, F32) M2R_SSU_N(SD, TS, f16, F16) M2R_SSU_N(SD, TS, bf16, BF16)
 
 M2R_SSU_STATE(f32, F32)

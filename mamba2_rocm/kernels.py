@@ -17,6 +17,7 @@ KERNEL_DTYPES = ("f32", "f16", "bf16")
 CONV_WIDTHS = (2, 3, 4)
 CONV_FWD_LAYOUTS = ("vec", "cl_vec", "strided")
 SSU_DSTATE_TIERS = (32, 64, 128, 256)
+SSU_CONTIG_MAX_DSTATE = 128  # csrc/state_update.hip: no per-head contiguous kernel beyond
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ SOURCES: dict[str, KernelSource] = {
                 for xd in KERNEL_DTYPES
                 for n in SSU_DSTATE_TIERS
                 for contig in ("", "_contig")
+                if not (contig and n > SSU_CONTIG_MAX_DSTATE)
             ),
         ),
     )

@@ -76,4 +76,3 @@ def test_launch_geometry_matches_kernel_constants():
     ssu_text = (CSRC / "state_update.hip").read_text()
     c2 = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (k\w+) = (\d+);", ssu_text)}
     assert c2["kThreads"] == ssu._THREADS
-    assert (c2["kThreads"] // c2["kLanes"]) * c2["kRowIters"] == ssu._ROWS_PER_BLOCK

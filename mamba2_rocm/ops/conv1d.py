@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.ops._backend import choose
+from mamba2_rocm.ops._launch import launch
 from mamba2_rocm.params import DTYPE_CODES
 
 torch = require_torch()
@@ -140,22 +141,8 @@ def _aligned(t: Tensor, strides: tuple[int, ...], n_elts: int, nbytes: int = 16)
     return t.data_ptr() % nbytes == 0 and all(s % n_elts == 0 for s in strides)
 
 
-def _raw_stream(index: int) -> int:
-    """torch's current stream on device ``index``, as the raw handle the driver API takes."""
-    return torch.cuda.current_stream(index).cuda_stream
-
-
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _raw_stream)  # same value, 40x faster
-
-
 def _launch(launcher, x: Tensor, params: tuple, grid: tuple[int, int, int]) -> None:
-    """Launch on torch's current stream of x's device, making that device current if it is not."""
-    index = x.get_device()
-    if torch.cuda.current_device() == index:  # the common case: no guard object, no switch
-        launcher(params, grid, (_THREADS, 1, 1), _raw_stream(index))
-        return
-    with torch.cuda.device(index):
-        launcher(params, grid, (_THREADS, 1, 1), _raw_stream(index))
+    launch(launcher, x, params, grid, _THREADS)
 
 
 def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, silu, out) -> None:

@@ -9,7 +9,9 @@ D/dt_bias (h, p)) and Mamba1 without the head dim. The state is updated in place
 from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
+from mamba2_rocm.kernels import SSU_CONTIG_MAX_DSTATE
 from mamba2_rocm.ops._backend import choose
+from mamba2_rocm.ops._launch import launch
 from mamba2_rocm.params import DTYPE_CODES
 from mamba2_rocm.reference.ssd import selective_state_update_ref
 from mamba2_rocm.reference.ssd_checks import check_state_update_args
@@ -19,7 +21,7 @@ Tensor = torch.Tensor
 
 __all__ = ["selective_state_update"]
 
-_THREADS, _ROWS_PER_BLOCK = 256, 8  # csrc/state_update.hip: kThreads, kGroups * kRowIters
+_THREADS = 256  # csrc/state_update.hip: kThreads (one block per head and batch row)
 _TIERS = (32, 64, 128, 256)  # kernels.SSU_DSTATE_TIERS
 _KDT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _CODE = {dt: DTYPE_CODES[str(dt).removeprefix("torch.")] for dt in _KDT}
@@ -51,9 +53,10 @@ def _check_kernel_dtypes(state, x, dt, A, B, C, D, z, dt_bias) -> None:
 def _kernel(kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, indices, dims, out) -> None:
     batch, nheads, headdim, dstate = dims.batch, dims.nheads, dims.headdim, dims.dstate
     tier = next(n for n in _TIERS if dstate <= n)
-    grid = (-(-headdim // _ROWS_PER_BLOCK), nheads, batch)
-    if nheads > _GRID_YZ_MAX or batch > _GRID_YZ_MAX:
-        raise ValueError(f"selective_state_update kernel grid {grid} exceeds {_GRID_YZ_MAX} in y/z")
+    if batch > _GRID_YZ_MAX or nheads > _GRID_YZ_MAX:
+        raise ValueError(
+            f"selective_state_update kernels take batch and nheads <= {_GRID_YZ_MAX}, got {batch}, {nheads}"
+        )
     p = (
         state.data_ptr(),
         x.data_ptr(),
@@ -92,16 +95,18 @@ def _kernel(kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, indices, di
     per = max(1, tier // 32)  # elements per lane in the contiguous variant
     contig = (
         dstate == tier
+        and tier <= SSU_CONTIG_MAX_DSTATE
         and state.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
+        and (A.stride(-1) == 1 or (A.stride(-1) == 0 and A.stride(-2) == 0))  # unit, or tied per head
         and all(st % per == 0 for st in (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1]))
         and all(t.data_ptr() % (per * t.element_size()) == 0 for t in (state, B, C))
     )  # fmt: skip
+    # contiguous: one block per (head, batch row); general: one block per 8 headdim rows
+    grid = (nheads, batch, 1) if contig else (-(-headdim // (_THREADS // 32)), nheads, batch)
     launcher = kset.launcher(
         f"m2r_ssu_{_KDT[state.dtype]}_{_KDT[x.dtype]}_n{tier}{'_contig' if contig else ''}"
     )
-    index = x.get_device()
-    with torch.cuda.device(index):
-        launcher(p, grid, (_THREADS, 1, 1), torch.cuda.current_stream(index).cuda_stream)
+    launch(launcher, x, p, grid, _THREADS)
 
 
 def _as_heads(state, x, dt, A, B, C, D, z, dt_bias):
