@@ -41,11 +41,22 @@ def _make(g, b, h, p, n, groups, xdt, sdt, tied, pool=None):
     )  # fmt: skip
 
 
+@pytest.fixture(params=["per-head kernel", "per-row kernel"])
+def kernel_choice(request, monkeypatch):
+    """Both kernels, whatever the shapes: the per-head one is otherwise picked for big batches."""
+    from mamba2_rocm.ops import state_update
+
+    monkeypatch.setattr(
+        state_update, "HEAD_KERNEL_MIN_BLOCKS", 0 if request.param == "per-head kernel" else 1 << 40
+    )
+    return request.param
+
+
 @pytest.mark.parametrize("n", [16, 64, 128, 256])
 @pytest.mark.parametrize("xdt", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("tied", [False, True])
-def test_multihead(n, xdt, sdt, tied):
+def test_multihead(n, xdt, sdt, tied, kernel_choice):
     g = seeded("mh", n, str(xdt), str(sdt), tied, device=DEV)
     groups = 1 if n == 16 else (2 if n == 64 else 8)
     args = _make(g, 5, 8, 24, n, groups, xdt, sdt, tied)
@@ -65,7 +76,7 @@ def test_multihead(n, xdt, sdt, tied):
 
 
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=str)
-def test_mamba1_form(dt):
+def test_mamba1_form(dt, kernel_choice):
     g = seeded("m1", str(dt), device=DEV)
     b, d, n = 4, 200, 16
     args = dict(
@@ -84,7 +95,7 @@ def test_mamba1_form(dt):
     torch.testing.assert_close(args["state"], ref_state, rtol=3e-4, atol=1e-3)
 
 
-def test_pool_indices_and_padding():
+def test_pool_indices_and_padding(kernel_choice):
     g = seeded("pool", device=DEV)
     args = _make(g, 4, 4, 16, 64, 2, torch.bfloat16, torch.float32, True, pool=9)
     idx = torch.tensor([7, -1, 0, 3], dtype=torch.int32, device=DEV)
@@ -126,7 +137,7 @@ def test_decode_continues_the_scan():
         torch.testing.assert_close(y, full[:, t], rtol=1e-3, atol=1e-3)
 
 
-def test_graph_capture():
+def test_graph_capture(kernel_choice):
     g = seeded("graph", device=DEV)
     args = _make(g, 8, 8, 16, 128, 8, torch.bfloat16, torch.bfloat16, True)
     side = torch.cuda.Stream()
