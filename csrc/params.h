@@ -95,3 +95,19 @@ struct SsuParams {
   int32_t dt_dtype, a_dtype, d_dtype, dt_bias_dtype;
   int32_t reserved;
 };
+
+// Gated RMSNorm over the last dim, in groups of group_size: with norm_before_gate,
+// out = x * rstd * weight + bias, then * silu(z); otherwise x * silu(z) is normalized.
+// rstd = 1 / sqrt(mean(v^2) + eps) per (row, group). Rows of x, z and out have unit stride
+// along hidden; row strides are free.
+struct RmsNormParams {
+  const void* x;       // (rows, hidden), dtype of the kernel
+  const void* z;       // (rows, hidden), dtype of the kernel, or null
+  const void* weight;  // (hidden,), dtype weight_dtype
+  const void* bias;    // (hidden,), dtype bias_dtype, or null
+  void* out;           // (rows, hidden), dtype of the kernel
+  int64_t x_row_stride, z_row_stride, out_row_stride;
+  int32_t rows, hidden, group_size, norm_before_gate;
+  float eps;
+  int32_t weight_dtype, bias_dtype, reserved;
+};

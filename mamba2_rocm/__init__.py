@@ -13,12 +13,17 @@ try:
 except ImportError:  # a source tree that was never built or installed
     __version__ = "0.0.0"
 
-__all__ = ["__version__", "causal_conv1d_fn", "causal_conv1d_update", "selective_state_update"]
+__all__ = [
+    "RMSNorm", "__version__", "causal_conv1d_fn", "causal_conv1d_update", "rmsnorm_fn",
+    "selective_state_update",
+]  # fmt: skip
 
 _LAZY = {
     "causal_conv1d_fn": "mamba2_rocm.ops.conv1d",
     "causal_conv1d_update": "mamba2_rocm.ops.conv1d",
     "selective_state_update": "mamba2_rocm.ops.state_update",
+    "rmsnorm_fn": "mamba2_rocm.ops.rmsnorm",
+    "RMSNorm": "mamba2_rocm.ops.rmsnorm",
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams, SsuParams
+from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams, RmsNormParams, SsuParams
 
 __all__ = ["SOURCES", "KernelSource", "kernel_params", "source_of"]
 
@@ -63,6 +63,9 @@ SOURCES: dict[str, KernelSource] = {
                 for contig in ("", "_contig")
                 if not (contig and n > SSU_CONTIG_MAX_DSTATE)
             ),
+        ),
+        KernelSource(
+            "rmsnorm", RmsNormParams, tuple(f"m2r_rmsnorm_fwd_{dt}" for dt in KERNEL_DTYPES)
         ),
     )
 }

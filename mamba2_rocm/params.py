@@ -10,7 +10,14 @@ from __future__ import annotations
 import ctypes
 import struct
 
-__all__ = ["DTYPE_CODES", "ConvFwdParams", "ConvUpdateParams", "SsuParams", "packer"]
+__all__ = [
+    "DTYPE_CODES",
+    "ConvFwdParams",
+    "ConvUpdateParams",
+    "RmsNormParams",
+    "SsuParams",
+    "packer",
+]
 
 #: dtype name -> the M2R_DTYPE_* code the kernels take for run-time-typed tensors.
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -62,7 +69,16 @@ class SsuParams(ctypes.Structure):
     )
 
 
-_FORMAT = {ctypes.c_void_p: "Q", ctypes.c_int64: "q", ctypes.c_int32: "i"}
+class RmsNormParams(ctypes.Structure):
+    _fields_ = [
+        *_fields("x z weight bias out", "x_row_stride z_row_stride out_row_stride",
+                 "rows hidden group_size norm_before_gate"),
+        ("eps", ctypes.c_float),
+        *_fields("", "", "weight_dtype bias_dtype reserved"),
+    ]  # fmt: skip
+
+
+_FORMAT = {ctypes.c_void_p: "Q", ctypes.c_int64: "q", ctypes.c_int32: "i", ctypes.c_float: "f"}
 
 
 def packer(params: type[ctypes.Structure]) -> struct.Struct:

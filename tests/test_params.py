@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from mamba2_rocm.kernels import SOURCES
-from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams, SsuParams
+from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams, RmsNormParams, SsuParams
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
-STRUCTS = [ConvFwdParams, ConvUpdateParams, SsuParams]
+STRUCTS = [ConvFwdParams, ConvUpdateParams, SsuParams, RmsNormParams]
 
 
 @pytest.fixture(scope="module")

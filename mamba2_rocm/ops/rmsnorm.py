@@ -1,0 +1,124 @@
+"""Gated RMSNorm: ``rmsnorm_fn`` and the ``RMSNorm`` module, as in mamba_ssm's layernorm_gated.
+
+Forward only (inference). Registered as ``torch.ops.mamba2_rocm.rmsnorm_fwd``. x and z may be
+any shape (..., hidden); rows that are not unit-stride along hidden are copied once.
+"""
+
+from __future__ import annotations
+
+from mamba2_rocm._torch import require_torch
+from mamba2_rocm.ops._backend import choose
+from mamba2_rocm.ops._launch import launch
+from mamba2_rocm.params import DTYPE_CODES
+from mamba2_rocm.reference.ssd import rmsnorm_ref
+from mamba2_rocm.reference.ssd_checks import check_rmsnorm_args
+
+torch = require_torch()
+Tensor = torch.Tensor
+
+__all__ = ["RMSNorm", "rmsnorm_fn"]
+
+_THREADS = 256  # csrc/rmsnorm.hip: kThreads
+_KDT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+_CODE = {dt: DTYPE_CODES[str(dt).removeprefix("torch.")] for dt in _KDT}
+_GRID_Y_MAX = 65535
+
+
+def _rows(t: Tensor, hidden: int) -> Tensor:
+    """(rows, hidden) with unit stride along hidden: a view when possible, else one copy."""
+    t2 = t.reshape(-1, hidden)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, out) -> None:
+    hidden = x.shape[-1]
+    x2 = _rows(x, hidden)
+    z2 = None if z is None else _rows(z, hidden)
+    rows = x2.shape[0]
+    out2 = out.view(-1, hidden)
+    if z is not None and z.dtype != x.dtype:
+        raise TypeError(f"z must have x's dtype {x.dtype} on the GPU, got {z.dtype}")
+    groups = hidden // group_size
+    if rows > _GRID_Y_MAX:  # grid.y limit: launch in slices of rows
+        for start in range(0, rows, _GRID_Y_MAX):
+            sl = slice(start, start + _GRID_Y_MAX)
+            _launch(kset, x2[sl], weight, bias, None if z2 is None else z2[sl], eps, group_size,
+                    norm_before_gate, out2[sl], groups)  # fmt: skip
+        return
+    _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2, groups)
+
+
+def _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2, groups) -> None:
+    p = (
+        x2.data_ptr(),
+        0 if z2 is None else z2.data_ptr(),
+        weight.data_ptr(),
+        0 if bias is None else bias.data_ptr(),
+        out2.data_ptr(),
+        x2.stride(0),
+        0 if z2 is None else z2.stride(0),
+        out2.stride(0),
+        x2.shape[0],
+        x2.shape[1],
+        group_size,
+        int(norm_before_gate),
+        float(eps),
+        _CODE[weight.dtype],
+        _CODE[bias.dtype] if bias is not None else 0,
+        0,
+    )  # fmt: skip  (RmsNormParams, field order)
+    launch(
+        kset.launcher(f"m2r_rmsnorm_fwd_{_KDT[x2.dtype]}"),
+        x2,
+        p,
+        (groups, x2.shape[0], 1),
+        _THREADS,
+    )
+
+
+def _impl(
+    x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor | None, eps: float,
+    group_size: int | None, norm_before_gate: bool,
+) -> Tensor:  # fmt: skip
+    _, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size)
+    tier, kset = choose(x.device)
+    if tier != "kernel" or x.dtype not in _KDT:
+        return rmsnorm_ref(x, weight, bias, z, eps, gs, norm_before_gate)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, out)
+    return out
+
+
+rmsnorm_fwd = torch.library.custom_op("mamba2_rocm::rmsnorm_fwd", _impl, mutates_args=())
+
+
+@rmsnorm_fwd.register_fake
+def _(x, weight, bias, z, eps, group_size, norm_before_gate):
+    check_rmsnorm_args(x, weight, bias, z, eps, group_size)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def rmsnorm_fn(
+    x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor | None = None, eps: float = 1e-6,
+    group_size: int | None = None, norm_before_gate: bool = True,
+) -> Tensor:  # fmt: skip
+    """Gated RMSNorm over the last dim (in groups of ``group_size``); returns x's dtype."""
+    op = rmsnorm_fwd if torch.compiler.is_compiling() else _impl
+    return op(x, weight, bias, z, float(eps), group_size, bool(norm_before_gate))
+
+
+class RMSNorm(torch.nn.Module):
+    """mamba_ssm's gated ``RMSNorm(hidden_size, eps=1e-5, group_size=None, norm_before_gate=True)``:
+    a weight initialized to ones and no bias; ``forward(x, z=None)``."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: int | None = None,
+                 norm_before_gate: bool = True, device=None, dtype=None) -> None:  # fmt: skip
+        super().__init__()
+        self.eps, self.group_size, self.norm_before_gate = eps, group_size, norm_before_gate
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.register_parameter("bias", None)
+
+    def forward(self, x: Tensor, z: Tensor | None = None) -> Tensor:
+        return rmsnorm_fn(
+            x, self.weight, self.bias, z, self.eps, self.group_size, self.norm_before_gate
+        )

@@ -1,0 +1,44 @@
+"""Gated RMSNorm kernel vs the float64 formula on a GPU."""
+
+import pytest
+import torch
+from helpers import gpu_available, seeded
+from test_rmsnorm_ops import _direct
+
+from mamba2_rocm import rmsnorm_fn
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a GPU")]
+DEV = "cuda"
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
+
+
+@pytest.fixture(autouse=True)
+def kernel_backend(backend):
+    backend("kernel")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("hidden_gs", [(4096, None), (8192, 1024), (1000, 250), (64, 8)])
+@pytest.mark.parametrize("nbg", [True, False])
+@pytest.mark.parametrize("layout", ["contiguous", "sliced_rows", "transposed"])
+def test_kernel(dtype, hidden_gs, nbg, layout):
+    hidden, gs = hidden_gs
+    g = seeded("rmsgpu", str(dtype), hidden, gs, nbg, layout, device=DEV)
+    if layout == "contiguous":
+        x = torch.randn(3, 7, hidden, device=DEV, generator=g).to(dtype)
+    elif layout == "sliced_rows":  # a slice of a wider buffer: row stride > hidden
+        x = torch.randn(3, 7, hidden + 40, device=DEV, generator=g).to(dtype)[..., 16 : 16 + hidden]
+    else:  # not unit stride along hidden: copied once
+        x = torch.randn(hidden, 21, device=DEV, generator=g).to(dtype).t()
+    z = torch.randn(x.shape, device=DEV, generator=g).to(dtype)
+    w = torch.randn(hidden, device=DEV, generator=g)
+    b = torch.randn(hidden, device=DEV, generator=g).to(dtype)
+    torch.full(
+        (x.numel() * 4 + 64,), float("nan"), device=DEV
+    )  # leaves NaN blocks in the allocator
+    out = rmsnorm_fn(x, w, b, z=z, eps=1e-5, group_size=gs, norm_before_gate=nbg)
+    assert out.shape == x.shape and out.dtype == dtype and not out.isnan().any()
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(
+        out.double(), _direct(x, w, b, z, 1e-5, gs or hidden, nbg), rtol=rtol, atol=atol
+    )
