@@ -12,7 +12,6 @@ makes a second build instant.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -47,8 +46,7 @@ class DockerError(RuntimeError):
     """Docker is missing, not running, or a docker step failed; the message says what to do."""
 
 
-def _docker(*args: str, check: bool = True, capture: bool = True, timeout: float | None = None,
-            network_log: str | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+def _docker(*args: str, check: bool = True, capture: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess:  # fmt: skip
     if shutil.which("docker") is None:
         raise DockerError(f"the docker client is not installed; {_START_HINT}")
     proc = subprocess.run(["docker", *args], capture_output=capture, text=True, timeout=timeout)
@@ -165,7 +163,3 @@ def run_in_image(image: str, command: Sequence[str], source: Path, out: Path,
     for key, value in (env or {}).items():
         args += ["-e", f"{key}={value}"]
     return _docker(*args, image, *command, check=False, timeout=timeout)
-
-
-def inspect_json(image: str) -> dict:
-    return json.loads(_docker("image", "inspect", image).stdout)[0]

@@ -18,7 +18,7 @@ from pathlib import Path
 from mamba2_rocm.pipeline.recipes import Recipe
 
 __all__ = [
-    "PackageError", "build_host_wheel", "build_target_wheel", "export_commit", "host_version",
+    "PackageError", "build_host_wheel", "build_target_wheel", "export_commit",
     "source_date_epoch", "work_tree_dirty",
 ]  # fmt: skip
 
@@ -61,19 +61,6 @@ def _build_wheel(project: Path, out: Path, epoch: str) -> Path:
         raise PackageError(f"building a wheel from {project} failed:\n{tail}")
     new = sorted(set(out.glob("*.whl")) - before) or sorted(out.glob("*.whl"))
     return new[-1]
-
-
-def host_version(repo: Path = REPO) -> str:
-    """The version hatch-vcs derives from git: the same string the host wheel gets."""
-    proc = subprocess.run(
-        [sys.executable, "-c", "from hatchling.metadata.core import ProjectMetadata; "
-         "from hatchling.plugin.manager import PluginManager; import sys; "
-         "print(ProjectMetadata(sys.argv[1], PluginManager()).version)", str(repo)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise PackageError(f"cannot compute the version of {repo}: {proc.stderr.strip()[-500:]}")
-    return proc.stdout.strip()
 
 
 def export_commit(dest: Path, repo: Path = REPO) -> str:
