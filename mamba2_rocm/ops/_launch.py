@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
+from mamba2_rocm.params import DTYPE_CODES
 
 torch = require_torch()
+
+#: Tensor dtype -> the dtype part of a kernel's name (``m2r_..._bf16``).
+KERNEL_DTYPE = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+#: Tensor dtype -> the M2R_DTYPE_* code of a run-time-typed parameter (weights, A, D, ...).
+DTYPE_CODE = {dt: DTYPE_CODES[str(dt).removeprefix("torch.")] for dt in KERNEL_DTYPE}
+#: Largest grid y/z dimension on every target.
+GRID_YZ_MAX = 65535
 
 
 def _current_stream(index: int) -> int:

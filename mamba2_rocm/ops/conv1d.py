@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.ops._backend import choose
-from mamba2_rocm.ops._launch import launch
-from mamba2_rocm.params import DTYPE_CODES
+from mamba2_rocm.ops._launch import DTYPE_CODE, GRID_YZ_MAX, KERNEL_DTYPE, launch
 
 torch = require_torch()
 Tensor = torch.Tensor
@@ -22,13 +21,10 @@ Tensor = torch.Tensor
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-_KERNEL_DT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-_DT_CODE = {dt: DTYPE_CODES[str(dt).removeprefix("torch.")] for dt in _FLOATS}
 _THREADS = 128
 _ROW_VECS = 4  # csrc/conv1d_fwd.hip: kRowVecs
 # Launch geometry; must equal the constants in csrc/conv1d_fwd.hip (tests/test_params.py checks).
 _CL_POS = 16  # kClPosPerThread
-_GRID_YZ_MAX = 65535
 
 
 def _silu_flag(activation: str | None) -> bool:
@@ -166,9 +162,9 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
         layout, grid = "cl_vec", (-(-seqlen // _CL_POS), -(-dim // (_THREADS * per_word)), batch)
     else:  # any other strides: one thread per output
         layout, grid = "strided", (-(-(batch * dim * seqlen) // _THREADS), 1, 1)
-    if grid[1] > _GRID_YZ_MAX or grid[2] > _GRID_YZ_MAX:
+    if grid[1] > GRID_YZ_MAX or grid[2] > GRID_YZ_MAX:
         raise ValueError(
-            f"conv1d kernel grid {grid} exceeds {_GRID_YZ_MAX} in y/z (dim={dim}, batch={batch})"
+            f"conv1d kernel grid {grid} exceeds {GRID_YZ_MAX} in y/z (dim={dim}, batch={batch})"
         )
     p = (
         _ptr(x),
@@ -188,21 +184,21 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
         dim,
         seqlen,
         int(silu),
-        _DT_CODE[weight.dtype],
-        _DT_CODE[bias.dtype] if bias is not None else 0,
+        DTYPE_CODE[weight.dtype],
+        DTYPE_CODE[bias.dtype] if bias is not None else 0,
         int(abs(x.stride(1)) < abs(x.stride(2))),  # channels_fastest, for the strided kernel
         0,
     )  # (ConvFwdParams, field order)
     seq = "_seq" if seq_idx is not None else ""
-    launcher = kset.launcher(f"m2r_conv1d_fwd_{_KERNEL_DT[x.dtype]}_w{width}_{layout}{seq}")
+    launcher = kset.launcher(f"m2r_conv1d_fwd_{KERNEL_DTYPE[x.dtype]}_w{width}_{layout}{seq}")
     _launch(launcher, x, p, grid)
 
 
 def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indices, out) -> None:
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
-    if batch > _GRID_YZ_MAX:
-        raise ValueError(f"conv1d update kernel supports batch <= {_GRID_YZ_MAX}, got {batch}")
+    if batch > GRID_YZ_MAX:
+        raise ValueError(f"conv1d update kernel supports batch <= {GRID_YZ_MAX}, got {batch}")
     p = (
         x.data_ptr(),
         conv_state.data_ptr(),
@@ -221,10 +217,10 @@ def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indic
         conv_state.shape[2],
         conv_state.shape[0],
         int(silu),
-        _DT_CODE[weight.dtype],
-        _DT_CODE[bias.dtype] if bias is not None else 0,
+        DTYPE_CODE[weight.dtype],
+        DTYPE_CODE[bias.dtype] if bias is not None else 0,
     )  # fmt: skip  (ConvUpdateParams, field order)
-    launcher = kset.launcher(f"m2r_conv1d_update_{_KERNEL_DT[x.dtype]}_w{width}")
+    launcher = kset.launcher(f"m2r_conv1d_update_{KERNEL_DTYPE[x.dtype]}_w{width}")
     _launch(launcher, x, p, (-(-dim // _THREADS), batch, 1))
 
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.ops._backend import choose
-from mamba2_rocm.ops._launch import launch
-from mamba2_rocm.params import DTYPE_CODES
+from mamba2_rocm.ops._launch import DTYPE_CODE, GRID_YZ_MAX, KERNEL_DTYPE, launch
 from mamba2_rocm.reference.ssd import rmsnorm_ref
 from mamba2_rocm.reference.ssd_checks import check_rmsnorm_args
 
@@ -19,9 +18,6 @@ Tensor = torch.Tensor
 __all__ = ["RMSNorm", "rmsnorm_fn"]
 
 _THREADS = 256  # csrc/rmsnorm.hip: kThreads
-_KDT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-_CODE = {dt: DTYPE_CODES[str(dt).removeprefix("torch.")] for dt in _KDT}
-_GRID_Y_MAX = 65535
 
 
 def _rows(t: Tensor, hidden: int) -> Tensor:
@@ -39,9 +35,9 @@ def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, out) ->
     if z is not None and z.dtype != x.dtype:
         raise TypeError(f"z must have x's dtype {x.dtype} on the GPU, got {z.dtype}")
     groups = hidden // group_size
-    if rows > _GRID_Y_MAX:  # grid.y limit: launch in slices of rows
-        for start in range(0, rows, _GRID_Y_MAX):
-            sl = slice(start, start + _GRID_Y_MAX)
+    if rows > GRID_YZ_MAX:  # grid.y limit: launch in slices of rows
+        for start in range(0, rows, GRID_YZ_MAX):
+            sl = slice(start, start + GRID_YZ_MAX)
             _launch(kset, x2[sl], weight, bias, None if z2 is None else z2[sl], eps, group_size,
                     norm_before_gate, out2[sl], groups)  # fmt: skip
         return
@@ -63,12 +59,12 @@ def _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2,
         group_size,
         int(norm_before_gate),
         float(eps),
-        _CODE[weight.dtype],
-        _CODE[bias.dtype] if bias is not None else 0,
+        DTYPE_CODE[weight.dtype],
+        DTYPE_CODE[bias.dtype] if bias is not None else 0,
         0,
     )  # fmt: skip  (RmsNormParams, field order)
     launch(
-        kset.launcher(f"m2r_rmsnorm_fwd_{_KDT[x2.dtype]}"),
+        kset.launcher(f"m2r_rmsnorm_fwd_{KERNEL_DTYPE[x2.dtype]}"),
         x2,
         p,
         (groups, x2.shape[0], 1),
@@ -82,7 +78,7 @@ def _impl(
 ) -> Tensor:  # fmt: skip
     _, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size)
     tier, kset = choose(x.device)
-    if tier != "kernel" or x.dtype not in _KDT:
+    if tier != "kernel" or x.dtype not in KERNEL_DTYPE:
         return rmsnorm_ref(x, weight, bias, z, eps, gs, norm_before_gate)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, out)

@@ -11,8 +11,7 @@ from __future__ import annotations
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.kernels import SSU_CONTIG_MAX_DSTATE
 from mamba2_rocm.ops._backend import choose
-from mamba2_rocm.ops._launch import launch
-from mamba2_rocm.params import DTYPE_CODES
+from mamba2_rocm.ops._launch import DTYPE_CODE, GRID_YZ_MAX, KERNEL_DTYPE, launch
 from mamba2_rocm.reference.ssd import selective_state_update_ref
 from mamba2_rocm.reference.ssd_checks import check_state_update_args
 
@@ -26,9 +25,6 @@ _TIERS = (32, 64, 128, 256)  # kernels.SSU_DSTATE_TIERS
 #: The per-(head, batch row) kernel needs this many blocks to fill a GPU; below it (small batch)
 #: the one-row-per-group kernel spreads the work wider (measured: b1 3.4 vs 8.2 us on an H200).
 HEAD_KERNEL_MIN_BLOCKS = 1024
-_KDT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-_CODE = {dt: DTYPE_CODES[str(dt).removeprefix("torch.")] for dt in _KDT}
-_GRID_YZ_MAX = 65535
 
 
 def _s(t, n: int) -> tuple[int, ...]:
@@ -44,7 +40,7 @@ def _check_kernel_dtypes(state, x, dt, A, B, C, D, z, dt_bias) -> None:
         ("D", D),
         ("dt_bias", dt_bias),
     ):
-        if t is not None and t.dtype not in _KDT:
+        if t is not None and t.dtype not in KERNEL_DTYPE:
             raise TypeError(
                 f"{name} must be float32, float16 or bfloat16 on the GPU, got {t.dtype}"
             )
@@ -56,9 +52,9 @@ def _check_kernel_dtypes(state, x, dt, A, B, C, D, z, dt_bias) -> None:
 def _kernel(kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, indices, dims, out) -> None:
     batch, nheads, headdim, dstate = dims.batch, dims.nheads, dims.headdim, dims.dstate
     tier = next(n for n in _TIERS if dstate <= n)
-    if batch > _GRID_YZ_MAX or nheads > _GRID_YZ_MAX:
+    if batch > GRID_YZ_MAX or nheads > GRID_YZ_MAX:
         raise ValueError(
-            f"selective_state_update kernels take batch and nheads <= {_GRID_YZ_MAX}, got {batch}, {nheads}"
+            f"selective_state_update kernels take batch and nheads <= {GRID_YZ_MAX}, got {batch}, {nheads}"
         )
     p = (
         state.data_ptr(),
@@ -89,10 +85,10 @@ def _kernel(kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, indices, di
         nheads // dims.ngroups,
         state.shape[0],
         int(dt_softplus),
-        _CODE[dt.dtype],
-        _CODE[A.dtype],
-        _CODE[D.dtype] if D is not None else 0,
-        _CODE[dt_bias.dtype] if dt_bias is not None else 0,
+        DTYPE_CODE[dt.dtype],
+        DTYPE_CODE[A.dtype],
+        DTYPE_CODE[D.dtype] if D is not None else 0,
+        DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0,
         0,
     )  # fmt: skip  (SsuParams, field order)
     per = max(1, tier // 32)  # elements per lane in the contiguous variant
@@ -108,7 +104,7 @@ def _kernel(kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, indices, di
     # contiguous: one block per (head, batch row); general: one block per 8 headdim rows
     grid = (nheads, batch, 1) if contig else (-(-headdim // (_THREADS // 32)), nheads, batch)
     launcher = kset.launcher(
-        f"m2r_ssu_{_KDT[state.dtype]}_{_KDT[x.dtype]}_n{tier}{'_contig' if contig else ''}"
+        f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}_n{tier}{'_contig' if contig else ''}"
     )
     launch(launcher, x, p, grid, _THREADS)
 

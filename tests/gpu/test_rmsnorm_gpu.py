@@ -12,11 +12,6 @@ DEV = "cuda"
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
 
 
-@pytest.fixture(autouse=True)
-def kernel_backend(backend):
-    backend("kernel")
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("hidden_gs", [(4096, None), (8192, 1024), (1000, 250), (64, 8)])
 @pytest.mark.parametrize("nbg", [True, False])

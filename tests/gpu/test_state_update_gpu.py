@@ -13,11 +13,6 @@ DEV = "cuda"
 TOL = {torch.float32: (3e-4, 1e-3), torch.float16: (1e-2, 5e-2), torch.bfloat16: (1e-2, 5e-2)}
 
 
-@pytest.fixture(autouse=True)
-def kernel_backend(backend):
-    backend("kernel")
-
-
 def _make(g, b, h, p, n, groups, xdt, sdt, tied, pool=None):
     pool = pool or b
     r = lambda *s: torch.randn(*s, device=DEV, generator=g)  # noqa: E731
