@@ -111,3 +111,50 @@ struct RmsNormParams {
   float eps;
   int32_t weight_dtype, bias_dtype, reserved;
 };
+
+// Mamba2 SSD chunked scan (mamba_chunk_scan_combined), forward. One struct for the five stage
+// kernels of csrc/ssd.hip; each reads the fields it needs. x, z, out: (batch, seqlen, nheads,
+// headdim); B, C: (batch, seqlen, ngroups, dstate); the last dim of each has unit stride.
+// Workspaces (fp32/int32, contiguous, allocated by the caller), with c = chunk, s = position:
+//   dt_out, dA_cs (batch, nheads, nchunks, chunk_size): dt' and the inclusive cumsum of dt' A;
+//   seg (batch, nchunks, chunk_size): seq_idx changes since the token before the chunk;
+//   cb (batch, nchunks, ngroups, chunk_size, chunk_size): C·Bᵀ stored [s][t];
+//   states (batch, nchunks, nheads, dstate, headdim): each chunk's own state, turned in place
+//   into the state entering the chunk by the state-passing kernel.
+struct SsdParams {
+  const void* x;
+  const void* dt;              // (batch, seqlen, nheads), dtype dt_dtype
+  const void* A;               // (nheads,), dtype a_dtype
+  const void* B;
+  const void* C;
+  const void* D;               // (nheads,) or (nheads, headdim), dtype d_dtype, or null
+  const void* z;               // or null
+  const void* dt_bias;         // (nheads,), dtype dt_bias_dtype, or null
+  const void* initial_states;  // (batch, nheads, headdim, dstate), dtype init_dtype, or null
+  const int32_t* seq_idx;      // (batch, seqlen) or null
+  const int32_t* cu_seqlens;   // (num_seqs + 1,) or null
+  void* out;
+  void* final_states;   // (batch, nheads, headdim, dstate) contiguous, dtype state_dtype, or null
+  void* varlen_states;  // (num_seqs, nheads, headdim, dstate) contiguous, dtype state_dtype
+  float* dt_out;
+  float* dA_cs;
+  int32_t* seg;
+  float* cb;
+  float* states;
+  int64_t x_batch_stride, x_l_stride, x_h_stride;
+  int64_t z_batch_stride, z_l_stride, z_h_stride;
+  int64_t out_batch_stride, out_l_stride, out_h_stride;
+  int64_t B_batch_stride, B_l_stride, B_g_stride;
+  int64_t C_batch_stride, C_l_stride, C_g_stride;
+  int64_t dt_batch_stride, dt_l_stride, dt_h_stride;
+  int64_t seq_idx_batch_stride, seq_idx_l_stride;
+  int64_t init_batch_stride, init_h_stride, init_p_stride, init_n_stride;
+  int64_t A_stride, dt_bias_stride, D_h_stride, D_p_stride;
+  int32_t batch, seqlen, nheads, headdim;
+  int32_t ngroups, dstate, chunk_size, nchunks;
+  int32_t heads_per_group, num_seqs;
+  int32_t dt_softplus;
+  int32_t dt_dtype, a_dtype, d_dtype, dt_bias_dtype, init_dtype, state_dtype;
+  float dt_min, dt_max;
+  int32_t reserved;
+};

@@ -14,7 +14,8 @@ except ImportError:  # a source tree that was never built or installed
     __version__ = "0.0.0"
 
 __all__ = [
-    "RMSNorm", "__version__", "causal_conv1d_fn", "causal_conv1d_update", "rmsnorm_fn",
+    "RMSNorm", "__version__", "causal_conv1d_fn", "causal_conv1d_update",
+    "mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "rmsnorm_fn",
     "selective_state_update",
 ]  # fmt: skip
 
@@ -24,6 +25,8 @@ _LAZY = {
     "selective_state_update": "mamba2_rocm.ops.state_update",
     "rmsnorm_fn": "mamba2_rocm.ops.rmsnorm",
     "RMSNorm": "mamba2_rocm.ops.rmsnorm",
+    "mamba_chunk_scan_combined": "mamba2_rocm.ops.ssd",
+    "mamba_split_conv1d_scan_combined": "mamba2_rocm.ops.mamba2",
 }
 
 

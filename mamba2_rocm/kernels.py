@@ -9,7 +9,13 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams, RmsNormParams, SsuParams
+from mamba2_rocm.params import (
+    ConvFwdParams,
+    ConvUpdateParams,
+    RmsNormParams,
+    SsdParams,
+    SsuParams,
+)
 
 __all__ = ["SOURCES", "KernelSource", "kernel_params", "source_of"]
 
@@ -18,6 +24,7 @@ CONV_WIDTHS = (2, 3, 4)
 CONV_FWD_LAYOUTS = ("vec", "cl_vec", "strided")
 SSU_DSTATE_TIERS = (32, 64, 128, 256)
 SSU_CONTIG_MAX_DSTATE = 128  # csrc/state_update.hip: no per-head contiguous kernel beyond
+SSD_SCAN_ROWS = (64, 128)  # csrc/ssd.hip: positions per chunk_scan tile
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,25 @@ SOURCES: dict[str, KernelSource] = {
                 for n in SSU_DSTATE_TIERS
                 for contig in ("", "_contig")
                 if not (contig and n > SSU_CONTIG_MAX_DSTATE)
+            ),
+        ),
+        KernelSource(
+            "ssd",
+            SsdParams,
+            (
+                "m2r_ssd_chunk_cumsum",
+                "m2r_ssd_state_passing",
+                *(
+                    f"m2r_ssd_{stage}_{dt}"
+                    for dt in KERNEL_DTYPES
+                    for stage in ("bmm", "chunk_state", "varlen_state")
+                ),
+                *(
+                    f"m2r_ssd_chunk_scan_{dt}_t{rows}{z}"
+                    for dt in KERNEL_DTYPES
+                    for rows in SSD_SCAN_ROWS
+                    for z in ("", "_z")
+                ),
             ),
         ),
         KernelSource(

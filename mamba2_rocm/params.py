@@ -15,6 +15,7 @@ __all__ = [
     "ConvFwdParams",
     "ConvUpdateParams",
     "RmsNormParams",
+    "SsdParams",
     "SsuParams",
     "packer",
 ]
@@ -67,6 +68,26 @@ class SsuParams(ctypes.Structure):
         "batch nheads headdim dstate heads_per_group num_states dt_softplus "
         "dt_dtype a_dtype d_dtype dt_bias_dtype reserved",
     )
+
+
+class SsdParams(ctypes.Structure):
+    _fields_ = [
+        *_fields(
+            "x dt A B C D z dt_bias initial_states seq_idx cu_seqlens out final_states "
+            "varlen_states dt_out dA_cs seg cb states",
+            "x_batch_stride x_l_stride x_h_stride z_batch_stride z_l_stride z_h_stride "
+            "out_batch_stride out_l_stride out_h_stride B_batch_stride B_l_stride B_g_stride "
+            "C_batch_stride C_l_stride C_g_stride dt_batch_stride dt_l_stride dt_h_stride "
+            "seq_idx_batch_stride seq_idx_l_stride "
+            "init_batch_stride init_h_stride init_p_stride init_n_stride "
+            "A_stride dt_bias_stride D_h_stride D_p_stride",
+            "batch seqlen nheads headdim ngroups dstate chunk_size nchunks heads_per_group "
+            "num_seqs dt_softplus dt_dtype a_dtype d_dtype dt_bias_dtype init_dtype state_dtype",
+        ),
+        ("dt_min", ctypes.c_float),
+        ("dt_max", ctypes.c_float),
+        *_fields("", "", "reserved"),
+    ]
 
 
 class RmsNormParams(ctypes.Structure):

@@ -27,6 +27,7 @@ k = kernels_for_device(0)
 print("jit kernel dir:", k.kdir.path, "origin:", k.kdir.origin)
 PY
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  python3 -m mamba2_rocm bench conv1d 2>&1 | tee "$OUT/bench-conv1d.txt"
-  python3 -m mamba2_rocm bench decode 2>&1 | tee "$OUT/bench-decode.txt"
+  for b in ${BENCHES:-conv1d decode ssd}; do
+    python3 -m mamba2_rocm bench "$b" 2>&1 | tee "$OUT/bench-$b.txt"
+  done
 fi

@@ -9,10 +9,16 @@ from pathlib import Path
 import pytest
 
 from mamba2_rocm.kernels import SOURCES
-from mamba2_rocm.params import ConvFwdParams, ConvUpdateParams, RmsNormParams, SsuParams
+from mamba2_rocm.params import (
+    ConvFwdParams,
+    ConvUpdateParams,
+    RmsNormParams,
+    SsdParams,
+    SsuParams,
+)
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
-STRUCTS = [ConvFwdParams, ConvUpdateParams, SsuParams, RmsNormParams]
+STRUCTS = [ConvFwdParams, ConvUpdateParams, SsuParams, RmsNormParams, SsdParams]
 
 
 @pytest.fixture(scope="module")

@@ -32,3 +32,16 @@ def launch(launcher, x, params: tuple, grid: tuple[int, int, int], threads: int)
         return
     with torch.cuda.device(index):
         launcher(params, grid, (threads, 1, 1), raw_stream(index))
+
+
+def check_kernel_dtypes(x, floats: dict, like_x: dict) -> None:
+    """The kernels' dtype rules: ``floats`` (name -> tensor or None) may each be any kernel
+    float type; ``like_x`` must have x's dtype (they are read in the kernel's element type)."""
+    for name, t in floats.items():
+        if t is not None and t.dtype not in KERNEL_DTYPE:
+            raise TypeError(
+                f"{name} must be float32, float16 or bfloat16 on the GPU, got {t.dtype}"
+            )
+    for name, t in like_x.items():
+        if t is not None and t.dtype != x.dtype:
+            raise TypeError(f"{name} must have x's dtype {x.dtype} on the GPU, got {t.dtype}")

@@ -11,7 +11,13 @@ from __future__ import annotations
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.kernels import SSU_CONTIG_MAX_DSTATE
 from mamba2_rocm.ops._backend import choose
-from mamba2_rocm.ops._launch import DTYPE_CODE, GRID_YZ_MAX, KERNEL_DTYPE, launch
+from mamba2_rocm.ops._launch import (
+    DTYPE_CODE,
+    GRID_YZ_MAX,
+    KERNEL_DTYPE,
+    check_kernel_dtypes,
+    launch,
+)
 from mamba2_rocm.reference.ssd import selective_state_update_ref
 from mamba2_rocm.reference.ssd_checks import check_state_update_args
 
@@ -29,24 +35,6 @@ HEAD_KERNEL_MIN_BLOCKS = 1024
 
 def _s(t, n: int) -> tuple[int, ...]:
     return (0,) * n if t is None else tuple(t.stride())
-
-
-def _check_kernel_dtypes(state, x, dt, A, B, C, D, z, dt_bias) -> None:
-    for name, t in (
-        ("state", state),
-        ("x", x),
-        ("dt", dt),
-        ("A", A),
-        ("D", D),
-        ("dt_bias", dt_bias),
-    ):
-        if t is not None and t.dtype not in KERNEL_DTYPE:
-            raise TypeError(
-                f"{name} must be float32, float16 or bfloat16 on the GPU, got {t.dtype}"
-            )
-    for name, t in (("B", B), ("C", C), ("z", z)):
-        if t is not None and t.dtype != x.dtype:
-            raise TypeError(f"{name} must have x's dtype {x.dtype} on the GPU, got {t.dtype}")
 
 
 def _kernel(kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, indices, dims, out) -> None:
@@ -129,7 +117,10 @@ def _impl(
         return selective_state_update_ref(
             state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, cd
         )
-    _check_kernel_dtypes(state, x, dt, A, B, C, D, z, dt_bias)
+    check_kernel_dtypes(
+        x, {"state": state, "x": x, "dt": dt, "A": A, "D": D, "dt_bias": dt_bias},
+        {"B": B, "C": C, "z": z},
+    )  # fmt: skip
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if dims.has_heads:
         _kernel(

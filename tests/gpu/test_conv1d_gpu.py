@@ -6,7 +6,7 @@ Run with ``pytest -m gpu`` on a machine with a GPU and kernels (a kernel package
 
 import pytest
 import torch
-from helpers import DTYPES, TOL, gpu_available, make_seq_idx, make_x, seeded
+from helpers import DTYPES, TOL, gpu_available, make_seq_idx, make_x, poison_allocator, seeded
 
 from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
 from mamba2_rocm.reference.conv1d import causal_conv1d_torch, causal_conv1d_update_eager
@@ -24,12 +24,6 @@ def _ref(x, w, b, seq_idx=None, init=None, silu=False):
     return causal_conv1d_torch(x, w, b, seq_idx, init, silu, compute_dtype=torch.float64)
 
 
-def _poison_allocator(nbytes: int):
-    """Leave NaN-filled blocks in torch's caching allocator so fresh outputs start as NaN."""
-    blocks = [torch.full((nbytes // 4 + 64,), float("nan"), device=DEV) for _ in range(4)]
-    del blocks
-
-
 def _gen(*key):
     return seeded(*key, device=DEV)
 
@@ -45,7 +39,7 @@ def test_fwd_kernel(width, dtype, seqlen, layout):
     x = make_x(2, dim, seqlen, dtype, layout, device=DEV, gen=g)
     w = torch.randn(dim, width, device=DEV, generator=g).to(dtype if width != 2 else torch.float32)
     b = torch.randn(dim, device=DEV, generator=g).to(dtype) if has_bias else None
-    _poison_allocator(x.numel() * x.element_size())
+    poison_allocator(x.numel() * x.element_size())
     out = causal_conv1d_fn(x, w, b, activation="silu" if silu else None)
     ref, _ = _ref(x, w, b, silu=silu)
     assert not out.isnan().any(), "unwritten output elements"
@@ -106,7 +100,7 @@ def test_update_kernel(width, dtype, mode, seqlen):
     )
     idx = torch.tensor([7, -1, 0, 4, 2], dtype=torch.int32, device=DEV) if mode == "pool" else None
     ref_state = state.clone()
-    _poison_allocator(x.numel() * x.element_size())
+    poison_allocator(x.numel() * x.element_size())
     out = causal_conv1d_update(
         x, state, w, b, activation="silu", cache_seqlens=cache, conv_state_indices=idx
     )

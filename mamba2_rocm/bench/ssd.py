@@ -1,0 +1,80 @@
+"""SSD chunked-scan benchmark: ``mamba_chunk_scan_combined`` kernels vs the vectorized torch tier
+(and mamba_ssm's Triton kernels when ``mamba_ssm`` is importable).
+
+Shapes (the issue's): (b 2, l 4096, h 32, p 64, g 1, n 128) and (b 1, l 16384, h 64, p 64,
+g 8, n 128), chunk 256, D per head, dt_bias with softplus, no z: the call a Mamba2 layer makes.
+Reports the median per-call device-event time (launch included), the per-call time inside a
+CUDA graph, the bytes that must move at least (inputs read once, out and the final states
+written once) with the fraction of the measured copy bandwidth, and the arithmetic rate over
+the scan's essential FLOPs (state in and out, 4 l h p n per row, plus the causal C·Bᵀ·x
+block, l chunk h p per row).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from mamba2_rocm._torch import require_torch
+from mamba2_rocm.bench.conv1d import _backend
+from mamba2_rocm.bench.timing import copy_bandwidth_gbs, time_calls, time_graph
+
+SHAPES = ((2, 4096, 32, 64, 1, 128), (1, 16384, 64, 64, 8, 128))
+
+
+def _triton_scan():
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception:  # not installed, or no Triton for this GPU
+        return None
+    return mamba_chunk_scan_combined
+
+
+def run(shapes=SHAPES, chunk_size=256, dtype="bfloat16") -> list[dict]:
+    torch = require_torch()
+    from mamba2_rocm import mamba_chunk_scan_combined
+
+    dt_ = getattr(torch, dtype)
+    copy = copy_bandwidth_gbs()
+    triton = _triton_scan()
+    rows = []
+    for b, L, h, p, groups, n in shapes:
+        g = torch.Generator(device="cuda").manual_seed(L + h)
+        r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+        x, dt = r(b, L, h, p).to(dt_), (r(b, L, h) - 2).to(dt_)
+        B, C = r(b, L, groups, n).to(dt_), r(b, L, groups, n).to(dt_)
+        A, D, dt_bias = -torch.rand(h, device="cuda", generator=g) - 0.05, r(h), r(h) * 0.5
+        elt = x.element_size()
+        nbytes = (2 * x.numel() + dt.numel() + B.numel() + C.numel()) * elt + b * h * p * n * 4
+        flops = 4 * b * L * h * p * n + b * L * chunk_size * h * p
+        kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
+        impls = [("kernel", mamba_chunk_scan_combined), ("torch", mamba_chunk_scan_combined)]
+        if triton is not None:
+            impls.append(("mamba_ssm triton", triton))
+        for impl, fn in impls:
+            call = functools.partial(fn, x, dt, A, B, C, chunk_size, **kw)
+            with _backend(impl if impl != "mamba_ssm triton" else "kernel"):
+                t = time_calls(call, warmup=3, iters=20 if impl == "torch" else 50)
+                gr = time_graph(call, replays=5, per_graph=5) if impl == "kernel" else None
+            best = min(t.median_us, gr.median_us) if gr else t.median_us
+            gbs = nbytes / (best * 1e-6) / 1e9
+            rows.append({
+                "case": f"ssd b{b} l{L} h{h} p{p} g{groups} n{n} c{chunk_size} {dtype}",
+                "impl": impl, "us": t.median_us, "graph_us": gr.median_us if gr else None,
+                "gbs": gbs, "copy_frac": gbs / copy, "copy_gbs": copy, "mbytes": nbytes / 1e6,
+                "tflops": flops / (best * 1e-6) / 1e12,
+            })  # fmt: skip
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    torch = require_torch()
+    lines = [
+        f"device: {torch.cuda.get_device_name()}  copy bandwidth {rows[0]['copy_gbs']:.0f} GB/s (read+write)",
+        f"{'case':42} {'impl':17} {'MB':>6} {'median us':>10} {'graph us':>9} {'GB/s':>7} "
+        f"{'% copy':>7} {'TFLOP/s':>8}",
+    ]  # fmt: skip
+    for r in rows:
+        graph = f"{r['graph_us']:.1f}" if r["graph_us"] is not None else "-"
+        lines.append(f"{r['case']:42} {r['impl']:17} {r['mbytes']:6.1f} {r['us']:10.1f} {graph:>9} "
+                     f"{r['gbs']:7.0f} {100 * r['copy_frac']:6.1f}% {r['tflops']:8.1f}")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,247 @@
+"""``mamba_chunk_scan_combined``: the Mamba2 SSD chunked scan, forward, as in mamba_ssm.
+
+Tiers (``MAMBA2_ROCM_BACKEND``): the five-stage kernel pipeline of ``csrc/ssd.hip``; the
+vectorized chunked PyTorch form (``reference.ssd.ssd_chunked``, fp32); the plain recurrence
+(``reference.ssd.ssd_sequential`` in fp32). Registered as
+``torch.ops.mamba2_rocm.mamba_chunk_scan_combined``, which always returns
+``(out, final_states, varlen_states)`` (varlen_states empty unless asked for); the Python
+function applies mamba_ssm's return convention.
+
+chunk_size is 64, 128 or 256 on every tier, so code that runs on the CPU runs on the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from mamba2_rocm._torch import require_torch
+from mamba2_rocm.ops._backend import choose
+from mamba2_rocm.ops._launch import (
+    DTYPE_CODE,
+    GRID_YZ_MAX,
+    KERNEL_DTYPE,
+    check_kernel_dtypes,
+    launch,
+)
+from mamba2_rocm.reference.ssd import ssd_chunked, ssd_sequential
+from mamba2_rocm.reference.ssd_checks import KERNEL_CHUNK_SIZES, check_chunk_scan_args
+
+torch = require_torch()
+Tensor = torch.Tensor
+
+__all__ = ["mamba_chunk_scan_combined"]
+
+# csrc/ssd.hip
+_THREADS = 256
+_CUMSUM_HEADS = 8  # kHeadsPerCumsum
+_STATE_TILES = (64, 128)  # chunk_state: (headdim, dstate) per block
+_SCAN_COLS = 64  # chunk_scan: headdim per block
+_INT32_MAX = 2**31 - 1
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _unit_last(t: Tensor | None) -> Tensor | None:
+    """The kernels read rows with unit stride along the last dim; copy otherwise."""
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
+
+
+def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+            cu_seqlens, dt_softplus, dims, final, varlen) -> Tensor:  # fmt: skip
+    check_kernel_dtypes(
+        x, {"dt": dt, "A": A, "D": D, "dt_bias": dt_bias, "initial_states": initial_states},
+        {"B": B, "C": C, "z": z},
+    )  # fmt: skip
+    x, B, C, z = _unit_last(x), _unit_last(B), _unit_last(C), _unit_last(z)
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate, cs = dims.ngroups, dims.dstate, chunk_size
+    if batch > GRID_YZ_MAX or nheads > GRID_YZ_MAX:
+        raise ValueError(
+            f"mamba_chunk_scan_combined kernels take batch and nheads <= {GRID_YZ_MAX}, "
+            f"got {batch}, {nheads}"
+        )
+    for name, t in (("x", x), ("B", B), ("C", C), ("z", z)):
+        if t is not None and cs * t.stride(1) > _INT32_MAX:
+            raise ValueError(
+                f"{name}'s seqlen stride {t.stride(1)} is too large for the kernels' 32-bit "
+                f"in-chunk offsets (chunk_size * stride must be < 2**31)"
+            )
+    nchunks = _cdiv(seqlen, cs)
+    dev = x.device
+    f32 = torch.float32
+    dt_out = torch.empty(batch, nheads, nchunks, cs, dtype=f32, device=dev)
+    dA_cs = torch.empty(batch, nheads, nchunks, cs, dtype=f32, device=dev)
+    seg = torch.empty(batch, nchunks, cs, dtype=torch.int32, device=dev)
+    cb = torch.empty(batch, nchunks, ngroups, cs, cs, dtype=f32, device=dev)
+    states = torch.empty(batch, nchunks, nheads, dstate, headdim, dtype=f32, device=dev)
+    out = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
+    if D is None:
+        d_strides = (0, 0)
+    elif D.dim() == 1:
+        d_strides = (D.stride(0), 0)
+    else:
+        d_strides = tuple(D.stride())
+    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    z_strides = (0, 0, 0) if z is None else z.stride()[:3]
+    s_strides = (0, 0) if seq_idx is None else seq_idx.stride()
+    i_strides = (0,) * 4 if initial_states is None else initial_states.stride()
+    lo, hi = dims.dt_limit
+    params = (
+        x.data_ptr(),
+        dt.data_ptr(),
+        A.data_ptr(),
+        B.data_ptr(),
+        C.data_ptr(),
+        ptr(D),
+        ptr(z),
+        ptr(dt_bias),
+        ptr(initial_states),
+        ptr(seq_idx),
+        ptr(cu),
+        out.data_ptr(),
+        final.data_ptr(),
+        ptr(varlen),
+        dt_out.data_ptr(),
+        dA_cs.data_ptr(),
+        seg.data_ptr(),
+        cb.data_ptr(),
+        states.data_ptr(),
+        *x.stride()[:3],
+        *z_strides,
+        *out.stride()[:3],
+        *B.stride()[:3],
+        *C.stride()[:3],
+        *dt.stride(),
+        *s_strides,
+        *i_strides,
+        A.stride(0),
+        0 if dt_bias is None else dt_bias.stride(0),
+        *d_strides,
+        batch,
+        seqlen,
+        nheads,
+        headdim,
+        ngroups,
+        dstate,
+        cs,
+        nchunks,
+        nheads // ngroups,
+        dims.num_seqs,
+        int(dt_softplus),
+        DTYPE_CODE[dt.dtype],
+        DTYPE_CODE[A.dtype],
+        DTYPE_CODE[D.dtype] if D is not None else 0,
+        DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0,
+        DTYPE_CODE[initial_states.dtype] if initial_states is not None else 0,
+        DTYPE_CODE[final.dtype],
+        lo,
+        hi,
+        0,
+    )  # fmt: skip  (SsdParams, field order)
+    dt_name = KERNEL_DTYPE[x.dtype]
+    state_tiles = _cdiv(headdim, _STATE_TILES[0]) * _cdiv(dstate, _STATE_TILES[1])
+    pairs = (cs // 64) * (cs // 64 + 1) // 2
+    rows = 64 if cs == 64 else 128
+    scan_tiles = (cs // rows) * _cdiv(headdim, _SCAN_COLS)
+    zs = "_z" if z is not None else ""
+    run = lambda name, grid: launch(kset.launcher(name), x, params, grid, _THREADS)  # noqa: E731
+    run("m2r_ssd_chunk_cumsum", (nchunks, _cdiv(nheads, _CUMSUM_HEADS), batch))
+    run(f"m2r_ssd_bmm_{dt_name}", (nchunks * ngroups * pairs, 1, batch))
+    run(f"m2r_ssd_chunk_state_{dt_name}", (nchunks * state_tiles, nheads, batch))
+    run("m2r_ssd_state_passing", (_cdiv(headdim * dstate, _THREADS), nheads, batch))
+    if varlen is not None:
+        run(f"m2r_ssd_varlen_state_{dt_name}", (dims.num_seqs * state_tiles, nheads, 1))
+    run(f"m2r_ssd_chunk_scan_{dt_name}_t{rows}{zs}", (nchunks * scan_tiles, nheads, batch))
+    return out
+
+
+def _impl(
+    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int, D: Tensor | None,
+    z: Tensor | None, dt_bias: Tensor | None, initial_states: Tensor | None,
+    seq_idx: Tensor | None, cu_seqlens: Tensor | None, dt_softplus: bool,
+    dt_limit: Sequence[float], return_varlen_states: bool, state_dtype: torch.dtype | None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    dims = check_chunk_scan_args(
+        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+        chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
+        return_varlen_states=return_varlen_states, state_dtype=state_dtype,
+    )  # fmt: skip
+    tier, kset = choose(x.device)
+    args = (D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dims.dt_limit)
+    if tier == "kernel" and x.dtype in KERNEL_DTYPE and dims.state_dtype in KERNEL_DTYPE:
+        b, _, h, p = x.shape
+        final = torch.empty(b, h, p, dims.dstate, dtype=dims.state_dtype, device=x.device)
+        varlen = None
+        if return_varlen_states:
+            varlen = torch.empty(dims.num_seqs, h, p, dims.dstate, dtype=dims.state_dtype,
+                                 device=x.device)  # fmt: skip
+        out = _kernel(kset, x, dt, A, B, C, chunk_size, *args[:-1], dims, final, varlen)
+    else:
+        kw = {"return_final_states": True, "return_varlen_states": return_varlen_states,
+              "state_dtype": dims.state_dtype}  # fmt: skip
+        if tier == "eager":
+            res = ssd_sequential(x, dt, A, B, C, *args, compute_dtype=torch.float32, **kw)
+        else:
+            res = ssd_chunked(x, dt, A, B, C, chunk_size, *args, **kw)
+        out, final = res[0].contiguous(), res[1]
+        varlen = res[2] if return_varlen_states else None
+    if varlen is None:
+        varlen = final.new_empty(0)
+    return out, final, varlen
+
+
+mamba_chunk_scan_combined_op = torch.library.custom_op(
+    "mamba2_rocm::mamba_chunk_scan_combined", _impl, mutates_args=()
+)
+
+
+@mamba_chunk_scan_combined_op.register_fake
+def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+      dt_softplus, dt_limit, return_varlen_states, state_dtype):  # fmt: skip
+    dims = check_chunk_scan_args(
+        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+        chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
+        return_varlen_states=return_varlen_states, state_dtype=state_dtype, inspect_values=False,
+    )  # fmt: skip
+    b, _, h, p = x.shape
+    sd, n = dims.state_dtype, dims.dstate
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    final = torch.empty(b, h, p, n, dtype=sd, device=x.device)
+    if return_varlen_states:
+        varlen = torch.empty(dims.num_seqs, h, p, n, dtype=sd, device=x.device)
+    else:
+        varlen = torch.empty(0, dtype=sd, device=x.device)
+    return out, final, varlen
+
+
+def mamba_chunk_scan_combined(
+    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int,
+    D: Tensor | None = None, z: Tensor | None = None, dt_bias: Tensor | None = None,
+    initial_states: Tensor | None = None, seq_idx: Tensor | None = None,
+    cu_seqlens: Tensor | None = None, dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, math.inf), return_final_states: bool = False,
+    return_varlen_states: bool = False, state_dtype: torch.dtype | None = None,
+):  # fmt: skip
+    """The Mamba2 SSD scan over a sequence, mamba_ssm's ``mamba_chunk_scan_combined`` (forward).
+
+    x (batch, seqlen, nheads, headdim); dt (batch, seqlen, nheads); A (nheads,); B, C (batch,
+    seqlen, ngroups, dstate); D (nheads,) or (nheads, headdim); z like x; dt_bias (nheads,);
+    initial_states (batch, nheads, headdim, dstate); seq_idx int32 (batch, seqlen);
+    cu_seqlens (num_seqs + 1,) with batch 1. Returns out in x's dtype, then final_states
+    (batch, nheads, headdim, dstate) if ``return_final_states``, then varlen_states
+    (num_seqs, nheads, headdim, dstate) if ``return_varlen_states``; states are float32 unless
+    ``state_dtype`` is given. Semantics: ``mamba2_rocm.reference.ssd``.
+    """
+    op = mamba_chunk_scan_combined_op if torch.compiler.is_compiling() else _impl
+    out, final, varlen = op(
+        x, dt, A, B, C, int(chunk_size), D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+        bool(dt_softplus), [float(dt_limit[0]), float(dt_limit[1])], bool(return_varlen_states),
+        state_dtype,
+    )  # fmt: skip
+    if not return_varlen_states:
+        return (out, final) if return_final_states else out
+    return (out, final, varlen) if return_final_states else (out, varlen)

@@ -1,0 +1,198 @@
+"""mamba_chunk_scan_combined kernels on a GPU against the float64 references.
+
+Every case: fresh seeded inputs at odd sizes, outputs allocated over NaN-poisoned memory, the
+kernel result compared with the sequential recurrence (short sequences) or the chunked form
+(long ones) computed in float64 from the same rounded inputs.
+"""
+
+import math
+
+import pytest
+import torch
+from helpers import gpu_available, make_seq_idx, poison_allocator, seeded
+
+from mamba2_rocm import mamba_chunk_scan_combined, selective_state_update
+from mamba2_rocm.reference.ssd import ssd_chunked, ssd_sequential
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a GPU")]
+DEV = "cuda"
+# out: fp32 rtol/atol 1e-3 (the issue's), fp16/bf16 as mamba_ssm's SSD tests; states fp32
+OUT_TOL = {torch.float32: (1e-3, 1e-3), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 5e-2)}
+STATE_TOL = (1e-3, 1e-3)
+
+
+def _inputs(g, b, L, h, p, groups, n, dtype, *, D="h", z=False, bias=False, init=False):
+    r = lambda *s: torch.randn(*s, device=DEV, generator=g)  # noqa: E731
+    args = dict(
+        x=r(b, L, h, p).to(dtype),
+        dt=(r(b, L, h) - 2.0).to(dtype),  # softplus(dt - 2 + bias) ~ 0.05 .. 0.5
+        A=-torch.rand(h, device=DEV, generator=g) * 2 - 0.05,
+        B=r(b, L, groups, n).to(dtype),
+        C=r(b, L, groups, n).to(dtype),
+    )
+    if D == "h":
+        args["D"] = r(h)
+    elif D == "hp":
+        args["D"] = r(h, p)
+    if z:
+        args["z"] = r(b, L, h, p).to(dtype)
+    if bias:
+        args["dt_bias"] = r(h) * 0.5
+    if init:
+        args["initial_states"] = r(b, h, p, n)
+    return args
+
+
+def _check(args, chunk, dtype, ref_fn=ssd_sequential, **kw):
+    poison_allocator(args["x"].numel() * 4 + (1 << 20))
+    out, fin = mamba_chunk_scan_combined(**args, chunk_size=chunk, return_final_states=True, **kw)
+    ref, ref_fin = ref_fn(**args, return_final_states=True, compute_dtype=torch.float64, **kw)
+    assert out.dtype == args["x"].dtype and fin.dtype == torch.float32
+    assert not out.isnan().any(), "unwritten output elements"
+    rtol, atol = OUT_TOL[dtype]
+    torch.testing.assert_close(out, ref.to(out.dtype), rtol=rtol, atol=atol)
+    torch.testing.assert_close(fin, ref_fin.float(), rtol=STATE_TOL[0], atol=STATE_TOL[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("chunk", [64, 128, 256])
+@pytest.mark.parametrize(
+    ("seqlen", "h", "p", "groups", "n"),
+    [(1, 3, 32, 1, 16), (7, 4, 64, 2, 64), (255, 4, 32, 4, 128), (257, 6, 64, 2, 64),
+     (1000, 2, 128, 1, 256), (600, 4, 40, 2, 100)],
+)  # fmt: skip
+def test_scan_matches_recurrence(dtype, chunk, seqlen, h, p, groups, n):
+    g = seeded("scan", str(dtype), chunk, seqlen, h, p, device=DEV)
+    odd = seqlen % 2 == 1
+    args = _inputs(g, 2, seqlen, h, p, groups, n, dtype, D="h" if odd else "hp", z=not odd,
+                   bias=odd, init=seqlen > 200)  # fmt: skip
+    _check(args, chunk, dtype, dt_softplus=True)
+
+
+@pytest.mark.parametrize("chunk", [64, 256])
+@pytest.mark.parametrize("dt_limit", [(0.0, math.inf), (0.05, 0.3)])
+def test_dt_processing(chunk, dt_limit):
+    g = seeded("dt", chunk, dt_limit, device=DEV)
+    args = _inputs(g, 2, 333, 4, 64, 2, 64, torch.float32, bias=True, z=True)
+    _check(args, chunk, torch.float32, dt_softplus=True, dt_limit=dt_limit)
+    args["dt"] = args["dt"].abs()  # without softplus dt is taken as given (clamped at 0)
+    _check(args, chunk, torch.float32, dt_limit=dt_limit)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("chunk", [64, 256])
+def test_seq_idx_restarts(dtype, chunk):
+    g = seeded("seq", str(dtype), chunk, device=DEV)
+    args = _inputs(g, 3, 700, 4, 64, 2, 64, dtype, z=True, init=True)
+    args["seq_idx"] = make_seq_idx(3, 700, device=DEV, gen=torch.Generator().manual_seed(chunk))
+    _check(args, chunk, dtype, dt_softplus=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("chunk", [64, 256])
+def test_long_sequence_chunk_boundaries(dtype, chunk):
+    """seqlen 8192: the state carried across many chunk boundaries (the accumulation bug of the
+    original ROCm port); every position, the final states, and the tokens around boundaries."""
+    g = seeded("long", str(dtype), chunk, device=DEV)
+    args = _inputs(g, 2, 8192, 8, 64, 2, 128, dtype, bias=True)
+    args["dt"] = args["dt"] - 2.0  # small dt: slow decay, so early chunks still matter at the end
+    _check(args, chunk, dtype, ref_fn=lambda **kw: ssd_chunked(chunk_size=64, **kw),
+           dt_softplus=True)  # fmt: skip
+    out = mamba_chunk_scan_combined(**args, chunk_size=chunk, dt_softplus=True)
+    ref = ssd_chunked(**args, chunk_size=64, dt_softplus=True, compute_dtype=torch.float64)
+    edges = torch.arange(chunk, 8192, chunk, device=DEV)
+    near = torch.cat([edges - 1, edges]).sort().values
+    rtol, atol = OUT_TOL[dtype]
+    torch.testing.assert_close(out[:, near], ref[:, near].to(out.dtype), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("state_dtype", [None, torch.bfloat16])
+def test_varlen_states(state_dtype):
+    g = seeded("varlen", str(state_dtype), device=DEV)
+    cu = torch.tensor([0, 5, 70, 300, 301, 777], device=DEV, dtype=torch.int32)
+    L = int(cu[-1])
+    seq_idx = torch.repeat_interleave(torch.arange(5, device=DEV, dtype=torch.int32), cu.diff())[
+        None
+    ]
+    args = _inputs(g, 1, L, 4, 64, 2, 64, torch.bfloat16, init=True, z=True)
+    kw = dict(seq_idx=seq_idx, cu_seqlens=cu, dt_softplus=True, state_dtype=state_dtype,
+              return_final_states=True, return_varlen_states=True)  # fmt: skip
+    out, fin, var = mamba_chunk_scan_combined(**args, chunk_size=128, **kw)
+    ref, ref_fin, ref_var = ssd_sequential(**args, compute_dtype=torch.float64, **kw)
+    sd = state_dtype or torch.float32
+    assert fin.dtype == sd and var.dtype == sd and var.shape == (5, 4, 64, 64)
+    tol = STATE_TOL if sd == torch.float32 else (1e-2, 1e-2)
+    torch.testing.assert_close(var, ref_var.to(sd), rtol=tol[0], atol=tol[1])
+    torch.testing.assert_close(fin, ref_fin.to(sd), rtol=tol[0], atol=tol[1])
+    torch.testing.assert_close(out, ref.to(out.dtype), rtol=2e-2, atol=5e-2)
+    # each varlen state is that sequence's final state run alone
+    for i in range(5):
+        a, e = int(cu[i]), int(cu[i + 1])
+        one = {k: (v[:, a:e] if k in ("x", "dt", "B", "C", "z") else v) for k, v in args.items()}
+        if i:
+            one.pop("initial_states")
+        _, alone = mamba_chunk_scan_combined(**one, chunk_size=128, dt_softplus=True,
+                                             return_final_states=True)  # fmt: skip
+        torch.testing.assert_close(var[i].float(), alone[0], rtol=tol[0] * 2, atol=tol[1] * 2)
+
+
+def test_strided_inputs_as_the_mamba2_block_passes_them():
+    """x, B, C, z, dt as views of one projection (large seqlen strides), D (h,): no copies."""
+    g = seeded("views", device=DEV)
+    b, L, h, p, groups, n = 2, 300, 4, 64, 2, 64
+    d = 2 * h * p + 2 * groups * n + h
+    proj = torch.randn(b, L, d, device=DEV, generator=g).to(torch.bfloat16)
+    z, x, Bf, Cf, dt = torch.split(proj, [h * p, h * p, groups * n, groups * n, h], dim=-1)
+    args = dict(
+        x=x.view(b, L, h, p), dt=dt, A=-torch.rand(h, device=DEV, generator=g),
+        B=Bf.view(b, L, groups, n), C=Cf.view(b, L, groups, n), z=z.view(b, L, h, p),
+        D=torch.randn(h, device=DEV, generator=g),
+    )  # fmt: skip
+    _check(args, 128, torch.bfloat16, dt_softplus=True)
+
+
+def test_decode_continues_the_scan():
+    """The scan over a prefix, then selective_state_update token by token (HF's stride-0 tied
+    views), matches the scan over the whole sequence."""
+    g = seeded("decode", device=DEV)
+    b, L, h, p, groups, n, prefix = 2, 300, 8, 64, 2, 128, 270
+    args = _inputs(g, b, L, h, p, groups, n, torch.float32, D="h", z=True, bias=True)
+    full = mamba_chunk_scan_combined(**args, chunk_size=128, dt_softplus=True)
+    head = {k: (v[:, :prefix] if k in ("x", "dt", "B", "C", "z") else v) for k, v in args.items()}
+    _, state = mamba_chunk_scan_combined(**head, chunk_size=128, dt_softplus=True,
+                                         return_final_states=True)  # fmt: skip
+    A, D, bias = args["A"], args["D"], args["dt_bias"]
+    for t in range(prefix, L):
+        y = selective_state_update(
+            state, args["x"][:, t], args["dt"][:, t, :, None].expand(b, h, p),
+            A[:, None, None].expand(h, p, n), args["B"][:, t], args["C"][:, t],
+            D=D[:, None].expand(h, p), z=args["z"][:, t], dt_bias=bias[:, None].expand(h, p),
+            dt_softplus=True,
+        )  # fmt: skip
+        torch.testing.assert_close(y, full[:, t], rtol=1e-3, atol=1e-3)
+
+
+def test_cuda_graph_and_compile():
+    g = seeded("graph", device=DEV)
+    args = _inputs(g, 2, 500, 4, 64, 1, 128, torch.bfloat16, z=True)
+    eager = mamba_chunk_scan_combined(**args, chunk_size=256)
+    compiled = torch.compile(
+        lambda a: mamba_chunk_scan_combined(**a, chunk_size=256), fullgraph=True
+    )
+    torch.testing.assert_close(compiled(args), eager, rtol=0, atol=0)
+    graph = torch.cuda.CUDAGraph()
+    mamba_chunk_scan_combined(**args, chunk_size=256)  # warm-up outside capture
+    with torch.cuda.graph(graph):
+        captured = mamba_chunk_scan_combined(**args, chunk_size=256)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, eager, rtol=0, atol=0)
+
+
+def test_gpu_only_errors():
+    g = seeded("errors", device=DEV)
+    args = _inputs(g, 1, 64, 2, 32, 1, 16, torch.bfloat16)
+    with pytest.raises(TypeError, match="B must have x's dtype"):
+        mamba_chunk_scan_combined(**{**args, "B": args["B"].float()}, chunk_size=64)
+    with pytest.raises(ValueError, match="chunk_size"):
+        mamba_chunk_scan_combined(**args, chunk_size=32)

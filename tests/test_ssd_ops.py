@@ -1,0 +1,169 @@
+"""mamba_chunk_scan_combined and mamba_split_conv1d_scan_combined on the CPU tiers: results
+against the float64 recurrence, mamba_ssm's return convention, op registration, bad inputs."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import seeded
+
+from mamba2_rocm import mamba_chunk_scan_combined, mamba_split_conv1d_scan_combined
+from mamba2_rocm.ops import ssd as ssd_ops
+from mamba2_rocm.reference.ssd import rmsnorm_ref, ssd_sequential
+
+
+def _inputs(g, b=2, L=77, h=4, p=8, groups=2, n=16):
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return dict(
+        x=r(b, L, h, p), dt=r(b, L, h) - 1, A=-torch.rand(h, generator=g) - 0.1,
+        B=r(b, L, groups, n), C=r(b, L, groups, n),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("tier", ["torch", "eager"])
+@pytest.mark.parametrize("chunk", [64, 128, 256])
+def test_tiers_match_recurrence(tier, chunk, backend):
+    backend(tier)
+    g = seeded("tiers", tier, chunk)
+    a = _inputs(g, L=300)
+    extra = dict(D=torch.randn(4, 8, generator=g), z=torch.randn(2, 300, 4, 8, generator=g),
+                 dt_bias=torch.randn(4, generator=g), initial_states=torch.randn(2, 4, 8, 16, generator=g),
+                 dt_softplus=True, dt_limit=(0.01, 2.0))  # fmt: skip
+    out, fin = mamba_chunk_scan_combined(**a, chunk_size=chunk, **extra, return_final_states=True)
+    ref, rfin = ssd_sequential(**a, **extra, return_final_states=True)
+    assert out.is_contiguous() and out.dtype == torch.float32
+    torch.testing.assert_close(out, ref.float(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fin, rfin.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_return_convention(backend):
+    backend("torch")
+    g = seeded("ret")
+    a = _inputs(g, b=1, L=40)
+    cu = torch.tensor([0, 10, 40], dtype=torch.int32)
+    seq = torch.repeat_interleave(torch.arange(2, dtype=torch.int32), cu.diff())[None]
+    out = mamba_chunk_scan_combined(**a, chunk_size=64)
+    assert isinstance(out, torch.Tensor) and out.shape == a["x"].shape
+    out, fin = mamba_chunk_scan_combined(**a, chunk_size=64, return_final_states=True)
+    assert fin.shape == (1, 4, 8, 16) and fin.dtype == torch.float32
+    kw = dict(seq_idx=seq, cu_seqlens=cu, return_varlen_states=True)
+    out, var = mamba_chunk_scan_combined(**a, chunk_size=64, **kw)
+    assert var.shape == (2, 4, 8, 16)
+    out, fin, var = mamba_chunk_scan_combined(
+        **a, chunk_size=64, return_final_states=True, state_dtype=torch.bfloat16, **kw
+    )
+    assert fin.dtype == var.dtype == torch.bfloat16
+    _, ref_var = ssd_sequential(**a, **kw)
+    torch.testing.assert_close(var.float(), ref_var.float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("change", "err", "match"),
+    [
+        (dict(chunk_size=100), ValueError, "chunk_size"),
+        (dict(chunk_size=32), ValueError, "chunk_size"),
+        (dict(B=torch.randn(2, 77, 3, 16), C=torch.randn(2, 77, 3, 16)), ValueError, "divisible"),
+        (dict(C=torch.randn(2, 77, 2, 15)), ValueError, "C"),
+        (dict(dt=torch.randn(2, 76, 4)), ValueError, "dt"),
+        (dict(x=torch.randn(2, 77, 4, 8).to(torch.int32)), TypeError, "x"),
+        (dict(x=torch.randn(2, 0, 4, 8)), ValueError, "empty"),
+        (dict(D=torch.randn(5)), ValueError, "D must have shape"),
+        (dict(cu_seqlens=torch.tensor([0, 77])), ValueError, "batch == 1"),
+        (dict(return_varlen_states=True), ValueError, "cu_seqlens"),
+        (dict(dt_limit=(1.0, 0.5)), ValueError, "dt_limit"),
+        (dict(seq_idx=torch.zeros(2, 77, dtype=torch.int64)), TypeError, "seq_idx"),
+    ],
+)  # fmt: skip
+def test_bad_inputs(change, err, match):
+    a = {**_inputs(seeded("bad")), "chunk_size": 64, **change}
+    with pytest.raises(err, match=match):
+        mamba_chunk_scan_combined(**a)
+
+
+def test_opcheck_and_compile(backend):
+    backend("torch")
+    a = _inputs(seeded("opcheck"), L=70)
+    args = (a["x"], a["dt"], a["A"], a["B"], a["C"], 64, torch.randn(4), None, None, None, None,
+            None, True, [0.0, math.inf], False, None)  # fmt: skip
+    torch.library.opcheck(ssd_ops.mamba_chunk_scan_combined_op, args)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(x, dt):
+        return mamba_chunk_scan_combined(x, dt, a["A"], a["B"], a["C"], 64, dt_softplus=True)
+
+    eager = mamba_chunk_scan_combined(**a, chunk_size=64, dt_softplus=True)
+    torch.testing.assert_close(f(a["x"], a["dt"]), eager)
+
+
+# ---- mamba_split_conv1d_scan_combined -------------------------------------------------------
+
+
+def _block_reference(zxbcdt, w, cb, dt_bias, A, D, h, p, groups, n, rms_w, out_w, out_b,
+                     norm_before_gate, seq_idx=None):  # fmt: skip
+    """The Mamba2 block forward written out with torch ops and the float64 recurrence."""
+    dim = h * p
+    z, xbc, dt = torch.split(zxbcdt.double(), [dim, dim + 2 * groups * n, h], dim=-1)
+    width = w.shape[1]
+    xbc = F.conv1d(F.pad(xbc.transpose(1, 2), (width - 1, 0)), w.double()[:, None], cb.double(),
+                   groups=w.shape[0])  # fmt: skip
+    xbc = F.silu(xbc).transpose(1, 2)
+    x, B, C = torch.split(xbc, [dim, groups * n, groups * n], dim=-1)
+    b, L = zxbcdt.shape[:2]
+    y = ssd_sequential(
+        x.reshape(b, L, h, p), dt, A.double(), B.reshape(b, L, groups, n),
+        C.reshape(b, L, groups, n), D=D.double(), dt_bias=dt_bias.double(), dt_softplus=True,
+        z=None if rms_w is not None else z.reshape(b, L, h, p), seq_idx=seq_idx,
+    ).reshape(b, L, dim)  # fmt: skip
+    if rms_w is not None:
+        y = rmsnorm_ref(y, rms_w.double(), None, z=z, eps=1e-6, group_size=dim // groups,
+                        norm_before_gate=norm_before_gate)  # fmt: skip
+    return F.linear(y, out_w.double(), out_b.double()) if out_w is not None else y
+
+
+@pytest.mark.parametrize("norm", ["none", "before", "after"])
+@pytest.mark.parametrize("d_shape", ["h", "hp"])
+def test_split_conv1d_scan_matches_block(norm, d_shape, backend):
+    backend("torch")
+    g = seeded("block", norm, d_shape)
+    b, L, h, p, groups, n, width = 2, 150, 4, 8, 2, 16, 4
+    dim, conv_dim = h * p, h * p + 2 * groups * n
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    zxbcdt = r(b, L, 2 * dim + 2 * groups * n + h)
+    w, cb, dt_bias = r(conv_dim, width) * 0.5, r(conv_dim), r(h) * 0.5 - 1
+    A = -torch.rand(h, generator=g) - 0.1
+    D = r(h) if d_shape == "h" else r(h, p)
+    rms_w = None if norm == "none" else r(dim)
+    out_w, out_b = r(24, dim), r(24)
+    res = mamba_split_conv1d_scan_combined(
+        zxbcdt, w, cb, dt_bias, A, D, 64, rmsnorm_weight=rms_w, outproj_weight=out_w,
+        outproj_bias=out_b, headdim=p if d_shape == "h" else None, ngroups=groups,
+        norm_before_gate=norm != "after", return_final_states=True,
+    )  # fmt: skip
+    out, fin = res
+    ref = _block_reference(zxbcdt, w, cb, dt_bias, A, D, h, p, groups, n, rms_w, out_w, out_b,
+                           norm != "after")  # fmt: skip
+    assert out.shape == (b, L, 24) and fin.shape == (b, h, p, n)
+    torch.testing.assert_close(out, ref.float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(D=torch.randn(4)), "headdim must be given"),
+        (dict(headdim=7), "does not match"),
+        (dict(ngroups=3), "is not 2\\*dim"),
+        (dict(activation="relu"), "activation"),
+        (dict(conv1d_weight=torch.randn(10, 4)), "conv1d_weight"),
+    ],
+)  # fmt: skip
+def test_split_conv1d_scan_bad_inputs(kw, match):
+    h, p, groups, n = 4, 8, 2, 16
+    conv_dim = h * p + 2 * groups * n
+    args = dict(
+        zxbcdt=torch.randn(1, 20, 2 * h * p + 2 * groups * n + h),
+        conv1d_weight=torch.randn(conv_dim, 4), conv1d_bias=None, dt_bias=None,
+        A=-torch.rand(h), D=torch.randn(h, p), chunk_size=64, ngroups=groups,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=match):
+        mamba_split_conv1d_scan_combined(**{**args, **kw})
