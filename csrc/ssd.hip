@@ -7,11 +7,11 @@
 //                                                                   grid (chunks*g*tiles, 1, b)
 //   3. chunk_state   each chunk's own final state: x^T (w ∘ B), w the decay to the chunk end;
 //                    also, as a variant, the state after the last token of each varlen sequence;
-//                                                                   grid (chunks*tiles, h, b)
+//                                                                   grid (chunks*tiles*h, 1, b)
 //   4. state_passing the state entering each chunk, a loop over chunks; writes final_states;
-//                                                                   grid (p*n / 256, h, b)
+//                                                                   grid (p*n / 1024, h, b)
 //   5. chunk_scan    out = decayed C·(entering state) + (masked, decayed C·Bᵀ)·x + D x, then
-//                    the z gate;                                    grid (chunks*tiles, h, b)
+//                    the z gate;                                    grid (chunks*tiles*h, 1, b)
 //
 // Every product is accumulated in fp32. Stages 2, 3 and 5 are tiled matrix products: operand
 // slabs of 32 along the reduction dim go through LDS (k-major, padded), and each thread owns a
@@ -87,7 +87,7 @@ M2R_DEVICE void slab_product(float (&acc)[4 * kRowGroups][4 * kColGroups], const
 template <typename T, int kRows, int kLd>
 M2R_DEVICE void stage_transposed(float* dst, const typename T::storage* src, int row_stride,
                                  int row0, int rows, int col0, int cols) {
-#pragma unroll
+#pragma unroll 4  // more keeps every address live: 3x the registers
   for (int i = 0; i < kRows * kSlab / kThreads; ++i) {
     const int idx = threadIdx.x + i * kThreads;
     const int c = idx % kSlab, r = idx / kSlab;
@@ -102,7 +102,7 @@ M2R_DEVICE void stage_transposed(float* dst, const typename T::storage* src, int
 template <typename T, int kCols, int kLd>
 M2R_DEVICE void stage_rows(float* dst, const typename T::storage* src, int row_stride,
                            int row0, int rows, int col0, int cols, const float* scale) {
-#pragma unroll
+#pragma unroll 4  // more keeps every address live: 3x the registers
   for (int i = 0; i < kCols * kSlab / kThreads; ++i) {
     const int idx = threadIdx.x + i * kThreads;
     const int c = idx % kCols, r = idx / kCols;
@@ -211,10 +211,11 @@ M2R_DEVICE void chunk_state(const SsdParams& p) {
   __shared__ __align__(16) float Xs[kSlab * kLdX];
   __shared__ __align__(16) float Bs[kSlab * kLdB];
   __shared__ float w[kMaxChunk];
+  // heads fastest: the heads of a group, which read the same B rows, run side by side
   const int tiles_n = (p.dstate + 127) / 128, tiles = tiles_n * ((p.headdim + 63) / 64);
-  const int tile = blockIdx.x % tiles, item = blockIdx.x / tiles;
+  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group;
+  const int tile = (blockIdx.x / p.nheads) % tiles, item = blockIdx.x / p.nheads / tiles;
   const int p0 = (tile / tiles_n) * 64, n0 = (tile % tiles_n) * 128;
-  const int h = blockIdx.y, g = h / p.heads_per_group;
   int b, c, end;
   if constexpr (kVarlen) {
     const int last = p.cu_seqlens[item + 1] - 1;
@@ -271,28 +272,63 @@ M2R_DEVICE void chunk_state(const SsdParams& p) {
 
 // ---- 4. state passing -----------------------------------------------------------------------
 
-// One thread per (n, p) element of a head's state: entering[c] = state; state = carry_c state +
-// own_c, with carry_c = exp(dA_cs[c][last]) when the chunk's last token continues the segment of
-// the token before the chunk, else 0 (a sequence started inside the chunk).
+// kPassVec (n, p) elements of a head's state per thread: entering[c] = state; state = carry_c
+// state + own_c, with carry_c = exp(dA_cs[c][last]) when the chunk's last token continues the
+// segment of the token before the chunk, else 0 (a sequence started inside the chunk). The
+// carries of up to kThreads chunks at a time come through LDS, and each chunk's own state is
+// loaded one chunk ahead, so the loop waits on memory once, not once per chunk.
+constexpr int kPassVec = 4;
+
 M2R_DEVICE void state_passing(const SsdParams& p) {
+  __shared__ float carry[kThreads];
   const int h = blockIdx.y, b = blockIdx.z;
-  const int e = blockIdx.x * kThreads + threadIdx.x;
-  if (e >= p.headdim * p.dstate) return;
-  const int n = e / p.headdim, pp = e % p.headdim;
-  float s = 0.f;
-  if (p.initial_states)
-    s = load_as_float(p.initial_states, p.init_dtype,
-                      b * p.init_batch_stride + h * p.init_h_stride + pp * p.init_p_stride + n * p.init_n_stride);
-  const int last = p.chunk_size - 1;
-  for (int c = 0; c < p.nchunks; ++c) {
-    float* at = p.states + states_at(p, b, c, h) + e;
-    const float own = *at;
-    *at = s;
-    const bool carries = p.seg[(static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size + last] == 0;
-    s = (carries ? __expf(p.dA_cs[chunk_row(p, b, h, c) + last]) * s : 0.f) + own;
+  const int64_t pn = static_cast<int64_t>(p.headdim) * p.dstate;
+  const int64_t e0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kPassVec;
+  const int64_t chunk_stride = static_cast<int64_t>(p.nheads) * pn;
+  float* base = p.states + states_at(p, b, 0, h) + e0;
+  float s[kPassVec], own[kPassVec], next[kPassVec];
+#pragma unroll
+  for (int v = 0; v < kPassVec; ++v) {
+    const int64_t e = e0 + v;
+    const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
+    s[v] = e < pn && p.initial_states
+               ? load_as_float(p.initial_states, p.init_dtype, b * p.init_batch_stride + h * p.init_h_stride +
+                                                                   pp * p.init_p_stride + n * p.init_n_stride)
+               : 0.f;
+    own[v] = e < pn ? base[v] : 0.f;
   }
-  if (p.final_states)
-    store_as(p.final_states, p.state_dtype, ((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n, s);
+  const int last = p.chunk_size - 1;
+  for (int c0 = 0; c0 < p.nchunks; c0 += kThreads) {
+    __syncthreads();
+    const int cc = c0 + threadIdx.x;
+    if (cc < p.nchunks) {
+      const bool carries = p.seg[(static_cast<int64_t>(b) * p.nchunks + cc) * p.chunk_size + last] == 0;
+      carry[threadIdx.x] = carries ? __expf(p.dA_cs[chunk_row(p, b, h, cc) + last]) : 0.f;
+    }
+    __syncthreads();
+    const int count = min(kThreads, p.nchunks - c0);
+    for (int i = 0; i < count; ++i) {
+      float* at = base + (c0 + i) * chunk_stride;
+      const bool more = c0 + i + 1 < p.nchunks;
+#pragma unroll
+      for (int v = 0; v < kPassVec; ++v) next[v] = more && e0 + v < pn ? at[chunk_stride + v] : 0.f;
+#pragma unroll
+      for (int v = 0; v < kPassVec; ++v) {
+        if (e0 + v < pn) at[v] = s[v];
+        s[v] = carry[i] * s[v] + own[v];
+        own[v] = next[v];
+      }
+    }
+  }
+  if (p.final_states) {
+#pragma unroll
+    for (int v = 0; v < kPassVec; ++v) {
+      const int64_t e = e0 + v;
+      if (e >= pn) continue;
+      const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
+      store_as(p.final_states, p.state_dtype, ((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n, s[v]);
+    }
+  }
 }
 
 // ---- 5. chunk scan --------------------------------------------------------------------------
@@ -309,10 +345,11 @@ M2R_DEVICE void chunk_scan(const SsdParams& p) {
   __shared__ __align__(16) float Bs[kSlab * kLdB];
   __shared__ float acs[kMaxChunk], dts[kMaxChunk];
   __shared__ int32_t seg[kMaxChunk];
+  // heads fastest: the heads of a group, which read the same C rows and C·Bᵀ, run side by side
   const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + 63) / 64);
-  const int tile = blockIdx.x % tiles, c = blockIdx.x / tiles;
+  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
+  const int tile = (blockIdx.x / p.nheads) % tiles, c = blockIdx.x / p.nheads / tiles;
   const int t0 = (tile % tiles_t) * kRows, p0 = (tile / tiles_t) * 64;
-  const int h = blockIdx.y, g = h / p.heads_per_group, b = blockIdx.z;
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   {
@@ -331,7 +368,7 @@ M2R_DEVICE void chunk_scan(const SsdParams& p) {
     const float* E = p.states + states_at(p, b, c, h);
     for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
       stage_transposed<T, kRows, kLdA>(As, Cp, p.C_l_stride, t0, rows, n0, p.dstate);
-#pragma unroll
+#pragma unroll 4  // more keeps every address live: 3x the registers
       for (int i = 0; i < 64 * kSlab / kThreads; ++i) {
         const int idx = threadIdx.x + i * kThreads;
         const int col = idx % 64, k = idx / 64;
@@ -357,7 +394,7 @@ M2R_DEVICE void chunk_scan(const SsdParams& p) {
                                static_cast<int64_t>(p.chunk_size) * p.chunk_size;
   const int s_end = min(t0 + kRows, rows);
   for (int s0 = 0; s0 < s_end; s0 += kSlab) {
-#pragma unroll
+#pragma unroll 4  // more keeps every address live: 3x the registers
     for (int i = 0; i < kRows * kSlab / kThreads; ++i) {
       const int idx = threadIdx.x + i * kThreads;
       const int t = idx % kRows, k = idx / kRows;

@@ -37,6 +37,7 @@ _THREADS = 256
 _CUMSUM_HEADS = 8  # kHeadsPerCumsum
 _STATE_TILES = (64, 128)  # chunk_state: (headdim, dstate) per block
 _SCAN_COLS = 64  # chunk_scan: headdim per block
+_PASS_VEC = 4  # state_passing: elements per thread
 _INT32_MAX = 2**31 - 1
 
 
@@ -151,11 +152,11 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     run = lambda name, grid: launch(kset.launcher(name), x, params, grid, _THREADS)  # noqa: E731
     run("m2r_ssd_chunk_cumsum", (nchunks, _cdiv(nheads, _CUMSUM_HEADS), batch))
     run(f"m2r_ssd_bmm_{dt_name}", (nchunks * ngroups * pairs, 1, batch))
-    run(f"m2r_ssd_chunk_state_{dt_name}", (nchunks * state_tiles, nheads, batch))
-    run("m2r_ssd_state_passing", (_cdiv(headdim * dstate, _THREADS), nheads, batch))
+    run(f"m2r_ssd_chunk_state_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
+    run("m2r_ssd_state_passing", (_cdiv(headdim * dstate, _THREADS * _PASS_VEC), nheads, batch))
     if varlen is not None:
-        run(f"m2r_ssd_varlen_state_{dt_name}", (dims.num_seqs * state_tiles, nheads, 1))
-    run(f"m2r_ssd_chunk_scan_{dt_name}_t{rows}{zs}", (nchunks * scan_tiles, nheads, batch))
+        run(f"m2r_ssd_varlen_state_{dt_name}", (dims.num_seqs * state_tiles * nheads, 1, 1))
+    run(f"m2r_ssd_chunk_scan_{dt_name}_t{rows}{zs}", (nchunks * scan_tiles * nheads, 1, batch))
     return out
 
 
