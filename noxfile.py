@@ -1,7 +1,8 @@
 """Nox sessions for mamba2-rocm. See the sessions with `nox -l`.
 
 Tags: `tests` and `lint` run by default; the pipeline sessions are explicit:
-`toolchain`, `build-<target>` (one per recipes/<target>.toml), `build-all`, `reproducibility`.
+`toolchain`, `build-<target>` (one per recipes/<target>.toml), `build-all`, `reproducibility`,
+`matrix` (CI matrices), `gpu-tests-<target>`, `publish`, `pull-<target>`.
 Sessions are thin: the logic lives in mamba2_rocm.pipeline (tested), called as
 `python -m mamba2_rocm.pipeline ...`.
 """
@@ -52,10 +53,14 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check."""
-    session.install("ruff")
+    """ruff check and format --check; zizmor --pedantic and the workflow schema on .github/."""
+    session.install("ruff", "zizmor", "check-jsonschema")
     session.run("ruff", "check", "mamba2_rocm", "tests", "noxfile.py", "hatch_build.py")
     session.run("ruff", "format", "--check", "mamba2_rocm", "tests", "noxfile.py", "hatch_build.py")
+    workflows = sorted(str(p) for p in Path(".github/workflows").glob("*.yml"))
+    # --offline: no GitHub API calls and no token; the online audits need the network.
+    session.run("zizmor", "--offline", "--pedantic", "--no-progress", *workflows)
+    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
 
 
 @nox.session(default=False)
@@ -80,6 +85,40 @@ for _target in RECIPES:
 def build_all(session: nox.Session) -> None:
     """Build every recipe into wheels/."""
     _pipeline(session, "build", "all", *session.posargs)
+
+
+@nox.session(default=False)
+def matrix(session: nox.Session) -> None:
+    """Print the CI matrices from recipes/ as JSON (--github-output FILE for Actions)."""
+    _pipeline(session, "matrix", *session.posargs)
+
+
+def _make_gpu_tests(target: str):
+    def gpu_tests(session: nox.Session) -> None:
+        _pipeline(session, "gpu-tests", target, *session.posargs)
+
+    gpu_tests.__doc__ = f"Test wheels/{target}/ on this machine's AMD GPU; writes the GPU gate."
+    return gpu_tests
+
+
+def _make_pull(target: str):
+    def pull(session: nox.Session) -> None:
+        _pipeline(session, "pull", target, *session.posargs)
+
+    pull.__doc__ = f"Install mamba2-rocm[{target}] from -- --index-url URL and verify it."
+    return pull
+
+
+for _target in RECIPES:
+    nox.session(name=f"gpu-tests-{_target}", default=False)(_make_gpu_tests(_target))
+    nox.session(name=f"pull-{_target}", default=False)(_make_pull(_target))
+
+
+@nox.session(default=False)
+def publish(session: nox.Session) -> None:
+    """Check wheels/ and twine-upload: -- --repository-url URL [targets...]."""
+    session.install("twine>=6.1")  # 6.1: trusted publishing from GitHub Actions
+    _pipeline(session, "publish", *session.posargs)
 
 
 @nox.session(default=False)
