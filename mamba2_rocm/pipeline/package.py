@@ -97,6 +97,7 @@ build-backend = "hatchling.build"
 name = "{package}"
 version = "{version}"
 description = "{summary}"
+readme = "README.md"
 requires-python = ">=3.10"
 license = "Apache-2.0"
 dependencies = ["mamba2-rocm=={version}"]

@@ -242,7 +242,7 @@ def check_release(
 
 def _twine(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "twine", *args], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "twine", "--no-color", *args], capture_output=True, text=True, env=env
     )
 
 
