@@ -46,6 +46,7 @@ __all__ = [
     "junit_counts",
     "render_gid",
     "run_gpu_tests",
+    "write_gate",
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,15 +106,11 @@ def run_args(image: str, gid: int, out: Path | None, command: Sequence[str] = ()
     return [*args, image, *command]
 
 
-def _accepted_archs(recipe: Recipe) -> set[str]:
-    return set(recipe.archs)
-
-
 def health_check(recipe: Recipe, rocminfo: str) -> list[str]:
     """The device archs in ``rocminfo``'s output that the recipe's code objects run on (an exact
     arch, or one of a generic target's family); raises naming what was found otherwise."""
     found = sorted(set(re.findall(r"^\s*Name:\s+(gfx[0-9a-z]+)\b", rocminfo, re.MULTILINE)))
-    wanted = _accepted_archs(recipe)
+    wanted = set(recipe.archs)
     usable = [a for a in found if a in wanted or generic_family(a) in wanted]
     if not usable:
         raise GpuTestError(
@@ -230,13 +227,23 @@ def run_gpu_tests(recipe: Recipe, wheels_root: Path, base_image: str = DEFAULT_B
         if verdict:
             raise GpuTestError(f"the GPU gate for {recipe.target} is not passed: {verdict}")
         bench = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("bench-*.json"))}
+    path = write_gate(directory, manifest, archs, counts, base_image, sorted(bench))
+    log(f"{recipe.target}: GPU gate passed ({counts['passed']} tests) -> {path}")
+    return path
+
+
+def write_gate(directory: Path, manifest: dict[str, Any], archs: list[str], counts: dict[str, int],
+               base_image: str, benchmarks: list[str]) -> Path:  # fmt: skip
+    """``<directory>/gpu-gate.json``: a passed gate for exactly the manifest's wheels."""
+    verdict = gate_verdict(counts)
+    if verdict:
+        raise GpuTestError(f"not writing a GPU gate for {manifest['target']}: {verdict}")
     gate: dict[str, Any] = {
-        "format": publish.GATE_FORMAT, "target": recipe.target, "version": manifest["version"],
+        "format": publish.GATE_FORMAT, "target": manifest["target"], "version": manifest["version"],
         "result": "passed", "wheels": manifest["wheels"], "device_archs": archs,
-        "base_image": base_image, "tests": counts, "benchmarks": sorted(bench),
+        "base_image": base_image, "tests": counts, "benchmarks": benchmarks,
         "runner": os.environ.get("RUNNER_NAME", ""),
     }  # fmt: skip
     path = directory / publish.GATE_FILE
     path.write_text(json.dumps(gate, indent=2, sort_keys=True) + "\n")
-    log(f"{recipe.target}: GPU gate passed ({counts['passed']} tests) -> {path}")
     return path

@@ -242,7 +242,10 @@ def check_release(
 
 def _twine(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "twine", "--no-color", *args], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "twine", "--no-color", *args],
+        capture_output=True,
+        text=True,
+        env=env,
     )
 
 
@@ -279,7 +282,8 @@ def twine_upload(files: list[Path], repository_url: str, env: dict[str, str] | N
             "no upload credentials: set TWINE_USERNAME and TWINE_PASSWORD, or run in a GitHub "
             "Actions job with `id-token: write` for trusted publishing"
         )
-    args = ["upload", "--non-interactive", "--disable-progress-bar",
+    # --verbose: the index's own reason for a refusal (e.g. "already exists") is in the body.
+    args = ["upload", "--non-interactive", "--disable-progress-bar", "--verbose",
             "--repository-url", repository_url, *map(str, files)]  # fmt: skip
     proc = _twine(args, env)
     output = (proc.stdout + proc.stderr).strip()

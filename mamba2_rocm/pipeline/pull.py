@@ -178,7 +178,7 @@ def pull(
         log(f"installing {requirement} from {index_url} (torch protected)")
         try:
             rc = protected_install(
-                ["--index-url", index_url, "--report", str(report), requirement], py
+                ["-q", "--index-url", index_url, "--report", str(report), requirement], py
             )
         except TorchStackChanged as exc:
             raise PullError(f"installing {requirement} changed the torch stack: {exc}") from None
