@@ -268,8 +268,6 @@ def _explain_upload_failure(output: str, url: str) -> str:
             f"the index at {url} already has this version (HTTP {code}) and refused to replace "
             "it; a published version is never overwritten: bump the version (a new tag) instead"
         )
-    if code == "409":
-        return f"the index at {url} refused the upload as a conflict (HTTP 409)"
     return f"twine upload to {url} failed" + (f" (HTTP {code})" if code else "")
 
 
