@@ -72,16 +72,38 @@ def toolchain(session: nox.Session) -> None:
     _pipeline(session, "toolchain", *session.posargs)
 
 
-def _make_build(target: str):
-    def build(session: nox.Session) -> None:
-        _pipeline(session, "build", target, *session.posargs)
+def _per_target(command: str, target: str, doc: str):
+    """A session running ``python -m mamba2_rocm.pipeline <command> <target> [posargs]``."""
 
-    build.__doc__ = f"Build, verify and package wheels/{target}/ (mamba2-rocm-{target})."
-    return build
+    def session(session: nox.Session) -> None:
+        _pipeline(session, command, target, *session.posargs)
+
+    session.__doc__ = doc
+    return session
 
 
 for _target in RECIPES:
-    nox.session(name=f"build-{_target}", default=False)(_make_build(_target))
+    nox.session(name=f"build-{_target}", default=False)(
+        _per_target(
+            "build",
+            _target,
+            f"Build, verify and package wheels/{_target}/ (mamba2-rocm-{_target}).",
+        )
+    )
+    nox.session(name=f"gpu-tests-{_target}", default=False)(
+        _per_target(
+            "gpu-tests",
+            _target,
+            f"Test wheels/{_target}/ on this machine's AMD GPU; writes the GPU gate.",
+        )
+    )
+    nox.session(name=f"pull-{_target}", default=False)(
+        _per_target(
+            "pull",
+            _target,
+            f"Install mamba2-rocm[{_target}] from -- --index-url URL and verify it.",
+        )
+    )
 
 
 @nox.session(name="build-all", default=False)
@@ -94,27 +116,6 @@ def build_all(session: nox.Session) -> None:
 def matrix(session: nox.Session) -> None:
     """Print the CI matrices from recipes/ as JSON (--github-output FILE for Actions)."""
     _pipeline(session, "matrix", *session.posargs)
-
-
-def _make_gpu_tests(target: str):
-    def gpu_tests(session: nox.Session) -> None:
-        _pipeline(session, "gpu-tests", target, *session.posargs)
-
-    gpu_tests.__doc__ = f"Test wheels/{target}/ on this machine's AMD GPU; writes the GPU gate."
-    return gpu_tests
-
-
-def _make_pull(target: str):
-    def pull(session: nox.Session) -> None:
-        _pipeline(session, "pull", target, *session.posargs)
-
-    pull.__doc__ = f"Install mamba2-rocm[{target}] from -- --index-url URL and verify it."
-    return pull
-
-
-for _target in RECIPES:
-    nox.session(name=f"gpu-tests-{_target}", default=False)(_make_gpu_tests(_target))
-    nox.session(name=f"pull-{_target}", default=False)(_make_pull(_target))
 
 
 @nox.session(default=False)

@@ -6,7 +6,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fakewheels import build_torch_wheel, build_wheel  # noqa: F401 (the env tests import them from here)
 
 
 def fake_torch(hip=None, cuda=None, archs=(), names=None, version="2.5.1+rocm6.2", caps=()):

@@ -10,12 +10,9 @@ fixture writes the gate file that ``gpu-tests-gfx1030`` would write after a pass
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import warnings
 from pathlib import Path
@@ -23,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 from fakewheels import build_wheel, wheel_from_installed
+from loopback_index import pip_env, pypiserver
 
 from mamba2_rocm.pipeline import gputest
 
@@ -31,23 +29,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 HOST_DEPS = ("packaging", "pyelftools", "msgpack", "platformdirs", "filelock")
 
 
-def _env(**extra: str) -> dict[str, str]:
-    """No pip/twine config of this machine (its find-links hold a real torch), loopback only."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "TWINE_"))}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1",
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", **extra)  # fmt: skip
-    return env
-
-
 def _pipeline(*args, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mamba2_rocm.pipeline", *map(str, args)],
                           cwd=REPO, env=env, capture_output=True, text=True)  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -63,33 +47,9 @@ def index(tmp_path_factory):
     htpasswd = HtpasswdFile(str(root / "htpasswd"), new=True)
     htpasswd.set_password("maintainer", "right-password")
     htpasswd.save()
-    port = _free_port()
-    log = open(root / "pypiserver.log", "w")  # noqa: SIM115 (closed at teardown)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "pypiserver", "run", "-i", "127.0.0.1", "-p", str(port),
-         "-P", str(root / "htpasswd"), "-a", "update", "--hash-algo", "sha256",
-         "--disable-fallback", "--backend", "simple-dir", str(packages)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(base + "/simple/", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                pytest.fail(f"pypiserver did not start: {(root / 'pypiserver.log').read_text()}")
-            time.sleep(0.2)
-    try:
-        yield SimpleNamespace(upload=base + "/", simple=base + "/simple/", packages=packages,
-                              root=root)  # fmt: skip
-    finally:
-        server.terminate()
-        server.wait(10)
-        log.close()
+    auth = ("-P", str(root / "htpasswd"), "-a", "update", "--hash-algo", "sha256")
+    with pypiserver(packages, root / "pypiserver.log", *auth) as base:
+        yield SimpleNamespace(upload=base + "/", simple=base + "/simple/", packages=packages)
 
 
 @pytest.fixture(scope="module")
@@ -111,14 +71,14 @@ def _ours(index) -> list[str]:
 def published(index, wheels):
     # A wrong password first: refused by the index, reported as such, nothing uploaded.
     r = _pipeline("publish", "gfx1030", "gfx1101", "--wheels", wheels, "--repository-url",
-                  index.upload, env=_env(TWINE_USERNAME="maintainer", TWINE_PASSWORD="wrong"))  # fmt: skip
+                  index.upload, env=pip_env(TWINE_USERNAME="maintainer", TWINE_PASSWORD="wrong"))  # fmt: skip
     assert r.returncode == 1, r.stdout + r.stderr
     assert "refused the credentials (HTTP 403)" in r.stderr, r.stderr
     assert "TWINE_PASSWORD" in r.stderr
     assert _ours(index) == []
     # The real upload.
     r = _pipeline("publish", "gfx1030", "gfx1101", "--wheels", wheels, "--repository-url",
-                  index.upload, env=_env(TWINE_USERNAME="maintainer", TWINE_PASSWORD="right-password"))  # fmt: skip
+                  index.upload, env=pip_env(TWINE_USERNAME="maintainer", TWINE_PASSWORD="right-password"))  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     return r
 
@@ -146,7 +106,7 @@ def test_publish_uploads_both_targets_after_the_checks(published, index, wheels)
 def test_reupload_of_the_same_version_is_refused_and_reported(published, index, wheels):
     before = {p.name: p.stat().st_mtime_ns for p in index.packages.glob("mamba2_rocm*.whl")}
     r = _pipeline("publish", "gfx1030", "--wheels", wheels, "--repository-url", index.upload,
-                  env=_env(TWINE_USERNAME="maintainer", TWINE_PASSWORD="right-password"))  # fmt: skip
+                  env=pip_env(TWINE_USERNAME="maintainer", TWINE_PASSWORD="right-password"))  # fmt: skip
     assert r.returncode == 1
     assert "already has this version (HTTP 400)" in r.stderr, r.stderr
     assert "never overwritten" in r.stderr and "already exists" in r.stderr
@@ -163,7 +123,7 @@ def test_tampered_wheel_is_refused_before_any_upload(published, index, wheels, t
     (bad / "gfx1101" / name).write_bytes(bytes(data))
     before = _ours(index)
     r = _pipeline("publish", "gfx1101", "--wheels", bad, "--repository-url", index.upload,
-                  env=_env(TWINE_USERNAME="maintainer", TWINE_PASSWORD="right-password"))  # fmt: skip
+                  env=pip_env(TWINE_USERNAME="maintainer", TWINE_PASSWORD="right-password"))  # fmt: skip
     assert r.returncode == 1
     assert f"gfx1101: {name} has sha256" in r.stderr and "refusing to publish it" in r.stderr
     assert "Uploading" not in r.stdout + r.stderr
@@ -181,7 +141,7 @@ def test_pull_installs_the_target_from_the_index_and_verifies_it(
     })  # fmt: skip
     r = _pipeline("pull", "gfx1030", "--index-url", index.simple,
                   "--manifest", wheels / "gfx1030" / "build-manifest.json",
-                  "--torch", torch, env=_env())  # fmt: skip
+                  "--torch", torch, env=pip_env())  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert "torch in the fresh venv: torch==2.5.1+rocm6.2" in r.stdout
     assert "pinning torch==2.5.1+rocm6.2" in r.stderr
@@ -192,7 +152,9 @@ def test_pull_installs_the_target_from_the_index_and_verifies_it(
     manifest["code_objects"][key] = "0" * 64
     other = tmp_path / "other-manifest.json"
     other.write_text(json.dumps(manifest))
-    r = _pipeline("pull", "gfx1030", "--index-url", index.simple, "--manifest", other, env=_env())
+    r = _pipeline(
+        "pull", "gfx1030", "--index-url", index.simple, "--manifest", other, env=pip_env()
+    )
     assert r.returncode == 1
     assert f"installed code object {key} has sha256" in r.stderr, r.stderr
     assert f"the manifest says {'0' * 64}" in r.stderr
