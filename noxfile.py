@@ -1,7 +1,8 @@
 """Nox sessions for mamba2-rocm. See the sessions with `nox -l`.
 
 Tags: `tests` and `lint` run by default; the pipeline sessions are explicit:
-`toolchain`, `build-<target>` (one per recipes/<target>.toml), `build-all`, `reproducibility`.
+`toolchain`, `build-<target>` (one per recipes/<target>.toml), `build-all`, `reproducibility`,
+`matrix` (CI matrices), `gpu-tests-<target>`, `publish`, `pull-<target>`.
 Sessions are thin: the logic lives in mamba2_rocm.pipeline (tested), called as
 `python -m mamba2_rocm.pipeline ...`.
 """
@@ -52,10 +53,17 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check."""
-    session.install("ruff")
+    """ruff check and format --check; zizmor --pedantic and the workflow schema on .github/."""
+    # zizmor pinned: a new release adds audits, and lint must not turn red by itself.
+    session.install("ruff", "zizmor==1.32.0", "check-jsonschema==0.39.0")
     session.run("ruff", "check", "mamba2_rocm", "tests", "noxfile.py", "hatch_build.py")
     session.run("ruff", "format", "--check", "mamba2_rocm", "tests", "noxfile.py", "hatch_build.py")
+    workflows = sorted(str(p) for p in Path(".github/workflows").glob("*.yml"))
+    # --offline: no GitHub API calls and no token; the online audits need the network.
+    session.run(
+        "zizmor", "--offline", "--pedantic", "--strict-collection", "--no-progress", *workflows
+    )
+    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
 
 
 @nox.session(default=False)
@@ -64,22 +72,57 @@ def toolchain(session: nox.Session) -> None:
     _pipeline(session, "toolchain", *session.posargs)
 
 
-def _make_build(target: str):
-    def build(session: nox.Session) -> None:
-        _pipeline(session, "build", target, *session.posargs)
+def _per_target(command: str, target: str, doc: str):
+    """A session running ``python -m mamba2_rocm.pipeline <command> <target> [posargs]``."""
 
-    build.__doc__ = f"Build, verify and package wheels/{target}/ (mamba2-rocm-{target})."
-    return build
+    def session(session: nox.Session) -> None:
+        _pipeline(session, command, target, *session.posargs)
+
+    session.__doc__ = doc
+    return session
 
 
 for _target in RECIPES:
-    nox.session(name=f"build-{_target}", default=False)(_make_build(_target))
+    nox.session(name=f"build-{_target}", default=False)(
+        _per_target(
+            "build",
+            _target,
+            f"Build, verify and package wheels/{_target}/ (mamba2-rocm-{_target}).",
+        )
+    )
+    nox.session(name=f"gpu-tests-{_target}", default=False)(
+        _per_target(
+            "gpu-tests",
+            _target,
+            f"Test wheels/{_target}/ on this machine's AMD GPU; writes the GPU gate.",
+        )
+    )
+    nox.session(name=f"pull-{_target}", default=False)(
+        _per_target(
+            "pull",
+            _target,
+            f"Install mamba2-rocm[{_target}] from -- --index-url URL and verify it.",
+        )
+    )
 
 
 @nox.session(name="build-all", default=False)
 def build_all(session: nox.Session) -> None:
     """Build every recipe into wheels/."""
     _pipeline(session, "build", "all", *session.posargs)
+
+
+@nox.session(default=False)
+def matrix(session: nox.Session) -> None:
+    """Print the CI matrices from recipes/ as JSON (--github-output FILE for Actions)."""
+    _pipeline(session, "matrix", *session.posargs)
+
+
+@nox.session(default=False)
+def publish(session: nox.Session) -> None:
+    """Check wheels/ and twine-upload: -- --repository-url URL [targets...]."""
+    session.install("twine>=6.1")  # 6.1: trusted publishing from GitHub Actions
+    _pipeline(session, "publish", *session.posargs)
 
 
 @nox.session(default=False)

@@ -1,12 +1,14 @@
 """``python -m mamba2_rocm.pipeline <command>``: what the Nox sessions call.
 
 Commands: ``targets`` | ``toolchain [--refresh] [TARGET...]`` | ``build TARGET... [--out wheels]``
-| ``reproducibility TARGET``.
+| ``reproducibility TARGET`` | ``matrix [--github-output FILE]`` | ``publish [TARGET...]
+(--repository-url URL | --check-only)`` | ``pull TARGET --index-url URL`` | ``gpu-tests TARGET``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -29,6 +31,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=None)
     p = sub.add_parser("reproducibility", help="build twice from scratch and compare the wheels")
     p.add_argument("target")
+    p = sub.add_parser("matrix", help="print the CI matrices (JSON) generated from recipes/")
+    p.add_argument("--github-output", help="also append them to this $GITHUB_OUTPUT file")
+    p = sub.add_parser("publish", help="check wheels/ and upload with twine")
+    p.add_argument("targets", nargs="*", help="targets (default: every recipe)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--repository-url", help="the index's upload URL")
+    where.add_argument("--check-only", action="store_true", help="every check, no upload")
+    p.add_argument("--wheels", default="wheels", help="folder of <target>/ build outputs")
+    p.add_argument("--gates", action="append", default=[],
+                   help="also look for gpu-gate.json files under this folder (repeatable)")  # fmt: skip
+    p = sub.add_parser("pull", help="install a target from an index and check it")
+    p.add_argument("target")
+    p.add_argument("--index-url", required=True)
+    p.add_argument("--manifest", help="the release's build-manifest.json "
+                   "(default: wheels/<target>/build-manifest.json)")  # fmt: skip
+    p.add_argument("--torch", help="install this torch first (requirement or wheel), as a user has")
+    p.add_argument("--torch-index-url", help="index for --torch (default: --index-url)")
+    p = sub.add_parser("gpu-tests", help="test wheels/<target>/ on this machine's AMD GPU")
+    p.add_argument("target")
+    p.add_argument("--base-image", default=None, help="ROCm PyTorch image to test on")
+    p.add_argument("--wheels", default="wheels")
     args = parser.parse_args(argv)
 
     from mamba2_rocm.pipeline.stages import PipelineError, build_targets
@@ -58,7 +81,33 @@ def main(argv: list[str] | None = None) -> int:
                 print("NOT reproducible:\n  " + "\n  ".join(diffs), file=sys.stderr)
                 return 1
             print(f"{args.target}: two builds from scratch gave byte-identical wheels")
-    except (PipelineError, images.DockerError, ValueError, FileNotFoundError) as exc:
+        elif args.cmd == "matrix":
+            from mamba2_rocm.pipeline.matrix import github_outputs, matrices
+
+            recipes = list(load_recipes().values())
+            print(json.dumps(matrices(recipes), indent=2))
+            if args.github_output:
+                github_outputs(recipes, Path(args.github_output))
+        elif args.cmd == "publish":
+            from mamba2_rocm.pipeline.publish import publish
+
+            names = args.targets or list(load_recipes())
+            publish([get_recipe(t) for t in names], Path(args.wheels),
+                    None if args.check_only else args.repository_url,
+                    [Path(g) for g in args.gates])  # fmt: skip
+        elif args.cmd == "pull":
+            from mamba2_rocm.pipeline.pull import pull
+
+            manifest = Path(args.manifest or Path("wheels", args.target, "build-manifest.json"))
+            pull(
+                get_recipe(args.target), args.index_url, manifest, args.torch, args.torch_index_url
+            )
+        elif args.cmd == "gpu-tests":
+            from mamba2_rocm.pipeline.gputest import DEFAULT_BASE_IMAGE, run_gpu_tests
+
+            run_gpu_tests(get_recipe(args.target), Path(args.wheels),
+                          args.base_image or DEFAULT_BASE_IMAGE)  # fmt: skip
+    except (PipelineError, images.DockerError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -96,7 +96,8 @@ build-backend = "hatchling.build"
 [project]
 name = "{package}"
 version = "{version}"
-description = "mamba2-rocm kernels (code objects) for {target}: {archs}"
+description = "{summary}"
+readme = "README.md"
 requires-python = ">=3.10"
 license = "Apache-2.0"
 dependencies = ["mamba2-rocm=={version}"]
@@ -139,6 +140,15 @@ def build_target_wheel(recipe: Recipe, kernels: Path, version: str, out: Path, e
             "archs": ", ".join(recipe.archs), "archs_tuple": tuple(recipe.archs), "module": recipe.module_name,
             "min_rocm": recipe.min_rocm, "gpu_gate": recipe.gpu_gate,
         }  # fmt: skip
+        # A compile-only target is published without a GPU test: its metadata says so.
+        fmt["summary"] = (
+            f"mamba2-rocm kernels (code objects) for {recipe.target}: {fmt['archs']}"
+            + (
+                " [compile-only: not tested on a GPU before release]"
+                if recipe.gpu_gate == "compile-only"
+                else ""
+            )
+        )
         (project / "pyproject.toml").write_text(_PYPROJECT.format(**fmt))
         (pkg / "__init__.py").write_text(_INIT.format(**fmt))
         (project / "README.md").write_text(

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -40,63 +37,6 @@ def make_kfd(root: Path, target_versions: list[int]) -> Path:
             f"gfx_target_version {version}\nvendor_id {4098 if version else 0}\n"
         )
     return root
-
-
-def _record_line(path: str, data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{path},sha256={digest},{len(data)}"
-
-
-def build_wheel(
-    outdir: Path, name: str, version: str, files: dict[str, str], requires: tuple[str, ...] = ()
-) -> Path:
-    """Write a minimal valid pure-Python wheel (METADATA, WHEEL, RECORD) and return its path."""
-    dist = name.replace("-", "_")
-    info = f"{dist}-{version}.dist-info"
-    contents = dict(files)
-    contents[f"{info}/METADATA"] = "".join(
-        [
-            "Metadata-Version: 2.1\n",
-            f"Name: {name}\n",
-            f"Version: {version}\n",
-            *(f"Requires-Dist: {r}\n" for r in requires),
-        ]
-    )
-    contents[f"{info}/WHEEL"] = (
-        "Wheel-Version: 1.0\nGenerator: mamba2-rocm-tests\nRoot-Is-Purelib: true\n"
-        "Tag: py3-none-any\n"
-    )
-    outdir.mkdir(parents=True, exist_ok=True)
-    path = outdir / f"{dist}-{version}-py3-none-any.whl"
-    record = []
-    with zipfile.ZipFile(path, "w") as zf:
-        for arc, text in contents.items():
-            data = text.encode()
-            zf.writestr(arc, data)
-            record.append(_record_line(arc, data))
-        record.append(f"{info}/RECORD,,")
-        zf.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
-    return path
-
-
-def build_torch_wheel(outdir: Path, version: str, hip=None, cuda=None, extra: str = "") -> Path:
-    """A stand-in ``torch`` distribution: ``__version__`` and a ``torch.version`` module."""
-    version_py = (
-        "from typing import Optional\n\n"
-        f"__version__ = {version!r}\n"
-        f"hip: Optional[str] = {hip!r}\n"
-        f"cuda: Optional[str] = {cuda!r}\n"
-        f"git_version = 'standin'\n{extra}"
-    )
-    return build_wheel(
-        outdir,
-        "torch",
-        version,
-        {
-            "torch/__init__.py": f"from torch import version\n__version__ = {version!r}\n",
-            "torch/version.py": version_py,
-        },
-    )
 
 
 @pytest.fixture

@@ -9,17 +9,14 @@ caught by the after-install verification.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import build_torch_wheel, build_wheel
+from fakewheels import build_torch_wheel, build_wheel
+from loopback_index import pip_env, pypiserver
 
 from mamba2_rocm.env import protect
 from mamba2_rocm.env.protect import (
@@ -153,25 +150,6 @@ def test_verify_cli_missing_file_says_how_to_create_it(tmp_path):
 # --------------------------------------------------------------------------- real venv + index
 
 
-def _pip_env() -> dict[str, str]:
-    """No pip config from this machine (its find-links hold a real torch), loopback only."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env.update(
-        PIP_CONFIG_FILE=os.devnull,
-        PIP_DISABLE_PIP_VERSION_CHECK="1",
-        PIP_NO_INPUT="1",
-        NO_PROXY="127.0.0.1,localhost",
-        no_proxy="127.0.0.1,localhost",
-    )
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def index(tmp_path_factory):
     pytest.importorskip("pypiserver")
@@ -185,36 +163,13 @@ def index(tmp_path_factory):
         pkgs, "needs-new-torch", "1.0", {"needs_new_torch/__init__.py": ""}, ("torch>=2.6",)
     )
     build_wheel(pkgs, "harmless", "1.0", {"harmless/__init__.py": ""}, ("torch>=2.0",))
-    port = _free_port()
-    log = open(root / "pypiserver.log", "w")  # noqa: SIM115 (closed at teardown)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "pypiserver", "run", "-i", "127.0.0.1", "-p", str(port),
-         "--disable-fallback", "--backend", "simple-dir", str(pkgs)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}/simple/"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(url + "torch/", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                pytest.fail(f"pypiserver did not start: {(root / 'pypiserver.log').read_text()}")
-            time.sleep(0.2)
-    try:
-        yield SimpleNamespace(url=url, rocm_torch=rocm_torch, root=root)
-    finally:
-        server.terminate()
-        server.wait(10)
-        log.close()
+    with pypiserver(pkgs, root / "pypiserver.log") as base:
+        yield SimpleNamespace(url=base + "/simple/", rocm_torch=rocm_torch, root=root)
 
 
 def _run(*cmd, env=None):
     return subprocess.run(
-        [str(c) for c in cmd], cwd=ROOT, env=env or _pip_env(), capture_output=True, text=True
+        [str(c) for c in cmd], cwd=ROOT, env=env or pip_env(), capture_output=True, text=True
     )
 
 

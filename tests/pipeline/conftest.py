@@ -41,3 +41,17 @@ def pytest_collection_modifyitems(items):
             item, "fixturenames", ()
         ):
             item.add_marker(pytest.mark.docker)
+
+
+RELEASE_TARGETS = ("gfx1030", "gfx1101")  # one gpu_gate "required", one "compile-only"
+
+
+@pytest.fixture(scope="session")
+def release_wheels(toolchain_image, tmp_path_factory):
+    """wheels/ of a real build of two targets (one compile group: ~20 s warm), for the
+    publish/pull round trip. Tests copy it before changing anything in it."""
+    from mamba2_rocm.pipeline import stages
+
+    root = tmp_path_factory.mktemp("release") / "wheels"
+    stages.build_targets([get_recipe(t) for t in RELEASE_TARGETS], root)
+    return root

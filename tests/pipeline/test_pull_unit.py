@@ -1,0 +1,69 @@
+"""pull's checks on hand-written inputs: pip's install report and the installed files."""
+
+from __future__ import annotations
+
+import pytest
+
+from mamba2_rocm.pipeline.pull import PullError, downloaded_hashes, read_manifest, verify_install
+from mamba2_rocm.pipeline.recipes import get_recipe
+
+MANIFEST = {
+    "target": "gfx1030", "version": "1.0",
+    "wheels": {"mamba2_rocm-1.0-py3-none-any.whl": "a" * 64,
+               "mamba2_rocm_gfx1030-1.0-py3-none-any.whl": "b" * 64},
+    "code_objects": {"gfx1030/conv1d_fwd.hsaco": "c" * 64, "gfx1030/rmsnorm.hsaco": "d" * 64},
+}  # fmt: skip
+INSTALLED = {
+    "mamba2-rocm": {"version": "1.0", "code_objects": {}},
+    "mamba2-rocm-gfx1030": {"version": "1.0", "code_objects": dict(MANIFEST["code_objects"])},
+}
+
+
+def test_downloaded_hashes_from_pip_report():
+    report = {"install": [
+        {"download_info": {"url": "http://127.0.0.1:1/packages/mamba2_rocm-1.0-py3-none-any.whl#sha256=x",
+                           "archive_info": {"hashes": {"sha256": "a" * 64}}}},
+        {"download_info": {"url": "http://127.0.0.1:1/packages/mamba2_rocm_gfx1030-1.0-py3-none-any.whl",
+                           "archive_info": {"hash": "sha256=" + "b" * 64}}},
+        {"download_info": {"url": "http://127.0.0.1:1/packages/filelock-1-py3-none-any.whl", "archive_info": {}}},
+    ]}  # fmt: skip
+    assert downloaded_hashes(report) == {
+        "mamba2_rocm-1.0-py3-none-any.whl": "a" * 64,
+        "mamba2_rocm_gfx1030-1.0-py3-none-any.whl": "b" * 64,
+        "filelock-1-py3-none-any.whl": "",
+    }
+
+
+def test_a_matching_install_has_no_problems():
+    downloaded = dict(MANIFEST["wheels"])
+    assert verify_install(get_recipe("gfx1030"), MANIFEST, INSTALLED, downloaded) == []
+
+
+def test_every_difference_is_named():
+    installed = {
+        "mamba2-rocm": {"version": "0.9", "code_objects": {}},
+        "mamba2-rocm-gfx1030": {"version": "1.0", "code_objects": {
+            "gfx1030/conv1d_fwd.hsaco": "e" * 64, "gfx1030/extra.hsaco": "f" * 64}},
+    }  # fmt: skip
+    downloaded = {"mamba2_rocm-1.0-py3-none-any.whl": "0" * 64,
+                  "mamba2_rocm_gfx1030-1.0-py3-none-any.whl": ""}  # fmt: skip
+    problems = verify_install(get_recipe("gfx1030"), MANIFEST, installed, downloaded)
+    assert problems == [
+        "mamba2-rocm 0.9 installed, the manifest is for 1.0",
+        f"mamba2_rocm-1.0-py3-none-any.whl from the index has sha256 {'0' * 64}, the manifest says {'a' * 64}",
+        "the index gave no sha256 for mamba2_rocm_gfx1030-1.0-py3-none-any.whl: its bytes cannot be checked",
+        f"installed code object gfx1030/conv1d_fwd.hsaco has sha256 {'e' * 64}, the manifest says {'c' * 64}",
+        "installed code object gfx1030/extra.hsaco is not in the manifest",
+        "code object gfx1030/rmsnorm.hsaco is in the manifest but not installed",
+    ]
+    assert verify_install(get_recipe("gfx1030"), MANIFEST, {}, {})[:2] == [
+        "mamba2-rocm is not installed", "mamba2-rocm-gfx1030 is not installed"]  # fmt: skip
+
+
+def test_manifest_must_exist_and_be_of_the_target(tmp_path):
+    with pytest.raises(PullError, match="no build manifest at .*: pass --manifest"):
+        read_manifest(tmp_path / "none.json", get_recipe("gfx1030"))
+    other = tmp_path / "m.json"
+    other.write_text('{"target": "gfx90a"}')
+    with pytest.raises(PullError, match="is the manifest of 'gfx90a', not gfx1030"):
+        read_manifest(other, get_recipe("gfx1030"))

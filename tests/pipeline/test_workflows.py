@@ -1,0 +1,156 @@
+"""The workflows against the recipes and the noxfile: every `nox -s` they name exists, the
+matrix covers every recipe, and the hardening rules hold; zizmor and the schema pass."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import require_tool
+
+from mamba2_rocm.pipeline.matrix import github_outputs, matrices
+from mamba2_rocm.pipeline.recipes import load_recipes
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
+SHA_PIN = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}$")
+
+
+def _load(path: Path) -> dict:
+    return yaml.load(path.read_text(), Loader=yaml.BaseLoader)  # BaseLoader: `on` stays a string
+
+
+def _steps(wf: dict):
+    for name, job in wf["jobs"].items():
+        for step in job.get("steps", []):
+            yield name, job, step
+
+
+@pytest.fixture(scope="module")
+def nox_sessions() -> set[str]:
+    # `nox -l --json` lists only the default sessions; the text listing has all of them
+    proc = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=REPO,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return set(re.findall(r"^[*-] (\S+) -> ", proc.stdout, re.MULTILINE))
+
+
+def test_the_three_workflows_exist():
+    assert [p.name for p in WORKFLOWS] == ["ci.yml", "gpu.yml", "release.yml"]
+
+
+def test_every_nox_session_named_in_a_workflow_exists(nox_sessions):
+    recipes = list(load_recipes())
+    named = []
+    for path in WORKFLOWS:
+        for _, job, step in _steps(_load(path)):
+            for m in re.finditer(r"nox -s \"?([\w${}.-]+)\"?", step.get("run", "")):
+                name = m.group(1)
+                if "${TARGET}" in name:  # a matrix job: every target it can get must exist
+                    assert job["strategy"]["matrix"].startswith(
+                        "${{ fromJSON(needs.matrix.outputs."
+                    )
+                    named += [name.replace("${TARGET}", t) for t in recipes]
+                else:
+                    named.append(name)
+    assert {"lint", "matrix", "publish", "build-gfx1030", "gpu-tests-gfx1030"} <= set(named)
+    assert sorted(set(named) - nox_sessions) == []
+    for target in recipes:  # and the noxfile has each per-target session
+        assert {f"build-{target}", f"gpu-tests-{target}", f"pull-{target}"} <= nox_sessions
+
+
+def test_matrix_covers_every_recipe(tmp_path):
+    recipes = load_recipes()
+    m = matrices(list(recipes.values()))
+    assert [e["target"] for e in m["build"]["include"]] == list(recipes)
+    assert [e["target"] for e in m["gate"]["include"]] == list(recipes)
+    with_runners = [r for r in recipes.values() if r.runner_labels]
+    assert m["gpu"]["include"] == [
+        {"target": r.target, "runs-on": list(r.runner_labels), "gate": r.gpu_gate}
+        for r in with_runners
+    ]
+    assert m["has_gpu"] == ("true" if with_runners else "false")
+    out = tmp_path / "github_output"
+    github_outputs(list(recipes.values()), out)
+    lines = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert json.loads(lines["build"]) == m["build"] and lines["has_gpu"] == m["has_gpu"]
+    # the CLI the workflows call prints the same
+    proc = subprocess.run([sys.executable, "-m", "mamba2_rocm.pipeline", "matrix"], cwd=REPO,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0 and json.loads(proc.stdout) == m
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_hardening(path):
+    text = path.read_text()
+    wf = _load(path)
+    assert wf["permissions"] == {"contents": "read"}
+    assert "concurrency" in wf
+    for name, _job, step in _steps(wf):
+        uses = step.get("uses")
+        if uses:
+            assert SHA_PIN.match(uses), f"{path.name}:{name}: {uses} is not pinned to a commit"
+            line = next(ln for ln in text.splitlines() if uses in ln)
+            assert re.search(r"# v\d", line), f"{path.name}: {uses} has no version comment"
+            if uses.startswith("actions/checkout@"):
+                assert step["with"]["persist-credentials"] == "false"
+            assert "cache" not in step.get("with", {})
+        # no expression expands inside a shell script: values come through env:
+        assert "${{" not in step.get("run", ""), f"{path.name}:{name}: expression in run:"
+    for name, job in wf["jobs"].items():
+        if "id-token" in job.get("permissions", {}):
+            assert (path.name, name) == ("release.yml", "publish")
+            assert job["environment"]["name"] == "pypi"
+            assert not job["runs-on"].startswith("self-hosted")
+
+
+def test_gpu_workflow_never_runs_fork_code_on_self_hosted_runners():
+    wf = _load(REPO / ".github" / "workflows" / "gpu.yml")
+    assert set(wf["on"]["pull_request"]["types"]) == {"labeled"}
+    assert "pull_request_target" not in wf["on"]
+    guard = wf["jobs"]["matrix"]["if"]
+    assert "vars.AMD_GPU_RUNNERS_OWNER == github.repository_owner" in guard
+    assert "github.event.label.name == 'gpu-tests'" in guard
+    assert "github.event.pull_request.head.repo.full_name == github.repository" in guard
+    # every self-hosted job depends on the guarded job
+    gpu = wf["jobs"]["gpu-tests"]
+    assert gpu["runs-on"] == "${{ matrix.runs-on }}" and "matrix" in gpu["needs"]
+    assert wf["jobs"]["build"]["needs"] == "matrix"
+
+
+def test_release_publishes_only_after_the_gate():
+    wf = _load(REPO / ".github" / "workflows" / "release.yml")
+    assert wf["on"]["push"]["tags"] == ["v*"]
+    assert wf["jobs"]["gpu"]["uses"].endswith(".github/workflows/gpu.yml")
+    publish = wf["jobs"]["publish"]
+    assert publish["needs"] == "gpu"
+    runs = " ".join(s.get("run", "") for s in publish["steps"])
+    assert "nox -s publish -- --repository-url" in runs and "--skip-existing" not in runs
+    assert any("attest-build-provenance" in s.get("uses", "") for s in publish["steps"])
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name) or str(Path(sys.executable).parent / name)
+    if not Path(path).exists():
+        require_tool(f"{name} is not installed (it is in the test extra)")
+    return path
+
+
+def test_zizmor_pedantic_offline_is_clean():
+    proc = subprocess.run([_tool("zizmor"), "--offline", "--pedantic", "--strict-collection",
+                           "--no-progress", *map(str, WORKFLOWS)],
+                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_workflows_match_the_github_schema():
+    proc = subprocess.run([_tool("check-jsonschema"), "--builtin-schema",
+                           "vendor.github-workflows", *map(str, WORKFLOWS)],
+                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
