@@ -16,6 +16,11 @@ def _record_line(path: str, data: bytes) -> str:
     return f"{path},sha256={digest},{len(data)}"
 
 
+def _entry(name: str) -> zipfile.ZipInfo:
+    """A fixed timestamp: the same contents give the same wheel bytes (tests compare sha256s)."""
+    return zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+
+
 def build_wheel(
     outdir: Path, name: str, version: str, files: dict[str, str], requires: tuple[str, ...] = ()
 ) -> Path:
@@ -41,10 +46,10 @@ def build_wheel(
     with zipfile.ZipFile(path, "w") as zf:
         for arc, text in contents.items():
             data = text.encode()
-            zf.writestr(arc, data)
+            zf.writestr(_entry(arc), data)
             record.append(_record_line(arc, data))
         record.append(f"{info}/RECORD,,")
-        zf.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+        zf.writestr(_entry(f"{info}/RECORD"), "\n".join(record) + "\n")
     return path
 
 
