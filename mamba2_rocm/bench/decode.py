@@ -12,7 +12,13 @@ import functools
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench.conv1d import _backend
-from mamba2_rocm.bench.timing import copy_bandwidth_gbs, time_calls, time_graph
+from mamba2_rocm.bench.timing import (
+    bandwidth_row,
+    copy_bandwidth_gbs,
+    format_rows,
+    time_calls,
+    time_graph,
+)
 
 
 def run(
@@ -55,24 +61,10 @@ def run(
             with _backend(impl):
                 t = time_calls(call)
                 gr = time_graph(call) if impl == "kernel" else None
-            best = min(t.median_us, gr.median_us) if gr else t.median_us
-            gbs = nbytes / (best * 1e-6) / 1e9
-            rows.append({
-                "case": f"decode b{b} h{h} p{p} n{n} g{ngroups} {dtype}", "impl": impl, "us": t.median_us,
-                "graph_us": gr.median_us if gr else None, "gbs": gbs, "copy_frac": gbs / copy, "copy_gbs": copy,
-                "mbytes": nbytes / 1e6,
-            })  # fmt: skip
+            rows.append(bandwidth_row(f"decode b{b} h{h} p{p} n{n} g{ngroups} {dtype}", impl, t,
+                                      gr, nbytes, copy))  # fmt: skip
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    torch = require_torch()
-    lines = [
-        f"device: {torch.cuda.get_device_name()}  copy bandwidth {rows[0]['copy_gbs']:.0f} GB/s (read+write)",
-        f"{'case':38} {'impl':8} {'MB':>6} {'median us':>10} {'graph us':>9} {'GB/s':>7} {'% copy':>7}",
-    ]
-    for r in rows:
-        graph = f"{r['graph_us']:.1f}" if r["graph_us"] is not None else "-"
-        lines.append(f"{r['case']:38} {r['impl']:8} {r['mbytes']:6.1f} {r['us']:10.1f} {graph:>9} "
-                     f"{r['gbs']:7.0f} {100 * r['copy_frac']:6.1f}%")  # fmt: skip
-    return "\n".join(lines)
+    return format_rows(rows, 38, 8)

@@ -16,7 +16,13 @@ import functools
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench.conv1d import _backend
-from mamba2_rocm.bench.timing import copy_bandwidth_gbs, time_calls, time_graph
+from mamba2_rocm.bench.timing import (
+    bandwidth_row,
+    copy_bandwidth_gbs,
+    format_rows,
+    time_calls,
+    time_graph,
+)
 
 SHAPES = ((2, 4096, 32, 64, 1, 128), (1, 16384, 64, 64, 8, 128))
 
@@ -55,26 +61,12 @@ def run(shapes=SHAPES, chunk_size=256, dtype="bfloat16") -> list[dict]:
             with _backend(impl if impl != "mamba_ssm triton" else "kernel"):
                 t = time_calls(call, warmup=3, iters=20 if impl == "torch" else 50)
                 gr = time_graph(call, replays=5, per_graph=5) if impl == "kernel" else None
-            best = min(t.median_us, gr.median_us) if gr else t.median_us
-            gbs = nbytes / (best * 1e-6) / 1e9
-            rows.append({
-                "case": f"ssd b{b} l{L} h{h} p{p} g{groups} n{n} c{chunk_size} {dtype}",
-                "impl": impl, "us": t.median_us, "graph_us": gr.median_us if gr else None,
-                "gbs": gbs, "copy_frac": gbs / copy, "copy_gbs": copy, "mbytes": nbytes / 1e6,
-                "tflops": flops / (best * 1e-6) / 1e12,
-            })  # fmt: skip
+            row = bandwidth_row(f"ssd b{b} l{L} h{h} p{p} g{groups} n{n} c{chunk_size} {dtype}",
+                                impl, t, gr, nbytes, copy)  # fmt: skip
+            row["tflops"] = flops / (row["best_us"] * 1e-6) / 1e12
+            rows.append(row)
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    torch = require_torch()
-    lines = [
-        f"device: {torch.cuda.get_device_name()}  copy bandwidth {rows[0]['copy_gbs']:.0f} GB/s (read+write)",
-        f"{'case':42} {'impl':17} {'MB':>6} {'median us':>10} {'graph us':>9} {'GB/s':>7} "
-        f"{'% copy':>7} {'TFLOP/s':>8}",
-    ]  # fmt: skip
-    for r in rows:
-        graph = f"{r['graph_us']:.1f}" if r["graph_us"] is not None else "-"
-        lines.append(f"{r['case']:42} {r['impl']:17} {r['mbytes']:6.1f} {r['us']:10.1f} {graph:>9} "
-                     f"{r['gbs']:7.0f} {100 * r['copy_frac']:6.1f}% {r['tflops']:8.1f}")  # fmt: skip
-    return "\n".join(lines)
+    return format_rows(rows, 42, 17, extra=[("TFLOP/s", "tflops", ".1f")])

@@ -58,3 +58,35 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     dst = torch.empty_like(src)
     t = time_calls(lambda: dst.copy_(src), warmup=5, iters=30)
     return 2 * nbytes / (t.median_us * 1e-6) / 1e9
+
+
+def bandwidth_row(case: str, impl: str, timing: Timing, graph: Timing | None, nbytes: int,
+                  copy_gbs: float, **extra) -> dict:  # fmt: skip
+    """One benchmark result: the per-call median, the graph-timed median, and the bandwidth
+    over ``nbytes`` at the better of the two, as a fraction of the copy bandwidth."""
+    best = min(timing.median_us, graph.median_us) if graph else timing.median_us
+    gbs = nbytes / (best * 1e-6) / 1e9
+    return {
+        "case": case, "impl": impl, "us": timing.median_us,
+        "graph_us": graph.median_us if graph else None, "gbs": gbs, "copy_frac": gbs / copy_gbs,
+        "copy_gbs": copy_gbs, "mbytes": nbytes / 1e6, "best_us": best, **extra,
+    }  # fmt: skip
+
+
+def format_rows(rows: list[dict], case_width: int, impl_width: int, extra=()) -> str:
+    """The table of :func:`bandwidth_row` rows; ``extra`` = (header, key, format) columns."""
+    torch = require_torch()
+    head = (f"{'case':{case_width}} {'impl':{impl_width}} {'MB':>6} {'median us':>10} "
+            f"{'graph us':>9} {'GB/s':>7} {'% copy':>7}")  # fmt: skip
+    head += "".join(f" {h:>8}" for h, _, _ in extra)
+    lines = [
+        f"device: {torch.cuda.get_device_name()}  copy bandwidth {rows[0]['copy_gbs']:.0f} GB/s "
+        "(read+write)",
+        head,
+    ]
+    for r in rows:
+        graph = f"{r['graph_us']:.1f}" if r["graph_us"] is not None else "-"
+        line = (f"{r['case']:{case_width}} {r['impl']:{impl_width}} {r['mbytes']:6.1f} "
+                f"{r['us']:10.1f} {graph:>9} {r['gbs']:7.0f} {100 * r['copy_frac']:6.1f}%")  # fmt: skip
+        lines.append(line + "".join(f" {r[k]:8{fmt}}" for _, k, fmt in extra))
+    return "\n".join(lines)

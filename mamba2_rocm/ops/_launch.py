@@ -34,6 +34,16 @@ def launch(launcher, x, params: tuple, grid: tuple[int, int, int], threads: int)
         launcher(params, grid, (threads, 1, 1), raw_stream(index))
 
 
+def ptr(t) -> int:
+    """A tensor's address for a parameter struct; 0 (null) for an absent optional tensor."""
+    return 0 if t is None else t.data_ptr()
+
+
+def strides(t, n: int) -> tuple[int, ...]:
+    """A tensor's strides for a parameter struct; n zeros for an absent optional tensor."""
+    return (0,) * n if t is None else tuple(t.stride())
+
+
 def check_kernel_dtypes(x, floats: dict, like_x: dict) -> None:
     """The kernels' dtype rules: ``floats`` (name -> tensor or None) may each be any kernel
     float type; ``like_x`` must have x's dtype (they are read in the kernel's element type)."""

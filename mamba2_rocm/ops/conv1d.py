@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.ops._backend import choose
-from mamba2_rocm.ops._launch import DTYPE_CODE, GRID_YZ_MAX, KERNEL_DTYPE, launch
+from mamba2_rocm.ops._launch import DTYPE_CODE, GRID_YZ_MAX, KERNEL_DTYPE, launch, ptr, strides
 
 torch = require_torch()
 Tensor = torch.Tensor
@@ -124,14 +124,6 @@ def _alloc_out(x: Tensor) -> Tensor:
     return torch.empty(batch, dim, seqlen, dtype=x.dtype, device=x.device)
 
 
-def _ptr(t) -> int:
-    return 0 if t is None else t.data_ptr()
-
-
-def _strides(t, n: int) -> tuple[int, ...]:
-    return (0,) * n if t is None else tuple(t.stride())
-
-
 def _aligned(t: Tensor, strides: tuple[int, ...], n_elts: int, nbytes: int = 16) -> bool:
     """Can ``t`` be accessed in ``nbytes`` chunks of ``n_elts`` elements along every stride?"""
     return t.data_ptr() % nbytes == 0 and all(s % n_elts == 0 for s in strides)
@@ -167,19 +159,19 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
             f"conv1d kernel grid {grid} exceeds {GRID_YZ_MAX} in y/z (dim={dim}, batch={batch})"
         )
     p = (
-        _ptr(x),
-        _ptr(weight),
-        _ptr(bias),
-        _ptr(out),
-        _ptr(seq_idx),
-        _ptr(initial_states),
-        _ptr(final_states),
+        ptr(x),
+        ptr(weight),
+        ptr(bias),
+        ptr(out),
+        ptr(seq_idx),
+        ptr(initial_states),
+        ptr(final_states),
         *x.stride(),
         *out.stride(),
         *weight.stride(),
-        *_strides(seq_idx, 2),
-        *_strides(initial_states, 3),
-        *_strides(final_states, 3),
+        *strides(seq_idx, 2),
+        *strides(initial_states, 3),
+        *strides(final_states, 3),
         batch,
         dim,
         seqlen,
@@ -203,10 +195,10 @@ def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indic
         x.data_ptr(),
         conv_state.data_ptr(),
         weight.data_ptr(),
-        _ptr(bias),
+        ptr(bias),
         out.data_ptr(),
-        _ptr(cache_seqlens),
-        _ptr(indices),
+        ptr(cache_seqlens),
+        ptr(indices),
         *x.stride(),
         *out.stride(),
         *conv_state.stride(),

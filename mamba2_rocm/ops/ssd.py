@@ -23,6 +23,8 @@ from mamba2_rocm.ops._launch import (
     KERNEL_DTYPE,
     check_kernel_dtypes,
     launch,
+    ptr,
+    strides,
 )
 from mamba2_rocm.reference.ssd import ssd_chunked, ssd_sequential
 from mamba2_rocm.reference.ssd_checks import KERNEL_CHUNK_SIZES, check_chunk_scan_args
@@ -86,10 +88,6 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         d_strides = (D.stride(0), 0)
     else:
         d_strides = tuple(D.stride())
-    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
-    z_strides = (0, 0, 0) if z is None else z.stride()[:3]
-    s_strides = (0, 0) if seq_idx is None else seq_idx.stride()
-    i_strides = (0,) * 4 if initial_states is None else initial_states.stride()
     lo, hi = dims.dt_limit
     params = (
         x.data_ptr(),
@@ -112,13 +110,13 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         cb.data_ptr(),
         states.data_ptr(),
         *x.stride()[:3],
-        *z_strides,
+        *strides(z, 4)[:3],
         *out.stride()[:3],
         *B.stride()[:3],
         *C.stride()[:3],
         *dt.stride(),
-        *s_strides,
-        *i_strides,
+        *strides(seq_idx, 2),
+        *strides(initial_states, 4),
         A.stride(0),
         0 if dt_bias is None else dt_bias.stride(0),
         *d_strides,

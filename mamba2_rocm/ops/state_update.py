@@ -17,6 +17,7 @@ from mamba2_rocm.ops._launch import (
     KERNEL_DTYPE,
     check_kernel_dtypes,
     launch,
+    strides,
 )
 from mamba2_rocm.reference.ssd import selective_state_update_ref
 from mamba2_rocm.reference.ssd_checks import check_state_update_args
@@ -31,10 +32,6 @@ _TIERS = (32, 64, 128, 256)  # kernels.SSU_DSTATE_TIERS
 #: The per-(head, batch row) kernel needs this many blocks to fill a GPU; below it (small batch)
 #: the one-row-per-group kernel spreads the work wider (measured: b1 3.4 vs 8.2 us on an H200).
 HEAD_KERNEL_MIN_BLOCKS = 1024
-
-
-def _s(t, n: int) -> tuple[int, ...]:
-    return (0,) * n if t is None else tuple(t.stride())
 
 
 def _kernel(kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, indices, dims, out) -> None:
@@ -62,9 +59,9 @@ def _kernel(kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, indices, di
         *A.stride(),
         *B.stride(),
         *C.stride(),
-        *_s(D, 2),
-        *_s(z, 3),
-        *_s(dt_bias, 2),
+        *strides(D, 2),
+        *strides(z, 3),
+        *strides(dt_bias, 2),
         *out.stride(),
         batch,
         nheads,
