@@ -5,6 +5,7 @@ The NVIDIA build runs wherever nvcc is; the AMD build runs hipcc inside the tool
 """
 
 import ctypes
+import difflib
 import hashlib
 import json
 import os
@@ -97,7 +98,14 @@ def test_sm90_build_is_deterministic(sm90, tmp_path):
     assert names == sorted(p.name for p in second.iterdir())
     assert "manifest.json" in names
     for name in names:
-        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+        a, b = (first / name).read_bytes(), (second / name).read_bytes()
+        detail = name
+        if a != b and name.endswith(".json"):  # say which fields differ, not just that they do
+            lines = difflib.unified_diff(
+                a.decode().splitlines(), b.decode().splitlines(), lineterm=""
+            )
+            detail += "\n" + "\n".join(lines)
+        assert a == b, detail
 
 
 @pytest.mark.slow
