@@ -19,6 +19,7 @@
 // RDNA's 64 KiB. Positions past seqlen in the last chunk behave as dt' = 0 tokens and are never
 // stored. Masked terms are selected away (never multiplied by 0), so workspace entries that are
 // never written (C·Bᵀ above the diagonal) cannot leak NaN into a result.
+#include "mma.h"
 #include "platform.h"
 
 namespace m2r {
@@ -164,7 +165,7 @@ M2R_DEVICE void chunk_cumsum(const SsdParams& p) {
 // ---- 2. C·Bᵀ --------------------------------------------------------------------------------
 
 template <typename T>
-M2R_DEVICE void bmm(const SsdParams& p) {
+M2R_DEVICE void bmm_fma(const SsdParams& p) {
   typedef typename T::storage S;
   constexpr int kLd = 64 + kPad;
   __shared__ __align__(16) float Bs[kSlab * kLd];
@@ -205,7 +206,7 @@ M2R_DEVICE void bmm(const SsdParams& p) {
 // kVarlen: the state right after the last token of sequence blockIdx.x / tiles (cu_seqlens),
 // which adds the state entering that chunk and is written (headdim, dstate) in state_dtype.
 template <typename T, bool kVarlen>
-M2R_DEVICE void chunk_state(const SsdParams& p) {
+M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
   typedef typename T::storage S;
   constexpr int kLdX = 64 + kPad, kLdB = 128 + kPad;
   __shared__ __align__(16) float Xs[kSlab * kLdX];
@@ -333,11 +334,33 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
 
 // ---- 5. chunk scan --------------------------------------------------------------------------
 
+// The last step of chunk_scan for one element: out[t][pp] = (y + D x[t][pp]) silu(z[t][pp]).
+// In-chunk offsets are 32-bit (the host checks chunk_size * stride < 2^31): fewer scalar
+// registers live, which gfx90a otherwise runs out of.
+template <typename T, bool kHasZ>
+struct OutRows {
+  typedef typename T::storage S;
+  const S* xp;
+  const S* zp;
+  S* out;
+  int xl, zl, ol;
+  M2R_DEVICE OutRows(const SsdParams& p, int b, int h, int64_t l0, const S* x_chunk)
+      : xp(x_chunk),
+        zp(kHasZ ? static_cast<const S*>(p.z) + b * p.z_batch_stride + l0 * p.z_l_stride + h * p.z_h_stride : nullptr),
+        out(static_cast<S*>(p.out) + b * p.out_batch_stride + l0 * p.out_l_stride + h * p.out_h_stride),
+        xl(static_cast<int>(p.x_l_stride)), zl(static_cast<int>(p.z_l_stride)), ol(static_cast<int>(p.out_l_stride)) {}
+  M2R_DEVICE void store(const SsdParams& p, int h, int t, int pp, float y) const {
+    if (p.D) y = fmaf(load_as_float(p.D, p.d_dtype, h * p.D_h_stride + pp * p.D_p_stride), T::to_float(xp[t * xl + pp]), y);
+    if constexpr (kHasZ) y *= silu(T::to_float(zp[t * zl + pp]));
+    out[t * ol + pp] = T::from_float(y);
+  }
+};
+
 // A (kRows positions) x (64 headdim) tile of one chunk and head:
 //   y[t] = exp(dA_cs[t]) [seg[t] == 0] C[t]·entering  +  sum_{s <= t, seg[s] == seg[t]}
 //          C[t]·B[s] exp(dA_cs[t] - dA_cs[s]) dt[s] x[s]  +  D x[t],   then y * silu(z[t]).
 template <typename T, int kRows, bool kHasZ>
-M2R_DEVICE void chunk_scan(const SsdParams& p) {
+M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
   typedef typename T::storage S;
   constexpr int kRowGroups = kRows / 64;
   constexpr int kLdA = kRows + kPad, kLdB = 64 + kPad;
@@ -410,13 +433,7 @@ M2R_DEVICE void chunk_scan(const SsdParams& p) {
     __syncthreads();
   }
 
-  // D, the gate, the store
-  // in-chunk offsets are 32-bit (the host checks chunk_size * stride < 2^31): fewer scalar
-  // registers live here, which gfx90a otherwise runs out of
-  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + l0 * p.out_l_stride + h * p.out_h_stride;
-  const S* zp = kHasZ ? static_cast<const S*>(p.z) + b * p.z_batch_stride + l0 * p.z_l_stride + h * p.z_h_stride : nullptr;
-  const int xl = static_cast<int>(p.x_l_stride), zl = static_cast<int>(p.z_l_stride);
-  const int ol = static_cast<int>(p.out_l_stride);
+  const OutRows<T, kHasZ> o(p, b, h, l0, xp);
 #pragma unroll
   for (int i = 0; i < 4 * kRowGroups; ++i) {
     const int t = t0 + t_off + (i % 4) + 64 * (i / 4);
@@ -424,14 +441,355 @@ M2R_DEVICE void chunk_scan(const SsdParams& p) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int pp = p0 + p_off + j;
-      if (pp >= p.headdim) continue;
-      float y = acc[i][j];
-      if (p.D) y = fmaf(load_as_float(p.D, p.d_dtype, h * p.D_h_stride + pp * p.D_p_stride),
-                        T::to_float(xp[t * xl + pp]), y);
-      if constexpr (kHasZ) y *= silu(T::to_float(zp[t * zl + pp]));
-      out[t * ol + pp] = T::from_float(y);
+      if (pp < p.headdim) o.store(p, h, t, pp, acc[i][j]);
     }
   }
+}
+
+// ---- matrix-core variants (fp16/bf16 where the target has matrix cores; see mma.h) -----------
+// The same tiles, grids and semantics as the FMA variants above. Every operand is staged in
+// LDS as 16-bit rows the way it lies in memory, 4 elements per thread (one 8-byte load where the
+// tensor is aligned for it); an operand whose reduction dim is the sequence is then read
+// k-major (mma::load_t). Operands computed in fp32 (the decay-weighted B and C·Bᵀ, the
+// entering states) are split into a part rounded to the input dtype and its rounded remainder,
+// two products each: about 16 mantissa bits instead of bf16's 8, so states and outputs keep
+// close to fp32 accuracy (mamba_ssm's Triton kernels round these operands once).
+#if M2R_MMA != 0
+constexpr int kWaves = kThreads / kWavefront;
+constexpr int kLdH = kSlab + 8;  // [row][k] tiles with k = kSlab: rows 16-byte aligned
+
+template <int kCols>
+struct KMajor {  // a [kSlab][kCols] tile: rows 16-byte aligned, ldmatrix conflict-free
+  static constexpr int kLd = kCols + 8, kSize = kSlab * kLd;
+};
+
+struct Packed4 {  // 4 16-bit values, 8 bytes
+  uint32_t lo, hi;
+};
+
+// 4 consecutive 16-bit elements r[0..3] (the row's own range is [0, n)): one 8-byte load when
+// `vec` (the row and the tensor are 8-byte aligned), else element by element; 0 past n.
+M2R_DEVICE Packed4 load4(const uint16_t* r, int c, int n, bool vec) {
+  if (vec && c + 3 < n) {
+    const uint2 v = *reinterpret_cast<const uint2*>(r + c);
+    return Packed4{v.x, v.y};
+  }
+  uint32_t e[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) e[i] = c + i < n ? r[c + i] : 0u;
+  return Packed4{e[0] | (e[1] << 16), e[2] | (e[3] << 16)};
+}
+
+template <typename T>
+M2R_DEVICE Packed4 pack4(const float (&v)[4]) {
+  return Packed4{static_cast<uint32_t>(T::from_float(v[0])) | (static_cast<uint32_t>(T::from_float(v[1])) << 16),
+                 static_cast<uint32_t>(T::from_float(v[2])) | (static_cast<uint32_t>(T::from_float(v[3])) << 16)};
+}
+
+template <typename T>
+M2R_DEVICE void unpack4(const Packed4& q, float (&v)[4]) {
+  v[0] = T::to_float(static_cast<uint16_t>(q.lo)), v[1] = T::to_float(static_cast<uint16_t>(q.lo >> 16));
+  v[2] = T::to_float(static_cast<uint16_t>(q.hi)), v[3] = T::to_float(static_cast<uint16_t>(q.hi >> 16));
+}
+
+// dst[r][c] for r < kRows, c < kCols (row stride ld), 4 columns per thread: f(r, c) -> Packed4.
+template <int kRows, int kCols, typename F>
+M2R_DEVICE void stage4(uint16_t* dst, int ld, F f) {
+  constexpr int kQuads = kRows * kCols / 4;
+  static_assert(kQuads % kThreads == 0, "tile does not split over the block");
+#pragma unroll 4
+  for (int i = 0; i < kQuads / kThreads; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int c = 4 * (idx % (kCols / 4)), r = idx / (kCols / 4);
+    const Packed4 q = f(r, c);
+    *reinterpret_cast<uint2*>(dst + r * ld + c) = make_uint2(q.lo, q.hi);
+  }
+}
+
+// dst[r][c] as stage4, from fp32 values: f(r, c, v) fills v[0..3], rounded to T. kSplit: also
+// lo[r][c] = the rounding remainder, rounded to T (hi + lo carries about 16 mantissa bits).
+template <typename T, int kRows, int kCols, bool kSplit, typename F>
+M2R_DEVICE void stage4f(uint16_t* hi, uint16_t* lo, int ld, F f) {
+  constexpr int kQuads = kRows * kCols / 4;
+  static_assert(kQuads % kThreads == 0, "tile does not split over the block");
+#pragma unroll 2
+  for (int i = 0; i < kQuads / kThreads; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int c = 4 * (idx % (kCols / 4)), r = idx / (kCols / 4);
+    float v[4] = {};
+    f(r, c, v);
+    const Packed4 qh = pack4<T>(v);
+    *reinterpret_cast<uint2*>(hi + r * ld + c) = make_uint2(qh.lo, qh.hi);
+    if constexpr (kSplit) {
+      float h[4];
+      unpack4<T>(qh, h);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] -= h[e];
+      const Packed4 ql = pack4<T>(v);
+      *reinterpret_cast<uint2*>(lo + r * ld + c) = make_uint2(ql.lo, ql.hi);
+    }
+  }
+}
+
+M2R_DEVICE bool aligned8(const void* p, int64_t row_stride_elems) {
+  return ((reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(row_stride_elems * 2)) & 7) == 0;
+}
+
+template <typename T>
+M2R_DEVICE void bmm_mma(const SsdParams& p) {
+  typedef typename T::storage S;
+  __shared__ __align__(16) uint16_t Bs[64 * kLdH];
+  __shared__ __align__(16) uint16_t Cs[64 * kLdH];
+  const int tiles = p.chunk_size / 64, pairs = tiles * (tiles + 1) / 2;
+  int tt = 0, rem = blockIdx.x % pairs;
+  while (rem > tt) rem -= ++tt;
+  const int ts = rem;
+  const int cg = blockIdx.x / pairs, c = cg / p.ngroups, g = cg % p.ngroups, b = blockIdx.z;
+  const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
+  const int bl = static_cast<int>(p.B_l_stride), cl = static_cast<int>(p.C_l_stride);
+  const S* Bp = static_cast<const S*>(p.B) + b * p.B_batch_stride + l0 * p.B_l_stride + g * p.B_g_stride + ts * 64 * bl;
+  const S* Cp = static_cast<const S*>(p.C) + b * p.C_batch_stride + l0 * p.C_l_stride + g * p.C_g_stride + tt * 64 * cl;
+  const bool bvec = aligned8(Bp, bl), cvec = aligned8(Cp, cl);
+  const int brows = rows - ts * 64, crows = rows - tt * 64;
+
+  mma::BlockTile<kThreads, 64, 64, 2> tile;  // rows s, cols t: the [s][t] layout chunk_scan reads
+  for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
+    const int nleft = p.dstate - n0;
+    stage4<64, kSlab>(Bs, kLdH, [&](int r, int k) {
+      return r < brows ? load4(Bp + r * bl + n0, k, nleft, bvec) : Packed4{0, 0};
+    });
+    stage4<64, kSlab>(Cs, kLdH, [&](int r, int k) {
+      return r < crows ? load4(Cp + r * cl + n0, k, nleft, cvec) : Packed4{0, 0};
+    });
+    __syncthreads();
+    tile.template product<T, kSlab, false, false>(Bs, kLdH, Cs, kLdH);
+    __syncthreads();
+  }
+  const int64_t cs = p.chunk_size;
+  float* out = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * cs * cs;
+#pragma unroll
+  for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+    for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+      for (int r = 0; r < mma::kAccRegs; ++r)
+        out[(ts * 64 + tile.row(i, r)) * cs + tt * 64 + tile.col(j, r)] = tile.acc[i][j].v[r];
+}
+
+template <typename T, bool kVarlen>
+M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
+  typedef typename T::storage S;
+  typedef KMajor<128> LB;
+  typedef KMajor<64> LX;
+  __shared__ __align__(16) uint16_t Bh[LB::kSize];  // [s][n], decay-weighted B rounded
+  __shared__ __align__(16) uint16_t Bl[LB::kSize];  // its rounding remainder
+  __shared__ __align__(16) uint16_t Xs[LX::kSize];  // [s][p]
+  __shared__ float w[kMaxChunk];
+  const int tiles_n = (p.dstate + 127) / 128, tiles = tiles_n * ((p.headdim + 63) / 64);
+  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group;
+  const int tile_id = (blockIdx.x / p.nheads) % tiles, item = blockIdx.x / p.nheads / tiles;
+  const int p0 = (tile_id / tiles_n) * 64, n0 = (tile_id % tiles_n) * 128;
+  int b, c, end;
+  if constexpr (kVarlen) {
+    const int last = p.cu_seqlens[item + 1] - 1;
+    b = 0, c = last / p.chunk_size, end = last % p.chunk_size;
+  } else {
+    b = blockIdx.z, c = item, end = p.chunk_size - 1;
+  }
+  const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(end + 1), p.seqlen - l0));
+  const float* acs = p.dA_cs + chunk_row(p, b, h, c);
+  const float* dts = p.dt_out + chunk_row(p, b, h, c);
+  const int32_t* seg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
+  const float a_end = acs[end];
+  const int seg_end = seg[end];
+  for (int s = threadIdx.x; s < p.chunk_size; s += kThreads)
+    w[s] = s <= end && seg[s] == seg_end ? __expf(a_end - acs[s]) * dts[s] : 0.f;
+  __syncthreads();
+
+  const S* xp = static_cast<const S*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride + p0;
+  const S* Bp = static_cast<const S*>(p.B) + b * p.B_batch_stride + l0 * p.B_l_stride + g * p.B_g_stride + n0;
+  const int xl = static_cast<int>(p.x_l_stride), bl = static_cast<int>(p.B_l_stride);
+  const bool xvec = aligned8(xp, xl), bvec = aligned8(Bp, bl);
+  const int pcols = min(64, p.headdim - p0), ncols = min(128, p.dstate - n0);
+  mma::BlockTile<kThreads, 128, 64, kWaves == 8 ? 4 : 2> tile;  // rows n, cols p
+  for (int s0 = 0; s0 < rows; s0 += kSlab) {
+    const int left = rows - s0;
+    const S* xs = xp + s0 * xl;
+    const S* bs = Bp + s0 * bl;
+    const float* ws = w + s0;
+    stage4f<T, kSlab, 128, true>(Bh, Bl, LB::kLd, [&](int s, int n, float (&v)[4]) {
+      if (s >= left) return;
+      unpack4<T>(load4(bs + s * bl, n, ncols, bvec), v);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] *= ws[s];
+    });
+    stage4<kSlab, 64>(Xs, LX::kLd, [&](int s, int pp) {
+      return s < left ? load4(xs + s * xl, pp, pcols, xvec) : Packed4{0, 0};
+    });
+    __syncthreads();
+    tile.template product<T, kSlab, true, true>(Bh, LB::kLd, Xs, LX::kLd);
+    tile.template product<T, kSlab, true, true>(Bl, LB::kLd, Xs, LX::kLd);
+    __syncthreads();
+  }
+
+  const float* entering = p.states + states_at(p, b, c, h);
+  float* out = p.states + states_at(p, b, c, h);
+  const float carry = seg_end == 0 ? __expf(a_end) : 0.f;
+#pragma unroll
+  for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+    for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+      for (int r = 0; r < mma::kAccRegs; ++r) {
+        const int n = n0 + tile.row(i, r), pp = p0 + tile.col(j, r);
+        if (n >= p.dstate || pp >= p.headdim) continue;
+        const int64_t e = static_cast<int64_t>(n) * p.headdim + pp;
+        if constexpr (kVarlen) {
+          const float v = tile.acc[i][j].v[r] + carry * entering[e];
+          store_as(p.varlen_states, p.state_dtype, ((static_cast<int64_t>(item) * p.nheads + h) * p.headdim + pp) * p.dstate + n, v);
+        } else {
+          out[e] = tile.acc[i][j].v[r];
+        }
+      }
+}
+
+template <typename T, int kRows, bool kHasZ>
+M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
+  typedef typename T::storage S;
+  typedef KMajor<kRows> LM;
+  typedef KMajor<64> LX;
+  constexpr int kASize = kRows * kLdH > LM::kSize ? kRows * kLdH : LM::kSize;
+  __shared__ __align__(16) uint16_t As[kASize];       // C [t][n], then C·Bᵀ weighted [s][t]
+  __shared__ __align__(16) uint16_t As_lo[LM::kSize];  // the weighted C·Bᵀ's rounding remainder
+  __shared__ __align__(16) uint16_t Bs[LX::kSize];     // entering state [n][p], then x [s][p]
+  __shared__ __align__(16) uint16_t Bs_lo[LX::kSize];  // the entering state's rounding remainder
+  __shared__ float acs[kMaxChunk], dts[kMaxChunk];
+  __shared__ int32_t seg[kMaxChunk];
+  const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + 63) / 64);
+  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
+  const int tile_id = (blockIdx.x / p.nheads) % tiles, c = blockIdx.x / p.nheads / tiles;
+  const int t0 = (tile_id % tiles_t) * kRows, p0 = (tile_id / tiles_t) * 64;
+  const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
+  {
+    const float* a = p.dA_cs + chunk_row(p, b, h, c);
+    const float* d = p.dt_out + chunk_row(p, b, h, c);
+    const int32_t* sg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
+    for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) acs[s] = a[s], dts[s] = d[s], seg[s] = sg[s];
+  }
+  __syncthreads();
+  const int xl = static_cast<int>(p.x_l_stride), cl = static_cast<int>(p.C_l_stride);
+  const int pcols = min(64, p.headdim - p0);
+  mma::BlockTile<kThreads, kRows, 64, kRows == 128 && kWaves == 8 ? 4 : 2> tile;  // rows t, cols p
+
+  // the entering state, read through C (it is zero for chunk 0 without initial states)
+  if (c > 0 || p.initial_states) {
+    const S* Cp = static_cast<const S*>(p.C) + b * p.C_batch_stride + l0 * p.C_l_stride + g * p.C_g_stride + t0 * cl;
+    const bool cvec = aligned8(Cp, cl), evec = p.headdim % 4 == 0;
+    const int crows = rows - t0;
+    const float* E = p.states + states_at(p, b, c, h) + p0;
+    for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
+      const int nleft = p.dstate - n0;
+      stage4<kRows, kSlab>(As, kLdH, [&](int t, int k) {
+        return t < crows ? load4(Cp + t * cl + n0, k, nleft, cvec) : Packed4{0, 0};
+      });
+      const float* En = E + static_cast<int64_t>(n0) * p.headdim;
+      stage4f<T, kSlab, 64, true>(Bs, Bs_lo, LX::kLd, [&](int n, int pp, float (&v)[4]) {
+        if (n >= nleft) return;
+        const float* row = En + n * p.headdim;
+        if (evec && pp + 3 < pcols) {
+          const float4 q = *reinterpret_cast<const float4*>(row + pp);
+          v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[e] = pp + e < pcols ? row[pp + e] : 0.f;
+        }
+      });
+      __syncthreads();
+      tile.template product<T, kSlab, false, true>(As, kLdH, Bs, LX::kLd);
+      tile.template product<T, kSlab, false, true>(As, kLdH, Bs_lo, LX::kLd);
+      __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+      for (int r = 0; r < mma::kAccRegs; ++r) {
+        const int t = t0 + tile.row(i, r);
+        const float f = seg[t] == 0 ? __expf(acs[t]) : 0.f;
+#pragma unroll
+        for (int j = 0; j < tile.kFn; ++j) tile.acc[i][j].v[r] *= f;
+      }
+  }
+
+  // within the chunk: positions s <= t of the same segment
+  const S* xp = static_cast<const S*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride;
+  const bool xvec = aligned8(xp + p0, xl);
+  const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) *
+                               static_cast<int64_t>(p.chunk_size) * p.chunk_size;
+  const int s_end = min(t0 + kRows, rows), cs = p.chunk_size;
+  for (int s0 = 0; s0 < s_end; s0 += kSlab) {
+    stage4f<T, kSlab, kRows, true>(As, As_lo, LM::kLd, [&](int k, int t, float (&v)[4]) {
+      const int s = s0 + k, tt = t0 + t;
+      if (s >= rows) return;
+      const float4 q = *reinterpret_cast<const float4*>(cb + s * cs + tt);  // 16-byte aligned rows
+      const float cbv[4] = {q.x, q.y, q.z, q.w};
+      const float as = acs[s], ds = dts[s];
+      const int sgs = seg[s];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (s <= tt + e && sgs == seg[tt + e]) v[e] = cbv[e] * __expf(acs[tt + e] - as) * ds;
+    });
+    const S* xs = xp + s0 * xl + p0;
+    const int left = rows - s0;
+    stage4<kSlab, 64>(Bs, LX::kLd, [&](int s, int pp) {
+      return s < left ? load4(xs + s * xl, pp, pcols, xvec) : Packed4{0, 0};
+    });
+    __syncthreads();
+    tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
+    tile.template product<T, kSlab, true, true>(As_lo, LM::kLd, Bs, LX::kLd);
+    __syncthreads();
+  }
+
+  const OutRows<T, kHasZ> o(p, b, h, l0, xp);
+#pragma unroll
+  for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+    for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+      for (int r = 0; r < mma::kAccRegs; ++r) {
+        const int t = t0 + tile.row(i, r), pp = p0 + tile.col(j, r);
+        if (t < rows && pp < p.headdim) o.store(p, h, t, pp, tile.acc[i][j].v[r]);
+      }
+}
+#endif
+
+template <typename T>
+M2R_DEVICE void bmm(const SsdParams& p) {
+#if M2R_MMA != 0
+  if constexpr (mma::kEnabled<T>) return bmm_mma<T>(p);
+  else
+#endif
+  bmm_fma<T>(p);
+}
+
+template <typename T, bool kVarlen>
+M2R_DEVICE void chunk_state(const SsdParams& p) {
+#if M2R_MMA != 0
+  if constexpr (mma::kEnabled<T>) return chunk_state_mma<T, kVarlen>(p);
+  else
+#endif
+  chunk_state_fma<T, kVarlen>(p);
+}
+
+template <typename T, int kRows, bool kHasZ>
+M2R_DEVICE void chunk_scan(const SsdParams& p) {
+#if M2R_MMA != 0
+  if constexpr (mma::kEnabled<T>) return chunk_scan_mma<T, kRows, kHasZ>(p);
+  else
+#endif
+  chunk_scan_fma<T, kRows, kHasZ>(p);
 }
 
 }  // namespace ssd

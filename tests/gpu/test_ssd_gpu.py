@@ -151,6 +151,28 @@ def test_strided_inputs_as_the_mamba2_block_passes_them():
     _check(args, 128, torch.bfloat16, dt_softplus=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("p", "n"), [(64, 64), (30, 50)])
+def test_unaligned_views_and_partial_vectors(dtype, p, n):
+    """Views starting one element into a projection with an odd row length: no row is 8-byte
+    aligned, so every staged operand takes the element-wise path; headdim 30 and dstate 50 end
+    inside a 4-element vector."""
+    g = seeded("unaligned", str(dtype), p, n, device=DEV)
+    b, L, h, groups = 2, 333, 4, 2
+    width = 2 * h * p + 2 * groups * n + h
+    d = width + 1 + width % 2  # odd row length: every row start is misaligned in turn
+    proj = torch.randn(b, L, d, device=DEV, generator=g).to(dtype)[..., 1 : 1 + width]
+    z, x, Bf, Cf, dt = torch.split(proj, [h * p, h * p, groups * n, groups * n, h], dim=-1)
+    args = dict(
+        x=x.view(b, L, h, p), dt=dt - 2.0, A=-torch.rand(h, device=DEV, generator=g) * 2 - 0.05,
+        B=Bf.view(b, L, groups, n), C=Cf.view(b, L, groups, n), z=z.view(b, L, h, p),
+        D=torch.randn(h, device=DEV, generator=g),
+        initial_states=torch.randn(b, h, p, n, device=DEV, generator=g),
+    )  # fmt: skip
+    assert x.data_ptr() % 8 != 0 and x.stride(1) % 2 == 1
+    _check(args, 64, dtype, dt_softplus=True)
+
+
 def test_decode_continues_the_scan():
     """The scan over a prefix, then selective_state_update token by token (HF's stride-0 tied
     views), matches the scan over the whole sequence."""

@@ -1,0 +1,281 @@
+// One 16x16x16 matrix-core step, fp16/bf16 operands and fp32 accumulation, behind one interface
+// for every target that has matrix cores. Kernels stage both operands in LDS as 16-bit
+// [row][k] tiles (k contiguous: A is M x K, B is N x K), load 16x16 fragments with `load`,
+// multiply with `mma<T>` and find the (row, col) of each accumulator register with
+// `acc_row` / `acc_col`, so no kernel depends on a vendor's register layout. An operand whose
+// reduction dim is the slow one in LDS ([k][row]) is read with `load_t` instead, so kernels
+// stage every operand as its rows lie in memory.
+//
+//   M2R_MMA 1  NVIDIA sm_80+: ldmatrix.x4 + two mma.sync.m16n8k16 per step (the build we run)
+//   M2R_MMA 2  AMD CDNA2/3/4 (gfx90a, gfx94x, gfx950), wave64: v_mfma_f32_16x16x16{f16,bf16_1k}
+//   M2R_MMA 3  AMD RDNA3/3.5 (gfx11), wave32: v_wmma_f32_16x16x16_{f16,bf16}, the two half-waves
+//              holding the same operand rows
+//   M2R_MMA 4  AMD RDNA4 (gfx12), wave32: v_wmma_f32_16x16x16_{f16,bf16} (gfx12 layout)
+//   M2R_MMA 0  no matrix cores (gfx10.3): kernels keep their fp32 FMA path
+//
+// The AMD layouts follow the ISA documents; they are compiled and statically verified here but
+// executed only by the GPU test gate on AMD runners (no AMD GPU is reachable from CI).
+//
+// LDS operand tiles: row stride `ld` a multiple of 8 elements, tile origins 16-byte aligned.
+#pragma once
+
+#include "platform.h"
+
+#if M2R_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define M2R_MMA 1
+#elif M2R_AMD && (defined(__gfx90a__) || defined(__gfx942__) || defined(__gfx950__) || \
+                  defined(__gfx9_4_generic__))
+#define M2R_MMA 2
+#elif M2R_AMD && defined(__GFX11__)
+#define M2R_MMA 3
+#elif M2R_AMD && defined(__GFX12__)
+#define M2R_MMA 4
+#else
+#define M2R_MMA 0
+#endif
+
+#if M2R_MMA == 2 && M2R_WAVEFRONT_SIZE != 64
+#error "MFMA fragments assume wave64"
+#endif
+#if (M2R_MMA == 3 || M2R_MMA == 4) && M2R_WAVEFRONT_SIZE != 32
+#error "WMMA fragments assume wave32"
+#endif
+
+namespace m2r {
+namespace mma {
+
+constexpr bool kAvailable = M2R_MMA != 0;
+
+// Whether element type T runs on matrix cores (fp32 stays on FMA: no fp32-exact matrix op).
+template <typename T>
+constexpr bool kEnabled = kAvailable && T::kDType != M2R_DTYPE_F32;
+
+M2R_DEVICE int lane() { return static_cast<int>(threadIdx.x % kWavefront); }
+
+#if M2R_MMA == 1  // ---------------------------------------------------------------- NVIDIA
+struct Frag {
+  uint32_t r[4];  // 8x8 sub-matrices (rows 0-7|8-15) x (k 0-7|8-15): r[h + 2 kh]
+};
+struct Acc {
+  float v[8];  // two m16n8 halves: v[4 j + i] is column half j
+};
+constexpr int kAccRegs = 8;
+
+M2R_DEVICE Frag load(const uint16_t* tile, int ld) {
+  const int l = lane(), mi = l / 8;
+  const uint16_t* p = tile + ((l % 8) + 8 * (mi & 1)) * ld + 8 * (mi >> 1);
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  Frag f;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
+               : "r"(addr));
+  return f;
+}
+
+// The same fragment from a k-major tile ([k][row], rows contiguous): ldmatrix transposes.
+M2R_DEVICE Frag load_t(const uint16_t* tile, int ld) {
+  const int l = lane(), mi = l / 8;
+  const uint16_t* p = tile + (8 * (mi >> 1) + l % 8) * ld + 8 * (mi & 1);
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  Frag f;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
+               : "r"(addr));
+  return f;
+}
+
+template <typename T>
+M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    float* d = c.v + 4 * j;
+    if constexpr (T::kDType == M2R_DTYPE_BF16) {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+          "{%8,%9}, {%0,%1,%2,%3};"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[j]), "r"(b.r[j + 2]));
+    } else {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+          "{%8,%9}, {%0,%1,%2,%3};"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[j]), "r"(b.r[j + 2]));
+    }
+  }
+}
+
+M2R_DEVICE int acc_row(int r) { return lane() / 4 + 8 * ((r >> 1) & 1); }
+M2R_DEVICE int acc_col(int r) { return 8 * (r >> 2) + 2 * (lane() % 4) + (r & 1); }
+
+#elif M2R_MMA == 2  // ------------------------------------------------------- AMD MFMA, wave64
+typedef short s16x4 __attribute__((ext_vector_type(4)));
+typedef _Float16 h16x4 __attribute__((ext_vector_type(4)));
+typedef float f32x4 __attribute__((ext_vector_type(4)));
+struct Frag {
+  s16x4 r;  // row lane % 16, k 4 (lane / 16) .. + 3
+};
+struct Acc {
+  f32x4 v;  // rows 4 (lane / 16) .. + 3, column lane % 16
+};
+constexpr int kAccRegs = 4;
+
+M2R_DEVICE Frag load(const uint16_t* tile, int ld) {
+  const int l = lane();
+  return Frag{*reinterpret_cast<const s16x4*>(tile + (l % 16) * ld + 4 * (l / 16))};
+}
+
+// The same fragment from a k-major tile ([k][row], rows contiguous): gathered from LDS.
+M2R_DEVICE Frag load_t(const uint16_t* tile, int ld) {
+  const int l = lane();
+  const uint16_t* p = tile + 4 * (l / 16) * ld + l % 16;
+  Frag f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) f.r[i] = static_cast<short>(p[i * ld]);
+  return f;
+}
+
+template <typename T>
+M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
+  if constexpr (T::kDType == M2R_DTYPE_BF16) {
+    c.v = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a.r, b.r, c.v, 0, 0, 0);
+  } else {
+    c.v = __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(h16x4, a.r),
+                                                __builtin_bit_cast(h16x4, b.r), c.v, 0, 0, 0);
+  }
+}
+
+M2R_DEVICE int acc_row(int r) { return 4 * (lane() / 16) + r; }
+M2R_DEVICE int acc_col(int) { return lane() % 16; }
+
+#elif M2R_MMA == 3  // ------------------------------------------------- AMD WMMA gfx11, wave32
+typedef short s16x16 __attribute__((ext_vector_type(16)));
+typedef _Float16 h16x16 __attribute__((ext_vector_type(16)));
+typedef float f32x8 __attribute__((ext_vector_type(8)));
+typedef short s16x8 __attribute__((ext_vector_type(8)));
+struct Frag {
+  s16x16 r;  // row lane % 16, all 16 k; lanes 16-31 repeat lanes 0-15
+};
+struct Acc {
+  f32x8 v;  // register r: row 2 r + lane / 16, column lane % 16
+};
+constexpr int kAccRegs = 8;
+
+M2R_DEVICE Frag load(const uint16_t* tile, int ld) {
+  const s16x8* p = reinterpret_cast<const s16x8*>(tile + (lane() % 16) * ld);
+  return Frag{__builtin_shufflevector(p[0], p[1], 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)};
+}
+
+// The same fragment from a k-major tile ([k][row], rows contiguous): gathered from LDS.
+M2R_DEVICE Frag load_t(const uint16_t* tile, int ld) {
+  const uint16_t* p = tile + lane() % 16;
+  Frag f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) f.r[i] = static_cast<short>(p[i * ld]);
+  return f;
+}
+
+template <typename T>
+M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
+  if constexpr (T::kDType == M2R_DTYPE_BF16) {
+    c.v = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a.r, b.r, c.v);
+  } else {
+    c.v = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(__builtin_bit_cast(h16x16, a.r),
+                                                     __builtin_bit_cast(h16x16, b.r), c.v);
+  }
+}
+
+M2R_DEVICE int acc_row(int r) { return 2 * r + lane() / 16; }
+M2R_DEVICE int acc_col(int) { return lane() % 16; }
+
+#elif M2R_MMA == 4  // ------------------------------------------------- AMD WMMA gfx12, wave32
+typedef short s16x8 __attribute__((ext_vector_type(8)));
+typedef _Float16 h16x8 __attribute__((ext_vector_type(8)));
+typedef float f32x8 __attribute__((ext_vector_type(8)));
+struct Frag {
+  s16x8 r;  // row lane % 16, k 8 (lane / 16) .. + 7
+};
+struct Acc {
+  f32x8 v;  // register r: row r + 8 (lane / 16), column lane % 16
+};
+constexpr int kAccRegs = 8;
+
+M2R_DEVICE Frag load(const uint16_t* tile, int ld) {
+  const int l = lane();
+  return Frag{*reinterpret_cast<const s16x8*>(tile + (l % 16) * ld + 8 * (l / 16))};
+}
+
+// The same fragment from a k-major tile ([k][row], rows contiguous): gathered from LDS.
+M2R_DEVICE Frag load_t(const uint16_t* tile, int ld) {
+  const int l = lane();
+  const uint16_t* p = tile + 8 * (l / 16) * ld + l % 16;
+  Frag f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f.r[i] = static_cast<short>(p[i * ld]);
+  return f;
+}
+
+template <typename T>
+M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
+  if constexpr (T::kDType == M2R_DTYPE_BF16) {
+    c.v = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12(a.r, b.r, c.v);
+  } else {
+    c.v = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(__builtin_bit_cast(h16x8, a.r),
+                                                           __builtin_bit_cast(h16x8, b.r), c.v);
+  }
+}
+
+M2R_DEVICE int acc_row(int r) { return r + 8 * (lane() / 16); }
+M2R_DEVICE int acc_col(int) { return lane() % 16; }
+#endif
+
+#if M2R_MMA != 0
+// A block-wide product C (kM x kN) += A (kM x K) B (kN x K)^T, the waves of the block each
+// owning a (kM / kWavesM) x (kN / kWavesN) sub-tile of 16x16 fragments.
+template <int kThreads, int kM, int kN, int kWavesM>
+struct BlockTile {
+  static constexpr int kWaves = kThreads / kWavefront, kWavesN = kWaves / kWavesM;
+  static constexpr int kFm = kM / kWavesM / 16, kFn = kN / kWavesN / 16;
+  static_assert(kWaves % kWavesM == 0 && kFm >= 1 && kFn >= 1, "tile does not split over the waves");
+  static_assert(kFm * kWavesM * 16 == kM && kFn * kWavesN * 16 == kN, "tile does not split over the waves");
+  Acc acc[kFm][kFn];
+  int m0, n0;  // this wave's sub-tile origin
+
+  M2R_DEVICE BlockTile() {
+    const int wave = static_cast<int>(threadIdx.x) / kWavefront;
+    m0 = (wave % kWavesM) * kFm * 16;
+    n0 = (wave / kWavesM) * kFn * 16;
+#pragma unroll
+    for (int i = 0; i < kFm; ++i)
+#pragma unroll
+      for (int j = 0; j < kFn; ++j)
+#pragma unroll
+        for (int r = 0; r < kAccRegs; ++r) acc[i][j].v[r] = 0.f;
+  }
+
+  // One LDS slab of kK along the reduction dim. A is [kM][lda] or, kTransA, k-major
+  // [kK][lda]; B likewise with kN.
+  template <typename T, int kK, bool kTransA, bool kTransB>
+  M2R_DEVICE void product(const uint16_t* As, int lda, const uint16_t* Bs, int ldb) {
+#pragma unroll
+    for (int k = 0; k < kK; k += 16) {
+      Frag b[kFn];
+#pragma unroll
+      for (int j = 0; j < kFn; ++j)
+        b[j] = kTransB ? load_t(Bs + k * ldb + n0 + 16 * j, ldb) : load(Bs + (n0 + 16 * j) * ldb + k, ldb);
+#pragma unroll
+      for (int i = 0; i < kFm; ++i) {
+        const Frag a = kTransA ? load_t(As + k * lda + m0 + 16 * i, lda) : load(As + (m0 + 16 * i) * lda + k, lda);
+#pragma unroll
+        for (int j = 0; j < kFn; ++j) mma<T>(acc[i][j], a, b[j]);
+      }
+    }
+  }
+
+  M2R_DEVICE int row(int i, int r) const { return m0 + 16 * i + acc_row(r); }
+  M2R_DEVICE int col(int j, int r) const { return n0 + 16 * j + acc_col(r); }
+};
+#endif
+
+}  // namespace mma
+}  // namespace m2r
