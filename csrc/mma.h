@@ -52,6 +52,17 @@ constexpr bool kEnabled = kAvailable && T::kDType != M2R_DTYPE_F32;
 
 M2R_DEVICE int lane() { return static_cast<int>(threadIdx.x % kWavefront); }
 
+#if M2R_AMD
+// kN 16-bit values p[0], p[ld], p[2 ld], ...: a fragment row read down a k-major LDS tile.
+template <typename V, int kN>
+M2R_DEVICE V gather(const uint16_t* p, int ld) {
+  V v;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) v[i] = static_cast<short>(p[i * ld]);
+  return v;
+}
+#endif
+
 #if M2R_MMA == 1  // ---------------------------------------------------------------- NVIDIA
 struct Frag {
   uint32_t r[4];  // 8x8 sub-matrices (rows 0-7|8-15) x (k 0-7|8-15): r[h + 2 kh]
@@ -61,9 +72,18 @@ struct Acc {
 };
 constexpr int kAccRegs = 8;
 
-M2R_DEVICE Frag load(const uint16_t* tile, int ld) {
+// This lane's first element of a fragment in a [row][k] tile / a k-major [k][row] tile: the
+// row address it gives ldmatrix.
+M2R_DEVICE int lane_off(int ld) {
   const int l = lane(), mi = l / 8;
-  const uint16_t* p = tile + ((l % 8) + 8 * (mi & 1)) * ld + 8 * (mi >> 1);
+  return ((l % 8) + 8 * (mi & 1)) * ld + 8 * (mi >> 1);
+}
+M2R_DEVICE int lane_off_t(int ld) {
+  const int l = lane(), mi = l / 8;
+  return (8 * (mi >> 1) + l % 8) * ld + 8 * (mi & 1);
+}
+
+M2R_DEVICE Frag load_lane(const uint16_t* p, int) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   Frag f;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -72,10 +92,7 @@ M2R_DEVICE Frag load(const uint16_t* tile, int ld) {
   return f;
 }
 
-// The same fragment from a k-major tile ([k][row], rows contiguous): ldmatrix transposes.
-M2R_DEVICE Frag load_t(const uint16_t* tile, int ld) {
-  const int l = lane(), mi = l / 8;
-  const uint16_t* p = tile + (8 * (mi >> 1) + l % 8) * ld + 8 * (mi & 1);
+M2R_DEVICE Frag load_lane_t(const uint16_t* p, int) {  // ldmatrix transposes
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   Frag f;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -120,20 +137,10 @@ struct Acc {
 };
 constexpr int kAccRegs = 4;
 
-M2R_DEVICE Frag load(const uint16_t* tile, int ld) {
-  const int l = lane();
-  return Frag{*reinterpret_cast<const s16x4*>(tile + (l % 16) * ld + 4 * (l / 16))};
-}
-
-// The same fragment from a k-major tile ([k][row], rows contiguous): gathered from LDS.
-M2R_DEVICE Frag load_t(const uint16_t* tile, int ld) {
-  const int l = lane();
-  const uint16_t* p = tile + 4 * (l / 16) * ld + l % 16;
-  Frag f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) f.r[i] = static_cast<short>(p[i * ld]);
-  return f;
-}
+M2R_DEVICE int lane_off(int ld) { return (lane() % 16) * ld + 4 * (lane() / 16); }
+M2R_DEVICE int lane_off_t(int ld) { return 4 * (lane() / 16) * ld + lane() % 16; }
+M2R_DEVICE Frag load_lane(const uint16_t* p, int) { return Frag{*reinterpret_cast<const s16x4*>(p)}; }
+M2R_DEVICE Frag load_lane_t(const uint16_t* p, int ld) { return Frag{gather<s16x4, 4>(p, ld)}; }
 
 template <typename T>
 M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
@@ -161,19 +168,13 @@ struct Acc {
 };
 constexpr int kAccRegs = 8;
 
-M2R_DEVICE Frag load(const uint16_t* tile, int ld) {
-  const s16x8* p = reinterpret_cast<const s16x8*>(tile + (lane() % 16) * ld);
-  return Frag{__builtin_shufflevector(p[0], p[1], 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)};
+M2R_DEVICE int lane_off(int ld) { return (lane() % 16) * ld; }
+M2R_DEVICE int lane_off_t(int) { return lane() % 16; }
+M2R_DEVICE Frag load_lane(const uint16_t* p, int) {
+  const s16x8* q = reinterpret_cast<const s16x8*>(p);
+  return Frag{__builtin_shufflevector(q[0], q[1], 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)};
 }
-
-// The same fragment from a k-major tile ([k][row], rows contiguous): gathered from LDS.
-M2R_DEVICE Frag load_t(const uint16_t* tile, int ld) {
-  const uint16_t* p = tile + lane() % 16;
-  Frag f;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) f.r[i] = static_cast<short>(p[i * ld]);
-  return f;
-}
+M2R_DEVICE Frag load_lane_t(const uint16_t* p, int ld) { return Frag{gather<s16x16, 16>(p, ld)}; }
 
 template <typename T>
 M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
@@ -200,20 +201,10 @@ struct Acc {
 };
 constexpr int kAccRegs = 8;
 
-M2R_DEVICE Frag load(const uint16_t* tile, int ld) {
-  const int l = lane();
-  return Frag{*reinterpret_cast<const s16x8*>(tile + (l % 16) * ld + 8 * (l / 16))};
-}
-
-// The same fragment from a k-major tile ([k][row], rows contiguous): gathered from LDS.
-M2R_DEVICE Frag load_t(const uint16_t* tile, int ld) {
-  const int l = lane();
-  const uint16_t* p = tile + 8 * (l / 16) * ld + l % 16;
-  Frag f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) f.r[i] = static_cast<short>(p[i * ld]);
-  return f;
-}
+M2R_DEVICE int lane_off(int ld) { return (lane() % 16) * ld + 8 * (lane() / 16); }
+M2R_DEVICE int lane_off_t(int ld) { return 8 * (lane() / 16) * ld + lane() % 16; }
+M2R_DEVICE Frag load_lane(const uint16_t* p, int) { return Frag{*reinterpret_cast<const s16x8*>(p)}; }
+M2R_DEVICE Frag load_lane_t(const uint16_t* p, int ld) { return Frag{gather<s16x8, 8>(p, ld)}; }
 
 template <typename T>
 M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
@@ -230,6 +221,10 @@ M2R_DEVICE int acc_col(int) { return lane() % 16; }
 #endif
 
 #if M2R_MMA != 0
+// A 16x16 fragment of a [row][k] tile, or of a k-major [k][row] tile (read transposed).
+M2R_DEVICE Frag load(const uint16_t* tile, int ld) { return load_lane(tile + lane_off(ld), ld); }
+M2R_DEVICE Frag load_t(const uint16_t* tile, int ld) { return load_lane_t(tile + lane_off_t(ld), ld); }
+
 // A block-wide product C (kM x kN) += A (kM x K) B (kN x K)^T, the waves of the block each
 // owning a (kM / kWavesM) x (kN / kWavesN) sub-tile of 16x16 fragments.
 template <int kThreads, int kM, int kN, int kWavesM>
@@ -257,17 +252,20 @@ struct BlockTile {
   // [kK][lda]; B likewise with kN.
   template <typename T, int kK, bool kTransA, bool kTransB>
   M2R_DEVICE void product(const uint16_t* As, int lda, const uint16_t* Bs, int ldb) {
+    // this lane's addresses once; every fragment is a constant offset from them
+    const uint16_t* a = As + (kTransA ? lane_off_t(lda) + m0 : lane_off(lda) + m0 * lda);
+    const uint16_t* b = Bs + (kTransB ? lane_off_t(ldb) + n0 : lane_off(ldb) + n0 * ldb);
 #pragma unroll
     for (int k = 0; k < kK; k += 16) {
-      Frag b[kFn];
+      Frag fb[kFn];
 #pragma unroll
       for (int j = 0; j < kFn; ++j)
-        b[j] = kTransB ? load_t(Bs + k * ldb + n0 + 16 * j, ldb) : load(Bs + (n0 + 16 * j) * ldb + k, ldb);
+        fb[j] = kTransB ? load_lane_t(b + k * ldb + 16 * j, ldb) : load_lane(b + 16 * j * ldb + k, ldb);
 #pragma unroll
       for (int i = 0; i < kFm; ++i) {
-        const Frag a = kTransA ? load_t(As + k * lda + m0 + 16 * i, lda) : load(As + (m0 + 16 * i) * lda + k, lda);
+        const Frag fa = kTransA ? load_lane_t(a + k * lda + 16 * i, lda) : load_lane(a + 16 * i * lda + k, lda);
 #pragma unroll
-        for (int j = 0; j < kFn; ++j) mma<T>(acc[i][j], a, b[j]);
+        for (int j = 0; j < kFn; ++j) mma<T>(acc[i][j], fa, fb[j]);
       }
     }
   }

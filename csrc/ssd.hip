@@ -482,14 +482,28 @@ M2R_DEVICE Packed4 load4(const uint16_t* r, int c, int n, bool vec) {
 
 template <typename T>
 M2R_DEVICE Packed4 pack4(const float (&v)[4]) {
-  return Packed4{static_cast<uint32_t>(T::from_float(v[0])) | (static_cast<uint32_t>(T::from_float(v[1])) << 16),
-                 static_cast<uint32_t>(T::from_float(v[2])) | (static_cast<uint32_t>(T::from_float(v[3])) << 16)};
+  return Packed4{T::pack(v), T::pack(v + 2)};
 }
 
 template <typename T>
 M2R_DEVICE void unpack4(const Packed4& q, float (&v)[4]) {
-  v[0] = T::to_float(static_cast<uint16_t>(q.lo)), v[1] = T::to_float(static_cast<uint16_t>(q.lo >> 16));
-  v[2] = T::to_float(static_cast<uint16_t>(q.hi)), v[3] = T::to_float(static_cast<uint16_t>(q.hi >> 16));
+  T::unpack(q.lo, v), T::unpack(q.hi, v + 2);
+}
+
+// v rounded to T at hi[0..3]; kSplit: the rounding remainder, rounded to T, at lo[0..3] (hi + lo
+// carries about 16 mantissa bits). Both 8-byte aligned.
+template <typename T, bool kSplit>
+M2R_DEVICE void store4(uint16_t* hi, uint16_t* lo, float (&v)[4]) {
+  const Packed4 qh = pack4<T>(v);
+  *reinterpret_cast<uint2*>(hi) = make_uint2(qh.lo, qh.hi);
+  if constexpr (kSplit) {
+    float h[4];
+    unpack4<T>(qh, h);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] -= h[e];
+    const Packed4 ql = pack4<T>(v);
+    *reinterpret_cast<uint2*>(lo) = make_uint2(ql.lo, ql.hi);
+  }
 }
 
 // dst[r][c] for r < kRows, c < kCols (row stride ld), 4 columns per thread: f(r, c) -> Packed4.
@@ -506,8 +520,8 @@ M2R_DEVICE void stage4(uint16_t* dst, int ld, F f) {
   }
 }
 
-// dst[r][c] as stage4, from fp32 values: f(r, c, v) fills v[0..3], rounded to T. kSplit: also
-// lo[r][c] = the rounding remainder, rounded to T (hi + lo carries about 16 mantissa bits).
+// dst[r][c] as stage4, from fp32 values: f(r, c, v) fills v[0..3] (zeros when untouched),
+// stored by store4 (kSplit: the remainders at lo).
 template <typename T, int kRows, int kCols, bool kSplit, typename F>
 M2R_DEVICE void stage4f(uint16_t* hi, uint16_t* lo, int ld, F f) {
   constexpr int kQuads = kRows * kCols / 4;
@@ -518,16 +532,7 @@ M2R_DEVICE void stage4f(uint16_t* hi, uint16_t* lo, int ld, F f) {
     const int c = 4 * (idx % (kCols / 4)), r = idx / (kCols / 4);
     float v[4] = {};
     f(r, c, v);
-    const Packed4 qh = pack4<T>(v);
-    *reinterpret_cast<uint2*>(hi + r * ld + c) = make_uint2(qh.lo, qh.hi);
-    if constexpr (kSplit) {
-      float h[4];
-      unpack4<T>(qh, h);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[e] -= h[e];
-      const Packed4 ql = pack4<T>(v);
-      *reinterpret_cast<uint2*>(lo + r * ld + c) = make_uint2(ql.lo, ql.hi);
-    }
+    store4<T, kSplit>(hi + r * ld + c, lo + r * ld + c, v);
   }
 }
 
@@ -582,9 +587,9 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   typedef typename T::storage S;
   typedef KMajor<128> LB;
   typedef KMajor<64> LX;
-  __shared__ __align__(16) uint16_t Bh[LB::kSize];  // [s][n], decay-weighted B rounded
-  __shared__ __align__(16) uint16_t Bl[LB::kSize];  // its rounding remainder
-  __shared__ __align__(16) uint16_t Xs[LX::kSize];  // [s][p]
+  __shared__ __align__(16) uint16_t Bs[LB::kSize];  // [s][n]
+  __shared__ __align__(16) uint16_t Xh[LX::kSize];  // [s][p], decay-weighted x rounded
+  __shared__ __align__(16) uint16_t Xl[LX::kSize];  // its rounding remainder
   __shared__ float w[kMaxChunk];
   const int tiles_n = (p.dstate + 127) / 128, tiles = tiles_n * ((p.headdim + 63) / 64);
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group;
@@ -619,18 +624,18 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     const S* xs = xp + s0 * xl;
     const S* bs = Bp + s0 * bl;
     const float* ws = w + s0;
-    stage4f<T, kSlab, 128, true>(Bh, Bl, LB::kLd, [&](int s, int n, float (&v)[4]) {
+    stage4<kSlab, 128>(Bs, LB::kLd, [&](int s, int n) {
+      return s < left ? load4(bs + s * bl, n, ncols, bvec) : Packed4{0, 0};
+    });
+    stage4f<T, kSlab, 64, true>(Xh, Xl, LX::kLd, [&](int s, int pp, float (&v)[4]) {
       if (s >= left) return;
-      unpack4<T>(load4(bs + s * bl, n, ncols, bvec), v);
+      unpack4<T>(load4(xs + s * xl, pp, pcols, xvec), v);
 #pragma unroll
       for (int k = 0; k < 4; ++k) v[k] *= ws[s];
     });
-    stage4<kSlab, 64>(Xs, LX::kLd, [&](int s, int pp) {
-      return s < left ? load4(xs + s * xl, pp, pcols, xvec) : Packed4{0, 0};
-    });
     __syncthreads();
-    tile.template product<T, kSlab, true, true>(Bh, LB::kLd, Xs, LX::kLd);
-    tile.template product<T, kSlab, true, true>(Bl, LB::kLd, Xs, LX::kLd);
+    tile.template product<T, kSlab, true, true>(Bs, LB::kLd, Xh, LX::kLd);
+    tile.template product<T, kSlab, true, true>(Bs, LB::kLd, Xl, LX::kLd);
     __syncthreads();
   }
 
@@ -661,10 +666,12 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   typedef KMajor<kRows> LM;
   typedef KMajor<64> LX;
   constexpr int kASize = kRows * kLdH > LM::kSize ? kRows * kLdH : LM::kSize;
-  __shared__ __align__(16) uint16_t As[kASize];       // C [t][n], then C·Bᵀ weighted [s][t]
-  __shared__ __align__(16) uint16_t As_lo[LM::kSize];  // the weighted C·Bᵀ's rounding remainder
-  __shared__ __align__(16) uint16_t Bs[LX::kSize];     // entering state [n][p], then x [s][p]
-  __shared__ __align__(16) uint16_t Bs_lo[LX::kSize];  // the entering state's rounding remainder
+  constexpr int kOperands = kASize + LM::kSize + 2 * LX::kSize, kOut = 64 * (64 + 4) * 2;
+  __shared__ __align__(16) uint16_t smem[kOperands > kOut ? kOperands : kOut];
+  uint16_t* As = smem;                   // C [t][n], then C·Bᵀ weighted [s][t]
+  uint16_t* As_lo = As + kASize;         // the weighted C·Bᵀ's rounding remainder
+  uint16_t* Bs = As_lo + LM::kSize;      // entering state [n][p], then x [s][p]
+  uint16_t* Bs_lo = Bs + LX::kSize;      // the entering state's rounding remainder
   __shared__ float acs[kMaxChunk], dts[kMaxChunk];
   __shared__ int32_t seg[kMaxChunk];
   const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + 63) / 64);
@@ -729,18 +736,29 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) *
                                static_cast<int64_t>(p.chunk_size) * p.chunk_size;
   const int s_end = min(t0 + kRows, rows), cs = p.chunk_size;
-  for (int s0 = 0; s0 < s_end; s0 += kSlab) {
-    stage4f<T, kSlab, kRows, true>(As, As_lo, LM::kLd, [&](int k, int t, float (&v)[4]) {
-      const int s = s0 + k, tt = t0 + t;
-      if (s >= rows) return;
-      const float4 q = *reinterpret_cast<const float4*>(cb + s * cs + tt);  // 16-byte aligned rows
-      const float cbv[4] = {q.x, q.y, q.z, q.w};
-      const float as = acs[s], ds = dts[s];
-      const int sgs = seg[s];
+  // Each thread weights 4 positions t (the same in every slab) for every kStep-th s.
+  constexpr int kQuads = kRows / 4, kStep = kThreads / kQuads;
+  const int tq = 4 * (threadIdx.x % kQuads), k_first = threadIdx.x / kQuads;
+  float a_t[4];
+  int seg_t[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (s <= tt + e && sgs == seg[tt + e]) v[e] = cbv[e] * __expf(acs[tt + e] - as) * ds;
-    });
+  for (int e = 0; e < 4; ++e) a_t[e] = acs[t0 + tq + e], seg_t[e] = seg[t0 + tq + e];
+  for (int s0 = 0; s0 < s_end; s0 += kSlab) {
+#pragma unroll
+    for (int k = k_first; k < kSlab; k += kStep) {
+      const int s = s0 + k;
+      float v[4] = {};
+      if (s < rows) {
+        const float4 q = *reinterpret_cast<const float4*>(cb + s * cs + t0 + tq);  // 16-byte aligned rows
+        const float cbv[4] = {q.x, q.y, q.z, q.w};
+        const float as = acs[s], ds = dts[s];
+        const int sgs = seg[s];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (s <= t0 + tq + e && sgs == seg_t[e]) v[e] = cbv[e] * ds * __expf(a_t[e] - as);
+      }
+      store4<T, true>(As + k * LM::kLd + tq, As_lo + k * LM::kLd + tq, v);
+    }
     const S* xs = xp + s0 * xl + p0;
     const int left = rows - s0;
     stage4<kSlab, 64>(Bs, LX::kLd, [&](int s, int pp) {
@@ -752,16 +770,60 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     __syncthreads();
   }
 
-  const OutRows<T, kHasZ> o(p, b, h, l0, xp);
+  // D, the gate and the store, 64 rows at a time through LDS (over the operand tiles): each
+  // thread then owns 4 consecutive headdim columns of every 16th row, 8 bytes at a time.
+  float* O = reinterpret_cast<float*>(smem);
+  constexpr int kLdO = 64 + 4;
+  const int cq = 4 * (threadIdx.x % 16), r_first = threadIdx.x / 16;
+  float dq[4] = {};
+  if (p.D) {
 #pragma unroll
-  for (int i = 0; i < tile.kFm; ++i)
+    for (int e = 0; e < 4; ++e)
+      if (cq + e < pcols) dq[e] = load_as_float(p.D, p.d_dtype, h * p.D_h_stride + (p0 + cq + e) * p.D_p_stride);
+  }
+  const S* xo = xp + p0;
+  const S* zo = kHasZ ? static_cast<const S*>(p.z) + b * p.z_batch_stride + l0 * p.z_l_stride + h * p.z_h_stride + p0 : nullptr;
+  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + l0 * p.out_l_stride + h * p.out_h_stride + p0;
+  const int zl = static_cast<int>(p.z_l_stride), ol = static_cast<int>(p.out_l_stride);
+  const bool zvec = kHasZ && aligned8(zo, zl), ovec = aligned8(out, ol);
 #pragma unroll
-    for (int j = 0; j < tile.kFn; ++j)
+  for (int half = 0; half < kRows / 64; ++half) {
+    __syncthreads();
 #pragma unroll
-      for (int r = 0; r < mma::kAccRegs; ++r) {
-        const int t = t0 + tile.row(i, r), pp = p0 + tile.col(j, r);
-        if (t < rows && pp < p.headdim) o.store(p, h, t, pp, tile.acc[i][j].v[r]);
+    for (int i = 0; i < tile.kFm; ++i) {
+      if ((tile.m0 + 16 * i) / 64 != half) continue;  // uniform over the fragment
+#pragma unroll
+      for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+        for (int r = 0; r < mma::kAccRegs; ++r) O[(tile.row(i, r) - 64 * half) * kLdO + tile.col(j, r)] = tile.acc[i][j].v[r];
+    }
+    __syncthreads();
+    for (int rr = r_first; rr < 64; rr += kThreads / 16) {
+      const int t = t0 + 64 * half + rr;
+      if (t >= rows) break;
+      const float4 a = *reinterpret_cast<const float4*>(O + rr * kLdO + cq);
+      float y[4] = {a.x, a.y, a.z, a.w}, xv[4];
+      unpack4<T>(load4(xo + t * xl, cq, pcols, xvec), xv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) y[e] = fmaf(dq[e], xv[e], y[e]);
+      if constexpr (kHasZ) {
+        float zv[4];
+        unpack4<T>(load4(zo + t * zl, cq, pcols, zvec), zv);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[e] *= silu(zv[e]);
       }
+      const Packed4 q = pack4<T>(y);
+      if (ovec && cq + 3 < pcols) {
+        *reinterpret_cast<uint2*>(out + t * ol + cq) = make_uint2(q.lo, q.hi);
+      } else {
+        const uint16_t e4[4] = {static_cast<uint16_t>(q.lo), static_cast<uint16_t>(q.lo >> 16),
+                                static_cast<uint16_t>(q.hi), static_cast<uint16_t>(q.hi >> 16)};
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (cq + e < pcols) out[t * ol + cq + e] = e4[e];
+      }
+    }
+  }
 }
 #endif
 

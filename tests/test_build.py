@@ -9,6 +9,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -151,7 +152,7 @@ def _docker_image_or_skip():
         )
 
 
-AMD_TARGETS = ("gfx1030", "gfx90a", "gfx11-generic")
+AMD_TARGETS = ("gfx1030", "gfx90a", "gfx11-generic", "gfx12-generic")
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +174,8 @@ def amd_build(tmp_path_factory):
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("target", "wave", "cov"), [("gfx1030", 32, 5), ("gfx90a", 64, 5), ("gfx11-generic", 32, 6)]
+    ("target", "wave", "cov"),
+    [("gfx1030", 32, 5), ("gfx90a", 64, 5), ("gfx11-generic", 32, 6), ("gfx12-generic", 32, 6)],
 )
 def test_amd_build_in_toolchain_image(amd_build, target, wave, cov):
     target_dir = amd_build / target
@@ -195,6 +197,34 @@ def test_amd_build_in_toolchain_image(amd_build, target, wave, cov):
         co = next(c for c in manifest["code_objects"] if c["source"] == name)
         assert co["code_object_version"] == cov
         assert co["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+# The fp16/bf16 SSD kernels run on matrix cores where the target has them (csrc/mma.h):
+# MFMA on gfx9 (wave64), WMMA on gfx11 and gfx12, none on gfx10.3, which keeps the FMA path.
+MATRIX_OPS = {
+    "gfx1030": set(),
+    "gfx90a": {"v_mfma_f32_16x16x16f16", "v_mfma_f32_16x16x16bf16_1k"},
+    "gfx11-generic": {"v_wmma_f32_16x16x16_f16", "v_wmma_f32_16x16x16_bf16"},
+    "gfx12-generic": {"v_wmma_f32_16x16x16_f16", "v_wmma_f32_16x16x16_bf16"},
+}
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.parametrize("target", sorted(MATRIX_OPS))
+def test_ssd_matrix_core_instructions(amd_build, target, tmp_path):
+    """Disassembled with the toolchain's llvm-objdump: the matrix-core path is compiled in
+    (its layouts are only checked by running on AMD hardware, in the GPU test gate)."""
+    (elf,) = unbundle((amd_build / target / "ssd.hsaco").read_bytes()).values()
+    (tmp_path / "ssd.o").write_bytes(elf)
+    cmd = [
+        "docker", "run", "--rm", "--network", "none", "--user", f"{os.getuid()}:{os.getgid()}",
+        "-v", f"{tmp_path}:/co:ro", IMAGE, "llvm-objdump-21", "-d", "/co/ssd.o",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    found = set(re.findall(r"\bv_(?:mfma|wmma)\w*", proc.stdout))
+    assert found == MATRIX_OPS[target]
 
 
 # --- verification on synthetic code objects ---------------------------------------------------
