@@ -71,3 +71,330 @@ def test_torch_compile_fullgraph():
 
     torch.testing.assert_close(step(**args), ref)
     torch.testing.assert_close(args["state"], ref_state)
+
+
+# --- the validated-signature cache of the kernel path ------------------------------------------
+
+_ORDER = ("state", "x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+
+
+def _pos(args, softplus=True, idx=None):
+    return (*(args.get(k) for k in _ORDER), softplus, idx)
+
+
+@pytest.fixture
+def fresh_plans():
+    ops.clear_plan_cache()
+    yield
+    ops.clear_plan_cache()
+
+
+class _FakeKernels:
+    """The kernel tier on the CPU: records each launch instead of running it."""
+
+    def __init__(self):
+        self.launches = []
+
+    def launcher(self, name):
+        return lambda params, grid, block, stream: self.launches.append((name, params, grid))
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch, fresh_plans):
+    kset = _FakeKernels()
+    monkeypatch.setattr(ops, "choose", lambda device: ("kernel", kset))
+    monkeypatch.setattr(
+        ops, "launch", lambda launcher, x, params, grid, threads: launcher(params, grid, None, 0)
+    )
+    return kset
+
+
+def _expected_launch(state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, out):
+    """The parameter struct, kernel name and grid as the uncached code computed them."""
+    from mamba2_rocm.ops._launch import DTYPE_CODE, KERNEL_DTYPE
+
+    if x.dim() == 2:  # Mamba1: one head
+        state, x, dt, A, B, C, out = (t.unsqueeze(d) for t, d in zip(
+            (state, x, dt, A, B, C, out), (1, 1, 1, 0, 1, 1, 1), strict=True))  # fmt: skip
+        D, z = (None if D is None else D.unsqueeze(0)), (None if z is None else z.unsqueeze(1))
+        dt_bias = None if dt_bias is None else dt_bias.unsqueeze(0)
+    b, h, p = x.shape
+    n, g = state.shape[-1], B.shape[1]
+
+    def ptr(t):
+        return 0 if t is None else t.data_ptr()
+
+    def st(t, k):
+        return (0,) * k if t is None else tuple(t.stride())
+
+    params = (
+        *(ptr(t) for t in (state, x, dt, A, B, C, D, z, dt_bias, out, idx)),
+        *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *C.stride(),
+        *st(D, 2), *st(z, 3), *st(dt_bias, 2), *out.stride(),
+        b, h, p, n, h // g, state.shape[0], int(softplus), DTYPE_CODE[dt.dtype], DTYPE_CODE[A.dtype],
+        DTYPE_CODE[D.dtype] if D is not None else 0,
+        DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0, 0,
+    )  # fmt: skip
+    tier = next(t for t in (32, 64, 128, 256) if n <= t)
+    per = max(1, tier // 32)
+    contig = (
+        n == tier and tier <= 128 and b * h >= ops.HEAD_KERNEL_MIN_BLOCKS
+        and state.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
+        and (A.stride(-1) == 1 or (A.stride(-1) == 0 and A.stride(-2) == 0))
+        and all(s % per == 0 for s in (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1]))
+        and all(t.data_ptr() % (per * t.element_size()) == 0 for t in (state, B, C))
+    )  # fmt: skip
+    grid = (h, b, 1) if contig else (-(-p // 8), h, b)
+    name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}_n{tier}"
+    return name + ("_contig" if contig else ""), params, grid
+
+
+def _tied(g, b=3, h=4, p=8, n=32, groups=2, dtype=torch.bfloat16):
+    """Decode inputs as HF transformers passes them: stride-0 A/dt/dt_bias/D views."""
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return dict(
+        state=r(b, h, p, n).to(dtype), x=r(b, h, p).to(dtype), z=r(b, h, p).to(dtype),
+        dt=torch.rand(b, h, generator=g).to(dtype)[:, :, None].expand(b, h, p),
+        A=(-torch.rand(h, generator=g))[:, None, None].expand(h, p, n),
+        dt_bias=r(h)[:, None].expand(h, p), D=r(h)[:, None].expand(h, p),
+        B=r(b, groups, n).to(dtype), C=r(b, groups, n).to(dtype),
+    )  # fmt: skip
+
+
+def _misaligned(t):
+    """t's values at an address one element past an aligned one (same shape and strides)."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype)[1:]
+    return flat.view(t.shape).copy_(t)
+
+
+_LAYOUTS = {
+    "plain": lambda g: (_inputs(g, n=32), None),
+    "tied": lambda g: (_tied(g), None),
+    "no optionals": lambda g: (
+        {k: v for k, v in _inputs(g).items() if k not in ("D", "z", "dt_bias")},
+        None,
+    ),
+    "mamba1": lambda g: (_inputs(g, heads=False), None),
+    "pool": lambda g: (_inputs(g, pool=5, n=32), torch.tensor([4, 0, 2], dtype=torch.int32)),
+    # dstate 128: 4 elements per lane, so B one element off its alignment rules out the per-head kernel
+    "misaligned B": lambda g: ({**(a := _tied(g, n=128)), "B": _misaligned(a["B"])}, None),
+}
+#: Which layouts the per-head kernel takes when the block threshold is 0.
+_PER_HEAD = {"plain": True, "tied": True, "no optionals": False, "mamba1": False, "pool": True,
+             "misaligned B": False}  # fmt: skip
+
+
+@pytest.mark.parametrize("blocks", [0, 1 << 40], ids=["per-head kernel", "per-row kernel"])
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+def test_cached_launch_matches_uncached_formula(layout, blocks, fake_kernels, monkeypatch):
+    """Every call, cached or not, launches what the per-call code computed (new addresses)."""
+    monkeypatch.setattr(ops, "HEAD_KERNEL_MIN_BLOCKS", blocks)
+    for step in range(3):  # the first call builds the plan, the others reuse it
+        args, idx = _LAYOUTS[layout](seeded("plan", layout, step))
+        out = ops.selective_state_update(**args, dt_softplus=step != 1, state_batch_indices=idx)
+        assert out.shape == args["x"].shape and out.dtype == args["x"].dtype
+        assert out.is_contiguous()
+        expected = _expected_launch(*_pos(args, step != 1, idx), out)
+        assert fake_kernels.launches[-1] == expected
+        assert expected[0].endswith("_contig") == (blocks == 0 and _PER_HEAD[layout])
+    assert len(fake_kernels.launches) == 3
+
+
+def test_layouts_with_equal_shapes_get_their_own_plans(fake_kernels):
+    """Same shapes and dtypes, different strides: each call launches with its own strides."""
+    plain = _inputs(seeded("same shapes"), n=32)
+    h, p, n = plain["A"].shape
+    tied = {
+        **plain,
+        "A": plain["A"][:, :1, :1].expand(h, p, n),
+        "dt": plain["dt"][:, :, :1].expand(plain["dt"].shape),
+        "D": plain["D"][:, :1].expand(h, p),
+        "dt_bias": plain["dt_bias"][:, :1].expand(h, p),
+        "z": torch.randn(3, 2 * h, p)[:, ::2],
+    }
+    for name in ("A", "dt", "D", "dt_bias", "z"):
+        one = {**plain, name: tied[name]}
+        for args in (plain, one, tied, one, plain):
+            out = ops.selective_state_update(**args)
+            assert fake_kernels.launches[-1] == _expected_launch(*_pos(args, False), out)
+    assert len(ops._PLANS) == 7
+
+
+def test_hits_skip_the_checks(fake_kernels, monkeypatch):
+    """What the cache is for: a repeated layout runs neither the checks nor the planning."""
+    calls = []
+
+    def counted(fn):
+        return lambda *a, **k: calls.append(fn.__name__) or fn(*a, **k)
+
+    for name in ("check_state_update_args", "check_kernel_dtypes", "_kernel_plan"):
+        monkeypatch.setattr(ops, name, counted(getattr(ops, name)))
+    for step in range(4):
+        ops.selective_state_update(**_tied(seeded("hits", step)), dt_softplus=True)
+    assert calls == ["check_state_update_args", "check_kernel_dtypes", "_kernel_plan"]
+    assert len(fake_kernels.launches) == 4
+
+
+def test_head_kernel_threshold_is_read_per_call(fake_kernels, monkeypatch):
+    args = _tied(seeded("threshold"))
+    for blocks, suffix in ((0, "_contig"), (1 << 40, ""), (0, "_contig")):
+        monkeypatch.setattr(ops, "HEAD_KERNEL_MIN_BLOCKS", blocks)
+        ops.selective_state_update(**args)
+        assert fake_kernels.launches[-1][0] == "m2r_ssu_bf16_bf16_n32" + suffix
+
+
+def _base():
+    return _inputs(seeded("sig"))
+
+
+def _variants():
+    """(name, args) that differ from _base() in one thing the checks or the launch depend on."""
+    base = _base()
+    x = base["x"]
+    yield "shape", {**base, "x": torch.randn(3, 4, 9)}
+    yield "stride", {**base, "x": torch.randn(3, 8, 4).transpose(1, 2)}
+    yield "stride of a tied view", {**base, "A": base["A"][:, :1].expand(base["A"].shape)}
+    yield "dtype", {**base, "x": x.double()}
+    yield "stride of an optional", {**base, "dt_bias": base["dt_bias"][:, :1].expand(4, 8)}
+    yield "dtype of an optional", {**base, "D": base["D"].half()}
+    yield "device", {**base, "x": x.to("meta")}
+    yield "device of an optional", {**base, "dt_bias": base["dt_bias"].to("meta")}
+    yield "type", {**base, "x": x.as_subclass(torch.nn.Parameter)}
+    for k in ("D", "z", "dt_bias"):
+        yield f"{k} absent", {**base, k: None}
+
+
+@pytest.mark.parametrize("name", [n for n, _ in _variants()])
+def test_signature_changes_with_layout(name):
+    args = dict(_variants())[name]
+    assert ops._signature(*_pos(args)) != ops._signature(*_pos(_base()))
+
+
+def test_signature_changes_with_flags_and_indices():
+    base = _pos(_base())
+    assert ops._signature(*base) == ops._signature(*_pos(_base()))  # new tensors, same layouts
+    assert ops._signature(*base[:-2], False, None) != ops._signature(*base)
+    idx = torch.tensor([0, 1, 2], dtype=torch.int32)
+    with_idx = ops._signature(*base[:-1], idx)
+    assert with_idx != ops._signature(*base)
+    assert with_idx != ops._signature(*base[:-1], idx.long())
+    assert with_idx != ops._signature(*base[:-1], idx.to("meta"))
+    assert with_idx != ops._signature(*base[:-1], torch.tensor([0, 1, 2, 0], dtype=torch.int32))
+
+
+def _bad_inputs():
+    """(name, args, state_batch_indices): each fails check_state_update_args."""
+    a = _base()
+    b, h, p, n = a["state"].shape
+    yield "x not a tensor", {**a, "x": a["x"].tolist()}, None
+    yield "D not a tensor", {**a, "D": a["D"].tolist()}, None
+    yield "x dtype", {**a, "x": a["x"].int()}, None
+    yield "x dims", {**a, "x": a["x"][0]}, None
+    yield "x empty", {**a, "x": a["x"][:0]}, None
+    yield "state device", {**a, "state": a["state"].to("meta")}, None
+    yield "state empty", {**a, "state": a["state"][..., :0]}, None
+    yield "state inner shape", {**a, "state": torch.randn(b, h, p + 1, n)}, None
+    yield "headdim limit", {**a, **_inputs(seeded("big p"), p=129)}, None
+    yield "dstate limit", {**a, **_inputs(seeded("big n"), n=257)}, None
+    yield "dt shape", {**a, "dt": a["dt"][:, :, :1]}, None
+    yield "dt dtype", {**a, "dt": a["dt"].to(torch.int64)}, None
+    yield "A shape", {**a, "A": a["A"][..., :1]}, None
+    yield "B dims", {**a, "B": a["B"][0]}, None
+    yield "C like B", {**a, "C": torch.randn(b, 1, n)}, None
+    yield "h % g", {**a, "B": torch.randn(b, 3, n), "C": torch.randn(b, 3, n)}, None
+    yield "D shape", {**a, "D": a["D"][:, :1]}, None
+    yield "dt_bias dtype", {**a, "dt_bias": a["dt_bias"].int()}, None
+    yield "dt_bias device", {**a, "dt_bias": a["dt_bias"].to("meta")}, None
+    yield "z shape", {**a, "z": a["z"][:1]}, None
+    yield "pool without indices", {**a, "state": torch.randn(b + 2, h, p, n)}, None
+    yield "indices dtype", a, torch.zeros(b)
+    yield "indices shape", a, torch.zeros(b + 1, dtype=torch.int32)
+    yield "indices device", a, torch.zeros(b, dtype=torch.int32, device="meta")
+
+
+def _error(fn):
+    with pytest.raises(Exception) as info:
+        fn()
+    return type(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("tier", ["kernel", "torch"])
+@pytest.mark.parametrize("name", [n for n, *_ in _bad_inputs()])
+def test_cache_never_skips_a_check(name, tier, backend, fresh_plans, monkeypatch):
+    """The full checker and the op agree on bad inputs, before and after valid calls are cached."""
+    from mamba2_rocm.reference.ssd_checks import check_state_update_args
+
+    if tier == "kernel":
+        kset = _FakeKernels()
+        monkeypatch.setattr(ops, "choose", lambda device: ("kernel", kset))
+        monkeypatch.setattr(ops, "launch", lambda *a: None)
+    else:
+        backend("torch")
+    args, idx = dict((n, (a, i)) for n, a, i in _bad_inputs())[name]
+    expected = _error(lambda: check_state_update_args(*_pos(args)[:-2], idx))
+
+    def call():
+        return ops.selective_state_update(**args, dt_softplus=True, state_batch_indices=idx)
+
+    assert _error(call) == expected  # nothing cached yet
+    good = _base()
+    ops.selective_state_update(**good, dt_softplus=True)  # a valid signature, cached
+    ops.selective_state_update(**good, dt_softplus=True)
+    assert _error(call) == expected
+    assert _error(call) == expected  # a failed signature is never cached
+    assert ops._signature(*_pos(good)) in ops._PLANS
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"x": "double"}, "x must be float32, float16 or bfloat16 on the GPU"),
+        ({"D": "double"}, "D must be float32, float16 or bfloat16 on the GPU"),
+        ({"B": "half"}, "B must have x's dtype torch.float32 on the GPU, got torch.float16"),
+        ({"z": "bfloat16"}, "z must have x's dtype"),
+    ],
+)
+def test_kernel_dtype_checks_survive_the_cache(bad, message, fake_kernels, backend):
+    """float64 passes the shared checks (the references take it) but not the kernel's rules;
+    a signature that the torch tier has cached must still fail on the kernel tier."""
+    ((key, dtype),) = bad.items()
+    args = _base()
+    args[key] = args[key].to(getattr(torch, dtype))
+    if key == "x":  # B, C, z follow x, so that only the float64 rule fails
+        args.update({k: args[k].double() for k in ("B", "C", "z")})
+    for _ in range(2):
+        with pytest.raises(TypeError, match=message):
+            ops.selective_state_update(**args)
+    assert not fake_kernels.launches
+    assert ops._PLANS[ops._signature(*_pos(args, softplus=False))].kernel is None
+
+
+def test_grid_limit_survives_the_cache(fake_kernels, monkeypatch):
+    monkeypatch.setattr(ops, "GRID_YZ_MAX", 2)
+    args = _base()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="batch and nheads <= 2, got 3, 4"):
+            ops.selective_state_update(**args)
+    assert not fake_kernels.launches
+
+
+def test_plan_cache_is_bounded(fake_kernels, monkeypatch):
+    monkeypatch.setattr(ops, "PLAN_CACHE_SIZE", 4)
+    for b in range(1, 11):
+        ops.selective_state_update(**_inputs(seeded("bound", b), b=b))
+        assert 1 <= len(ops._PLANS) <= 4
+    assert len(fake_kernels.launches) == 10
+
+
+def test_kernel_set_is_chosen_per_call(fake_kernels, monkeypatch):
+    """The plan caches layouts, never the kernel set: a reset loader or a backend switch holds."""
+    args = _base()
+    ops.selective_state_update(**args)
+    other = _FakeKernels()
+    monkeypatch.setattr(ops, "choose", lambda device: ("kernel", other))
+    ops.selective_state_update(**args)
+    assert len(fake_kernels.launches) == 1 and len(other.launches) == 1
+    monkeypatch.setattr(ops, "choose", lambda device: ("torch", None))
+    ref_state = args["state"].clone()
+    ref = selective_state_update_ref(**{**args, "state": ref_state}, compute_dtype=torch.float32)
+    torch.testing.assert_close(ops.selective_state_update(**args), ref)

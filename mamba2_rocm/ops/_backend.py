@@ -17,7 +17,10 @@ BACKENDS = ("auto", "kernel", "torch", "eager")
 
 
 def requested_backend() -> str:
-    value = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    raw = os.environ.get(BACKEND_ENV)
+    if raw is None:  # the common case, on every op call: skip the string work
+        return "auto"
+    value = raw.strip().lower() or "auto"
     if value not in BACKENDS:
         raise ValueError(f"{BACKEND_ENV}={value!r} is not one of {', '.join(BACKENDS)}")
     return value

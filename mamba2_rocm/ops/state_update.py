@@ -4,9 +4,15 @@ Both forms: multi-head Mamba2 (state (b, h, p, n), x/dt/z (b, h, p), A (h, p, n)
 D/dt_bias (h, p)) and Mamba1 without the head dim. The state is updated in place. The stride-0
 "tied head dim" A/dt/dt_bias/D views that HF transformers passes go to the kernel as they are
 (stride 0), never copied. Registered as ``torch.ops.mamba2_rocm.selective_state_update``.
+
+Decode calls the op once per layer and token with the same layouts, so the host work per call
+matters as much as the kernel: the argument checks and the static part of the launch are cached
+per argument signature (shapes, strides, dtypes, devices, types, flags; see ``_plan``).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.kernels import SSU_CONTIG_MAX_DSTATE
@@ -20,7 +26,7 @@ from mamba2_rocm.ops._launch import (
     strides,
 )
 from mamba2_rocm.reference.ssd import selective_state_update_ref
-from mamba2_rocm.reference.ssd_checks import check_state_update_args
+from mamba2_rocm.reference.ssd_checks import StateUpdateDims, check_state_update_args
 
 torch = require_torch()
 Tensor = torch.Tensor
@@ -34,25 +40,26 @@ _TIERS = (32, 64, 128, 256)  # kernels.SSU_DSTATE_TIERS
 HEAD_KERNEL_MIN_BLOCKS = 1024
 
 
-def _kernel(kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, indices, dims, out) -> None:
+class _KernelPlan(NamedTuple):
+    """What a kernel launch needs that does not change while the layouts stay the same."""
+
+    tail: tuple  # SsuParams after the 11 pointers: strides, sizes, flags, dtype codes
+    general: tuple[str, tuple[int, int, int]]  # kernel name and grid, one block per 8 rows
+    contig: tuple[str, tuple[int, int, int]] | None  # the per-head kernel, if the layout allows
+    blocks: int  # batch * nheads: the per-head kernel's block count
+    align: tuple[int, int, int]  # byte alignment state, B, C must have for the per-head kernel
+    contiguous_out: bool  # out can be allocated as empty_like(x, contiguous_format)
+
+
+def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -> _KernelPlan:
+    """The static part of a launch, from one call's tensors (multi-head views; out as passed)."""
     batch, nheads, headdim, dstate = dims.batch, dims.nheads, dims.headdim, dims.dstate
     tier = next(n for n in _TIERS if dstate <= n)
     if batch > GRID_YZ_MAX or nheads > GRID_YZ_MAX:
         raise ValueError(
             f"selective_state_update kernels take batch and nheads <= {GRID_YZ_MAX}, got {batch}, {nheads}"
         )
-    p = (
-        state.data_ptr(),
-        x.data_ptr(),
-        dt.data_ptr(),
-        A.data_ptr(),
-        B.data_ptr(),
-        C.data_ptr(),
-        0 if D is None else D.data_ptr(),
-        0 if z is None else z.data_ptr(),
-        0 if dt_bias is None else dt_bias.data_ptr(),
-        out.data_ptr(),
-        0 if indices is None else indices.data_ptr(),
+    tail = (
         *state.stride(),
         *x.stride(),
         *dt.stride(),
@@ -75,23 +82,25 @@ def _kernel(kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, indices, di
         DTYPE_CODE[D.dtype] if D is not None else 0,
         DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0,
         0,
-    )  # fmt: skip  (SsuParams, field order)
+    )  # fmt: skip  (SsuParams after the pointers, field order)
     per = max(1, tier // 32)  # elements per lane in the contiguous variant
-    contig = (
+    contig_layout = (
         dstate == tier
         and tier <= SSU_CONTIG_MAX_DSTATE
-        and batch * nheads >= HEAD_KERNEL_MIN_BLOCKS
         and state.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
         and (A.stride(-1) == 1 or (A.stride(-1) == 0 and A.stride(-2) == 0))  # unit, or tied per head
         and all(st % per == 0 for st in (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1]))
-        and all(t.data_ptr() % (per * t.element_size()) == 0 for t in (state, B, C))
     )  # fmt: skip
+    name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}_n{tier}"
     # contiguous: one block per (head, batch row); general: one block per 8 headdim rows
-    grid = (nheads, batch, 1) if contig else (-(-headdim // (_THREADS // 32)), nheads, batch)
-    launcher = kset.launcher(
-        f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}_n{tier}{'_contig' if contig else ''}"
+    return _KernelPlan(
+        tail=tail,
+        general=(name, (-(-headdim // (_THREADS // 32)), nheads, batch)),
+        contig=(name + "_contig", (nheads, batch, 1)) if contig_layout else None,
+        blocks=batch * nheads,
+        align=tuple(per * t.element_size() for t in (state, B, C)),
+        contiguous_out=type(x) is Tensor,
     )
-    launch(launcher, x, p, grid, _THREADS)
 
 
 def _as_heads(state, x, dt, A, B, C, D, z, dt_bias):
@@ -103,30 +112,130 @@ def _as_heads(state, x, dt, A, B, C, D, z, dt_bias):
     )  # fmt: skip
 
 
+class _Plan:
+    """One validated argument signature: its sizes, and its kernel plan once the kernel ran."""
+
+    __slots__ = ("device", "dims", "kernel")
+
+    def __init__(self, dims: StateUpdateDims, device) -> None:
+        self.dims, self.device = dims, device
+        self.kernel: _KernelPlan | None = None
+
+
+#: Validated signatures (see ``_signature``) -> their plan. Decode calls the op with the same
+#: layouts every step, so after the first call the checks and the parameter layout are a dict
+#: lookup. Only signatures that passed ``check_state_update_args`` are stored.
+_PLANS: dict[tuple, _Plan] = {}
+PLAN_CACHE_SIZE = 256
+#: The last (signature, plan): one tuple comparison instead of hashing the signature, for the
+#: usual decode loop where every layer's call has the same layouts.
+_last: tuple = (None, None)
+
+
+def _signature(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx) -> tuple:
+    """Everything the argument checks and a launch's static parameters depend on: per tensor its
+    type, shape, strides, dtype and device (not its address, which changes every call)."""
+    return (
+        type(state), state.shape, state.stride(), state.dtype, state.device,
+        type(x), x.shape, x.stride(), x.dtype, x.device,
+        type(dt), dt.shape, dt.stride(), dt.dtype, dt.device,
+        type(A), A.shape, A.stride(), A.dtype, A.device,
+        type(B), B.shape, B.stride(), B.dtype, B.device,
+        type(C), C.shape, C.stride(), C.dtype, C.device,
+        None if D is None else (type(D), D.shape, D.stride(), D.dtype, D.device),
+        None if z is None else (type(z), z.shape, z.stride(), z.dtype, z.device),
+        None if dt_bias is None else (
+            type(dt_bias), dt_bias.shape, dt_bias.stride(), dt_bias.dtype, dt_bias.device
+        ),
+        dt_softplus,
+        None if idx is None else (type(idx), idx.shape, idx.stride(), idx.dtype, idx.device),
+    )  # fmt: skip
+
+
+def _plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx) -> _Plan:
+    """The cached plan of this signature, or a new one after the full argument checks."""
+    global _last
+    last_key, last_plan = _last
+    try:
+        key = _signature(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx)
+        if key == last_key:
+            return last_plan
+        plan = _PLANS.get(key)
+    except Exception:  # not tensors (or unhashable): the full checks below name the argument
+        key = plan = None
+    if plan is not None:
+        _last = (key, plan)
+        return plan
+    dims = check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, idx)
+    plan = _Plan(dims, x.device)
+    if key is not None:
+        if len(_PLANS) >= PLAN_CACHE_SIZE:
+            _PLANS.clear()
+        _PLANS[key] = plan
+        _last = (key, plan)
+    return plan
+
+
+def clear_plan_cache() -> None:
+    """Forget every validated signature (tests; the cache never needs it for correctness)."""
+    global _last
+    _PLANS.clear()
+    _last = (None, None)
+
+
 def _impl(
     state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
     z: Tensor | None, dt_bias: Tensor | None, dt_softplus: bool, state_batch_indices: Tensor | None,
 ) -> Tensor:  # fmt: skip
-    dims = check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
-    tier, kset = choose(x.device)
+    idx = state_batch_indices
+    plan = _plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx)
+    tier, kset = choose(plan.device)
     if tier != "kernel":
         cd = torch.float64 if tier == "eager" else torch.float32
         return selective_state_update_ref(
-            state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, cd
+            state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, cd
         )
-    check_kernel_dtypes(
-        x, {"state": state, "x": x, "dt": dt, "A": A, "D": D, "dt_bias": dt_bias},
-        {"B": B, "C": C, "z": z},
-    )  # fmt: skip
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if dims.has_heads:
-        _kernel(
-            kset, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, dims, out
-        )
+    kp = plan.kernel
+    if kp is None:
+        check_kernel_dtypes(
+            x, {"state": state, "x": x, "dt": dt, "A": A, "D": D, "dt_bias": dt_bias},
+            {"B": B, "C": C, "z": z},
+        )  # fmt: skip
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        if plan.dims.has_heads:
+            views = (state, x, dt, A, B, C, D, z, dt_bias)
+            kp = _kernel_plan(*views, dt_softplus, plan.dims, out)
+        else:  # dims already describe the Mamba1 form as one head and one group
+            views = _as_heads(state, x, dt, A, B, C, D, z, dt_bias)
+            kp = _kernel_plan(*views, dt_softplus, plan.dims, out.unsqueeze(1))
+        plan.kernel = kp
+    elif kp.contiguous_out:  # same strides as torch.empty(x.shape), cheaper to ask for
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     else:
-        # dims already describe the Mamba1 form as one head and one group
-        args = _as_heads(state, x, dt, A, B, C, D, z, dt_bias)
-        _kernel(kset, *args, dt_softplus, state_batch_indices, dims, out.unsqueeze(1))
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    sp, bp, cp = state.data_ptr(), B.data_ptr(), C.data_ptr()
+    a_s, a_b, a_c = kp.align
+    name, grid = (
+        kp.contig
+        if kp.contig is not None
+        and kp.blocks >= HEAD_KERNEL_MIN_BLOCKS
+        and not (sp % a_s or bp % a_b or cp % a_c)
+        else kp.general
+    )
+    ptrs = (
+        sp,
+        x.data_ptr(),
+        dt.data_ptr(),
+        A.data_ptr(),
+        bp,
+        cp,
+        0 if D is None else D.data_ptr(),
+        0 if z is None else z.data_ptr(),
+        0 if dt_bias is None else dt_bias.data_ptr(),
+        out.data_ptr(),
+        0 if idx is None else idx.data_ptr(),
+    )  # the SsuParams pointers, in field order
+    launch(kset.launcher(name), x, ptrs + kp.tail, grid, _THREADS)
     return out
 
 
