@@ -1,10 +1,11 @@
 // One 16x16x16 matrix-core step, fp16/bf16 operands and fp32 accumulation, behind one interface
 // for every target that has matrix cores. Kernels stage both operands in LDS as 16-bit
-// [row][k] tiles (k contiguous: A is M x K, B is N x K), load 16x16 fragments with `load`,
-// multiply with `mma<T>` and find the (row, col) of each accumulator register with
-// `acc_row` / `acc_col`, so no kernel depends on a vendor's register layout. An operand whose
-// reduction dim is the slow one in LDS ([k][row]) is read with `load_t` instead, so kernels
-// stage every operand as its rows lie in memory.
+// [row][k] tiles (k contiguous: A is M x K, B is N x K), load 16x16 fragments with
+// `load_lane` (at the tile plus `lane_off`), multiply with `mma<T>` and find the (row, col) of
+// each accumulator register with `acc_row` / `acc_col`, so no kernel depends on a vendor's
+// register layout. An operand whose reduction dim is the slow one in LDS ([k][row]) is read
+// with `load_lane_t` / `lane_off_t` instead, so kernels stage every operand as its rows lie in
+// memory. BlockTile wraps these for a block-wide product.
 //
 //   M2R_MMA 1  NVIDIA sm_80+: ldmatrix.x4 + two mma.sync.m16n8k16 per step (the build we run)
 //   M2R_MMA 2  AMD CDNA2/3/4 (gfx90a, gfx94x, gfx950), wave64: v_mfma_f32_16x16x16{f16,bf16_1k}
@@ -221,10 +222,6 @@ M2R_DEVICE int acc_col(int) { return lane() % 16; }
 #endif
 
 #if M2R_MMA != 0
-// A 16x16 fragment of a [row][k] tile, or of a k-major [k][row] tile (read transposed).
-M2R_DEVICE Frag load(const uint16_t* tile, int ld) { return load_lane(tile + lane_off(ld), ld); }
-M2R_DEVICE Frag load_t(const uint16_t* tile, int ld) { return load_lane_t(tile + lane_off_t(ld), ld); }
-
 // A block-wide product C (kM x kN) += A (kM x K) B (kN x K)^T, the waves of the block each
 // owning a (kM / kWavesM) x (kN / kWavesN) sub-tile of 16x16 fragments.
 template <int kThreads, int kM, int kN, int kWavesM>

@@ -450,7 +450,7 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
 // The same tiles, grids and semantics as the FMA variants above. Every operand is staged in
 // LDS as 16-bit rows the way it lies in memory, 4 elements per thread (one 8-byte load where the
 // tensor is aligned for it); an operand whose reduction dim is the sequence is then read
-// k-major (mma::load_t). Operands computed in fp32 (the decay-weighted B and C·Bᵀ, the
+// k-major (mma::load_lane_t). Operands computed in fp32 (the decay-weighted B and C·Bᵀ, the
 // entering states) are split into a part rounded to the input dtype and its rounded remainder,
 // two products each: about 16 mantissa bits instead of bf16's 8, so states and outputs keep
 // close to fp32 accuracy (mamba_ssm's Triton kernels round these operands once).
@@ -639,8 +639,7 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     __syncthreads();
   }
 
-  const float* entering = p.states + states_at(p, b, c, h);
-  float* out = p.states + states_at(p, b, c, h);
+  float* st = p.states + states_at(p, b, c, h);  // varlen: the entering state; else: written
   const float carry = seg_end == 0 ? __expf(a_end) : 0.f;
 #pragma unroll
   for (int i = 0; i < tile.kFm; ++i)
@@ -652,10 +651,10 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
         if (n >= p.dstate || pp >= p.headdim) continue;
         const int64_t e = static_cast<int64_t>(n) * p.headdim + pp;
         if constexpr (kVarlen) {
-          const float v = tile.acc[i][j].v[r] + carry * entering[e];
+          const float v = tile.acc[i][j].v[r] + carry * st[e];
           store_as(p.varlen_states, p.state_dtype, ((static_cast<int64_t>(item) * p.nheads + h) * p.headdim + pp) * p.dstate + n, v);
         } else {
-          out[e] = tile.acc[i][j].v[r];
+          st[e] = tile.acc[i][j].v[r];
         }
       }
 }
