@@ -177,6 +177,18 @@ M2R_DEVICE float load_as_float(const void* p, int dtype, int64_t idx) {
   return dtype == M2R_DTYPE_F16 ? fp16_to_float(bits) : bf16_to_float(bits);
 }
 
+// 2^x, approximate (a few ulp); results below 2^-126 flush to 0. One instruction on both
+// vendors (MUFU.EX2 / v_exp_f32), where exp2f adds a denormal fix-up.
+M2R_DEVICE float fast_exp2(float x) {
+#if M2R_AMD
+  return __builtin_amdgcn_exp2f(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
 M2R_DEVICE float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 // softplus with torch's threshold, in the form Triton's Mamba kernels use (no libm call).
 M2R_DEVICE float softplus(float x) { return x <= 20.f ? __logf(1.f + __expf(x)) : x; }

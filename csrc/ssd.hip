@@ -277,27 +277,46 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
 // state + own_c, with carry_c = exp(dA_cs[c][last]) when the chunk's last token continues the
 // segment of the token before the chunk, else 0 (a sequence started inside the chunk). The
 // carries of up to kThreads chunks at a time come through LDS, and each chunk's own state is
-// loaded one chunk ahead, so the loop waits on memory once, not once per chunk.
+// loaded two chunks ahead (one 16-byte load when p * n allows), so the loop's chain of
+// dependent steps does not wait on memory.
 constexpr int kPassVec = 4;
+
+struct PassVec {
+  float v[kPassVec];
+};
+
+M2R_DEVICE PassVec pass_load(const float* at, int64_t valid, bool vec) {  // valid: elements in range
+  PassVec r;
+  if (vec && valid >= kPassVec) {
+    const float4 q = *reinterpret_cast<const float4*>(at);
+    r.v[0] = q.x, r.v[1] = q.y, r.v[2] = q.z, r.v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int v = 0; v < kPassVec; ++v) r.v[v] = v < valid ? at[v] : 0.f;
+  }
+  return r;
+}
 
 M2R_DEVICE void state_passing(const SsdParams& p) {
   __shared__ float carry[kThreads];
   const int h = blockIdx.y, b = blockIdx.z;
   const int64_t pn = static_cast<int64_t>(p.headdim) * p.dstate;
   const int64_t e0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kPassVec;
-  const int64_t chunk_stride = static_cast<int64_t>(p.nheads) * pn;
+  const int64_t chunk_stride = static_cast<int64_t>(p.nheads) * pn, valid = pn - e0;
+  const bool vec = pn % kPassVec == 0;  // then e0 and every chunk's block are 16-byte aligned
   float* base = p.states + states_at(p, b, 0, h) + e0;
-  float s[kPassVec], own[kPassVec], next[kPassVec];
+  PassVec s;
 #pragma unroll
   for (int v = 0; v < kPassVec; ++v) {
     const int64_t e = e0 + v;
     const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
-    s[v] = e < pn && p.initial_states
-               ? load_as_float(p.initial_states, p.init_dtype, b * p.init_batch_stride + h * p.init_h_stride +
-                                                                   pp * p.init_p_stride + n * p.init_n_stride)
-               : 0.f;
-    own[v] = e < pn ? base[v] : 0.f;
+    s.v[v] = e < pn && p.initial_states
+                 ? load_as_float(p.initial_states, p.init_dtype, b * p.init_batch_stride + h * p.init_h_stride +
+                                                                     pp * p.init_p_stride + n * p.init_n_stride)
+                 : 0.f;
   }
+  PassVec own = pass_load(base, valid, vec);
+  PassVec next = p.nchunks > 1 ? pass_load(base + chunk_stride, valid, vec) : PassVec{};
   const int last = p.chunk_size - 1;
   for (int c0 = 0; c0 < p.nchunks; c0 += kThreads) {
     __syncthreads();
@@ -310,15 +329,18 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
     const int count = min(kThreads, p.nchunks - c0);
     for (int i = 0; i < count; ++i) {
       float* at = base + (c0 + i) * chunk_stride;
-      const bool more = c0 + i + 1 < p.nchunks;
+      const PassVec after = c0 + i + 2 < p.nchunks ? pass_load(at + 2 * chunk_stride, valid, vec) : PassVec{};
+      if (vec && valid >= kPassVec) {
+        *reinterpret_cast<float4*>(at) = make_float4(s.v[0], s.v[1], s.v[2], s.v[3]);
+      } else {
 #pragma unroll
-      for (int v = 0; v < kPassVec; ++v) next[v] = more && e0 + v < pn ? at[chunk_stride + v] : 0.f;
-#pragma unroll
-      for (int v = 0; v < kPassVec; ++v) {
-        if (e0 + v < pn) at[v] = s[v];
-        s[v] = carry[i] * s[v] + own[v];
-        own[v] = next[v];
+        for (int v = 0; v < kPassVec; ++v)
+          if (v < valid) at[v] = s.v[v];
       }
+      const float k = carry[i];
+#pragma unroll
+      for (int v = 0; v < kPassVec; ++v) s.v[v] = fmaf(k, s.v[v], own.v[v]);
+      own = next, next = after;
     }
   }
   if (p.final_states) {
@@ -327,7 +349,7 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
       const int64_t e = e0 + v;
       if (e >= pn) continue;
       const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
-      store_as(p.final_states, p.state_dtype, ((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n, s[v]);
+      store_as(p.final_states, p.state_dtype, ((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n, s.v[v]);
     }
   }
 }
@@ -457,6 +479,7 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
 #if M2R_MMA != 0
 constexpr int kWaves = kThreads / kWavefront;
 constexpr int kLdH = kSlab + 8;  // [row][k] tiles with k = kSlab: rows 16-byte aligned
+constexpr float kLog2e = 1.4426950408889634f;
 
 template <int kCols>
 struct KMajor {  // a [kSlab][kCols] tile: rows 16-byte aligned, ldmatrix conflict-free
@@ -480,6 +503,16 @@ M2R_DEVICE Packed4 load4(const uint16_t* r, int c, int n, bool vec) {
   return Packed4{e[0] | (e[1] << 16), e[2] | (e[3] << 16)};
 }
 
+// 8 consecutive 16-bit elements r[c..c+7] of a row whose range is [0, n): one 16-byte load when
+// `vec` allows it, else element by element; 0 past n (n = 0: nothing is read).
+M2R_DEVICE uint4 load8(const uint16_t* r, int c, int n, bool vec) {
+  if (vec && c + 7 < n) return *reinterpret_cast<const uint4*>(r + c);
+  uint32_t e[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = c + i < n ? r[c + i] : 0u;
+  return make_uint4(e[0] | (e[1] << 16), e[2] | (e[3] << 16), e[4] | (e[5] << 16), e[6] | (e[7] << 16));
+}
+
 template <typename T>
 M2R_DEVICE Packed4 pack4(const float (&v)[4]) {
   return Packed4{T::pack(v), T::pack(v + 2)};
@@ -490,59 +523,111 @@ M2R_DEVICE void unpack4(const Packed4& q, float (&v)[4]) {
   T::unpack(q.lo, v), T::unpack(q.hi, v + 2);
 }
 
-// v rounded to T at hi[0..3]; kSplit: the rounding remainder, rounded to T, at lo[0..3] (hi + lo
-// carries about 16 mantissa bits). Both 8-byte aligned.
-template <typename T, bool kSplit>
-M2R_DEVICE void store4(uint16_t* hi, uint16_t* lo, float (&v)[4]) {
-  const Packed4 qh = pack4<T>(v);
-  *reinterpret_cast<uint2*>(hi) = make_uint2(qh.lo, qh.hi);
-  if constexpr (kSplit) {
-    float h[4];
-    unpack4<T>(qh, h);
+// v rounded to T at hi[0..kN); kSplit: the rounding remainder, rounded to T, at lo[0..kN)
+// (hi + lo carries about 16 mantissa bits). kN = 4 or 8, both pointers kN * 2-byte aligned.
+template <typename T, bool kSplit, int kN>
+M2R_DEVICE void store_split(uint16_t* hi, uint16_t* lo, float (&v)[kN]) {
+  static_assert(kN == 4 || kN == 8, "4 or 8 values");
+  uint32_t w[kN / 2];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] -= h[e];
-    const Packed4 ql = pack4<T>(v);
-    *reinterpret_cast<uint2*>(lo) = make_uint2(ql.lo, ql.hi);
+  for (int i = 0; i < kN / 2; ++i) w[i] = T::pack(v + 2 * i);
+  if constexpr (kN == 4) *reinterpret_cast<uint2*>(hi) = make_uint2(w[0], w[1]);
+  else *reinterpret_cast<uint4*>(hi) = make_uint4(w[0], w[1], w[2], w[3]);
+  if constexpr (kSplit) {
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      float h[2];
+      T::unpack(w[i], h);
+      v[2 * i] -= h[0], v[2 * i + 1] -= h[1];
+      w[i] = T::pack(v + 2 * i);
+    }
+    if constexpr (kN == 4) *reinterpret_cast<uint2*>(lo) = make_uint2(w[0], w[1]);
+    else *reinterpret_cast<uint4*>(lo) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-}
-
-// dst[r][c] for r < kRows, c < kCols (row stride ld), 4 columns per thread: f(r, c) -> Packed4.
-template <int kRows, int kCols, typename F>
-M2R_DEVICE void stage4(uint16_t* dst, int ld, F f) {
-  constexpr int kQuads = kRows * kCols / 4;
-  static_assert(kQuads % kThreads == 0, "tile does not split over the block");
-#pragma unroll 4
-  for (int i = 0; i < kQuads / kThreads; ++i) {
-    const int idx = threadIdx.x + i * kThreads;
-    const int c = 4 * (idx % (kCols / 4)), r = idx / (kCols / 4);
-    const Packed4 q = f(r, c);
-    *reinterpret_cast<uint2*>(dst + r * ld + c) = make_uint2(q.lo, q.hi);
-  }
-}
-
-// dst[r][c] as stage4, from fp32 values: f(r, c, v) fills v[0..3] (zeros when untouched),
-// stored by store4 (kSplit: the remainders at lo).
-template <typename T, int kRows, int kCols, bool kSplit, typename F>
-M2R_DEVICE void stage4f(uint16_t* hi, uint16_t* lo, int ld, F f) {
-  constexpr int kQuads = kRows * kCols / 4;
-  static_assert(kQuads % kThreads == 0, "tile does not split over the block");
-#pragma unroll 2
-  for (int i = 0; i < kQuads / kThreads; ++i) {
-    const int idx = threadIdx.x + i * kThreads;
-    const int c = 4 * (idx % (kCols / 4)), r = idx / (kCols / 4);
-    float v[4] = {};
-    f(r, c, v);
-    store4<T, kSplit>(hi + r * ld + c, lo + r * ld + c, v);
-  }
-}
-
-M2R_DEVICE bool aligned8(const void* p, int64_t row_stride_elems) {
-  return ((reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(row_stride_elems * 2)) & 7) == 0;
 }
 
 template <typename T>
+M2R_DEVICE void unpack8(const uint4& q, float (&v)[8]) {
+  T::unpack(q.x, v), T::unpack(q.y, v + 2), T::unpack(q.z, v + 4), T::unpack(q.w, v + 6);
+}
+
+M2R_DEVICE bool aligned(const void* p, int64_t row_stride_bytes, int bytes) {
+  return ((reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(row_stride_bytes)) % bytes) == 0;
+}
+
+// A kRows x kCols operand tile on its way from global memory to LDS, kVec elements of
+// kBytes each per thread and load. fetch() loads this thread's part into registers, put()
+// (or the kernel, from q) stores it: kernels fetch the next slab before they multiply the
+// current one, so global latency overlaps the matrix-core work (software pipelining).
+template <int kRows, int kCols, int kVec>
+struct Fetch {
+  static constexpr int kPerRow = kCols / kVec, kStep = kThreads / kPerRow, kN = kRows / kStep;
+  static_assert(kThreads % kPerRow == 0 && kN >= 1 && kN * kStep == kRows, "tile does not split over the block");
+  static M2R_DEVICE int col() { return kVec * (static_cast<int>(threadIdx.x) % kPerRow); }
+  static M2R_DEVICE int row(int i) { return static_cast<int>(threadIdx.x) / kPerRow + i * kStep; }
+};
+
+// 16-bit rows, 8 per load: rows [0, rows) x columns [0, cols) of src (row stride ld elements)
+// are read, the rest is 0; vec: src and ld allow 16-byte loads.
+template <int kRows, int kCols>
+struct Rows16 : Fetch<kRows, kCols, 8> {
+  typedef Fetch<kRows, kCols, 8> F;
+  uint4 q[F::kN];
+  M2R_DEVICE void fetch(const uint16_t* src, int ld, int rows, int cols, bool vec) {
+    if (vec && rows >= kRows && cols >= kCols) {  // uniform over the block: no checks
+#pragma unroll
+      for (int i = 0; i < F::kN; ++i) q[i] = *reinterpret_cast<const uint4*>(src + F::row(i) * ld + F::col());
+    } else {
+#pragma unroll
+      for (int i = 0; i < F::kN; ++i) q[i] = load8(src + F::row(i) * ld, F::col(), F::row(i) < rows ? cols : 0, vec);
+    }
+  }
+  M2R_DEVICE void put(uint16_t* dst, int ld) const {
+#pragma unroll
+    for (int i = 0; i < F::kN; ++i) *reinterpret_cast<uint4*>(dst + F::row(i) * ld + F::col()) = q[i];
+  }
+};
+
+// fp32 rows, 4 per load, as Rows16; vec: 16-byte loads allowed.
+template <int kRows, int kCols>
+struct Rows32 : Fetch<kRows, kCols, 4> {
+  typedef Fetch<kRows, kCols, 4> F;
+  float4 q[F::kN];
+  M2R_DEVICE void fetch(const float* src, int ld, int rows, int cols, bool vec) {
+    if (vec && rows >= kRows && cols >= kCols) {
+#pragma unroll
+      for (int i = 0; i < F::kN; ++i) q[i] = *reinterpret_cast<const float4*>(src + F::row(i) * ld + F::col());
+    } else {
+#pragma unroll
+      for (int i = 0; i < F::kN; ++i) {
+        const int r = F::row(i), c = F::col();
+        const float* s = src + r * ld + c;
+        const bool in = r < rows;
+        if (in && vec && c + 3 < cols) {
+          q[i] = *reinterpret_cast<const float4*>(s);
+        } else {
+          q[i].x = in && c < cols ? s[0] : 0.f;
+          q[i].y = in && c + 1 < cols ? s[1] : 0.f;
+          q[i].z = in && c + 2 < cols ? s[2] : 0.f;
+          q[i].w = in && c + 3 < cols ? s[3] : 0.f;
+        }
+      }
+    }
+  }
+  // rounded to T at hi, the rounding remainder at lo (tiles with row stride ld)
+  template <typename T>
+  M2R_DEVICE void put_split(uint16_t* hi, uint16_t* lo, int ld) const {
+#pragma unroll
+    for (int i = 0; i < F::kN; ++i) {
+      float v[4] = {q[i].x, q[i].y, q[i].z, q[i].w};
+      const int o = F::row(i) * ld + F::col();
+      store_split<T, true>(hi + o, lo + o, v);
+    }
+  }
+};
+
+template <typename T>
 M2R_DEVICE void bmm_mma(const SsdParams& p) {
-  typedef typename T::storage S;
   __shared__ __align__(16) uint16_t Bs[64 * kLdH];
   __shared__ __align__(16) uint16_t Cs[64 * kLdH];
   const int tiles = p.chunk_size / 64, pairs = tiles * (tiles + 1) / 2;
@@ -553,21 +638,20 @@ M2R_DEVICE void bmm_mma(const SsdParams& p) {
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   const int bl = static_cast<int>(p.B_l_stride), cl = static_cast<int>(p.C_l_stride);
-  const S* Bp = static_cast<const S*>(p.B) + b * p.B_batch_stride + l0 * p.B_l_stride + g * p.B_g_stride + ts * 64 * bl;
-  const S* Cp = static_cast<const S*>(p.C) + b * p.C_batch_stride + l0 * p.C_l_stride + g * p.C_g_stride + tt * 64 * cl;
-  const bool bvec = aligned8(Bp, bl), cvec = aligned8(Cp, cl);
+  const uint16_t* Bp = static_cast<const uint16_t*>(p.B) + b * p.B_batch_stride + l0 * p.B_l_stride + g * p.B_g_stride + ts * 64 * bl;
+  const uint16_t* Cp = static_cast<const uint16_t*>(p.C) + b * p.C_batch_stride + l0 * p.C_l_stride + g * p.C_g_stride + tt * 64 * cl;
+  const bool bvec = aligned(Bp, 2 * bl, 16), cvec = aligned(Cp, 2 * cl, 16);
   const int brows = rows - ts * 64, crows = rows - tt * 64;
 
   mma::BlockTile<kThreads, 64, 64, 2> tile;  // rows s, cols t: the [s][t] layout chunk_scan reads
+  Rows16<64, kSlab> bf, cf;
+  bf.fetch(Bp, bl, brows, p.dstate, bvec);
+  cf.fetch(Cp, cl, crows, p.dstate, cvec);
   for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
-    const int nleft = p.dstate - n0;
-    stage4<64, kSlab>(Bs, kLdH, [&](int r, int k) {
-      return r < brows ? load4(Bp + r * bl + n0, k, nleft, bvec) : Packed4{0, 0};
-    });
-    stage4<64, kSlab>(Cs, kLdH, [&](int r, int k) {
-      return r < crows ? load4(Cp + r * cl + n0, k, nleft, cvec) : Packed4{0, 0};
-    });
+    bf.put(Bs, kLdH), cf.put(Cs, kLdH);
     __syncthreads();
+    const int n1 = n0 + kSlab;
+    if (n1 < p.dstate) bf.fetch(Bp + n1, bl, brows, p.dstate - n1, bvec), cf.fetch(Cp + n1, cl, crows, p.dstate - n1, cvec);
     tile.template product<T, kSlab, false, false>(Bs, kLdH, Cs, kLdH);
     __syncthreads();
   }
@@ -584,7 +668,6 @@ M2R_DEVICE void bmm_mma(const SsdParams& p) {
 
 template <typename T, bool kVarlen>
 M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
-  typedef typename T::storage S;
   typedef KMajor<128> LB;
   typedef KMajor<64> LX;
   __shared__ __align__(16) uint16_t Bs[LB::kSize];  // [s][n]
@@ -604,6 +687,16 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   }
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(end + 1), p.seqlen - l0));
+  const uint16_t* xp = static_cast<const uint16_t*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride + p0;
+  const uint16_t* Bp = static_cast<const uint16_t*>(p.B) + b * p.B_batch_stride + l0 * p.B_l_stride + g * p.B_g_stride + n0;
+  const int xl = static_cast<int>(p.x_l_stride), bl = static_cast<int>(p.B_l_stride);
+  const bool xvec = aligned(xp, 2 * xl, 16), bvec = aligned(Bp, 2 * bl, 16);
+  const int pcols = min(64, p.headdim - p0), ncols = min(128, p.dstate - n0);
+  Rows16<kSlab, 128> bf;
+  Rows16<kSlab, 64> xf;
+  bf.fetch(Bp, bl, rows, ncols, bvec);  // the first slab's loads go out before the weights
+  xf.fetch(xp, xl, rows, pcols, xvec);
+
   const float* acs = p.dA_cs + chunk_row(p, b, h, c);
   const float* dts = p.dt_out + chunk_row(p, b, h, c);
   const int32_t* seg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
@@ -613,27 +706,22 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     w[s] = s <= end && seg[s] == seg_end ? __expf(a_end - acs[s]) * dts[s] : 0.f;
   __syncthreads();
 
-  const S* xp = static_cast<const S*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride + p0;
-  const S* Bp = static_cast<const S*>(p.B) + b * p.B_batch_stride + l0 * p.B_l_stride + g * p.B_g_stride + n0;
-  const int xl = static_cast<int>(p.x_l_stride), bl = static_cast<int>(p.B_l_stride);
-  const bool xvec = aligned8(xp, xl), bvec = aligned8(Bp, bl);
-  const int pcols = min(64, p.headdim - p0), ncols = min(128, p.dstate - n0);
   mma::BlockTile<kThreads, 128, 64, kWaves == 8 ? 4 : 2> tile;  // rows n, cols p
   for (int s0 = 0; s0 < rows; s0 += kSlab) {
-    const int left = rows - s0;
-    const S* xs = xp + s0 * xl;
-    const S* bs = Bp + s0 * bl;
-    const float* ws = w + s0;
-    stage4<kSlab, 128>(Bs, LB::kLd, [&](int s, int n) {
-      return s < left ? load4(bs + s * bl, n, ncols, bvec) : Packed4{0, 0};
-    });
-    stage4f<T, kSlab, 64, true>(Xh, Xl, LX::kLd, [&](int s, int pp, float (&v)[4]) {
-      if (s >= left) return;
-      unpack4<T>(load4(xs + s * xl, pp, pcols, xvec), v);
+    bf.put(Bs, LB::kLd);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] *= ws[s];
-    });
+    for (int i = 0; i < xf.kN; ++i) {  // x times its weight, split
+      const int s = xf.row(i);
+      float v[8];
+      unpack8<T>(xf.q[i], v);
+      const float ws = w[s0 + s];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] *= ws;
+      store_split<T, true>(Xh + s * LX::kLd + xf.col(), Xl + s * LX::kLd + xf.col(), v);
+    }
     __syncthreads();
+    const int s1 = s0 + kSlab;
+    if (s1 < rows) bf.fetch(Bp + s1 * bl, bl, rows - s1, ncols, bvec), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
     tile.template product<T, kSlab, true, true>(Bs, LB::kLd, Xh, LX::kLd);
     tile.template product<T, kSlab, true, true>(Bs, LB::kLd, Xl, LX::kLd);
     __syncthreads();
@@ -661,7 +749,6 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
 
 template <typename T, int kRows, bool kHasZ>
 M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
-  typedef typename T::storage S;
   typedef KMajor<kRows> LM;
   typedef KMajor<64> LX;
   constexpr int kASize = kRows * kLdH > LM::kSize ? kRows * kLdH : LM::kSize;
@@ -671,7 +758,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   uint16_t* As_lo = As + kASize;         // the weighted C·Bᵀ's rounding remainder
   uint16_t* Bs = As_lo + LM::kSize;      // entering state [n][p], then x [s][p]
   uint16_t* Bs_lo = Bs + LX::kSize;      // the entering state's rounding remainder
-  __shared__ float acs[kMaxChunk], dts[kMaxChunk];
+  __shared__ float acs[kMaxChunk], dts[kMaxChunk];  // acs: dA_cs times log2(e)
   __shared__ int32_t seg[kMaxChunk];
   const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + 63) / 64);
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
@@ -679,41 +766,34 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   const int t0 = (tile_id % tiles_t) * kRows, p0 = (tile_id / tiles_t) * 64;
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
+  const int xl = static_cast<int>(p.x_l_stride), cl = static_cast<int>(p.C_l_stride);
+  const int pcols = min(64, p.headdim - p0), cs = p.chunk_size;
+  mma::BlockTile<kThreads, kRows, 64, kRows == 128 && kWaves == 8 ? 4 : 2> tile;  // rows t, cols p
+
+  // the entering state, read through C (it is zero for chunk 0 without initial states)
+  const bool entering = c > 0 || p.initial_states;
+  const uint16_t* Cp = static_cast<const uint16_t*>(p.C) + b * p.C_batch_stride + l0 * p.C_l_stride + g * p.C_g_stride + t0 * cl;
+  const bool cvec = aligned(Cp, 2 * cl, 16), evec = p.headdim % 4 == 0;
+  const int crows = rows - t0;
+  const float* E = p.states + states_at(p, b, c, h) + p0;
+  Rows16<kRows, kSlab> cf;
+  Rows32<kSlab, 64> ef;
+  if (entering) cf.fetch(Cp, cl, crows, p.dstate, cvec), ef.fetch(E, p.headdim, p.dstate, pcols, evec);
   {
     const float* a = p.dA_cs + chunk_row(p, b, h, c);
     const float* d = p.dt_out + chunk_row(p, b, h, c);
     const int32_t* sg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
-    for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) acs[s] = a[s], dts[s] = d[s], seg[s] = sg[s];
+    for (int s = threadIdx.x; s < cs; s += kThreads) acs[s] = a[s] * kLog2e, dts[s] = d[s], seg[s] = sg[s];
   }
   __syncthreads();
-  const int xl = static_cast<int>(p.x_l_stride), cl = static_cast<int>(p.C_l_stride);
-  const int pcols = min(64, p.headdim - p0);
-  mma::BlockTile<kThreads, kRows, 64, kRows == 128 && kWaves == 8 ? 4 : 2> tile;  // rows t, cols p
-
-  // the entering state, read through C (it is zero for chunk 0 without initial states)
-  if (c > 0 || p.initial_states) {
-    const S* Cp = static_cast<const S*>(p.C) + b * p.C_batch_stride + l0 * p.C_l_stride + g * p.C_g_stride + t0 * cl;
-    const bool cvec = aligned8(Cp, cl), evec = p.headdim % 4 == 0;
-    const int crows = rows - t0;
-    const float* E = p.states + states_at(p, b, c, h) + p0;
+  if (entering) {
     for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
-      const int nleft = p.dstate - n0;
-      stage4<kRows, kSlab>(As, kLdH, [&](int t, int k) {
-        return t < crows ? load4(Cp + t * cl + n0, k, nleft, cvec) : Packed4{0, 0};
-      });
-      const float* En = E + static_cast<int64_t>(n0) * p.headdim;
-      stage4f<T, kSlab, 64, true>(Bs, Bs_lo, LX::kLd, [&](int n, int pp, float (&v)[4]) {
-        if (n >= nleft) return;
-        const float* row = En + n * p.headdim;
-        if (evec && pp + 3 < pcols) {
-          const float4 q = *reinterpret_cast<const float4*>(row + pp);
-          v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) v[e] = pp + e < pcols ? row[pp + e] : 0.f;
-        }
-      });
+      cf.put(As, kLdH);
+      ef.template put_split<T>(Bs, Bs_lo, LX::kLd);
       __syncthreads();
+      const int n1 = n0 + kSlab;
+      if (n1 < p.dstate)
+        cf.fetch(Cp + n1, cl, crows, p.dstate - n1, cvec), ef.fetch(E + n1 * p.headdim, p.headdim, p.dstate - n1, pcols, evec);
       tile.template product<T, kSlab, false, true>(As, kLdH, Bs, LX::kLd);
       tile.template product<T, kSlab, false, true>(As, kLdH, Bs_lo, LX::kLd);
       __syncthreads();
@@ -723,47 +803,51 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
 #pragma unroll
       for (int r = 0; r < mma::kAccRegs; ++r) {
         const int t = t0 + tile.row(i, r);
-        const float f = seg[t] == 0 ? __expf(acs[t]) : 0.f;
+        const float f = seg[t] == 0 ? fast_exp2(acs[t]) : 0.f;
 #pragma unroll
         for (int j = 0; j < tile.kFn; ++j) tile.acc[i][j].v[r] *= f;
       }
   }
 
-  // within the chunk: positions s <= t of the same segment
-  const S* xp = static_cast<const S*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride;
-  const bool xvec = aligned8(xp + p0, xl);
+  // within the chunk: positions s <= t of the same segment, M[s][t] = C·Bᵀ[s][t] dt[s]
+  // exp(dA_cs[t] - dA_cs[s]) staged [s][t] (split), times x [s][p]
+  const uint16_t* xp = static_cast<const uint16_t*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride + p0;
+  const bool xvec = aligned(xp, 2 * xl, 16);
   const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) *
-                               static_cast<int64_t>(p.chunk_size) * p.chunk_size;
-  const int s_end = min(t0 + kRows, rows), cs = p.chunk_size;
-  // Each thread weights 4 positions t (the same in every slab) for every kStep-th s.
-  constexpr int kQuads = kRows / 4, kStep = kThreads / kQuads;
-  const int tq = 4 * (threadIdx.x % kQuads), k_first = threadIdx.x / kQuads;
+                               static_cast<int64_t>(cs) * cs + t0;
+  const int s_end = min(t0 + kRows, rows);
+  Rows32<kSlab, kRows> mf;  // C·Bᵀ rows: the workspace is chunk_size^2, always in range
+  Rows16<kSlab, 64> xf;
+  mf.fetch(cb, cs, kSlab, kRows, true);
+  xf.fetch(xp, xl, rows, pcols, xvec);
+  const int tq = t0 + mf.col();  // this thread's 4 positions t
   float a_t[4];
   int seg_t[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) a_t[e] = acs[t0 + tq + e], seg_t[e] = seg[t0 + tq + e];
+  for (int e = 0; e < 4; ++e) a_t[e] = acs[tq + e], seg_t[e] = seg[tq + e];
   for (int s0 = 0; s0 < s_end; s0 += kSlab) {
+    // every s of the slab in range, at or before every t of the tile, no segments: no masks
+    const bool plain = !p.seq_idx && s0 + kSlab <= min(t0 + 1, rows);
 #pragma unroll
-    for (int k = k_first; k < kSlab; k += kStep) {
-      const int s = s0 + k;
-      float v[4] = {};
-      if (s < rows) {
-        const float4 q = *reinterpret_cast<const float4*>(cb + s * cs + t0 + tq);  // 16-byte aligned rows
-        const float cbv[4] = {q.x, q.y, q.z, q.w};
-        const float as = acs[s], ds = dts[s];
+    for (int i = 0; i < mf.kN; ++i) {
+      const int k = mf.row(i), s = s0 + k;
+      float v[4] = {mf.q[i].x, mf.q[i].y, mf.q[i].z, mf.q[i].w};
+      const float as = acs[s], ds = dts[s];
+      if (plain) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] *= ds * fast_exp2(a_t[e] - as);
+      } else {
         const int sgs = seg[s];
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (s <= t0 + tq + e && sgs == seg_t[e]) v[e] = cbv[e] * ds * __expf(a_t[e] - as);
+          v[e] = s < rows && s <= tq + e && sgs == seg_t[e] ? v[e] * ds * fast_exp2(a_t[e] - as) : 0.f;
       }
-      store4<T, true>(As + k * LM::kLd + tq, As_lo + k * LM::kLd + tq, v);
+      store_split<T, true>(As + k * LM::kLd + mf.col(), As_lo + k * LM::kLd + mf.col(), v);
     }
-    const S* xs = xp + s0 * xl + p0;
-    const int left = rows - s0;
-    stage4<kSlab, 64>(Bs, LX::kLd, [&](int s, int pp) {
-      return s < left ? load4(xs + s * xl, pp, pcols, xvec) : Packed4{0, 0};
-    });
+    xf.put(Bs, LX::kLd);
     __syncthreads();
+    const int s1 = s0 + kSlab;
+    if (s1 < s_end) mf.fetch(cb + s1 * cs, cs, kSlab, kRows, true), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
     tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
     tile.template product<T, kSlab, true, true>(As_lo, LM::kLd, Bs, LX::kLd);
     __syncthreads();
@@ -780,11 +864,11 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     for (int e = 0; e < 4; ++e)
       if (cq + e < pcols) dq[e] = load_as_float(p.D, p.d_dtype, h * p.D_h_stride + (p0 + cq + e) * p.D_p_stride);
   }
-  const S* xo = xp + p0;
-  const S* zo = kHasZ ? static_cast<const S*>(p.z) + b * p.z_batch_stride + l0 * p.z_l_stride + h * p.z_h_stride + p0 : nullptr;
-  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + l0 * p.out_l_stride + h * p.out_h_stride + p0;
+  const uint16_t* xo = xp;
+  const uint16_t* zo = kHasZ ? static_cast<const uint16_t*>(p.z) + b * p.z_batch_stride + l0 * p.z_l_stride + h * p.z_h_stride + p0 : nullptr;
+  uint16_t* out = static_cast<uint16_t*>(p.out) + b * p.out_batch_stride + l0 * p.out_l_stride + h * p.out_h_stride + p0;
   const int zl = static_cast<int>(p.z_l_stride), ol = static_cast<int>(p.out_l_stride);
-  const bool zvec = kHasZ && aligned8(zo, zl), ovec = aligned8(out, ol);
+  const bool zvec = kHasZ && aligned(zo, 2 * zl, 8), ovec = aligned(out, 2 * ol, 8), xvec8 = aligned(xo, 2 * xl, 8);
 #pragma unroll
   for (int half = 0; half < kRows / 64; ++half) {
     __syncthreads();
@@ -802,7 +886,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       if (t >= rows) break;
       const float4 a = *reinterpret_cast<const float4*>(O + rr * kLdO + cq);
       float y[4] = {a.x, a.y, a.z, a.w}, xv[4];
-      unpack4<T>(load4(xo + t * xl, cq, pcols, xvec), xv);
+      unpack4<T>(load4(xo + t * xl, cq, pcols, xvec8), xv);
 #pragma unroll
       for (int e = 0; e < 4; ++e) y[e] = fmaf(dq[e], xv[e], y[e]);
       if constexpr (kHasZ) {

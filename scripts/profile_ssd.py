@@ -1,7 +1,11 @@
 """Per-kernel device time of mamba_chunk_scan_combined at the benchmark shapes (torch.profiler).
 
-Usage (on the GPU machine, kernels built): python scripts/profile_ssd.py
+Usage (on the GPU machine, kernels built): python scripts/profile_ssd.py [--once SHAPE]
+``--once 1`` makes one warm-up and one timed call at shape 1 (index into SHAPES, from 0), no
+profiler: the target for ncu (scripts/device_profile.sh).
 """
+
+import argparse
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -10,7 +14,7 @@ from mamba2_rocm import mamba_chunk_scan_combined
 from mamba2_rocm.bench.ssd import SHAPES
 
 
-def profile_shape(b, L, h, p, groups, n):
+def make_call(b, L, h, p, groups, n):
     g = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
     x, dt = r(b, L, h, p).bfloat16(), (r(b, L, h) - 2).bfloat16()
@@ -20,6 +24,11 @@ def profile_shape(b, L, h, p, groups, n):
     def call():
         return mamba_chunk_scan_combined(x, dt, A, B, C, 256, D=D, dt_bias=bias, dt_softplus=True)
 
+    return call
+
+
+def profile_shape(shape):
+    call = make_call(*shape)
     for _ in range(3):
         call()
     torch.cuda.synchronize()
@@ -27,11 +36,21 @@ def profile_shape(b, L, h, p, groups, n):
         for _ in range(10):
             call()
         torch.cuda.synchronize()
-    print(f"--- b{b} l{L} h{h} p{p} g{groups} n{n} (10 calls)")
+    print("--- b{} l{} h{} p{} g{} n{} (10 calls)".format(*shape))
     print(
         prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=40)
     )
 
 
-for shape in SHAPES:
-    profile_shape(*shape)
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--once", type=int, default=None, help="one call at SHAPES[ONCE], for ncu")
+    args = ap.parse_args()
+    if args.once is not None:
+        call = make_call(*SHAPES[args.once])
+        call()
+        call()
+        torch.cuda.synchronize()
+    else:
+        for shape in SHAPES:
+            profile_shape(shape)
