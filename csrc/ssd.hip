@@ -770,23 +770,22 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   const int pcols = min(64, p.headdim - p0), cs = p.chunk_size;
   mma::BlockTile<kThreads, kRows, 64, kRows == 128 && kWaves == 8 ? 4 : 2> tile;  // rows t, cols p
 
-  // the entering state, read through C (it is zero for chunk 0 without initial states)
-  const bool entering = c > 0 || p.initial_states;
-  const uint16_t* Cp = static_cast<const uint16_t*>(p.C) + b * p.C_batch_stride + l0 * p.C_l_stride + g * p.C_g_stride + t0 * cl;
-  const bool cvec = aligned(Cp, 2 * cl, 16), evec = p.headdim % 4 == 0;
-  const int crows = rows - t0;
-  const float* E = p.states + states_at(p, b, c, h) + p0;
-  Rows16<kRows, kSlab> cf;
-  Rows32<kSlab, 64> ef;
-  if (entering) cf.fetch(Cp, cl, crows, p.dstate, cvec), ef.fetch(E, p.headdim, p.dstate, pcols, evec);
   {
     const float* a = p.dA_cs + chunk_row(p, b, h, c);
     const float* d = p.dt_out + chunk_row(p, b, h, c);
     const int32_t* sg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
     for (int s = threadIdx.x; s < cs; s += kThreads) acs[s] = a[s] * kLog2e, dts[s] = d[s], seg[s] = sg[s];
   }
-  __syncthreads();
-  if (entering) {
+  // the entering state, read through C (it is zero for chunk 0 without initial states)
+  if (c > 0 || p.initial_states) {
+    const uint16_t* Cp = static_cast<const uint16_t*>(p.C) + b * p.C_batch_stride + l0 * p.C_l_stride + g * p.C_g_stride + t0 * cl;
+    const bool cvec = aligned(Cp, 2 * cl, 16), evec = p.headdim % 4 == 0;
+    const int crows = rows - t0;
+    const float* E = p.states + states_at(p, b, c, h) + p0;
+    Rows16<kRows, kSlab> cf;
+    Rows32<kSlab, 64> ef;
+    cf.fetch(Cp, cl, crows, p.dstate, cvec), ef.fetch(E, p.headdim, p.dstate, pcols, evec);
+    __syncthreads();  // acs, dts, seg
     for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
       cf.put(As, kLdH);
       ef.template put_split<T>(Bs, Bs_lo, LX::kLd);
@@ -807,6 +806,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
 #pragma unroll
         for (int j = 0; j < tile.kFn; ++j) tile.acc[i][j].v[r] *= f;
       }
+  } else {
+    __syncthreads();  // acs, dts, seg
   }
 
   // within the chunk: positions s <= t of the same segment, M[s][t] = C·Bᵀ[s][t] dt[s]
@@ -816,6 +817,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) *
                                static_cast<int64_t>(cs) * cs + t0;
   const int s_end = min(t0 + kRows, rows);
+  const bool one_segment = !p.seq_idx;
   Rows32<kSlab, kRows> mf;  // C·Bᵀ rows: the workspace is chunk_size^2, always in range
   Rows16<kSlab, 64> xf;
   mf.fetch(cb, cs, kSlab, kRows, true);
@@ -827,7 +829,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   for (int e = 0; e < 4; ++e) a_t[e] = acs[tq + e], seg_t[e] = seg[tq + e];
   for (int s0 = 0; s0 < s_end; s0 += kSlab) {
     // every s of the slab in range, at or before every t of the tile, no segments: no masks
-    const bool plain = !p.seq_idx && s0 + kSlab <= min(t0 + 1, rows);
+    const bool plain = one_segment && s0 + kSlab <= min(t0 + 1, rows);
 #pragma unroll
     for (int i = 0; i < mf.kN; ++i) {
       const int k = mf.row(i), s = s0 + k;
@@ -868,7 +870,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   const uint16_t* zo = kHasZ ? static_cast<const uint16_t*>(p.z) + b * p.z_batch_stride + l0 * p.z_l_stride + h * p.z_h_stride + p0 : nullptr;
   uint16_t* out = static_cast<uint16_t*>(p.out) + b * p.out_batch_stride + l0 * p.out_l_stride + h * p.out_h_stride + p0;
   const int zl = static_cast<int>(p.z_l_stride), ol = static_cast<int>(p.out_l_stride);
-  const bool zvec = kHasZ && aligned(zo, 2 * zl, 8), ovec = aligned(out, 2 * ol, 8), xvec8 = aligned(xo, 2 * xl, 8);
+  // one flag for the three (fewer live scalars; gfx90a runs short of them): 8-byte accesses
+  const bool vec = aligned(xo, 2 * xl, 8) && aligned(out, 2 * ol, 8) && (!kHasZ || aligned(zo, 2 * zl, 8));
 #pragma unroll
   for (int half = 0; half < kRows / 64; ++half) {
     __syncthreads();
@@ -886,17 +889,17 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       if (t >= rows) break;
       const float4 a = *reinterpret_cast<const float4*>(O + rr * kLdO + cq);
       float y[4] = {a.x, a.y, a.z, a.w}, xv[4];
-      unpack4<T>(load4(xo + t * xl, cq, pcols, xvec8), xv);
+      unpack4<T>(load4(xo + t * xl, cq, pcols, vec), xv);
 #pragma unroll
       for (int e = 0; e < 4; ++e) y[e] = fmaf(dq[e], xv[e], y[e]);
       if constexpr (kHasZ) {
         float zv[4];
-        unpack4<T>(load4(zo + t * zl, cq, pcols, zvec), zv);
+        unpack4<T>(load4(zo + t * zl, cq, pcols, vec), zv);
 #pragma unroll
         for (int e = 0; e < 4; ++e) y[e] *= silu(zv[e]);
       }
       const Packed4 q = pack4<T>(y);
-      if (ovec && cq + 3 < pcols) {
+      if (vec && cq + 3 < pcols) {
         *reinterpret_cast<uint2*>(out + t * ol + cq) = make_uint2(q.lo, q.hi);
       } else {
         const uint16_t e4[4] = {static_cast<uint16_t>(q.lo), static_cast<uint16_t>(q.lo >> 16),
