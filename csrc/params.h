@@ -109,7 +109,8 @@ struct RmsNormParams {
   int64_t x_row_stride, z_row_stride, out_row_stride;
   int32_t rows, hidden, group_size, norm_before_gate;
   float eps;
-  int32_t weight_dtype, bias_dtype, reserved;
+  int32_t weight_dtype, bias_dtype;
+  int32_t item_threads;  // the register-resident variants (_v1/_v2/_v4): threads per (row, group)
 };
 
 // Mamba2 SSD chunked scan (mamba_chunk_scan_combined), forward. One struct for the five stage

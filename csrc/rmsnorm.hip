@@ -1,6 +1,14 @@
 // Gated RMSNorm (mamba_ssm's layernorm_gated.rmsnorm_fn), forward. Semantics in params.h.
-// grid (hidden / group_size, rows); a block reduces one (row, group): the sum of squares over
-// the wavefront by butterfly, across wavefronts through LDS, then a second pass writes.
+//
+// Two forms, chosen by the host (mamba2_rocm/ops/rmsnorm.py):
+//  - register-resident (m2r_rmsnorm_fwd_<dt>_v<kVecs>), when group_size is a multiple of 8, at
+//    most 8 * kThreads * 4, and every row and the weight/bias are 16-byte aligned: item_threads
+//    threads (a power of two) own one (row, group), each holding kVecs runs of 8 elements of x
+//    (and the raw z) in registers, so x and z are read once, 16 bytes per load. The sum of
+//    squares is reduced by butterfly within the wavefront and through LDS across wavefronts.
+//    Several (row, group) items share a block when the group is small. grid (items / block, 1, 1).
+//  - generic (m2r_rmsnorm_fwd_<dt>): any group size and alignment; one block per (row, group)
+//    reads x twice, element by element. grid (hidden / group_size, rows).
 #include "platform.h"
 
 namespace m2r {
@@ -46,6 +54,95 @@ M2R_DEVICE void forward(const RmsNormParams& p) {
   }
 }
 
+// 8 consecutive 16-bit values of type T as floats
+template <typename T>
+M2R_DEVICE void unpack8(const uint4& q, float (&v)[8]) {
+  T::unpack(q.x, v), T::unpack(q.y, v + 2), T::unpack(q.z, v + 4), T::unpack(q.w, v + 6);
+}
+
+// p[i .. i + 8) of a weight or bias whose dtype is a run-time parameter; 16-byte aligned
+M2R_DEVICE void load8_as_float(const void* p, int dtype, int64_t i, float (&v)[8]) {
+  if (dtype == M2R_DTYPE_F32) {
+    const float4* q = reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+    const float4 a = q[0], b = q[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    const uint4 q = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i);
+    if (dtype == M2R_DTYPE_F16) unpack8<F16>(q, v);
+    else unpack8<BF16>(q, v);
+  }
+}
+
+template <typename T, int kVecs>
+M2R_DEVICE void forward_vec(const RmsNormParams& p) {
+  typedef typename T::storage S;
+  static_assert(sizeof(S) == 2, "16-bit element types");
+  __shared__ float partial[kWaves];
+  const int tpi = p.item_threads, local = threadIdx.x % tpi, gs = p.group_size;
+  const int groups = p.hidden / gs;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * (kThreads / tpi) + threadIdx.x / tpi;
+  const bool active = item < static_cast<int64_t>(p.rows) * groups;
+  const int64_t row = active ? item / groups : 0;
+  const int start = active ? static_cast<int>(item % groups) * gs : 0;
+  const S* x = static_cast<const S*>(p.x) + row * p.x_row_stride + start;
+  const S* z = p.z ? static_cast<const S*>(p.z) + row * p.z_row_stride + start : nullptr;
+  const bool gate_first = z != nullptr && !p.norm_before_gate;
+
+  float v[kVecs][8];
+  uint4 zq[kVecs];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int i = 8 * (local + k * tpi);
+    const bool in = active && i < gs;
+    const uint4 xq = in ? *reinterpret_cast<const uint4*>(x + i) : make_uint4(0, 0, 0, 0);
+    zq[k] = in && z ? *reinterpret_cast<const uint4*>(z + i) : make_uint4(0, 0, 0, 0);
+    unpack8<T>(xq, v[k]);
+    if (gate_first) {
+      float zv[8];
+      unpack8<T>(zq[k], zv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[k][e] *= silu(zv[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss = fmaf(v[k][e], v[k][e], ss);
+  }
+  // butterflies stay inside aligned runs of min(tpi, wavefront) lanes: one item's
+  for (int off = min(tpi, kWavefront) / 2; off > 0; off /= 2) ss += shfl_xor(ss, off);
+  if (tpi > kWavefront) {  // uniform: the item spans wavefronts
+    const int wave = threadIdx.x / kWavefront, per_item = tpi / kWavefront;
+    if (threadIdx.x % kWavefront == 0) partial[wave] = ss;
+    __syncthreads();
+    ss = 0.f;
+    for (int w = wave - wave % per_item, e = w + per_item; w < e; ++w) ss += partial[w];
+  }
+  const float rstd = rsqrtf(ss / static_cast<float>(gs) + p.eps);
+
+  S* out = static_cast<S*>(p.out) + row * p.out_row_stride + start;
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int i = 8 * (local + k * tpi);
+    if (!active || i >= gs) continue;
+    float w[8], y[8];
+    load8_as_float(p.weight, p.weight_dtype, start + i, w);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) y[e] = v[k][e] * rstd * w[e];
+    if (p.bias) {
+      float b[8];
+      load8_as_float(p.bias, p.bias_dtype, start + i, b);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) y[e] += b[e];
+    }
+    if (z != nullptr && p.norm_before_gate) {
+      float zv[8];
+      unpack8<T>(zq[k], zv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) y[e] *= silu(zv[e]);
+    }
+    *reinterpret_cast<uint4*>(out + i) = make_uint4(T::pack(y), T::pack(y + 2), T::pack(y + 4), T::pack(y + 6));
+  }
+}
+
 }  // namespace rmsnorm
 }  // namespace m2r
 
@@ -53,6 +150,16 @@ M2R_DEVICE void forward(const RmsNormParams& p) {
   M2R_KERNEL(m2r::rmsnorm::kThreads) m2r_rmsnorm_fwd_##DT(RmsNormParams p) {                \
     m2r::rmsnorm::forward<m2r::T>(p);                                                         \
   }
+#define M2R_RMSNORM_VEC(DT, T, V)                                                            \
+  M2R_KERNEL(m2r::rmsnorm::kThreads) m2r_rmsnorm_fwd_##DT##_v##V(RmsNormParams p) {         \
+    m2r::rmsnorm::forward_vec<m2r::T, V>(p);                                                  \
+  }
 M2R_RMSNORM(f32, F32)
 M2R_RMSNORM(f16, F16)
 M2R_RMSNORM(bf16, BF16)
+M2R_RMSNORM_VEC(f16, F16, 1)
+M2R_RMSNORM_VEC(f16, F16, 2)
+M2R_RMSNORM_VEC(f16, F16, 4)
+M2R_RMSNORM_VEC(bf16, BF16, 1)
+M2R_RMSNORM_VEC(bf16, BF16, 2)
+M2R_RMSNORM_VEC(bf16, BF16, 4)

@@ -67,3 +67,28 @@ def test_opcheck_and_compile():
         return rmsnorm_fn(x, w, None, z=z, group_size=8)
 
     torch.testing.assert_close(f(x, z), rmsnorm_fn(x, w, None, z=z, group_size=8))
+
+
+@pytest.mark.parametrize(
+    "group_size, plan",
+    [
+        (8, (1, 1)),  # one run: a thread per (row, group), 256 groups per block
+        (24, (4, 1)),  # 3 runs: the power of two above
+        (1024, (128, 1)),
+        (2048, (256, 1)),
+        (4096, (256, 2)),
+        (5120, (256, 4)),  # 2.5 runs per thread round up to the 4-run kernel
+        (8192, (256, 4)),
+        (8200, None),  # more than kThreads * 4 runs: the generic kernel
+        (250, None),  # not whole 8-element runs
+    ],
+)
+def test_vec_plan(group_size, plan):
+    assert ops.vec_plan(group_size, 2, (0, 4096, 16)) == plan
+
+
+@pytest.mark.parametrize(
+    "elem_size, addresses", [(4, (0,)), (2, (8,)), (2, (0, 16 * 3 + 2)), (2, (0, 32, 1))]
+)
+def test_vec_plan_needs_16_bit_elements_and_16_byte_alignment(elem_size, addresses):
+    assert ops.vec_plan(1024, elem_size, addresses) is None

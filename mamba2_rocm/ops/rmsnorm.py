@@ -18,6 +18,24 @@ Tensor = torch.Tensor
 __all__ = ["RMSNorm", "rmsnorm_fn"]
 
 _THREADS = 256  # csrc/rmsnorm.hip: kThreads
+_VEC = 8  # elements per 16-byte run of the register-resident kernels
+_VECS = (1, 2, 4)  # mamba2_rocm.kernels.RMSNORM_VECS
+
+
+def vec_plan(group_size: int, elem_size: int, addresses: tuple[int, ...]) -> tuple[int, int] | None:
+    """(threads per (row, group), runs per thread) of the register-resident kernel, or None.
+
+    It needs 16-bit elements, a group made of whole 8-element runs, at most kThreads * 4 runs,
+    and 16-byte alignment of every address in ``addresses`` (data pointers, and row strides
+    in bytes). Threads per item: the power of two covering the runs, at most kThreads.
+    """
+    if elem_size != 2 or group_size % _VEC or any(a % 16 for a in addresses):
+        return None
+    runs = group_size // _VEC
+    threads = min(_THREADS, 1 << (runs - 1).bit_length())
+    per = -(-runs // threads)
+    vecs = next((v for v in _VECS if v >= per), None)
+    return None if vecs is None else (threads, vecs)
 
 
 def _rows(t: Tensor, hidden: int) -> Tensor:
@@ -35,16 +53,30 @@ def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, out) ->
     if z is not None and z.dtype != x.dtype:
         raise TypeError(f"z must have x's dtype {x.dtype} on the GPU, got {z.dtype}")
     groups = hidden // group_size
+    el = x2.element_size()
+    addresses = [x2.data_ptr(), x2.stride(0) * el, out2.data_ptr(), out2.stride(0) * el]
+    addresses += [weight.data_ptr()] + ([] if bias is None else [bias.data_ptr()])
+    if z2 is not None:
+        addresses += [z2.data_ptr(), z2.stride(0) * el]
+    plan = vec_plan(group_size, el, tuple(addresses))
+    if plan is not None and weight.stride(0) == 1 and (bias is None or bias.stride(0) == 1):
+        threads, vecs = plan
+        blocks = -(-rows * groups // (_THREADS // threads))
+        if blocks < 2**31:  # grid.x limit
+            _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2,
+                    (blocks, 1), f"_v{vecs}", threads)  # fmt: skip
+            return
     if rows > GRID_YZ_MAX:  # grid.y limit: launch in slices of rows
         for start in range(0, rows, GRID_YZ_MAX):
             sl = slice(start, start + GRID_YZ_MAX)
             _launch(kset, x2[sl], weight, bias, None if z2 is None else z2[sl], eps, group_size,
-                    norm_before_gate, out2[sl], groups)  # fmt: skip
+                    norm_before_gate, out2[sl], (groups, out2[sl].shape[0]))  # fmt: skip
         return
-    _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2, groups)
+    _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2, (groups, rows))
 
 
-def _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2, groups) -> None:
+def _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2, grid,
+            variant="", item_threads=0) -> None:  # fmt: skip
     p = (
         x2.data_ptr(),
         0 if z2 is None else z2.data_ptr(),
@@ -61,15 +93,10 @@ def _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2,
         float(eps),
         DTYPE_CODE[weight.dtype],
         DTYPE_CODE[bias.dtype] if bias is not None else 0,
-        0,
+        item_threads,
     )  # fmt: skip  (RmsNormParams, field order)
-    launch(
-        kset.launcher(f"m2r_rmsnorm_fwd_{KERNEL_DTYPE[x2.dtype]}"),
-        x2,
-        p,
-        (groups, x2.shape[0], 1),
-        _THREADS,
-    )
+    name = f"m2r_rmsnorm_fwd_{KERNEL_DTYPE[x2.dtype]}{variant}"
+    launch(kset.launcher(name), x2, p, (*grid, 1), _THREADS)
 
 
 def _impl(

@@ -13,9 +13,14 @@ TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("hidden_gs", [(4096, None), (8192, 1024), (1000, 250), (64, 8)])
+# group sizes: 4096 / 1024 / 8 / 5120 take the register-resident kernels (2, 1, 1 and 4 runs of 8
+# per thread; 1024 threads per item: one wavefront or less; 5120: across wavefronts), 250 (not
+# whole runs) and 16384 (too many runs) the generic one; "unaligned" rows (1 element in) too
+@pytest.mark.parametrize(
+    "hidden_gs", [(4096, None), (8192, 1024), (1000, 250), (64, 8), (5120, None), (16384, None)]
+)
 @pytest.mark.parametrize("nbg", [True, False])
-@pytest.mark.parametrize("layout", ["contiguous", "sliced_rows", "transposed"])
+@pytest.mark.parametrize("layout", ["contiguous", "sliced_rows", "unaligned", "transposed"])
 def test_kernel(dtype, hidden_gs, nbg, layout):
     hidden, gs = hidden_gs
     g = seeded("rmsgpu", str(dtype), hidden, gs, nbg, layout, device=DEV)
@@ -23,6 +28,8 @@ def test_kernel(dtype, hidden_gs, nbg, layout):
         x = torch.randn(3, 7, hidden, device=DEV, generator=g).to(dtype)
     elif layout == "sliced_rows":  # a slice of a wider buffer: row stride > hidden
         x = torch.randn(3, 7, hidden + 40, device=DEV, generator=g).to(dtype)[..., 16 : 16 + hidden]
+    elif layout == "unaligned":  # rows start 1 element in: no 16-byte loads
+        x = torch.randn(3, 7, hidden + 1, device=DEV, generator=g).to(dtype)[..., 1:]
     else:  # not unit stride along hidden: copied once
         x = torch.randn(hidden, 21, device=DEV, generator=g).to(dtype).t()
     z = torch.randn(x.shape, device=DEV, generator=g).to(dtype)

@@ -1,0 +1,66 @@
+"""Gated RMSNorm benchmark: ``rmsnorm_fn`` kernel vs the vectorized torch tier (and mamba_ssm's
+Triton ``layernorm_gated.rmsnorm_fn`` when ``mamba_ssm`` is importable).
+
+Shapes: the norm of a Mamba2 block (z gate, norm_before_gate=False, weight in the activation
+dtype) over 16384 tokens, for d_inner 8192 in 8 groups (group 1024) and d_inner 5120 in one
+group, plus a decode step (64 rows, d_inner 8192, 8 groups). Reports the median per-call
+device-event time (launch included), the per-call time inside a CUDA graph, and the bandwidth
+over the bytes that must move (x and z read once, out written once, the weight once) as a
+fraction of the measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from mamba2_rocm._torch import require_torch
+from mamba2_rocm.bench.conv1d import _backend
+from mamba2_rocm.bench.timing import (
+    bandwidth_row,
+    copy_bandwidth_gbs,
+    format_rows,
+    time_calls,
+    time_graph,
+)
+
+CASES = ((16384, 8192, 1024), (16384, 5120, 5120), (64, 8192, 1024))  # (rows, hidden, group)
+
+
+def _triton_norm():
+    try:
+        from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn
+    except Exception:  # not installed, or no Triton for this GPU
+        return None
+    return rmsnorm_fn
+
+
+def run(cases=CASES, dtype="bfloat16") -> list[dict]:
+    torch = require_torch()
+    from mamba2_rocm import rmsnorm_fn
+
+    dt_ = getattr(torch, dtype)
+    copy = copy_bandwidth_gbs()
+    triton = _triton_norm()
+    out = []
+    for rows, hidden, group in cases:
+        g = torch.Generator(device="cuda").manual_seed(rows + hidden)
+        x = torch.randn(rows, hidden, device="cuda", generator=g).to(dt_)
+        z = torch.randn(rows, hidden, device="cuda", generator=g).to(dt_)
+        w = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=g)).to(dt_)
+        nbytes = (3 * x.numel() + w.numel()) * x.element_size()
+        kw = dict(z=z, eps=1e-5, group_size=group, norm_before_gate=False)
+        impls = [("kernel", rmsnorm_fn), ("torch", rmsnorm_fn)]
+        if triton is not None:
+            impls.append(("mamba_ssm triton", triton))
+        for impl, fn in impls:
+            call = functools.partial(fn, x, w, None, **kw)
+            with _backend(impl if impl != "mamba_ssm triton" else "kernel"):
+                t = time_calls(call)
+                gr = time_graph(call) if impl != "torch" else None
+            case = f"rmsnorm rows{rows} d{hidden} group{group} {dtype}"
+            out.append(bandwidth_row(case, impl, t, gr, nbytes, copy))
+    return out
+
+
+def format_table(rows: list[dict]) -> str:
+    return format_rows(rows, 40, 17)
