@@ -1,7 +1,7 @@
 // Gated RMSNorm (mamba_ssm's layernorm_gated.rmsnorm_fn), forward. Semantics in params.h.
 //
 // Two forms, chosen by the host (mamba2_rocm/ops/rmsnorm.py):
-//  - register-resident (m2r_rmsnorm_fwd_<dt>_v<kVecs>), when group_size is a multiple of 8, at
+//  - register-resident (m2r_rmsnorm_fwd_<dt>_v<kVecs>, kVecs 1-4), when group_size is a multiple of 8, at
 //    most 8 * kThreads * 4, and every row and the weight/bias are 16-byte aligned: item_threads
 //    threads (a power of two) own one (row, group), each holding kVecs runs of 8 elements of x
 //    (and the raw z) in registers, so x and z are read once, 16 bytes per load. The sum of
@@ -88,7 +88,7 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
   const S* z = p.z ? static_cast<const S*>(p.z) + row * p.z_row_stride + start : nullptr;
   const bool gate_first = z != nullptr && !p.norm_before_gate;
 
-  float v[kVecs][8];
+  float v[kVecs][8], w[kVecs][8];  // the weights load with x: one round trip to memory, not two
   uint4 zq[kVecs];
   float ss = 0.f;
 #pragma unroll
@@ -97,6 +97,7 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
     const bool in = active && i < gs;
     const uint4 xq = in ? *reinterpret_cast<const uint4*>(x + i) : make_uint4(0, 0, 0, 0);
     zq[k] = in && z ? *reinterpret_cast<const uint4*>(z + i) : make_uint4(0, 0, 0, 0);
+    if (in) load8_as_float(p.weight, p.weight_dtype, start + i, w[k]);
     unpack8<T>(xq, v[k]);
     if (gate_first) {
       float zv[8];
@@ -123,10 +124,9 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
   for (int k = 0; k < kVecs; ++k) {
     const int i = 8 * (local + k * tpi);
     if (!active || i >= gs) continue;
-    float w[8], y[8];
-    load8_as_float(p.weight, p.weight_dtype, start + i, w);
+    float y[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) y[e] = v[k][e] * rstd * w[e];
+    for (int e = 0; e < 8; ++e) y[e] = v[k][e] * rstd * w[k][e];
     if (p.bias) {
       float b[8];
       load8_as_float(p.bias, p.bias_dtype, start + i, b);
@@ -159,7 +159,9 @@ M2R_RMSNORM(f16, F16)
 M2R_RMSNORM(bf16, BF16)
 M2R_RMSNORM_VEC(f16, F16, 1)
 M2R_RMSNORM_VEC(f16, F16, 2)
+M2R_RMSNORM_VEC(f16, F16, 3)
 M2R_RMSNORM_VEC(f16, F16, 4)
 M2R_RMSNORM_VEC(bf16, BF16, 1)
 M2R_RMSNORM_VEC(bf16, BF16, 2)
+M2R_RMSNORM_VEC(bf16, BF16, 3)
 M2R_RMSNORM_VEC(bf16, BF16, 4)

@@ -25,7 +25,7 @@ CONV_FWD_LAYOUTS = ("vec", "cl_vec", "strided")
 SSU_DSTATE_TIERS = (32, 64, 128, 256)
 SSU_CONTIG_MAX_DSTATE = 128  # csrc/state_update.hip: no per-head contiguous kernel beyond
 SSD_SCAN_ROWS = (64, 128)  # csrc/ssd.hip: positions per chunk_scan tile
-RMSNORM_VECS = (1, 2, 4)  # csrc/rmsnorm.hip: 8-element runs per thread, register-resident form
+RMSNORM_VECS = (1, 2, 3, 4)  # csrc/rmsnorm.hip: 8-element runs per thread, register-resident form
 RMSNORM_VEC_DTYPES = ("f16", "bf16")
 
 

@@ -77,7 +77,8 @@ def test_opcheck_and_compile():
         (1024, (128, 1)),
         (2048, (256, 1)),
         (4096, (256, 2)),
-        (5120, (256, 4)),  # 2.5 runs per thread round up to the 4-run kernel
+        (5120, (256, 3)),  # 2.5 runs per thread round up to the 3-run kernel
+        (6152, (256, 4)),
         (8192, (256, 4)),
         (8200, None),  # more than kThreads * 4 runs: the generic kernel
         (250, None),  # not whole 8-element runs

@@ -19,7 +19,7 @@ __all__ = ["RMSNorm", "rmsnorm_fn"]
 
 _THREADS = 256  # csrc/rmsnorm.hip: kThreads
 _VEC = 8  # elements per 16-byte run of the register-resident kernels
-_VECS = (1, 2, 4)  # mamba2_rocm.kernels.RMSNORM_VECS
+_VECS = (1, 2, 3, 4)  # mamba2_rocm.kernels.RMSNORM_VECS
 
 
 def vec_plan(group_size: int, elem_size: int, addresses: tuple[int, ...]) -> tuple[int, int] | None:

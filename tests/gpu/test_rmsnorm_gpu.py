@@ -13,11 +13,13 @@ TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-# group sizes: 4096 / 1024 / 8 / 5120 take the register-resident kernels (2, 1, 1 and 4 runs of 8
-# per thread; 1024 threads per item: one wavefront or less; 5120: across wavefronts), 250 (not
-# whole runs) and 16384 (too many runs) the generic one; "unaligned" rows (1 element in) too
+# group sizes: 4096 / 1024 / 8 / 5120 / 8192 take the register-resident kernels (2, 1, 1, 3 and 4
+# runs of 8 per thread; 1024 and 8: an item within a wavefront, the others across wavefronts),
+# 250 (not whole runs) and 16384 (too many runs) the generic one; "unaligned" rows (1 element
+# in) the generic one too
 @pytest.mark.parametrize(
-    "hidden_gs", [(4096, None), (8192, 1024), (1000, 250), (64, 8), (5120, None), (16384, None)]
+    "hidden_gs",
+    [(4096, None), (8192, 1024), (1000, 250), (64, 8), (5120, None), (8192, None), (16384, None)],
 )
 @pytest.mark.parametrize("nbg", [True, False])
 @pytest.mark.parametrize("layout", ["contiguous", "sliced_rows", "unaligned", "transposed"])
