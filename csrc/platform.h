@@ -169,6 +169,12 @@ struct BF16 {
   static M2R_DEVICE uint16_t from_float(float v) { return float_to_bf16(v); }
 };
 
+// 8 consecutive 16-bit values of type T (one 16-byte load) as floats
+template <typename T>
+M2R_DEVICE void unpack8(const uint4& q, float (&v)[8]) {
+  T::unpack(q.x, v), T::unpack(q.y, v + 2), T::unpack(q.z, v + 4), T::unpack(q.w, v + 6);
+}
+
 // A small tensor (weights, biases) whose dtype is a run-time parameter: one uniform branch,
 // so callers may pass fp32 weights with bf16 activations without a conversion kernel.
 M2R_DEVICE float load_as_float(const void* p, int dtype, int64_t idx) {

@@ -54,12 +54,6 @@ M2R_DEVICE void forward(const RmsNormParams& p) {
   }
 }
 
-// 8 consecutive 16-bit values of type T as floats
-template <typename T>
-M2R_DEVICE void unpack8(const uint4& q, float (&v)[8]) {
-  T::unpack(q.x, v), T::unpack(q.y, v + 2), T::unpack(q.z, v + 4), T::unpack(q.w, v + 6);
-}
-
 // p[i .. i + 8) of a weight or bias whose dtype is a run-time parameter; 16-byte aligned
 M2R_DEVICE void load8_as_float(const void* p, int dtype, int64_t i, float (&v)[8]) {
   if (dtype == M2R_DTYPE_F32) {

@@ -470,12 +470,16 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
 
 // ---- matrix-core variants (fp16/bf16 where the target has matrix cores; see mma.h) -----------
 // The same tiles, grids and semantics as the FMA variants above. Every operand is staged in
-// LDS as 16-bit rows the way it lies in memory, 4 elements per thread (one 8-byte load where the
-// tensor is aligned for it); an operand whose reduction dim is the sequence is then read
-// k-major (mma::load_lane_t). Operands computed in fp32 (the decay-weighted B and C·Bᵀ, the
-// entering states) are split into a part rounded to the input dtype and its rounded remainder,
-// two products each: about 16 mantissa bits instead of bf16's 8, so states and outputs keep
-// close to fp32 accuracy (mamba_ssm's Triton kernels round these operands once).
+// LDS as 16-bit rows the way it lies in memory, 8 elements (16 bytes) per thread and load where
+// the tensor is aligned for it, else element by element; an operand whose reduction dim is the
+// sequence is then read k-major (mma::load_lane_t). The loops are software-pipelined: each
+// thread loads its part of the next slab into registers (Rows16 / Rows32 fetch) right after
+// the current slab reached LDS, so global latency overlaps the products instead of following
+// them (the kernels were latency-bound at 2 blocks per SM). Operands computed in fp32 (the
+// decay-weighted x and C·Bᵀ, the entering states) are split into a part rounded to the input
+// dtype and its rounded remainder, two products each: about 16 mantissa bits instead of bf16's
+// 8, so states and outputs keep close to fp32 accuracy (mamba_ssm's Triton kernels round these
+// operands once).
 #if M2R_MMA != 0
 constexpr int kWaves = kThreads / kWavefront;
 constexpr int kLdH = kSlab + 8;  // [row][k] tiles with k = kSlab: rows 16-byte aligned
@@ -544,11 +548,6 @@ M2R_DEVICE void store_split(uint16_t* hi, uint16_t* lo, float (&v)[kN]) {
     if constexpr (kN == 4) *reinterpret_cast<uint2*>(lo) = make_uint2(w[0], w[1]);
     else *reinterpret_cast<uint4*>(lo) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-}
-
-template <typename T>
-M2R_DEVICE void unpack8(const uint4& q, float (&v)[8]) {
-  T::unpack(q.x, v), T::unpack(q.y, v + 2), T::unpack(q.z, v + 4), T::unpack(q.w, v + 6);
 }
 
 M2R_DEVICE bool aligned(const void* p, int64_t row_stride_bytes, int bytes) {
