@@ -239,25 +239,31 @@ M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr,
   }
 }
 
-template <typename TS, typename TI, int kN>
-M2R_DEVICE void update_strided(const SsuParams& p) {
+// kContig: the per-head kernel's layout conditions (dstate == kN, unit dstate strides, aligned),
+// lane l moving elements [l*kPer, (l+1)*kPer) in 4..16-byte accesses.
+template <typename TS, typename TI, int kN, bool kContig>
+M2R_DEVICE void update_rows(const SsuParams& p) {
   const int64_t pr = static_cast<int64_t>(blockIdx.x) * kGroups + threadIdx.x / kLanes;
-  if (pr < p.headdim) update_row<TS, TI, kN, false>(p, blockIdx.z, blockIdx.y, pr, threadIdx.x % kLanes);
+  if (pr < p.headdim) update_row<TS, TI, kN, kContig>(p, blockIdx.z, blockIdx.y, pr, threadIdx.x % kLanes);
 }
 
 }  // namespace ssu
 }  // namespace m2r
 
-// m2r_ssu_<state dtype>_<input dtype>_n<max dstate>[_contig]
+// m2r_ssu_<state dtype>_<input dtype>_n<max dstate>[_contig|_rows]: the general kernel, the
+// per-head one and the row-parallel one with the per-head one's contiguous layout
 #define M2R_SSU(SD, TS, ID, TI, N)                                                  \
   M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##_n##N(SsuParams p) {         \
-    m2r::ssu::update_strided<m2r::TS, m2r::TI, N>(p);                               \
+    m2r::ssu::update_rows<m2r::TS, m2r::TI, N, false>(p);                           \
   }
 // The per-head contiguous kernels stop at dstate 128: at 256 the row loop spilled scalar
 // registers on wave64 targets (gfx90a); dstate 256 uses the general kernel.
 #define M2R_SSU_CONTIG(SD, TS, ID, TI, N)                                           \
   M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##_n##N##_contig(SsuParams p) { \
     m2r::ssu::update_head<m2r::TS, m2r::TI, N, true>(p);                            \
+  }                                                                                 \
+  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##_n##N##_rows(SsuParams p) {   \
+    m2r::ssu::update_rows<m2r::TS, m2r::TI, N, true>(p);                            \
   }
 #define M2R_SSU_N(SD, TS, ID, TI)                                                            \
   M2R_SSU(SD, TS, ID, TI, 32) M2R_SSU(SD, TS, ID, TI, 64) M2R_SSU(SD, TS, ID, TI, 128)      \

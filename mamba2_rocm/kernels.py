@@ -23,7 +23,7 @@ KERNEL_DTYPES = ("f32", "f16", "bf16")
 CONV_WIDTHS = (2, 3, 4)
 CONV_FWD_LAYOUTS = ("vec", "cl_vec", "strided")
 SSU_DSTATE_TIERS = (32, 64, 128, 256)
-SSU_CONTIG_MAX_DSTATE = 128  # csrc/state_update.hip: no per-head contiguous kernel beyond
+SSU_CONTIG_MAX_DSTATE = 128  # csrc/state_update.hip: no contiguous-layout kernels beyond
 SSD_SCAN_ROWS = (64, 128)  # csrc/ssd.hip: positions per chunk_scan tile
 RMSNORM_VECS = (1, 2, 3, 4)  # csrc/rmsnorm.hip: 8-element runs per thread, register-resident form
 RMSNORM_VEC_DTYPES = ("f16", "bf16")
@@ -69,7 +69,7 @@ SOURCES: dict[str, KernelSource] = {
                 for sd in KERNEL_DTYPES
                 for xd in KERNEL_DTYPES
                 for n in SSU_DSTATE_TIERS
-                for contig in ("", "_contig")
+                for contig in ("", "_contig", "_rows")
                 if not (contig and n > SSU_CONTIG_MAX_DSTATE)
             ),
         ),

@@ -137,16 +137,17 @@ def _expected_launch(state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, out):
     )  # fmt: skip
     tier = next(t for t in (32, 64, 128, 256) if n <= t)
     per = max(1, tier // 32)
-    contig = (
-        n == tier and tier <= 128 and b * h >= ops.HEAD_KERNEL_MIN_BLOCKS
+    layout = (
+        n == tier and tier <= 128
         and state.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
         and (A.stride(-1) == 1 or (A.stride(-1) == 0 and A.stride(-2) == 0))
         and all(s % per == 0 for s in (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1]))
         and all(t.data_ptr() % (per * t.element_size()) == 0 for t in (state, B, C))
     )  # fmt: skip
-    grid = (h, b, 1) if contig else (-(-p // 8), h, b)
+    per_head = layout and b * h >= ops.HEAD_KERNEL_MIN_BLOCKS
+    grid = (h, b, 1) if per_head else (-(-p // 8), h, b)
     name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}_n{tier}"
-    return name + ("_contig" if contig else ""), params, grid
+    return name + ("_contig" if per_head else "_rows" if layout else ""), params, grid
 
 
 def _tied(g, b=3, h=4, p=8, n=32, groups=2, dtype=torch.bfloat16):
@@ -179,7 +180,7 @@ _LAYOUTS = {
     # dstate 128: 4 elements per lane, so B one element off its alignment rules out the per-head kernel
     "misaligned B": lambda g: ({**(a := _tied(g, n=128)), "B": _misaligned(a["B"])}, None),
 }
-#: Which layouts the per-head kernel takes when the block threshold is 0.
+#: Which layouts the contiguous-layout kernels take (per-head at block threshold 0, else _rows).
 _PER_HEAD = {"plain": True, "tied": True, "no optionals": False, "mamba1": False, "pool": True,
              "misaligned B": False}  # fmt: skip
 
@@ -197,6 +198,7 @@ def test_cached_launch_matches_uncached_formula(layout, blocks, fake_kernels, mo
         expected = _expected_launch(*_pos(args, step != 1, idx), out)
         assert fake_kernels.launches[-1] == expected
         assert expected[0].endswith("_contig") == (blocks == 0 and _PER_HEAD[layout])
+        assert expected[0].endswith("_rows") == (blocks != 0 and _PER_HEAD[layout])
     assert len(fake_kernels.launches) == 3
 
 
@@ -237,7 +239,7 @@ def test_hits_skip_the_checks(fake_kernels, monkeypatch):
 
 def test_head_kernel_threshold_is_read_per_call(fake_kernels, monkeypatch):
     args = _tied(seeded("threshold"))
-    for blocks, suffix in ((0, "_contig"), (1 << 40, ""), (0, "_contig")):
+    for blocks, suffix in ((0, "_contig"), (1 << 40, "_rows"), (0, "_contig")):
         monkeypatch.setattr(ops, "HEAD_KERNEL_MIN_BLOCKS", blocks)
         ops.selective_state_update(**args)
         assert fake_kernels.launches[-1][0] == "m2r_ssu_bf16_bf16_n32" + suffix

@@ -1,4 +1,5 @@
-"""Decode-step benchmark: ``selective_state_update`` kernel vs the vectorized torch tier.
+"""Decode-step benchmark: ``selective_state_update`` kernel vs the vectorized torch tier (and
+mamba_ssm's Triton kernel when ``mamba_ssm`` is importable).
 
 Mamba2 decode shapes (nheads 64, headdim 64, dstate 128, ngroups 8, bf16 state, tied-head
 A/dt/dt_bias/D as HF transformers passes them) at batch 1/16/64. Reports the median per-call
@@ -21,6 +22,14 @@ from mamba2_rocm.bench.timing import (
 )
 
 
+def _triton_update():
+    try:
+        from mamba_ssm.ops.triton.selective_state_update import selective_state_update
+    except Exception:  # not installed, or no Triton for this GPU
+        return None
+    return selective_state_update
+
+
 def run(
     batches=(1, 16, 64), nheads=64, headdim=64, dstate=128, ngroups=8, dtype="bfloat16"
 ) -> list[dict]:
@@ -29,6 +38,7 @@ def run(
 
     dt_ = getattr(torch, dtype)
     copy = copy_bandwidth_gbs()
+    triton = _triton_update()
     rows = []
     for b in batches:
         h, p, n = nheads, headdim, dstate
@@ -43,28 +53,19 @@ def run(
         elt = state.element_size()
         nbytes = 2 * state.numel() * elt + (3 * x.numel() + b * h + 2 * B.numel()) * elt + 3 * h * 4
 
-        call = functools.partial(
-            selective_state_update,
-            state,
-            x,
-            dt,
-            A,
-            B,
-            C,
-            D=D,
-            z=z,
-            dt_bias=dt_bias,
-            dt_softplus=True,
-        )
-
-        for impl in ("kernel", "torch"):
-            with _backend(impl):
+        kw = dict(D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+        impls = [("kernel", selective_state_update), ("torch", selective_state_update)]
+        if triton is not None:
+            impls.append(("mamba_ssm triton", triton))
+        for impl, fn in impls:
+            call = functools.partial(fn, state, x, dt, A, B, C, **kw)
+            with _backend(impl if impl != "mamba_ssm triton" else "kernel"):
                 t = time_calls(call)
-                gr = time_graph(call) if impl == "kernel" else None
+                gr = time_graph(call) if impl != "torch" else None
             rows.append(bandwidth_row(f"decode b{b} h{h} p{p} n{n} g{ngroups} {dtype}", impl, t,
                                       gr, nbytes, copy))  # fmt: skip
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    return format_rows(rows, 38, 8)
+    return format_rows(rows, 38, 17)

@@ -37,6 +37,11 @@ _THREADS = 256  # csrc/state_update.hip: kThreads (one block per head and batch 
 _TIERS = (32, 64, 128, 256)  # kernels.SSU_DSTATE_TIERS
 #: The per-(head, batch row) kernel needs this many blocks to fill a GPU; below it (small batch)
 #: the one-row-per-group kernel spreads the work wider (measured: b1 3.4 vs 8.2 us on an H200).
+#: Kernel choice when the layout is contiguous (dstate a tier <= 128, unit dstate strides,
+#: aligned): the per-head kernel (B and C read once per head, a row loop) from this many
+#: (batch, head) blocks, else the row-parallel ``_rows`` kernel (one block per 8 rows). On an
+#: H200 at h64 p64 n128 (graph-timed): batch 1 3.6 us rows vs 8.2 per-head; batch 16 29.9 vs
+#: 20.8; batch 64 114 vs 93. Other layouts take the general (strided) kernel.
 HEAD_KERNEL_MIN_BLOCKS = 1024
 
 
@@ -46,6 +51,7 @@ class _KernelPlan(NamedTuple):
     tail: tuple  # SsuParams after the 11 pointers: strides, sizes, flags, dtype codes
     general: tuple[str, tuple[int, int, int]]  # kernel name and grid, one block per 8 rows
     contig: tuple[str, tuple[int, int, int]] | None  # the per-head kernel, if the layout allows
+    rows: tuple[str, tuple[int, int, int]] | None  # general's grid, the per-head kernel's layout
     blocks: int  # batch * nheads: the per-head kernel's block count
     align: tuple[int, int, int]  # byte alignment state, B, C must have for the per-head kernel
     contiguous_out: bool  # out can be allocated as empty_like(x, contiguous_format)
@@ -97,6 +103,9 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
         tail=tail,
         general=(name, (-(-headdim // (_THREADS // 32)), nheads, batch)),
         contig=(name + "_contig", (nheads, batch, 1)) if contig_layout else None,
+        rows=(name + "_rows", (-(-headdim // (_THREADS // 32)), nheads, batch))
+        if contig_layout
+        else None,
         blocks=batch * nheads,
         align=tuple(per * t.element_size() for t in (state, B, C)),
         contiguous_out=type(x) is Tensor,
@@ -215,13 +224,10 @@ def _impl(
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     sp, bp, cp = state.data_ptr(), B.data_ptr(), C.data_ptr()
     a_s, a_b, a_c = kp.align
-    name, grid = (
-        kp.contig
-        if kp.contig is not None
-        and kp.blocks >= HEAD_KERNEL_MIN_BLOCKS
-        and not (sp % a_s or bp % a_b or cp % a_c)
-        else kp.general
-    )
+    if kp.contig is None or sp % a_s or bp % a_b or cp % a_c:
+        name, grid = kp.general
+    else:
+        name, grid = kp.contig if kp.blocks >= HEAD_KERNEL_MIN_BLOCKS else kp.rows
     ptrs = (
         sp,
         x.data_ptr(),
