@@ -7,24 +7,8 @@ call inside a CUDA graph (kernel only), and the achieved bandwidth over the byte
 
 from __future__ import annotations
 
-import os
-from contextlib import contextmanager
-
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.bench.timing import copy_bandwidth_gbs, time_calls, time_graph
-
-
-@contextmanager
-def _backend(name: str):
-    old = os.environ.get("MAMBA2_ROCM_BACKEND")
-    os.environ["MAMBA2_ROCM_BACKEND"] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("MAMBA2_ROCM_BACKEND", None)
-        else:
-            os.environ["MAMBA2_ROCM_BACKEND"] = old
+from mamba2_rocm.bench.timing import backend, copy_bandwidth_gbs, time_calls, time_graph
 
 
 def run(
@@ -44,7 +28,7 @@ def run(
     copy = copy_bandwidth_gbs()
 
     def add(case, impl, fn, nbytes, graph=True):
-        with _backend("kernel" if impl.startswith("mamba2-rocm kernel") else "torch"):
+        with backend("kernel" if impl.startswith("mamba2-rocm kernel") else "torch"):
             t = time_calls(fn)
             g = time_graph(fn) if graph else None
         best = min(t.median_us, g.median_us) if g else t.median_us

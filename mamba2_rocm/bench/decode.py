@@ -9,17 +9,8 @@ bandwidth over the bytes that must move (the state read and written once, inputs
 
 from __future__ import annotations
 
-import functools
-
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.bench.conv1d import _backend
-from mamba2_rocm.bench.timing import (
-    bandwidth_row,
-    copy_bandwidth_gbs,
-    format_rows,
-    time_calls,
-    time_graph,
-)
+from mamba2_rocm.bench.timing import compare, copy_bandwidth_gbs, format_rows
 
 
 def _triton_update():
@@ -54,16 +45,9 @@ def run(
         nbytes = 2 * state.numel() * elt + (3 * x.numel() + b * h + 2 * B.numel()) * elt + 3 * h * 4
 
         kw = dict(D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
-        impls = [("kernel", selective_state_update), ("torch", selective_state_update)]
-        if triton is not None:
-            impls.append(("mamba_ssm triton", triton))
-        for impl, fn in impls:
-            call = functools.partial(fn, state, x, dt, A, B, C, **kw)
-            with _backend(impl if impl != "mamba_ssm triton" else "kernel"):
-                t = time_calls(call)
-                gr = time_graph(call) if impl != "torch" else None
-            rows.append(bandwidth_row(f"decode b{b} h{h} p{p} n{n} g{ngroups} {dtype}", impl, t,
-                                      gr, nbytes, copy))  # fmt: skip
+        case = f"decode b{b} h{h} p{p} n{n} g{ngroups} {dtype}"
+        args = (state, x, dt, A, B, C)
+        rows += compare(case, selective_state_update, triton, args, kw, nbytes, copy)
     return rows
 
 

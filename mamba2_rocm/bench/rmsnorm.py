@@ -11,17 +11,8 @@ fraction of the measured copy bandwidth.
 
 from __future__ import annotations
 
-import functools
-
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.bench.conv1d import _backend
-from mamba2_rocm.bench.timing import (
-    bandwidth_row,
-    copy_bandwidth_gbs,
-    format_rows,
-    time_calls,
-    time_graph,
-)
+from mamba2_rocm.bench.timing import compare, copy_bandwidth_gbs, format_rows
 
 CASES = ((16384, 8192, 1024), (16384, 5120, 5120), (64, 8192, 1024))  # (rows, hidden, group)
 
@@ -49,16 +40,8 @@ def run(cases=CASES, dtype="bfloat16") -> list[dict]:
         w = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=g)).to(dt_)
         nbytes = (3 * x.numel() + w.numel()) * x.element_size()
         kw = dict(z=z, eps=1e-5, group_size=group, norm_before_gate=False)
-        impls = [("kernel", rmsnorm_fn), ("torch", rmsnorm_fn)]
-        if triton is not None:
-            impls.append(("mamba_ssm triton", triton))
-        for impl, fn in impls:
-            call = functools.partial(fn, x, w, None, **kw)
-            with _backend(impl if impl != "mamba_ssm triton" else "kernel"):
-                t = time_calls(call)
-                gr = time_graph(call) if impl != "torch" else None
-            case = f"rmsnorm rows{rows} d{hidden} group{group} {dtype}"
-            out.append(bandwidth_row(case, impl, t, gr, nbytes, copy))
+        case = f"rmsnorm rows{rows} d{hidden} group{group} {dtype}"
+        out += compare(case, rmsnorm_fn, triton, (x, w, None), kw, nbytes, copy)
     return out
 
 

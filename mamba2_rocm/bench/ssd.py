@@ -12,17 +12,8 @@ block, l chunk h p per row).
 
 from __future__ import annotations
 
-import functools
-
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.bench.conv1d import _backend
-from mamba2_rocm.bench.timing import (
-    bandwidth_row,
-    copy_bandwidth_gbs,
-    format_rows,
-    time_calls,
-    time_graph,
-)
+from mamba2_rocm.bench.timing import compare, copy_bandwidth_gbs, format_rows
 
 SHAPES = ((2, 4096, 32, 64, 1, 128), (1, 16384, 64, 64, 8, 128))
 
@@ -53,16 +44,13 @@ def run(shapes=SHAPES, chunk_size=256, dtype="bfloat16") -> list[dict]:
         nbytes = (2 * x.numel() + dt.numel() + B.numel() + C.numel()) * elt + b * h * p * n * 4
         flops = 4 * b * L * h * p * n + b * L * chunk_size * h * p
         kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
-        impls = [("kernel", mamba_chunk_scan_combined), ("torch", mamba_chunk_scan_combined)]
-        if triton is not None:
-            impls.append(("mamba_ssm triton", triton))
-        for impl, fn in impls:
-            call = functools.partial(fn, x, dt, A, B, C, chunk_size, **kw)
-            with _backend(impl if impl != "mamba_ssm triton" else "kernel"):
-                t = time_calls(call, warmup=3, iters=20 if impl == "torch" else 50)
-                gr = time_graph(call, replays=5, per_graph=5) if impl == "kernel" else None
-            row = bandwidth_row(f"ssd b{b} l{L} h{h} p{p} g{groups} n{n} c{chunk_size} {dtype}",
-                                impl, t, gr, nbytes, copy)  # fmt: skip
+        case = f"ssd b{b} l{L} h{h} p{p} g{groups} n{n} c{chunk_size} {dtype}"
+        for row in compare(
+            case, mamba_chunk_scan_combined, triton, (x, dt, A, B, C, chunk_size), kw, nbytes, copy,
+            calls={"kernel": dict(warmup=3, iters=50), "torch": dict(warmup=3, iters=20),
+                   "mamba_ssm triton": dict(warmup=3, iters=50)},
+            graphs={"kernel": dict(replays=5, per_graph=5)},
+        ):  # fmt: skip
             row["tflops"] = flops / (row["best_us"] * 1e-6) / 1e12
             rows.append(row)
     return rows

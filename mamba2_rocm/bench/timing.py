@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import statistics
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from mamba2_rocm._torch import require_torch
@@ -90,3 +93,40 @@ def format_rows(rows: list[dict], case_width: int, impl_width: int, extra=()) ->
                 f"{r['us']:10.1f} {graph:>9} {r['gbs']:7.0f} {100 * r['copy_frac']:6.1f}%")  # fmt: skip
         lines.append(line + "".join(f" {r[k]:8{fmt}}" for _, k, fmt in extra))
     return "\n".join(lines)
+
+
+@contextmanager
+def backend(name: str):
+    """``MAMBA2_ROCM_BACKEND=name`` inside the block (the ops read it on every call)."""
+    old = os.environ.get("MAMBA2_ROCM_BACKEND")
+    os.environ["MAMBA2_ROCM_BACKEND"] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MAMBA2_ROCM_BACKEND", None)
+        else:
+            os.environ["MAMBA2_ROCM_BACKEND"] = old
+
+
+TRITON = "mamba_ssm triton"
+
+
+def compare(case: str, ours: Callable, triton: Callable | None, args: tuple, kwargs: dict,
+            nbytes: int, copy_gbs: float, calls: dict | None = None,
+            graphs: dict | None = None) -> list[dict]:  # fmt: skip
+    """:func:`bandwidth_row` rows of one case for our op on the kernel tier, on the torch tier,
+    and mamba_ssm's op (``triton``, when importable), each called as ``fn(*args, **kwargs)``
+    (mamba_ssm's op ignores the backend setting); ``calls`` / ``graphs`` map an implementation to
+    :func:`time_calls` / :func:`time_graph` keyword arguments (only those in ``graphs`` are also
+    graph-timed; default: the kernel and Triton)."""
+    graphs = {"kernel": {}, TRITON: {}} if graphs is None else graphs
+    impls = [("kernel", ours), ("torch", ours)] + ([(TRITON, triton)] if triton else [])
+    rows = []
+    for impl, fn in impls:
+        call = functools.partial(fn, *args, **kwargs)
+        with backend("kernel" if impl == TRITON else impl):
+            t = time_calls(call, **(calls or {}).get(impl, {}))
+            gr = time_graph(call, **graphs[impl]) if impl in graphs else None
+        rows.append(bandwidth_row(case, impl, t, gr, nbytes, copy_gbs))
+    return rows
