@@ -13,8 +13,7 @@ def test_backend_sets_and_restores_the_switch(before, monkeypatch):
         monkeypatch.delenv("MAMBA2_ROCM_BACKEND", raising=False)
     else:
         monkeypatch.setenv("MAMBA2_ROCM_BACKEND", before)
-    with pytest.raises(RuntimeError, match="inside"):
-        with backend("kernel"):
-            assert os.environ["MAMBA2_ROCM_BACKEND"] == "kernel"
-            raise RuntimeError("inside")
+    with pytest.raises(RuntimeError, match="inside"), backend("kernel"):
+        assert os.environ["MAMBA2_ROCM_BACKEND"] == "kernel"
+        raise RuntimeError("inside")
     assert os.environ.get("MAMBA2_ROCM_BACKEND") == before
