@@ -10,6 +10,17 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# mamba_ssm's Triton ops for the benchmarks' comparison column: its sdist in .whl/ (with einops'
+# wheel), used from source. Its package __init__ imports the CUDA extensions, which are not
+# built here, so a version-only __init__ replaces it; the ops under mamba_ssm.ops.triton are
+# pure Python and import on their own.
+for sdist in .whl/mamba_ssm-*.tar.gz; do
+  [ -e "$sdist" ] || break
+  rm -rf /tmp/mamba-ssm-src && mkdir -p /tmp/mamba-ssm-src && tar xzf "$sdist" -C /tmp/mamba-ssm-src || exit 1
+  src=$(echo /tmp/mamba-ssm-src/mamba_ssm-*)
+  echo "__version__ = \"$(basename "$src" | sed 's/^mamba_ssm-//')\"  # CUDA extensions not built" > "$src/mamba_ssm/__init__.py"
+  export PYTHONPATH=$PYTHONPATH:$src
+done
 nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' | tee -a "$OUT/gpu.txt"
 python3 -m mamba2_rocm build --arch native --out /tmp/m2r-kernels 2>&1 | tee "$OUT/build.txt" || exit 1
