@@ -73,11 +73,13 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
   static_assert(sizeof(S) == 2, "16-bit element types");
   __shared__ float partial[kWaves];
   const int tpi = p.item_threads, local = threadIdx.x % tpi, gs = p.group_size;
+  // items (row, group) in 32 bits (the host checks rows * groups < 2^31): a 64-bit division
+  // is a long instruction sequence ahead of every thread's first load
   const int groups = p.hidden / gs;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * (kThreads / tpi) + threadIdx.x / tpi;
-  const bool active = item < static_cast<int64_t>(p.rows) * groups;
+  const int item = static_cast<int>(blockIdx.x) * (kThreads / tpi) + static_cast<int>(threadIdx.x) / tpi;
+  const bool active = item < p.rows * groups;
   const int64_t row = active ? item / groups : 0;
-  const int start = active ? static_cast<int>(item % groups) * gs : 0;
+  const int start = active ? item % groups * gs : 0;
   const S* x = static_cast<const S*>(p.x) + row * p.x_row_stride + start;
   const S* z = p.z ? static_cast<const S*>(p.z) + row * p.z_row_stride + start : nullptr;
   const bool gate_first = z != nullptr && !p.norm_before_gate;

@@ -62,7 +62,7 @@ def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, out) ->
     if plan is not None and weight.stride(0) == 1 and (bias is None or bias.stride(0) == 1):
         threads, vecs = plan
         blocks = -(-rows * groups // (_THREADS // threads))
-        if blocks < 2**31:  # grid.x limit
+        if rows * groups < 2**31:  # the kernel's 32-bit item index (and grid.x limit)
             _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2,
                     (blocks, 1), f"_v{vecs}", threads)  # fmt: skip
             return
