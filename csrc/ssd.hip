@@ -554,8 +554,8 @@ M2R_DEVICE bool aligned(const void* p, int64_t row_stride_bytes, int bytes) {
   return ((reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(row_stride_bytes)) % bytes) == 0;
 }
 
-// A kRows x kCols operand tile on its way from global memory to LDS, kVec elements of
-// kBytes each per thread and load. fetch() loads this thread's part into registers, put()
+// A kRows x kCols operand tile on its way from global memory to LDS, kVec consecutive elements
+// per thread and load. fetch() loads this thread's part into registers, put()
 // (or the kernel, from q) stores it: kernels fetch the next slab before they multiply the
 // current one, so global latency overlaps the matrix-core work (software pipelining).
 template <int kRows, int kCols, int kVec>
