@@ -7,6 +7,7 @@ any shape (..., hidden); rows that are not unit-stride along hidden are copied o
 from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
+from mamba2_rocm.kernels import RMSNORM_VECS
 from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import DTYPE_CODE, GRID_YZ_MAX, KERNEL_DTYPE, launch
 from mamba2_rocm.reference.ssd import rmsnorm_ref
@@ -19,7 +20,6 @@ __all__ = ["RMSNorm", "rmsnorm_fn"]
 
 _THREADS = 256  # csrc/rmsnorm.hip: kThreads
 _VEC = 8  # elements per 16-byte run of the register-resident kernels
-_VECS = (1, 2, 3, 4)  # mamba2_rocm.kernels.RMSNORM_VECS
 
 
 def vec_plan(group_size: int, elem_size: int, addresses: tuple[int, ...]) -> tuple[int, int] | None:
@@ -34,7 +34,7 @@ def vec_plan(group_size: int, elem_size: int, addresses: tuple[int, ...]) -> tup
     runs = group_size // _VEC
     threads = min(_THREADS, 1 << (runs - 1).bit_length())
     per = -(-runs // threads)
-    vecs = next((v for v in _VECS if v >= per), None)
+    vecs = next((v for v in RMSNORM_VECS if v >= per), None)
     return None if vecs is None else (threads, vecs)
 
 

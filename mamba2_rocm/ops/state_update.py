@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.kernels import SSU_CONTIG_MAX_DSTATE
+from mamba2_rocm.kernels import SSU_CONTIG_MAX_DSTATE, SSU_DSTATE_TIERS
 from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import (
     DTYPE_CODE,
@@ -34,7 +34,6 @@ Tensor = torch.Tensor
 __all__ = ["selective_state_update"]
 
 _THREADS = 256  # csrc/state_update.hip: kThreads (one block per head and batch row)
-_TIERS = (32, 64, 128, 256)  # kernels.SSU_DSTATE_TIERS
 #: The per-(head, batch row) kernel needs this many blocks to fill a GPU; below it (small batch)
 #: the one-row-per-group kernel spreads the work wider (measured: b1 3.4 vs 8.2 us on an H200).
 #: Kernel choice when the layout is contiguous (dstate a tier <= 128, unit dstate strides,
@@ -60,7 +59,7 @@ class _KernelPlan(NamedTuple):
 def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -> _KernelPlan:
     """The static part of a launch, from one call's tensors (multi-head views; out as passed)."""
     batch, nheads, headdim, dstate = dims.batch, dims.nheads, dims.headdim, dims.dstate
-    tier = next(n for n in _TIERS if dstate <= n)
+    tier = next(n for n in SSU_DSTATE_TIERS if dstate <= n)
     if batch > GRID_YZ_MAX or nheads > GRID_YZ_MAX:
         raise ValueError(
             f"selective_state_update kernels take batch and nheads <= {GRID_YZ_MAX}, got {batch}, {nheads}"
