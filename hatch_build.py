@@ -16,4 +16,6 @@ class RecipeExtrasHook(MetadataHookInterface):
         extras = dict(self.config.get("static-extras", {}))
         for recipe in sorted(Path(self.root, "recipes").glob("*.toml")):
             extras[recipe.stem] = [f"mamba2-rocm-{recipe.stem}=={version}"]
+        # the drop-in import names mamba_ssm / causal_conv1d (mamba2_rocm.dropin), opt-in
+        extras["dropin"] = [f"mamba2-rocm-dropin=={version}"]
         metadata["optional-dependencies"] = extras

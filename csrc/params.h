@@ -96,10 +96,11 @@ struct SsuParams {
   int32_t reserved;
 };
 
-// Gated RMSNorm over the last dim, in groups of group_size: with norm_before_gate,
-// out = x * rstd * weight + bias, then * silu(z); otherwise x * silu(z) is normalized.
-// rstd = 1 / sqrt(mean(v^2) + eps) per (row, group). Rows of x, z and out have unit stride
-// along hidden; row strides are free.
+// Gated RMSNorm / LayerNorm over the last dim, in groups of group_size: with norm_before_gate,
+// out = (x - mean) * rstd * weight + bias, then * silu(z); otherwise x * silu(z) is normalized.
+// mean = 0 for RMSNorm (layer_norm 0), the group's mean for LayerNorm;
+// rstd = 1 / sqrt(mean((v - mean)^2) + eps) per (row, group). Rows of x, z and out have unit
+// stride along hidden; row strides are free.
 struct RmsNormParams {
   const void* x;       // (rows, hidden), dtype of the kernel
   const void* z;       // (rows, hidden), dtype of the kernel, or null
@@ -111,6 +112,7 @@ struct RmsNormParams {
   float eps;
   int32_t weight_dtype, bias_dtype;
   int32_t item_threads;  // the register-resident variants (_v1/_v2/_v4): threads per (row, group)
+  int32_t layer_norm;    // 1: LayerNorm (subtract the group's mean first), 0: RMSNorm
 };
 
 // Mamba2 SSD chunked scan (mamba_chunk_scan_combined), forward. One struct for the five stage

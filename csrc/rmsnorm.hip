@@ -1,4 +1,5 @@
-// Gated RMSNorm (mamba_ssm's layernorm_gated.rmsnorm_fn), forward. Semantics in params.h.
+// Gated RMSNorm and LayerNorm (mamba_ssm's layernorm_gated.rmsnorm_fn / layernorm_fn), forward.
+// Semantics in params.h; p.layer_norm subtracts each group's mean before the variance.
 //
 // Two forms, chosen by the host (mamba2_rocm/ops/rmsnorm.py):
 //  - register-resident (m2r_rmsnorm_fwd_<dt>_v<kVecs>, kVecs 1-4), when group_size is a multiple of 8, at
@@ -17,6 +18,36 @@ namespace rmsnorm {
 constexpr int kThreads = 256;
 constexpr int kWaves = kThreads / kWavefront;
 
+// The sum of v over the block (every thread gets it); partial: kWaves floats of LDS, free again
+// when this returns (the trailing barrier lets the next call reuse it).
+M2R_DEVICE float block_sum(float v, float* partial) {
+#pragma unroll
+  for (int off = kWavefront / 2; off > 0; off /= 2) v += shfl_xor(v, off);
+  if (threadIdx.x % kWavefront == 0) partial[threadIdx.x / kWavefront] = v;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWaves; ++w) total += partial[w];
+  __syncthreads();
+  return total;
+}
+
+// The sum of v over one item's tpi threads (aligned runs of tpi lanes; tpi a power of two);
+// partial as in block_sum, used only when an item spans wavefronts (uniform over the block).
+M2R_DEVICE float item_sum(float v, int tpi, float* partial) {
+  // butterflies stay inside aligned runs of min(tpi, wavefront) lanes: one item's
+  for (int off = min(tpi, kWavefront) / 2; off > 0; off /= 2) v += shfl_xor(v, off);
+  if (tpi > kWavefront) {
+    const int wave = threadIdx.x / kWavefront, per_item = tpi / kWavefront;
+    if (threadIdx.x % kWavefront == 0) partial[wave] = v;
+    __syncthreads();
+    v = 0.f;
+    for (int w = wave - wave % per_item, e = w + per_item; w < e; ++w) v += partial[w];
+    __syncthreads();
+  }
+  return v;
+}
+
 template <typename T>
 M2R_DEVICE void forward(const RmsNormParams& p) {
   typedef typename T::storage S;
@@ -28,26 +59,32 @@ M2R_DEVICE void forward(const RmsNormParams& p) {
   const S* z = p.z ? static_cast<const S*>(p.z) + row * p.z_row_stride + start : nullptr;
   const bool gate_first = z != nullptr && !p.norm_before_gate;
 
+  // LayerNorm: the mean first, then the variance around it (two passes over x, as accurate as
+  // the register-resident form); RMSNorm: mean 0
+  float mean = 0.f;
+  if (p.layer_norm) {
+    float sum = 0.f;
+    for (int i = tid; i < p.group_size; i += kThreads) {
+      float v = T::to_float(x[i]);
+      if (gate_first) v *= silu(T::to_float(z[i]));
+      sum += v;
+    }
+    mean = block_sum(sum, partial) / static_cast<float>(p.group_size);
+  }
   float ss = 0.f;
   for (int i = tid; i < p.group_size; i += kThreads) {
     float v = T::to_float(x[i]);
     if (gate_first) v *= silu(T::to_float(z[i]));
+    v -= mean;
     ss = fmaf(v, v, ss);
   }
-#pragma unroll
-  for (int off = kWavefront / 2; off > 0; off /= 2) ss += shfl_xor(ss, off);
-  if (tid % kWavefront == 0) partial[tid / kWavefront] = ss;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < kWaves; ++w) total += partial[w];
-  const float rstd = rsqrtf(total / static_cast<float>(p.group_size) + p.eps);
+  const float rstd = rsqrtf(block_sum(ss, partial) / static_cast<float>(p.group_size) + p.eps);
 
   S* out = static_cast<S*>(p.out) + row * p.out_row_stride + start;
   for (int i = tid; i < p.group_size; i += kThreads) {
     float v = T::to_float(x[i]);
     if (gate_first) v *= silu(T::to_float(z[i]));
-    float y = v * rstd * load_as_float(p.weight, p.weight_dtype, start + i);
+    float y = (v - mean) * rstd * load_as_float(p.weight, p.weight_dtype, start + i);
     if (p.bias) y += load_as_float(p.bias, p.bias_dtype, start + i);
     if (z != nullptr && p.norm_before_gate) y *= silu(T::to_float(z[i]));
     out[i] = T::from_float(y);
@@ -86,7 +123,6 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
 
   float v[kVecs][8], w[kVecs][8];  // the weights load with x: one round trip to memory, not two
   uint4 zq[kVecs];
-  float ss = 0.f;
 #pragma unroll
   for (int k = 0; k < kVecs; ++k) {
     const int i = 8 * (local + k * tpi);
@@ -101,19 +137,28 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[k][e] *= silu(zv[e]);
     }
+  }
+  // LayerNorm: subtract the item's mean (out-of-range runs hold zeros and stay out of the sums)
+  if (p.layer_norm) {
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum += v[k][e];
+    const float mean = item_sum(sum, tpi, partial) / static_cast<float>(gs);
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const bool in = active && 8 * (local + k * tpi) < gs;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[k][e] = in ? v[k][e] - mean : 0.f;
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k)
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss = fmaf(v[k][e], v[k][e], ss);
-  }
-  // butterflies stay inside aligned runs of min(tpi, wavefront) lanes: one item's
-  for (int off = min(tpi, kWavefront) / 2; off > 0; off /= 2) ss += shfl_xor(ss, off);
-  if (tpi > kWavefront) {  // uniform: the item spans wavefronts
-    const int wave = threadIdx.x / kWavefront, per_item = tpi / kWavefront;
-    if (threadIdx.x % kWavefront == 0) partial[wave] = ss;
-    __syncthreads();
-    ss = 0.f;
-    for (int w = wave - wave % per_item, e = w + per_item; w < e; ++w) ss += partial[w];
-  }
-  const float rstd = rsqrtf(ss / static_cast<float>(gs) + p.eps);
+  const float rstd = rsqrtf(item_sum(ss, tpi, partial) / static_cast<float>(gs) + p.eps);
 
   S* out = static_cast<S*>(p.out) + row * p.out_row_stride + start;
 #pragma unroll

@@ -60,7 +60,7 @@ def test_bad_inputs():
 
 def test_opcheck_and_compile():
     x, w, z = torch.randn(4, 32), torch.randn(32), torch.randn(4, 32)
-    torch.library.opcheck(ops.rmsnorm_fwd, (x, w, None, z, 1e-6, 8, True))
+    torch.library.opcheck(ops.rmsnorm_fwd, (x, w, None, z, 1e-6, 8, True, True))
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def f(x, z):

@@ -61,8 +61,10 @@ def test_return_convention(backend):
 @pytest.mark.parametrize(
     ("change", "err", "match"),
     [
-        (dict(chunk_size=100), ValueError, "chunk_size"),
-        (dict(chunk_size=32), ValueError, "chunk_size"),
+        (dict(chunk_size=64.7), ValueError, "chunk_size must be a positive int, got 64.7"),
+        (dict(chunk_size="64"), ValueError, "chunk_size must be a positive int, got '64'"),
+        (dict(chunk_size=0), ValueError, "chunk_size must be a positive int, got 0"),
+        (dict(chunk_size=True), ValueError, "chunk_size must be a positive int, got True"),
         (dict(B=torch.randn(2, 77, 3, 16), C=torch.randn(2, 77, 3, 16)), ValueError, "divisible"),
         (dict(C=torch.randn(2, 77, 2, 15)), ValueError, "C"),
         (dict(dt=torch.randn(2, 76, 4)), ValueError, "dt"),

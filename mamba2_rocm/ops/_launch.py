@@ -55,3 +55,36 @@ def check_kernel_dtypes(x, floats: dict, like_x: dict) -> None:
     for name, t in like_x.items():
         if t is not None and t.dtype != x.dtype:
             raise TypeError(f"{name} must have x's dtype {x.dtype} on the GPU, got {t.dtype}")
+
+
+def as_kernel_float(t):
+    """t itself when the kernels read its dtype, else a float32 copy (float64 parameters)."""
+    return t if t is None or t.dtype in KERNEL_DTYPE else t.float()
+
+
+def like(t, x):
+    """t in x's dtype (a converted copy only when they differ): operands the kernels read in
+    x's element type (B, C, z), which mamba_ssm callers may pass in float32."""
+    return t if t is None or t.dtype == x.dtype else t.to(x.dtype)
+
+
+def needs_autograd(*tensors) -> bool:
+    """Whether an eager call must go through the registered op so that autograd records it: a
+    kernel call made directly would return results cut off from the graph, and the gradients
+    of its inputs would silently stay None."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
+def forward_only(op, public_name: str) -> None:
+    """Give ``op`` an autograd formula that refuses backward with a message that says why,
+    instead of torch's generic one (these kernels have no backward yet). Functional ops only:
+    torch takes no formula for ops that mutate an argument, and raises its own error there."""
+
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            f"mamba2-rocm's {public_name} has no backward yet (its GPU kernels are forward-only). "
+            "Run inference under torch.no_grad(), or set MAMBA2_ROCM_BACKEND=torch to train "
+            "through the PyTorch implementation."
+        )
+
+    op.register_autograd(backward, setup_context=lambda ctx, inputs, output: None)

@@ -13,12 +13,20 @@ from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.ops._backend import choose
-from mamba2_rocm.ops._launch import DTYPE_CODE, GRID_YZ_MAX, KERNEL_DTYPE, launch, ptr, strides
+from mamba2_rocm.ops._launch import (
+    DTYPE_CODE,
+    GRID_YZ_MAX,
+    KERNEL_DTYPE,
+    launch,
+    needs_autograd,
+    ptr,
+    strides,
+)
 
 torch = require_torch()
 Tensor = torch.Tensor
 
-__all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
+__all__ = ["causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_varlen_states"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _THREADS = 128
@@ -314,7 +322,11 @@ def causal_conv1d_fn(
         final_states_out = torch.empty(
             x.shape[0], x.shape[1], width - 1, dtype=x.dtype, device=x.device
         )
-    op = causal_conv1d_fwd if torch.compiler.is_compiling() else _fwd_impl
+    op = _fwd_impl
+    if torch.compiler.is_compiling() or (
+        needs_autograd(x, weight, bias, initial_states) and choose(x.device)[0] == "kernel"
+    ):
+        op = causal_conv1d_fwd
     out = op(x, weight, bias, seq_idx, initial_states, final_states_out, silu)
     return (out, final_states_out) if return_final_states else out
 
@@ -337,7 +349,11 @@ def causal_conv1d_update(
             f"x must be (batch, dim) or (batch, dim, seqlen), got shape {tuple(x.shape)}"
         )
     squeeze = x.dim() == 2
-    op = causal_conv1d_update_op if torch.compiler.is_compiling() else _update_impl
+    op = _update_impl
+    if torch.compiler.is_compiling() or (
+        needs_autograd(x, weight, bias) and choose(x.device)[0] == "kernel"
+    ):
+        op = causal_conv1d_update_op
     out = op(
         x.unsqueeze(-1) if squeeze else x,
         conv_state,
@@ -348,3 +364,36 @@ def causal_conv1d_update(
         conv_state_indices,
     )
     return out.squeeze(-1) if squeeze else out
+
+
+def causal_conv1d_varlen_states(x: Tensor, cu_seqlens: Tensor, state_len: int) -> Tensor:
+    """The conv states of packed sequences, as ``causal_conv1d.causal_conv1d_varlen``'s.
+
+    x (total_tokens, dim) holds the sequences back to back, cu_seqlens (num_seqs + 1,) their
+    offsets (0, ..., total_tokens; non-decreasing: equal offsets are an empty sequence).
+    Returns (num_seqs, dim, state_len) in x's dtype, laid out channel-last (stride 1 along dim,
+    as causal_conv1d_update's conv_state): state i holds the last ``state_len`` tokens of
+    sequence i, right-aligned, zeros where the sequence is shorter. One gather, no host sync.
+    """
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        raise ValueError(
+            f"x must be a tensor (total_tokens, dim), got {getattr(x, 'shape', type(x).__name__)}"
+        )
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"x must be one of float32, float16, bfloat16, got {x.dtype}")
+    _tensor("cu_seqlens", cu_seqlens, dims=1, dtypes=(torch.int32, torch.int64), device=x.device)
+    if cu_seqlens.shape[0] < 1:
+        raise ValueError("cu_seqlens must hold at least one offset (0)")
+    if isinstance(state_len, bool) or not isinstance(state_len, int) or state_len < 1:
+        raise ValueError(f"state_len must be a positive int, got {state_len!r}")
+    total, dim = x.shape
+    num_seqs = cu_seqlens.shape[0] - 1
+    cu = cu_seqlens.to(torch.int64)
+    start, end = cu[:-1, None], cu[1:, None]  # (num_seqs, 1)
+    pos = end - state_len + torch.arange(state_len, device=x.device)  # (num_seqs, state_len)
+    valid = (pos >= start) & (pos < end)
+    rows = x.index_select(0, pos.clamp(0, max(total - 1, 0)).flatten()) if total else None
+    states = torch.zeros(num_seqs, state_len, dim, dtype=x.dtype, device=x.device)
+    if rows is not None:
+        states = torch.where(valid[..., None], rows.view(num_seqs, state_len, dim), states)
+    return states.transpose(1, 2)

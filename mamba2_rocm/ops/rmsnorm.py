@@ -1,7 +1,10 @@
-"""Gated RMSNorm: ``rmsnorm_fn`` and the ``RMSNorm`` module, as in mamba_ssm's layernorm_gated.
+"""Gated RMSNorm and LayerNorm, as in mamba_ssm's layernorm_gated: ``rmsnorm_fn`` /
+``RMSNorm`` and ``layernorm_fn`` / ``LayerNorm`` (the same kernels; LayerNorm subtracts each
+group's mean first).
 
 Forward only (inference). Registered as ``torch.ops.mamba2_rocm.rmsnorm_fwd``. x and z may be
-any shape (..., hidden); rows that are not unit-stride along hidden are copied once.
+any shape (..., hidden); rows that are not unit-stride along hidden are copied once; z may have
+another float dtype than x (converted to x's), weight and bias any float dtype.
 """
 
 from __future__ import annotations
@@ -9,14 +12,23 @@ from __future__ import annotations
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.kernels import RMSNORM_VECS
 from mamba2_rocm.ops._backend import choose
-from mamba2_rocm.ops._launch import DTYPE_CODE, GRID_YZ_MAX, KERNEL_DTYPE, launch
+from mamba2_rocm.ops._launch import (
+    DTYPE_CODE,
+    GRID_YZ_MAX,
+    KERNEL_DTYPE,
+    as_kernel_float,
+    forward_only,
+    launch,
+    like,
+    needs_autograd,
+)
 from mamba2_rocm.reference.ssd import rmsnorm_ref
 from mamba2_rocm.reference.ssd_checks import check_rmsnorm_args
 
 torch = require_torch()
 Tensor = torch.Tensor
 
-__all__ = ["RMSNorm", "rmsnorm_fn"]
+__all__ = ["LayerNorm", "RMSNorm", "layernorm_fn", "rmsnorm_fn"]
 
 _THREADS = 256  # csrc/rmsnorm.hip: kThreads
 _VEC = 8  # elements per 16-byte run of the register-resident kernels
@@ -44,14 +56,14 @@ def _rows(t: Tensor, hidden: int) -> Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, out) -> None:
+def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, layer_norm, out) -> None:
     hidden = x.shape[-1]
+    weight, bias = as_kernel_float(weight), as_kernel_float(bias)
     x2 = _rows(x, hidden)
-    z2 = None if z is None else _rows(z, hidden)
+    z2 = None if z is None else _rows(like(z, x), hidden)
     rows = x2.shape[0]
     out2 = out.view(-1, hidden)
-    if z is not None and z.dtype != x.dtype:
-        raise TypeError(f"z must have x's dtype {x.dtype} on the GPU, got {z.dtype}")
+    flags = (norm_before_gate, layer_norm)
     groups = hidden // group_size
     el = x2.element_size()
     addresses = [x2.data_ptr(), x2.stride(0) * el, out2.data_ptr(), out2.stride(0) * el]
@@ -63,20 +75,21 @@ def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, out) ->
         threads, vecs = plan
         blocks = -(-rows * groups // (_THREADS // threads))
         if rows * groups < 2**31:  # the kernel's 32-bit item index (and grid.x limit)
-            _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2,
+            _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2,
                     (blocks, 1), f"_v{vecs}", threads)  # fmt: skip
             return
     if rows > GRID_YZ_MAX:  # grid.y limit: launch in slices of rows
         for start in range(0, rows, GRID_YZ_MAX):
             sl = slice(start, start + GRID_YZ_MAX)
             _launch(kset, x2[sl], weight, bias, None if z2 is None else z2[sl], eps, group_size,
-                    norm_before_gate, out2[sl], (groups, out2[sl].shape[0]))  # fmt: skip
+                    flags, out2[sl], (groups, out2[sl].shape[0]))  # fmt: skip
         return
-    _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2, (groups, rows))
+    _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2, (groups, rows))
 
 
-def _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2, grid,
+def _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2, grid,
             variant="", item_threads=0) -> None:  # fmt: skip
+    norm_before_gate, layer_norm = flags
     p = (
         x2.data_ptr(),
         0 if z2 is None else z2.data_ptr(),
@@ -94,6 +107,7 @@ def _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2,
         DTYPE_CODE[weight.dtype],
         DTYPE_CODE[bias.dtype] if bias is not None else 0,
         item_threads,
+        int(layer_norm),
     )  # fmt: skip  (RmsNormParams, field order)
     name = f"m2r_rmsnorm_fwd_{KERNEL_DTYPE[x2.dtype]}{variant}"
     launch(kset.launcher(name), x2, p, (*grid, 1), _THREADS)
@@ -101,24 +115,41 @@ def _launch(kset, x2, weight, bias, z2, eps, group_size, norm_before_gate, out2,
 
 def _impl(
     x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor | None, eps: float,
-    group_size: int | None, norm_before_gate: bool,
+    group_size: int | None, norm_before_gate: bool, is_rms_norm: bool,
 ) -> Tensor:  # fmt: skip
     _, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size)
     tier, kset = choose(x.device)
     if tier != "kernel" or x.dtype not in KERNEL_DTYPE:
-        return rmsnorm_ref(x, weight, bias, z, eps, gs, norm_before_gate)
+        return rmsnorm_ref(
+            x, weight, bias, z, eps, gs, norm_before_gate, is_rms_norm=is_rms_norm
+        )
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, out)
+    _kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, not is_rms_norm, out)
     return out
 
 
 rmsnorm_fwd = torch.library.custom_op("mamba2_rocm::rmsnorm_fwd", _impl, mutates_args=())
+forward_only(rmsnorm_fwd, "rmsnorm_fn / layernorm_fn")
 
 
 @rmsnorm_fwd.register_fake
-def _(x, weight, bias, z, eps, group_size, norm_before_gate):
+def _(x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm):
     check_rmsnorm_args(x, weight, bias, z, eps, group_size)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def layernorm_fn(
+    x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor | None = None, eps: float = 1e-6,
+    group_size: int | None = None, norm_before_gate: bool = True, is_rms_norm: bool = False,
+) -> Tensor:  # fmt: skip
+    """Gated LayerNorm over the last dim (in groups of ``group_size``), or RMSNorm with
+    ``is_rms_norm``; mamba_ssm's ``layernorm_fn``. Returns x's dtype."""
+    op = _impl
+    if torch.compiler.is_compiling() or (
+        needs_autograd(x, weight, bias, z) and choose(x.device)[0] == "kernel"
+    ):
+        op = rmsnorm_fwd
+    return op(x, weight, bias, z, float(eps), group_size, bool(norm_before_gate), bool(is_rms_norm))
 
 
 def rmsnorm_fn(
@@ -126,22 +157,42 @@ def rmsnorm_fn(
     group_size: int | None = None, norm_before_gate: bool = True,
 ) -> Tensor:  # fmt: skip
     """Gated RMSNorm over the last dim (in groups of ``group_size``); returns x's dtype."""
-    op = rmsnorm_fwd if torch.compiler.is_compiling() else _impl
-    return op(x, weight, bias, z, float(eps), group_size, bool(norm_before_gate))
+    return layernorm_fn(x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm=True)
 
 
-class RMSNorm(torch.nn.Module):
-    """mamba_ssm's gated ``RMSNorm(hidden_size, eps=1e-5, group_size=None, norm_before_gate=True)``:
-    a weight initialized to ones and no bias; ``forward(x, z=None)``."""
+class _GatedNorm(torch.nn.Module):
+    is_rms_norm = True
 
     def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: int | None = None,
                  norm_before_gate: bool = True, device=None, dtype=None) -> None:  # fmt: skip
         super().__init__()
         self.eps, self.group_size, self.norm_before_gate = eps, group_size, norm_before_gate
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
-        self.register_parameter("bias", None)
 
     def forward(self, x: Tensor, z: Tensor | None = None) -> Tensor:
-        return rmsnorm_fn(
-            x, self.weight, self.bias, z, self.eps, self.group_size, self.norm_before_gate
-        )
+        return layernorm_fn(
+            x, self.weight, self.bias, z, self.eps, self.group_size, self.norm_before_gate,
+            self.is_rms_norm,
+        )  # fmt: skip
+
+
+class RMSNorm(_GatedNorm):
+    """mamba_ssm's gated ``RMSNorm(hidden_size, eps=1e-5, group_size=None, norm_before_gate=True)``:
+    a weight initialized to ones and no bias; ``forward(x, z=None)``."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: int | None = None,
+                 norm_before_gate: bool = True, device=None, dtype=None) -> None:  # fmt: skip
+        super().__init__(hidden_size, eps, group_size, norm_before_gate, device, dtype)
+        self.register_parameter("bias", None)
+
+
+class LayerNorm(_GatedNorm):
+    """mamba_ssm's gated ``LayerNorm(hidden_size, eps=1e-5, group_size=None,
+    norm_before_gate=True)``: weight ones, bias zeros; ``forward(x, z=None)``."""
+
+    is_rms_norm = False
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: int | None = None,
+                 norm_before_gate: bool = True, device=None, dtype=None) -> None:  # fmt: skip
+        super().__init__(hidden_size, eps, group_size, norm_before_gate, device, dtype)
+        self.bias = torch.nn.Parameter(torch.zeros(hidden_size, device=device, dtype=dtype))

@@ -7,11 +7,17 @@ vectorized chunked PyTorch form (``reference.ssd.ssd_chunked``, fp32); the plain
 ``(out, final_states, varlen_states)`` (varlen_states empty unless asked for); the Python
 function applies mamba_ssm's return convention.
 
-chunk_size is 64, 128 or 256 on every tier, so code that runs on the CPU runs on the GPU.
+Inputs are mamba_ssm's: B, C and z may be float32 with fp16/bf16 x (the kernels read them in
+x's type: converted once, the caller's tensors untouched), A, D, dt, dt_bias any float type;
+``chunk_size`` any positive int: the scan's result does not depend on it, and every tier runs the
+kernels' size for it (``kernel_chunk_size``: 64, 128 or 256), so CPU and GPU agree.
+``cu_seqlens`` may hold empty sequences (equal offsets); their varlen state is zero (the initial
+state for empty sequences at offset 0).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -21,13 +27,20 @@ from mamba2_rocm.ops._launch import (
     DTYPE_CODE,
     GRID_YZ_MAX,
     KERNEL_DTYPE,
-    check_kernel_dtypes,
+    as_kernel_float,
+    forward_only,
     launch,
+    like,
+    needs_autograd,
     ptr,
     strides,
 )
-from mamba2_rocm.reference.ssd import ssd_chunked, ssd_sequential
-from mamba2_rocm.reference.ssd_checks import KERNEL_CHUNK_SIZES, check_chunk_scan_args
+from mamba2_rocm.reference.ssd import empty_varlen_states, ssd_chunked, ssd_sequential
+from mamba2_rocm.reference.ssd_checks import (
+    KERNEL_CHUNK_SIZES,
+    check_chunk_scan_args,
+    kernel_chunk_size,
+)
 
 torch = require_torch()
 Tensor = torch.Tensor
@@ -54,11 +67,9 @@ def _unit_last(t: Tensor | None) -> Tensor | None:
 
 def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
             cu_seqlens, dt_softplus, dims, final, varlen) -> Tensor:  # fmt: skip
-    check_kernel_dtypes(
-        x, {"dt": dt, "A": A, "D": D, "dt_bias": dt_bias, "initial_states": initial_states},
-        {"B": B, "C": C, "z": z},
-    )  # fmt: skip
-    x, B, C, z = _unit_last(x), _unit_last(B), _unit_last(C), _unit_last(z)
+    dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
+    initial_states = as_kernel_float(initial_states)
+    x, B, C, z = _unit_last(x), _unit_last(like(B, x)), _unit_last(like(C, x)), _unit_last(like(z, x))
     batch, seqlen, nheads, headdim = x.shape
     ngroups, dstate, cs = dims.ngroups, dims.dstate, chunk_size
     if batch > GRID_YZ_MAX or nheads > GRID_YZ_MAX:
@@ -174,11 +185,25 @@ def _impl(
     if tier == "kernel" and x.dtype in KERNEL_DTYPE and dims.state_dtype in KERNEL_DTYPE:
         b, _, h, p = x.shape
         final = torch.empty(b, h, p, dims.dstate, dtype=dims.state_dtype, device=x.device)
-        varlen = None
+        varlen = full = None
         if return_varlen_states:
-            varlen = torch.empty(dims.num_seqs, h, p, dims.dstate, dtype=dims.state_dtype,
-                                 device=x.device)  # fmt: skip
+            full = empty_varlen_states(cu_seqlens, initial_states, (h, p, dims.dstate),
+                                       dims.state_dtype)  # fmt: skip
+            cu = cu_seqlens.tolist()  # checked above, so a host copy exists already
+            ends = [e for i, e in enumerate(cu[1:]) if e > cu[i]]
+            if len(ends) == dims.num_seqs:
+                varlen = full
+            else:  # the kernel takes non-empty sequences only: its end offsets, compacted
+                cu_seqlens = torch.tensor([0, *ends], dtype=torch.int32, device=x.device)
+                dims = dataclasses.replace(dims, num_seqs=len(ends))
+                varlen = torch.empty(len(ends), h, p, dims.dstate, dtype=dims.state_dtype,
+                                     device=x.device)  # fmt: skip
+            args = (*args[:5], cu_seqlens, *args[6:])
         out = _kernel(kset, x, dt, A, B, C, chunk_size, *args[:-1], dims, final, varlen)
+        if full is not None and varlen is not full:
+            keep = [i for i in range(len(cu) - 1) if cu[i + 1] > cu[i]]
+            full[keep] = varlen
+            varlen = full
     else:
         kw = {"return_final_states": True, "return_varlen_states": return_varlen_states,
               "state_dtype": dims.state_dtype}  # fmt: skip
@@ -196,6 +221,9 @@ def _impl(
 mamba_chunk_scan_combined_op = torch.library.custom_op(
     "mamba2_rocm::mamba_chunk_scan_combined", _impl, mutates_args=()
 )
+
+
+forward_only(mamba_chunk_scan_combined_op, "mamba_chunk_scan_combined")
 
 
 @mamba_chunk_scan_combined_op.register_fake
@@ -235,9 +263,15 @@ def mamba_chunk_scan_combined(
     (num_seqs, nheads, headdim, dstate) if ``return_varlen_states``; states are float32 unless
     ``state_dtype`` is given. Semantics: ``mamba2_rocm.reference.ssd``.
     """
-    op = mamba_chunk_scan_combined_op if torch.compiler.is_compiling() else _impl
+    op = _impl
+    if torch.compiler.is_compiling() or (
+        needs_autograd(x, dt, A, B, C, D, z, dt_bias, initial_states)
+        and choose(x.device)[0] == "kernel"
+    ):
+        op = mamba_chunk_scan_combined_op
     out, final, varlen = op(
-        x, dt, A, B, C, int(chunk_size), D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+        x, dt, A, B, C, kernel_chunk_size(chunk_size), D, z, dt_bias, initial_states, seq_idx,
+        cu_seqlens,
         bool(dt_softplus), [float(dt_limit[0]), float(dt_limit[1])], bool(return_varlen_states),
         state_dtype,
     )  # fmt: skip

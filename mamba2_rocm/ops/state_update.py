@@ -21,8 +21,11 @@ from mamba2_rocm.ops._launch import (
     DTYPE_CODE,
     GRID_YZ_MAX,
     KERNEL_DTYPE,
+    as_kernel_float,
     check_kernel_dtypes,
     launch,
+    like,
+    needs_autograd,
     strides,
 )
 from mamba2_rocm.reference.ssd import selective_state_update_ref
@@ -203,12 +206,13 @@ def _impl(
         return selective_state_update_ref(
             state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, cd
         )
+    # mamba_ssm's dtype rules: B, C, z may differ from x (read in x's type: converted copies,
+    # tiny at decode sizes); float64 parameters become float32
+    B, C, z = like(B, x), like(C, x), like(z, x)
+    dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
     kp = plan.kernel
     if kp is None:
-        check_kernel_dtypes(
-            x, {"state": state, "x": x, "dt": dt, "A": A, "D": D, "dt_bias": dt_bias},
-            {"B": B, "C": C, "z": z},
-        )  # fmt: skip
+        check_kernel_dtypes(x, {"state": state, "x": x}, {})
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if plan.dims.has_heads:
             views = (state, x, dt, A, B, C, D, z, dt_bias)
@@ -261,5 +265,9 @@ def selective_state_update(
     state_batch_indices: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """One decode step; ``state`` is updated in place; returns out with x's shape and dtype."""
-    op = selective_state_update_op if torch.compiler.is_compiling() else _impl
+    op = _impl
+    if torch.compiler.is_compiling() or (
+        needs_autograd(x, dt, A, B, C, D, z, dt_bias) and choose(x.device)[0] == "kernel"
+    ):
+        op = selective_state_update_op
     return op(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices)

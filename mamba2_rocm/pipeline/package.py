@@ -18,8 +18,8 @@ from pathlib import Path
 from mamba2_rocm.pipeline.recipes import Recipe
 
 __all__ = [
-    "PackageError", "build_host_wheel", "build_target_wheel", "export_commit",
-    "source_date_epoch", "work_tree_dirty",
+    "DROPIN_PTH", "PackageError", "build_dropin_wheel", "build_host_wheel", "build_target_wheel",
+    "export_commit", "source_date_epoch", "work_tree_dirty",
 ]  # fmt: skip
 
 REPO = Path(__file__).resolve().parents[2]
@@ -153,6 +153,58 @@ def build_target_wheel(recipe: Recipe, kernels: Path, version: str, out: Path, e
         (pkg / "__init__.py").write_text(_INIT.format(**fmt))
         (project / "README.md").write_text(
             f"Kernels of mamba2-rocm for {recipe.target}. Install `mamba2-rocm[{recipe.target}]`.\n"
+        )
+        for path in project.rglob("*"):  # the umask must not leak into the wheel
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        return _build_wheel(project, out, epoch)
+
+
+#: The drop-in's whole content: one ``.pth`` line, run by ``site`` at interpreter start. It
+#: activates ``mamba2_rocm.dropin`` (which imports neither torch nor the ops), and does nothing
+#: when the host package is gone, so a half-uninstalled environment prints no error per start.
+DROPIN_PTH = (
+    "import importlib.util as _m2r; _m2r.find_spec('mamba2_rocm') is not None and "
+    "__import__('mamba2_rocm.dropin').dropin.activate_from_pth()\n"
+)
+
+_DROPIN_PYPROJECT = """\
+[build-system]
+requires = ["hatchling>=1.26"]
+build-backend = "hatchling.build"
+
+[project]
+name = "mamba2-rocm-dropin"
+version = "{version}"
+description = "The mamba_ssm and causal_conv1d import names, served by mamba2-rocm's kernels (opt-in; a real install of either always wins)"
+readme = "README.md"
+requires-python = ">=3.10"
+license = "Apache-2.0"
+dependencies = ["mamba2-rocm=={version}"]
+classifiers = ["Programming Language :: Python :: 3", "Operating System :: POSIX :: Linux",
+               "Operating System :: Microsoft :: Windows"]
+
+[tool.hatch.build.targets.wheel]
+bypass-selection = true
+
+[tool.hatch.build.targets.wheel.force-include]
+"mamba2_rocm_dropin.pth" = "mamba2_rocm_dropin.pth"
+"""
+
+
+def build_dropin_wheel(version: str, out: Path, epoch: str) -> Path:
+    """``mamba2_rocm_dropin-<ver>-py3-none-any.whl``: the ``.pth`` that turns on the drop-in
+    import names (``mamba2_rocm.dropin``), pinned to the exact host version."""
+    with tempfile.TemporaryDirectory() as tmp:
+        project = Path(tmp) / "mamba2-rocm-dropin"
+        project.mkdir()
+        (project / "pyproject.toml").write_text(_DROPIN_PYPROJECT.format(version=version))
+        (project / "mamba2_rocm_dropin.pth").write_text(DROPIN_PTH)
+        (project / "README.md").write_text(
+            "Installs the `mamba_ssm` and `causal_conv1d` import names, served by mamba2-rocm's "
+            "kernels, for code written against those packages (transformers' Mamba2-family "
+            "models). A real install of either package always takes precedence; "
+            "`python -m mamba2_rocm doctor` says who owns each name. `MAMBA2_ROCM_DROPIN=0` "
+            "turns it off without uninstalling.\n"
         )
         for path in project.rglob("*"):  # the umask must not leak into the wheel
             path.chmod(0o755 if path.is_dir() else 0o644)

@@ -18,9 +18,12 @@ import torch.nn.functional as F
 
 __all__ = [
     "causal_conv1d_eager",
+    "causal_conv1d_ref",
     "causal_conv1d_torch",
     "causal_conv1d_update_eager",
+    "causal_conv1d_update_ref",
     "causal_conv1d_update_torch",
+    "causal_conv1d_varlen_states_ref",
 ]
 
 
@@ -182,3 +185,51 @@ def causal_conv1d_update_eager(
             for t in range(seqlen):
                 state[:, (head + t) % state_len] = x[b, :, t].to(state.dtype)
     return out
+
+
+# ---- causal_conv1d's reference functions, with its signatures (tests written for causal_conv1d
+# import them from the drop-in names) ------------------------------------------------------------
+
+
+def _silu(activation) -> bool:
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
+    return activation is not None
+
+
+def causal_conv1d_ref(
+    x, weight, bias=None, initial_states=None, return_final_states=False, final_states_out=None,
+    activation=None,
+):  # fmt: skip
+    """causal_conv1d's ``causal_conv1d_ref``: float32 math, out in x's dtype [, final states]."""
+    out, final = causal_conv1d_torch(x, weight, bias, None, initial_states, _silu(activation))
+    if not return_final_states:
+        return out
+    if final_states_out is not None:
+        final_states_out.copy_(final)
+        final = final_states_out
+    return out, final
+
+
+def causal_conv1d_update_ref(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None):
+    """causal_conv1d's ``causal_conv1d_update_ref``: x (batch, dim) or (batch, dim, seqlen);
+    conv_state updated in place (a circular buffer with cache_seqlens)."""
+    squeeze = x.dim() == 2
+    out = causal_conv1d_update_torch(
+        x.unsqueeze(-1) if squeeze else x, conv_state, weight, bias, _silu(activation),
+        cache_seqlens,
+    )  # fmt: skip
+    return out.squeeze(-1) if squeeze else out
+
+
+def causal_conv1d_varlen_states_ref(x, cu_seqlens, state_len):
+    """``causal_conv1d_varlen_states`` one sequence at a time: (num_seqs, dim, state_len), the
+    last state_len tokens of each sequence right-aligned, zeros before a short one's start."""
+    total, dim = x.shape
+    cu = cu_seqlens.tolist()
+    states = torch.zeros(len(cu) - 1, state_len, dim, dtype=x.dtype, device=x.device)
+    for i in range(len(cu) - 1):
+        n = min(state_len, cu[i + 1] - cu[i])
+        if n > 0:
+            states[i, state_len - n :] = x[cu[i + 1] - n : cu[i + 1]]
+    return states.transpose(1, 2)

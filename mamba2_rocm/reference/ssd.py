@@ -41,7 +41,10 @@ from mamba2_rocm.reference.ssd_checks import (
     check_state_update_args,
 )
 
-__all__ = ["rmsnorm_ref", "selective_state_update_ref", "ssd_chunked", "ssd_sequential"]
+__all__ = [
+    "empty_varlen_states", "rmsnorm_ref", "selective_state_update_ref", "ssd_chunked",
+    "ssd_sequential",
+]  # fmt: skip
 
 
 def _effective_dt(dt, dt_bias, dt_softplus, dt_limit, cd):
@@ -113,10 +116,13 @@ def ssd_sequential(
         state = torch.zeros(batch, nheads, headdim, dims.dstate, dtype=cd, device=x.device)
     else:
         state = initial_states.to(cd).clone()
-    ends = {}
+    ends: dict[int, list[int]] = {}
     if return_varlen_states:
-        ends = {int(e) - 1: i for i, e in enumerate(cu_seqlens[1:].tolist())}
-        varlen = torch.empty(dims.num_seqs, nheads, headdim, dims.dstate, dtype=cd, device=x.device)
+        varlen = empty_varlen_states(cu_seqlens, initial_states, state.shape[1:], cd)
+        cu = cu_seqlens.tolist()
+        for i in range(dims.num_seqs):
+            if cu[i + 1] > cu[i]:
+                ends.setdefault(cu[i + 1] - 1, []).append(i)
     out = torch.empty(batch, seqlen, nheads, headdim, dtype=cd, device=x.device)
     prev_seg = torch.zeros(batch, dtype=torch.int64, device=x.device)
     for t in range(seqlen):
@@ -131,8 +137,8 @@ def ssd_sequential(
         if zc is not None:
             y = y * F.silu(zc[:, t])
         out[:, t] = y
-        if t in ends:
-            varlen[ends[t]] = state[0]
+        for i in ends.get(t, ()):
+            varlen[i] = state[0]
     sd = dims.state_dtype
     return _returns(
         out.to(x.dtype),
@@ -226,7 +232,10 @@ def ssd_chunked(
 
     varlen = None
     if return_varlen_states:
-        varlen = _varlen_states(cu_seqlens, cs, seg, seg_before, Acs, dtc, Bc, xc, entering)
+        init = None if initial_states is None else initial_states.reshape(batch, g, r, headdim, n)
+        varlen = _varlen_states(
+            cu_seqlens, cs, seg, seg_before, Acs, dtc, Bc, xc, entering, init
+        )
         varlen = varlen.reshape(dims.num_seqs, nheads, headdim, n).to(dims.state_dtype)
     return _returns(
         y.to(x.dtype),
@@ -237,10 +246,25 @@ def ssd_chunked(
     )
 
 
-def _varlen_states(cu_seqlens, cs, seg, seg_before, Acs, dtc, Bc, xc, entering):
+def empty_varlen_states(cu_seqlens, initial_states, shape, dtype):
+    """varlen states for the empty sequences of cu_seqlens (equal consecutive offsets), zeros
+    elsewhere: an empty sequence has the state before its first token, which is zero, except
+    for empty sequences at offset 0, which have the row's initial state (zero without one)."""
+    cu = cu_seqlens.to(torch.int64)
+    out = torch.zeros(cu.shape[0] - 1, *shape, dtype=dtype, device=cu.device)
+    if initial_states is not None:
+        lead = (cu[1:] == 0).view(-1, *([1] * len(shape)))
+        out = torch.where(lead, initial_states[0].to(dtype), out)
+    return out
+
+
+def _varlen_states(cu_seqlens, cs, seg, seg_before, Acs, dtc, Bc, xc, entering, initial_states):
     """The scan state right after each token cu_seqlens[i+1] - 1 of row 0: the state entering
-    its chunk (if the segment continues) decayed to it, plus the chunk's tokens up to it."""
-    ends = cu_seqlens[1:].to(torch.int64) - 1
+    its chunk (if the segment continues) decayed to it, plus the chunk's tokens up to it.
+    Empty sequences: see :func:`empty_varlen_states`."""
+    cu = cu_seqlens.to(torch.int64)
+    empty = cu[1:] == cu[:-1]
+    ends = (cu[1:] - 1).clamp(min=0)
     c, j = ends // cs, ends % cs  # chunk and position of each sequence's last token
     seg_row, seg_end = seg[0, c], seg[0, c, j]  # (i, s), (i,)
     pos = torch.arange(cs, device=ends.device)
@@ -251,7 +275,9 @@ def _varlen_states(cu_seqlens, cs, seg, seg_before, Acs, dtc, Bc, xc, entering):
     w = torch.exp(torch.where(take[..., None, None], diff, neg_inf)) * dtc[0, c]
     part = torch.einsum("isgr,isgn,isgrp->igrpn", w, Bc[0, c], xc[0, c])
     cont = (seg_end == seg_before[0, c]).to(diff.dtype)[:, None, None] * torch.exp(a_end)
-    return part + cont[..., None, None] * entering[0, c]
+    states = part + cont[..., None, None] * entering[0, c]
+    fill = empty_varlen_states(cu_seqlens, initial_states, states.shape[1:], states.dtype)
+    return torch.where(empty[:, None, None, None, None], fill, states)
 
 
 def _compact(t):
@@ -342,20 +368,28 @@ def selective_state_update_ref(
     return out if dims.has_heads else out.squeeze(1)
 
 
-def rmsnorm_ref(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True):
-    """Gated RMSNorm (``layernorm_gated.rmsnorm_fn``), computed in float32, returned in x's dtype.
+def rmsnorm_ref(
+    x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True, upcast=True,
+    is_rms_norm=True,
+):  # fmt: skip
+    """Gated RMSNorm (``layernorm_gated.rmsnorm_fn``), or with ``is_rms_norm=False`` the gated
+    LayerNorm (``layernorm_fn``), computed in float32 (in x's dtype when ``upcast`` is False,
+    as mamba_ssm's ``rms_norm_ref``), returned in x's dtype.
 
-    norm_before_gate=True: y = x / rms(x) * weight + bias, then y * silu(z).
-    norm_before_gate=False: x * silu(z) first, then y = that / rms(that) * weight + bias.
-    group_size splits the last dim into groups, each normalized with its own rms; the
-    default is one group. rms(v) = sqrt(mean(v^2) + eps). bias may be None.
+    norm_before_gate=True: y = (x - mean) / std(x) * weight + bias, then y * silu(z).
+    norm_before_gate=False: x * silu(z) first, then normalized the same way.
+    group_size splits the last dim into groups, each normalized on its own; the default is
+    one group. RMSNorm: mean = 0, std(v) = sqrt(mean(v^2) + eps); LayerNorm: the group's mean
+    and std(v) = sqrt(var(v) + eps) (biased variance). bias may be None.
     """
     hidden, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size)
-    cd = torch.promote_types(x.dtype, torch.float32)
+    cd = torch.promote_types(x.dtype, torch.float32) if upcast else x.dtype
     v = x.to(cd)
     if z is not None and not norm_before_gate:
         v = v * F.silu(z.to(cd))
     grouped = v.unflatten(-1, (hidden // gs, gs))
+    if not is_rms_norm:
+        grouped = grouped - grouped.mean(-1, keepdim=True)
     rstd = torch.rsqrt(grouped.square().mean(-1, keepdim=True) + eps)
     y = (grouped * rstd).flatten(-2) * weight.to(cd)
     if bias is not None:

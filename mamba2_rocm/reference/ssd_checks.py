@@ -29,6 +29,7 @@ __all__ = [
     "check_chunk_scan_args",
     "check_rmsnorm_args",
     "check_state_update_args",
+    "kernel_chunk_size",
 ]
 
 KERNEL_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -67,18 +68,31 @@ def _limits(headdim: int | None, dstate: int) -> None:
         raise ValueError(f"dstate must be <= {MAX_DSTATE}, got {dstate}")
 
 
+def _positive_int(chunk_size) -> None:
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+
+
 def _check_chunk_size(chunk_size, chunk_sizes: Collection[int] | None) -> None:
+    _positive_int(chunk_size)
     if chunk_sizes is not None:
-        if isinstance(chunk_size, bool) or chunk_size not in chunk_sizes:
+        if chunk_size not in chunk_sizes:
             names = ", ".join(str(c) for c in chunk_sizes)
             raise ValueError(f"chunk_size must be one of {names}, got {chunk_size!r}")
         return
-    ok = isinstance(chunk_size, int) and not isinstance(chunk_size, bool)
-    if not ok or chunk_size < 16 or chunk_size & (chunk_size - 1):
+    if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(
             "chunk_size must be a power of two >= 16 (the kernels take 64, 128 or 256), "
             f"got {chunk_size!r}"
         )
+
+
+def kernel_chunk_size(chunk_size) -> int:
+    """The chunk size the ops run for a caller's ``chunk_size``: the smallest of
+    ``KERNEL_CHUNK_SIZES`` that is >= it, at most the largest. The scan's result does not depend
+    on the chunk size (only rounding does), so mamba_ssm callers may pass any positive int."""
+    _positive_int(chunk_size)
+    return next((c for c in KERNEL_CHUNK_SIZES if c >= chunk_size), KERNEL_CHUNK_SIZES[-1])
 
 
 def _check_dt_limit(dt_limit) -> tuple[float, float]:
@@ -126,7 +140,8 @@ def check_chunk_scan_args(
     ``chunked`` (default: whether chunk_size is given) checks chunk_size; the sequential
     reference has no chunks.
     ``chunk_sizes=None`` accepts any power of two >= 16 (the reference), otherwise exactly those.
-    ``inspect_values`` reads cu_seqlens (a device sync): it must be 0 = c0 < c1 < ... = seqlen.
+    ``inspect_values`` reads cu_seqlens (a device sync): it must be 0 = c0 <= c1 <= ... = seqlen
+    (equal offsets are an empty sequence, as batching code produces for an empty request).
     """
     _tensor("x", x, dims=4, layout="(batch, seqlen, nheads, headdim)", dtypes=dtypes, device=None)
     dev = x.device
@@ -195,9 +210,9 @@ def check_chunk_scan_args(
             )
         if inspect_values:
             cu = cu_seqlens.tolist()
-            if cu[0] != 0 or cu[-1] != seqlen or any(a >= b for a, b in itertools.pairwise(cu)):
+            if cu[0] != 0 or cu[-1] != seqlen or any(a > b for a, b in itertools.pairwise(cu)):
                 raise ValueError(
-                    f"cu_seqlens must start at 0, increase strictly and end at seqlen={seqlen}, "
+                    f"cu_seqlens must start at 0, never decrease and end at seqlen={seqlen}, "
                     f"got {cu}"
                 )
     limit = _check_dt_limit(dt_limit)

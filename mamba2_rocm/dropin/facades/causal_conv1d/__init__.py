@@ -1,0 +1,7 @@
+"""``causal_conv1d``, served by mamba2-rocm's kernels (drop-in facade: re-exports only)."""
+
+from mamba2_rocm.dropin import facade_version
+from mamba2_rocm.ops.conv1d import causal_conv1d_fn, causal_conv1d_update
+
+__version__ = facade_version("causal_conv1d")
+__all__ = ["causal_conv1d_fn", "causal_conv1d_update"]

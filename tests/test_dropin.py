@@ -1,0 +1,243 @@
+"""The drop-in import names: layout (the public names real callers import), metadata, the
+installed .pth wheel in a fresh venv, precedence of a real install, clean uninstall, doctor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from mamba2_rocm import dropin
+from mamba2_rocm.pipeline.package import build_dropin_wheel
+from tests.fakewheels import build_wheel
+from tests.loopback_index import pip_env
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: module -> names that transformers (5.x), the upstream test suites and mamba_ssm's own modules
+#: import from it. Every one must resolve to mamba2-rocm's object.
+PUBLIC = {
+    "mamba_ssm": ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "selective_state_update"],
+    "mamba_ssm.ops.triton.ssd_combined": ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined"],
+    "mamba_ssm.ops.triton.selective_state_update": ["selective_state_update", "selective_state_update_ref"],
+    "mamba_ssm.ops.triton.layernorm_gated": ["RMSNorm", "LayerNorm", "rmsnorm_fn", "layernorm_fn", "rms_norm_ref"],
+    "causal_conv1d": ["causal_conv1d_fn", "causal_conv1d_update"],
+    "causal_conv1d.causal_conv1d_interface": [
+        "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_ref", "causal_conv1d_update_ref",
+    ],
+    "causal_conv1d.causal_conv1d_varlen": ["causal_conv1d_varlen_states", "causal_conv1d_varlen_states_ref"],
+}  # fmt: skip
+OURS = {
+    "mamba_chunk_scan_combined": "mamba2_rocm.ops.ssd",
+    "mamba_split_conv1d_scan_combined": "mamba2_rocm.ops.mamba2",
+    "selective_state_update": "mamba2_rocm.ops.state_update",
+    "selective_state_update_ref": "mamba2_rocm.reference.ssd",
+    "RMSNorm": "mamba2_rocm.ops.rmsnorm",
+    "LayerNorm": "mamba2_rocm.ops.rmsnorm",
+    "rmsnorm_fn": "mamba2_rocm.ops.rmsnorm",
+    "layernorm_fn": "mamba2_rocm.ops.rmsnorm",
+    "rms_norm_ref": "mamba2_rocm.reference.ssd",
+    "causal_conv1d_fn": "mamba2_rocm.ops.conv1d",
+    "causal_conv1d_update": "mamba2_rocm.ops.conv1d",
+    "causal_conv1d_varlen_states": "mamba2_rocm.ops.conv1d",
+    "causal_conv1d_ref": "mamba2_rocm.reference.conv1d",
+    "causal_conv1d_update_ref": "mamba2_rocm.reference.conv1d",
+    "causal_conv1d_varlen_states_ref": "mamba2_rocm.reference.conv1d",
+}
+
+
+def _run(python: str, code: str, **env: str) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k != dropin.ENV_SWITCH}
+    e.update(env)
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, env=e, timeout=120)
+
+
+def _walk_code() -> str:
+    return (
+        "import importlib, json\n"
+        f"public = {PUBLIC!r}\n"
+        "out = {}\n"
+        "for mod, names in public.items():\n"
+        "    m = importlib.import_module(mod)\n"
+        "    for n in names:\n"
+        "        out[mod + '.' + n] = getattr(m, n).__module__\n"
+        "print(json.dumps(out))\n"
+    )
+
+
+def test_public_names_are_ours():
+    """Every name callers import, at every path they import it from, is mamba2-rocm's."""
+    code = "import mamba2_rocm.dropin as d; d.activate()\n" + _walk_code()
+    proc = _run(sys.executable, code)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found == {f"{m}.{n}": OURS[n] for m, names in PUBLIC.items() for n in names}
+
+
+def test_transformers_lookup_paths():
+    """transformers 5.x: import_module(package), then the attribute or the nested path."""
+    code = (
+        "import importlib, mamba2_rocm.dropin as d; d.activate()\n"
+        "from mamba2_rocm.ops import ssd, state_update, mamba2\n"
+        "m = importlib.import_module('mamba_ssm')\n"
+        "assert m.ops.triton.ssd_combined.mamba_chunk_scan_combined is ssd.mamba_chunk_scan_combined\n"
+        "assert m.selective_state_update is state_update.selective_state_update\n"
+        "import mamba_ssm.ops.triton.selective_state_update as s\n"
+        "assert s.selective_state_update is state_update.selective_state_update\n"
+        "assert m.mamba_split_conv1d_scan_combined is mamba2.mamba_split_conv1d_scan_combined\n"
+    )
+    proc = _run(sys.executable, code)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_mamba1_names_raise_a_clear_import_error():
+    """No kernel yet: importing the name says so; getattr(..., None) style lookups get an
+    ImportError, which transformers' lookup turns into its own fallback."""
+    code = (
+        "import mamba2_rocm.dropin as d; d.activate()\n"
+        "import importlib\n"
+        "for mod in ('mamba_ssm', 'mamba_ssm.ops.selective_scan_interface'):\n"
+        "    m = importlib.import_module(mod)\n"
+        "    for name in ('selective_scan_fn', 'mamba_inner_fn'):\n"
+        "        try:\n"
+        "            getattr(m, name)\n"
+        "        except ImportError as e:\n"
+        "            print(e)\n"
+        "        else:\n"
+        "            raise SystemExit(mod + '.' + name + ' resolved')\n"
+        "from mamba_ssm import Mamba2\n"
+    )
+    proc = _run(sys.executable, code)
+    assert proc.returncode == 1
+    assert proc.stdout.count("the Mamba1 selective scan has no kernel yet") == 4
+    assert "ImportError: mamba_ssm.Mamba2 is not provided by mamba2-rocm's drop-in" in proc.stderr
+
+
+def test_metadata_versions_pass_transformers_checks():
+    from packaging.version import Version
+
+    code = (
+        "import importlib.metadata as md, mamba2_rocm.dropin as d; d.activate()\n"
+        "print(md.version('mamba_ssm'), md.version('mamba-ssm'), md.version('causal_conv1d'))\n"
+    )
+    proc = _run(sys.executable, code)
+    assert proc.returncode == 0, proc.stderr
+    mamba, mamba_dash, conv = proc.stdout.split()
+    assert mamba == mamba_dash == dropin.facade_version("mamba_ssm")
+    assert Version(mamba) >= Version("2.0.4")  # transformers' is_mamba_2_ssm_available()
+    assert "+mamba2rocm." in mamba and "+mamba2rocm." in conv
+    assert Version(conv).release == Version(dropin.FACADES["causal_conv1d"]).release
+
+
+def test_inactive_by_default():
+    proc = _run(sys.executable, "import importlib.util as u; print(u.find_spec('mamba_ssm'))")
+    assert proc.stdout.strip() == "None"
+
+
+@pytest.fixture(scope="module")
+def dropin_venv(tmp_path_factory):
+    """A fresh venv with mamba2_rocm importable from this checkout (a path entry, no torch)
+    and the drop-in wheel installed by pip."""
+    root = tmp_path_factory.mktemp("dropin")
+    venv.EnvBuilder(with_pip=True).create(root / "venv")
+    python = str(root / "venv" / "bin" / "python")
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    (Path(purelib) / "checkout.pth").write_text(str(REPO) + "\n")
+    wheel = build_dropin_wheel("0.0.0", root / "dist", "1700000000")
+    pip = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+    subprocess.run([*pip, str(wheel)], check=True, env=pip_env())
+    return python, Path(purelib), root
+
+
+def test_installed_dropin_serves_the_names(dropin_venv):
+    python, _, _ = dropin_venv
+    code = (
+        "import importlib.util as u, importlib.metadata as md, json, mamba2_rocm.dropin as d\n"
+        "print(json.dumps([u.find_spec('mamba_ssm').origin, md.version('mamba_ssm'),"
+        " d.report()]))\n"
+    )
+    proc = _run(python, code)
+    assert proc.returncode == 0, proc.stderr
+    origin, version, report = json.loads(proc.stdout)
+    assert origin == str(dropin.FACADE_DIR / "mamba_ssm" / "__init__.py")
+    assert "+mamba2rocm." in version
+    assert [(r["name"], r["owner"], r["dropin_installed"]) for r in report] == [
+        ("mamba_ssm", "mamba2-rocm", True), ("causal_conv1d", "mamba2-rocm", True),
+    ]  # fmt: skip
+    off = _run(python, "import importlib.util as u; print(u.find_spec('mamba_ssm'))",
+               MAMBA2_ROCM_DROPIN="0")  # fmt: skip
+    assert off.stdout.strip() == "None", off.stderr
+
+
+def test_real_package_wins_then_uninstall_leaves_it_intact(dropin_venv):
+    """Installing the real mamba_ssm later takes the name (ours gives way, doctor reports it);
+    uninstalling the drop-in removes exactly its own files and leaves the real package working."""
+    python, purelib, root = dropin_venv
+    real = build_wheel(
+        root / "real", "mamba-ssm", "2.3.2",
+        {"mamba_ssm/__init__.py": "__version__ = '2.3.2'\nREAL = True\n"},
+    )  # fmt: skip
+    pip = [python, "-m", "pip"]
+    subprocess.run([*pip, "install", "-q", "--no-index", "--no-deps", str(real)], check=True,
+                   env=pip_env())  # fmt: skip
+    code = (
+        "import importlib.metadata as md, json, mamba_ssm, mamba2_rocm.dropin as d\n"
+        "print(json.dumps([mamba_ssm.REAL, md.version('mamba_ssm'), d.report()[0]]))\n"
+    )
+    proc = _run(python, code)
+    assert proc.returncode == 0, proc.stderr
+    is_real, version, row = json.loads(proc.stdout)
+    assert is_real and version == "2.3.2"
+    assert row["owner"] == "other" and row["shadowed"] and row["version"] == "2.3.2"
+
+    before = {p.name for p in purelib.iterdir()}
+    subprocess.run([*pip, "uninstall", "-q", "-y", "mamba2-rocm-dropin"], check=True, env=pip_env())
+    gone = before - {p.name for p in purelib.iterdir()}
+    assert gone == {"mamba2_rocm_dropin.pth", "mamba2_rocm_dropin-0.0.0.dist-info"}
+    proc = _run(python, "import mamba_ssm; print(mamba_ssm.REAL)")
+    assert proc.stdout.strip() == "True", proc.stderr
+    listed = subprocess.run([*pip, "list", "--format=json"], capture_output=True, text=True,
+                            env=pip_env()).stdout  # fmt: skip
+    assert {d["name"] for d in json.loads(listed)} >= {"mamba-ssm"}
+
+
+def test_pip_sees_no_phantom_distribution(dropin_venv):
+    """pip reads dist-info folders: the facade's metadata never shows up as an installed
+    mamba-ssm / causal-conv1d (so pip would install the real one normally)."""
+    python, _, _ = dropin_venv
+    listed = subprocess.run([python, "-m", "pip", "list", "--format=json"], capture_output=True,
+                            text=True, env=pip_env(), check=True).stdout  # fmt: skip
+    assert "causal-conv1d" not in {d["name"].lower() for d in json.loads(listed)}
+
+
+def test_pth_is_harmless_without_the_host_package(tmp_path):
+    """A drop-in left behind by a host uninstall prints no error at every interpreter start."""
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "venv")
+    python = str(tmp_path / "venv" / "bin" / "python")
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    from mamba2_rocm.pipeline.package import DROPIN_PTH
+
+    Path(purelib, "mamba2_rocm_dropin.pth").write_text(DROPIN_PTH)
+    proc = _run(python, "print('ok')")
+    assert proc.stdout.strip() == "ok" and proc.stderr == ""
+
+
+def test_host_extra_pins_the_dropin():
+    """``pip install "mamba2-rocm[dropin]"`` pulls the drop-in of the same version."""
+    sys.path.insert(0, str(REPO))
+    try:
+        from hatch_build import RecipeExtrasHook
+    finally:
+        sys.path.remove(str(REPO))
+    meta = {"version": "1.2.3"}
+    RecipeExtrasHook(str(REPO), {}).update(meta)
+    assert meta["optional-dependencies"]["dropin"] == ["mamba2-rocm-dropin==1.2.3"]
