@@ -113,6 +113,7 @@ struct RmsNormParams {
   int32_t weight_dtype, bias_dtype;
   int32_t item_threads;  // the register-resident variants (_v1/_v2/_v4): threads per (row, group)
   int32_t layer_norm;    // 1: LayerNorm (subtract the group's mean first), 0: RMSNorm
+  int32_t reserved;      // explicit tail padding: the size is a multiple of 8 on every ABI
 };
 
 // Mamba2 SSD chunked scan (mamba_chunk_scan_combined), forward. One struct for the five stage

@@ -95,7 +95,7 @@ class RmsNormParams(ctypes.Structure):
         *_fields("x z weight bias out", "x_row_stride z_row_stride out_row_stride",
                  "rows hidden group_size norm_before_gate"),
         ("eps", ctypes.c_float),
-        *_fields("", "", "weight_dtype bias_dtype item_threads layer_norm"),
+        *_fields("", "", "weight_dtype bias_dtype item_threads layer_norm reserved"),
     ]  # fmt: skip
 
 

@@ -241,3 +241,23 @@ def test_host_extra_pins_the_dropin():
     meta = {"version": "1.2.3"}
     RecipeExtrasHook(str(REPO), {}).update(meta)
     assert meta["optional-dependencies"]["dropin"] == ["mamba2-rocm-dropin==1.2.3"]
+
+
+def test_doctor_reports_owner_and_collision():
+    """doctor names who owns each import name and warns when a real install shadows ours."""
+    from mamba2_rocm.env import audit
+
+    rows = [
+        {"name": "mamba_ssm", "owner": "other", "version": "2.3.2", "path": "/x/mamba_ssm/__init__.py",
+         "dropin_installed": True, "shadowed": True},
+        {"name": "causal_conv1d", "owner": "mamba2-rocm", "version": "1.6.1+mamba2rocm.0",
+         "path": "/y", "dropin_installed": True, "shadowed": False},
+    ]  # fmt: skip
+    facts = audit.Facts(environ={}, torch=audit.TorchInfo(True, "2.5.1+cpu"), import_names=rows)
+    found = {f.id: f for f in audit.check(facts)}
+    shadow = found["import-name-shadowed-mamba_ssm"]
+    assert shadow.severity == "warning" and "is a real install: it takes the name" in shadow.message
+    assert "import-name-shadowed-causal_conv1d" not in found
+    text = audit.render_text(audit.report(facts))
+    assert "import names (mamba2-rocm-dropin)" in text
+    assert "shadowed: the real package wins" in text and "mamba2-rocm" in text

@@ -10,6 +10,7 @@ import pytest
 
 from mamba2_rocm.kernels import SOURCES
 from mamba2_rocm.params import (
+    packer,
     ConvFwdParams,
     ConvUpdateParams,
     RmsNormParams,
@@ -82,3 +83,9 @@ def test_launch_geometry_matches_kernel_constants():
     ssu_text = (CSRC / "state_update.hip").read_text()
     c2 = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (k\w+) = (\d+);", ssu_text)}
     assert c2["kThreads"] == ssu._THREADS
+
+
+def test_every_struct_packs_to_its_ctypes_size():
+    """The launch path packs with struct (no implicit padding): the layouts must agree."""
+    for params in STRUCTS:
+        assert packer(params).size == ctypes.sizeof(params), params.__name__

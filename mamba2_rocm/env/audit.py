@@ -24,6 +24,7 @@ key bumps ``schema_version``, a change that adds one does not):
   when no kernel dir serves the device, else null
 - ``device_sources``: list of str, what each detection source said
 - ``kernel_packages``: list of ``{"name", "version"}`` (installed ``mamba2-rocm-*``)
+- ``import_names``: ``mamba2_rocm.dropin.report()``: who owns ``mamba_ssm`` / ``causal_conv1d``
 - ``kernel_dirs``: list of ``{"target", "path", "origin"}``
 - ``numa_balancing``: str or null (content of ``/proc/sys/kernel/numa_balancing``)
 - ``kfd``: ``"ok"``, ``"missing"``, ``"no-access"`` or ``"n/a"`` (not Linux)
@@ -42,6 +43,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from mamba2_rocm import dropin
 from typing import Any
 
 from mamba2_rocm.env.detect import (
@@ -131,6 +134,8 @@ class Facts:
     kernel_packages: list[dict[str, str]] = field(default_factory=list)
     kernel_dirs: list[Any] = field(default_factory=list)  # runtime.discovery.KernelDir
     kernel_warnings: list[str] = field(default_factory=list)
+    #: who owns the drop-in import names (mamba2_rocm.dropin.report())
+    import_names: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def rocm(self) -> bool:
@@ -183,7 +188,7 @@ def _kernel_packages() -> list[dict[str, str]]:
     found = {}
     for dist in importlib.metadata.distributions():
         name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if name.startswith("mamba2-rocm-"):
+        if name.startswith("mamba2-rocm-") and name != "mamba2-rocm-dropin":
             found[name] = dist.version
     return [{"name": n, "version": v} for n, v in sorted(found.items())]
 
@@ -217,6 +222,7 @@ def gather(environ: Mapping[str, str] | None = None, *, use_torch: bool = True) 
         numa_balancing=read_numa_balancing(),
         kfd=kfd_status(),
         kernel_packages=_kernel_packages(),
+        import_names=[dict(r) for r in dropin.report()],
         kernel_dirs=dirs,
         kernel_warnings=kernel_warnings,
     )
@@ -484,6 +490,24 @@ def _check_devices(f: Facts) -> list[Finding]:
     return found
 
 
+def _check_import_names(f: Facts) -> list[Finding]:
+    """The drop-in names: a real mamba_ssm / causal_conv1d beside the drop-in takes the name,
+    so code importing it gets the real package, not our kernels."""
+    return [
+        Finding(
+            f"import-name-shadowed-{r['name']}",
+            "warning",
+            f"{r['name']} {r['version'] or ''} at {r['path']} is a real install: it takes the "
+            f"name, and mamba2-rocm's drop-in gives way (code importing {r['name']} does not "
+            "reach mamba2-rocm's kernels)",
+            f"pip uninstall {r['name'].replace('_', '-')} to use mamba2-rocm's kernels through "
+            "the name, or pip uninstall mamba2-rocm-dropin to keep the real one",
+        )
+        for r in f.import_names
+        if r.get("shadowed")
+    ]
+
+
 def _check_kernel_warnings(f: Facts) -> list[Finding]:
     return [
         Finding("kernel-package-broken", "warning", msg, "reinstall or uninstall that package")
@@ -506,6 +530,7 @@ CHECKS: tuple[Callable[[Facts], list[Finding]], ...] = (
     _check_override,
     _check_devices,
     _check_kernel_warnings,
+    _check_import_names,
 )
 
 
@@ -567,6 +592,7 @@ def report(facts: Facts, findings: list[Finding] | None = None) -> dict[str, Any
         "devices": devices,
         "device_sources": list(facts.device_sources),
         "kernel_packages": list(facts.kernel_packages),
+        "import_names": list(facts.import_names),
         "kernel_dirs": [_kdir_dict(k) for k in facts.kernel_dirs],
         "numa_balancing": facts.numa_balancing,
         "kfd": facts.kfd,
@@ -639,6 +665,13 @@ def render_text(rep: dict[str, Any]) -> str:
     if rep["kernel_dirs"]:
         lines += ["", "kernel dirs"]
         lines += _table([[k["target"], k["origin"], k["path"]] for k in rep["kernel_dirs"]])
+    lines += ["", "import names (mamba2-rocm-dropin)"]
+    names = [
+        [r["name"], r["owner"], r["version"] or "-", r["path"] or "-",
+         "shadowed: the real package wins" if r["shadowed"] else ""]
+        for r in rep.get("import_names", [])
+    ]  # fmt: skip
+    lines += _table(names) if names else ["  none"]
     lines += ["", "environment"]
     env = rep["environment"]
     lines += [f"  {k}={v}" for k, v in env.items()] or ["  (no matching variables)"]

@@ -108,6 +108,7 @@ def _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2, grid,
         DTYPE_CODE[bias.dtype] if bias is not None else 0,
         item_threads,
         int(layer_norm),
+        0,
     )  # fmt: skip  (RmsNormParams, field order)
     name = f"m2r_rmsnorm_fwd_{KERNEL_DTYPE[x2.dtype]}{variant}"
     launch(kset.launcher(name), x2, p, (*grid, 1), _THREADS)

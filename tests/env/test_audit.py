@@ -251,7 +251,7 @@ def test_findings_sorted_errors_first():
 
 REPORT_KEYS = {
     "schema_version", "mamba2_rocm_version", "ok", "python", "environment", "torch", "rocm",
-    "amd_gpus_present", "hsa_override", "devices", "device_sources", "kernel_packages",
+    "amd_gpus_present", "hsa_override", "devices", "device_sources", "kernel_packages", "import_names",
     "kernel_dirs", "numa_balancing", "kfd", "findings",
 }  # fmt: skip
 DEVICE_KEYS = {

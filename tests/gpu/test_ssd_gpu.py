@@ -211,10 +211,12 @@ def test_cuda_graph_and_compile():
     torch.testing.assert_close(captured, eager, rtol=0, atol=0)
 
 
-def test_gpu_only_errors():
+def test_gpu_errors():
+    """What mamba_ssm refuses is refused on the kernel tier too (mixed dtypes and other chunk
+    sizes are accepted: tests/gpu/test_compat_gpu.py)."""
     g = seeded("errors", device=DEV)
     args = _inputs(g, 1, 64, 2, 32, 1, 16, torch.bfloat16)
-    with pytest.raises(TypeError, match="B must have x's dtype"):
-        mamba_chunk_scan_combined(**{**args, "B": args["B"].float()}, chunk_size=64)
-    with pytest.raises(ValueError, match="chunk_size"):
-        mamba_chunk_scan_combined(**args, chunk_size=32)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int, got 64.5"):
+        mamba_chunk_scan_combined(**args, chunk_size=64.5)
+    with pytest.raises(TypeError, match="B must be one of"):
+        mamba_chunk_scan_combined(**{**args, "B": args["B"].to(torch.int32)}, chunk_size=64)

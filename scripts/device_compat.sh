@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Drop-in acceptance on the NVIDIA machine (through the device tool). Kernels are built for the
+# local GPU and the drop-in wheel is installed for real (pip, so its .pth runs at interpreter
+# start). Then, in order of importance: the upstream suites (fetched copies under
+# .dev/upstream/, never committed) run unmodified against the import names; transformers end
+# to end; our GPU tests. Wheels the machine lacks travel in .whl/. Results under $OUT.
+set -uo pipefail
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+work=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/site" .whl/*.whl || exit 1
+export PYTHONPATH=$PWD:$work/site PYTHONUNBUFFERED=1
+nvidia-smi -L | tee "$OUT/gpu.txt"
+python3 -m mamba2_rocm build --arch native --out "$work/kernels" >"$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
+export MAMBA2_ROCM_KERNEL_PATH=$work/kernels
+# the drop-in wheel: built here when hatchling is there, else carried in .dev/dist/
+dist=.dev/dist
+if ! ls $dist/mamba2_rocm_dropin-*.whl >/dev/null 2>&1; then
+  dist=$work/dist
+  python3 -c "import sys; from pathlib import Path; from mamba2_rocm.pipeline.package import build_dropin_wheel; build_dropin_wheel('0.0.0', Path(sys.argv[1]), '1700000000')" "$dist" || exit 1
+fi
+python3 -m pip install -q --no-index --no-deps "$dist"/mamba2_rocm_dropin-*.whl || exit 1
+python3 -m mamba2_rocm doctor >"$OUT/doctor.txt" 2>&1
+grep -i -A3 "import name" "$OUT/doctor.txt"
+repo=$PWD
+export MAMBA2_ROCM_BACKEND=kernel  # the upstream suites must never meet a silent torch fallback
+for suite in ${SUITES:-mamba causal-conv1d}; do
+  cd "$repo/.dev/upstream/$suite" || continue
+  timeout "${SUITE_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -rfE tests >"$OUT/upstream-$suite.txt" 2>&1
+  echo "== upstream $suite"; tail -1 "$OUT/upstream-$suite.txt"
+done
+cd "$repo" || exit 1
+unset MAMBA2_ROCM_BACKEND
+timeout "${OURS_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-tests} >"$OUT/pytest-gpu.txt" 2>&1
+echo "== ours"; grep -E "passed|failed" "$OUT/pytest-gpu.txt" | tail -3
+grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.txt" | head -30
