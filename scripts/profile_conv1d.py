@@ -5,7 +5,7 @@ import os
 import torch
 
 os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")
-from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update  # noqa: E402
+from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
 
 dt = torch.bfloat16
 x = torch.randn(4, 4096, 4096, device="cuda", dtype=dt)

@@ -8,7 +8,7 @@ import time
 import torch
 
 os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")
-from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update  # noqa: E402
+from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
 
 dt = torch.bfloat16
 xs = torch.randn(64, 8192, device="cuda", dtype=dt)

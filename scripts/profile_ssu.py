@@ -5,7 +5,7 @@ import os
 import torch
 
 os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")
-from mamba2_rocm import selective_state_update  # noqa: E402
+from mamba2_rocm import selective_state_update
 
 b, h, p, n, g = 64, 64, 64, 128, 8
 dt_ = torch.bfloat16

@@ -10,12 +10,12 @@ import pytest
 
 from mamba2_rocm.kernels import SOURCES
 from mamba2_rocm.params import (
-    packer,
     ConvFwdParams,
     ConvUpdateParams,
     RmsNormParams,
     SsdParams,
     SsuParams,
+    packer,
 )
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"

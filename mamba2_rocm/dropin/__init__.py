@@ -164,7 +164,9 @@ def report() -> list[NameReport]:
             row.update(owner="other", path=real.origin, version=version)
             row["shadowed"] = dropin is not None or is_active()
         elif is_active():
-            row.update(owner="mamba2-rocm", path=str(FACADE_DIR / name), version=facade_version(name))
+            row.update(
+                owner="mamba2-rocm", path=str(FACADE_DIR / name), version=facade_version(name)
+            )
         else:
             row.update(owner="absent", path=None, version=None)
         rows.append(row)

@@ -43,10 +43,9 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-from mamba2_rocm import dropin
 from typing import Any
 
+from mamba2_rocm import dropin
 from mamba2_rocm.env.detect import (
     GpuDevice,
     HsaOverride,

@@ -121,9 +121,7 @@ def _impl(
     _, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size)
     tier, kset = choose(x.device)
     if tier != "kernel" or x.dtype not in KERNEL_DTYPE:
-        return rmsnorm_ref(
-            x, weight, bias, z, eps, gs, norm_before_gate, is_rms_norm=is_rms_norm
-        )
+        return rmsnorm_ref(x, weight, bias, z, eps, gs, norm_before_gate, is_rms_norm=is_rms_norm)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, not is_rms_norm, out)
     return out

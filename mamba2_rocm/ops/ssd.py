@@ -69,7 +69,12 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
             cu_seqlens, dt_softplus, dims, final, varlen) -> Tensor:  # fmt: skip
     dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
     initial_states = as_kernel_float(initial_states)
-    x, B, C, z = _unit_last(x), _unit_last(like(B, x)), _unit_last(like(C, x)), _unit_last(like(z, x))
+    x, B, C, z = (
+        _unit_last(x),
+        _unit_last(like(B, x)),
+        _unit_last(like(C, x)),
+        _unit_last(like(z, x)),
+    )
     batch, seqlen, nheads, headdim = x.shape
     ngroups, dstate, cs = dims.ngroups, dims.dstate, chunk_size
     if batch > GRID_YZ_MAX or nheads > GRID_YZ_MAX:

@@ -225,7 +225,7 @@ def causal_conv1d_update_ref(x, conv_state, weight, bias=None, activation=None, 
 def causal_conv1d_varlen_states_ref(x, cu_seqlens, state_len):
     """``causal_conv1d_varlen_states`` one sequence at a time: (num_seqs, dim, state_len), the
     last state_len tokens of each sequence right-aligned, zeros before a short one's start."""
-    total, dim = x.shape
+    dim = x.shape[1]
     cu = cu_seqlens.tolist()
     states = torch.zeros(len(cu) - 1, state_len, dim, dtype=x.dtype, device=x.device)
     for i in range(len(cu) - 1):

@@ -233,9 +233,7 @@ def ssd_chunked(
     varlen = None
     if return_varlen_states:
         init = None if initial_states is None else initial_states.reshape(batch, g, r, headdim, n)
-        varlen = _varlen_states(
-            cu_seqlens, cs, seg, seg_before, Acs, dtc, Bc, xc, entering, init
-        )
+        varlen = _varlen_states(cu_seqlens, cs, seg, seg_before, Acs, dtc, Bc, xc, entering, init)
         varlen = varlen.reshape(dims.num_seqs, nheads, headdim, n).to(dims.state_dtype)
     return _returns(
         y.to(x.dtype),

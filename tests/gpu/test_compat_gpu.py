@@ -34,7 +34,9 @@ def _scan_inputs(g, b, L, h, p, groups, n, dtype, bc_dtype):
 @pytest.mark.parametrize("chunk", [1, 32, 100, 200, 512])
 def test_scan_mixed_dtypes_any_chunk(dtype, chunk):
     """fp32 B, C, z, D, dt_bias, A with half x, and chunk sizes mamba_ssm runs with."""
-    a = _scan_inputs(seeded("mix", chunk, dtype, device=DEV), 2, 151, 4, 32, 2, 16, dtype, torch.float32)
+    a = _scan_inputs(
+        seeded("mix", chunk, dtype, device=DEV), 2, 151, 4, 32, 2, 16, dtype, torch.float32
+    )
     keep = {k: v.clone() for k, v in a.items()}
     poison_allocator(1 << 22)
     out, fin = mamba_chunk_scan_combined(**a, chunk_size=chunk, dt_softplus=True,
@@ -101,7 +103,10 @@ def test_layernorm_kernel(dtype, hidden, group, gate):
     generic otherwise), fp32 weight/bias, z in fp32 with half x."""
     g = seeded("ln", dtype, hidden, group, gate, device=DEV)
     x = (torch.randn(37, hidden, device=DEV, generator=g) * 3 + 1).to(dtype)
-    w, bias = torch.randn(hidden, device=DEV, generator=g), torch.randn(hidden, device=DEV, generator=g)
+    w, bias = (
+        torch.randn(hidden, device=DEV, generator=g),
+        torch.randn(hidden, device=DEV, generator=g),
+    )
     z = None if gate == "none" else torch.randn(37, hidden, device=DEV, generator=g)
     nbg = gate != "after"
     poison_allocator(1 << 22)

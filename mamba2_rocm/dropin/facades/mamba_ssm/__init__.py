@@ -1,14 +1,18 @@
 """``mamba_ssm``, served by mamba2-rocm's kernels (drop-in facade: re-exports only)."""
 
 from mamba2_rocm.dropin import facade_version, missing
-
-from . import ops  # as upstream's __init__ does: mamba_ssm.ops.triton.* resolve as attributes
 from mamba2_rocm.ops.mamba2 import mamba_split_conv1d_scan_combined
 from mamba2_rocm.ops.ssd import mamba_chunk_scan_combined
 from mamba2_rocm.ops.state_update import selective_state_update
 
+from . import ops  # noqa: F401  (as upstream's __init__ does: mamba_ssm.ops.triton.* resolve as attributes)
+
 __version__ = facade_version("mamba_ssm")
-__all__ = ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "selective_state_update"]
+__all__ = [
+    "mamba_chunk_scan_combined",
+    "mamba_split_conv1d_scan_combined",
+    "selective_state_update",
+]
 __getattr__ = missing(
     "mamba_ssm",
     {
