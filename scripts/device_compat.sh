@@ -26,7 +26,7 @@ repo=$PWD
 export MAMBA2_ROCM_BACKEND=kernel  # the upstream suites must never meet a silent torch fallback
 for suite in ${SUITES:-mamba causal-conv1d}; do
   cd "$repo/.dev/upstream/$suite" || continue
-  timeout "${SUITE_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -rfE tests >"$OUT/upstream-$suite.txt" 2>&1
+  timeout "${SUITE_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -rfE ${UPSTREAM_ARGS:-} tests >"$OUT/upstream-$suite.txt" 2>&1
   echo "== upstream $suite"; tail -1 "$OUT/upstream-$suite.txt"
 done
 cd "$repo" || exit 1
