@@ -83,12 +83,23 @@ def work_tree_dirty(repo: Path = REPO) -> bool:
     return bool(proc.stdout.strip())
 
 
+def _build_project(project: Path, pyproject: str, readme: str, out: Path, epoch: str) -> Path:
+    """Write a satellite project's pyproject.toml and README, normalize modes, build it."""
+    (project / "pyproject.toml").write_text(pyproject)
+    (project / "README.md").write_text(readme)
+    for path in project.rglob("*"):  # the umask must not leak into the wheel
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return _build_wheel(project, out, epoch)
+
+
 def build_host_wheel(export: Path, out: Path, epoch: str) -> Path:
     """``mamba2_rocm-<ver>-py3-none-any.whl`` from an export made by :func:`export_commit`."""
     return _build_wheel(export, out, epoch)
 
 
-_PYPROJECT = """\
+#: The [project] of every satellite distribution (kernel packages, the drop-in): pinned to
+#: the exact host version.
+_PROJECT = """\
 [build-system]
 requires = ["hatchling>=1.26"]
 build-backend = "hatchling.build"
@@ -103,13 +114,18 @@ license = "Apache-2.0"
 dependencies = ["mamba2-rocm=={version}"]
 classifiers = ["Programming Language :: Python :: 3", "Operating System :: POSIX :: Linux",
                "Operating System :: Microsoft :: Windows"]
+"""
 
+_PYPROJECT = (
+    _PROJECT
+    + """
 [project.entry-points."mamba2_rocm.kernels"]
 {target} = "{module}"
 
 [tool.hatch.build.targets.wheel]
 packages = ["{module}"]
 """
+)
 
 _INIT = '''"""Code objects of mamba2-rocm for {target} ({archs}); found by mamba2_rocm.runtime.discovery."""
 
@@ -149,14 +165,11 @@ def build_target_wheel(recipe: Recipe, kernels: Path, version: str, out: Path, e
                 else ""
             )
         )
-        (project / "pyproject.toml").write_text(_PYPROJECT.format(**fmt))
         (pkg / "__init__.py").write_text(_INIT.format(**fmt))
-        (project / "README.md").write_text(
+        readme = (
             f"Kernels of mamba2-rocm for {recipe.target}. Install `mamba2-rocm[{recipe.target}]`.\n"
         )
-        for path in project.rglob("*"):  # the umask must not leak into the wheel
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        return _build_wheel(project, out, epoch)
+        return _build_project(project, _PYPROJECT.format(**fmt), readme, out, epoch)
 
 
 #: The drop-in's whole content: one ``.pth`` line, run by ``site`` at interpreter start. It
@@ -167,28 +180,16 @@ DROPIN_PTH = (
     "__import__('mamba2_rocm.dropin').dropin.activate_from_pth()\n"
 )
 
-_DROPIN_PYPROJECT = """\
-[build-system]
-requires = ["hatchling>=1.26"]
-build-backend = "hatchling.build"
-
-[project]
-name = "mamba2-rocm-dropin"
-version = "{version}"
-description = "The mamba_ssm and causal_conv1d import names, served by mamba2-rocm's kernels (opt-in; a real install of either always wins)"
-readme = "README.md"
-requires-python = ">=3.10"
-license = "Apache-2.0"
-dependencies = ["mamba2-rocm=={version}"]
-classifiers = ["Programming Language :: Python :: 3", "Operating System :: POSIX :: Linux",
-               "Operating System :: Microsoft :: Windows"]
-
+_DROPIN_PYPROJECT = (
+    _PROJECT
+    + """
 [tool.hatch.build.targets.wheel]
 bypass-selection = true
 
 [tool.hatch.build.targets.wheel.force-include]
 "mamba2_rocm_dropin.pth" = "mamba2_rocm_dropin.pth"
 """
+)
 
 
 def build_dropin_wheel(version: str, out: Path, epoch: str) -> Path:
@@ -197,15 +198,19 @@ def build_dropin_wheel(version: str, out: Path, epoch: str) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp) / "mamba2-rocm-dropin"
         project.mkdir()
-        (project / "pyproject.toml").write_text(_DROPIN_PYPROJECT.format(version=version))
         (project / "mamba2_rocm_dropin.pth").write_text(DROPIN_PTH)
-        (project / "README.md").write_text(
+        summary = (
+            "The mamba_ssm and causal_conv1d import names, served by mamba2-rocm's kernels "
+            "(opt-in; a real install of either always wins)"
+        )
+        pyproject = _DROPIN_PYPROJECT.format(
+            package="mamba2-rocm-dropin", version=version, summary=summary
+        )
+        readme = (
             "Installs the `mamba_ssm` and `causal_conv1d` import names, served by mamba2-rocm's "
             "kernels, for code written against those packages (transformers' Mamba2-family "
             "models). A real install of either package always takes precedence; "
             "`python -m mamba2_rocm doctor` says who owns each name. `MAMBA2_ROCM_DROPIN=0` "
             "turns it off without uninstalling.\n"
         )
-        for path in project.rglob("*"):  # the umask must not leak into the wheel
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        return _build_wheel(project, out, epoch)
+        return _build_project(project, pyproject, readme, out, epoch)
