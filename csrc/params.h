@@ -42,8 +42,9 @@ struct ConvFwdParams {
 // causal_conv1d_update: x (batch, dim, seqlen) new tokens, conv_state (num_states, dim, state_len)
 // updated in place. Without cache_seqlens the state is a shift register; with it, a circular
 // buffer written at (cache_seqlens[b] + t) % state_len. state_indices maps batch -> state row;
-// -1 writes zeros to out and leaves the state alone; >= num_states writes NaN to out (an
-// out-of-range index cannot raise on the device, so it is made loud instead of silent).
+// -1 writes zeros to out and leaves the state alone; any other index outside [0, num_states)
+// writes NaN to out (an out-of-range index cannot raise on the device, so it is made loud
+// instead of silent). The op passes indices through m2r_state_rows first (StateRowsParams).
 struct ConvUpdateParams {
   const void* x;
   void* conv_state;
@@ -66,7 +67,8 @@ struct ConvUpdateParams {
 // head with headdim = dim. dt' = softplus?(dt + dt_bias); state = exp(A dt') state + dt' B x;
 // out = sum_n state C + D x, times silu(z). Strides may be 0 ("tied" A/dt/dt_bias/D broadcast
 // over headdim and dstate): the kernel reads them as given, nothing is copied.
-// state_indices: -1 = padded row (out zeros, state untouched); >= num_states: out NaN.
+// state_indices: -1 = padded row (out zeros, state untouched); any other index outside
+// [0, num_states): out NaN, state untouched. Passed through m2r_state_rows first.
 struct SsuParams {
   void* state;                   // (num_states, nheads, headdim, dstate), dtype of the kernel
   const void* x;                 // (batch, nheads, headdim), input dtype of the kernel
@@ -94,6 +96,20 @@ struct SsuParams {
   int32_t dt_softplus;
   int32_t dt_dtype, a_dtype, d_dtype, dt_bias_dtype;
   int32_t reserved;
+};
+
+// The state rows of a decode step (causal_conv1d_update's conv_state_indices,
+// selective_state_update's state_batch_indices), checked on the device before an update reads
+// them: in (batch,) int32 or int64 (in_int64), out (batch,) int32. -1 (a padded row) stays -1;
+// an index outside [0, num_states), or a row that two entries name, becomes -2: the update
+// kernels write NaN for any row < -1 and leave the state alone, so two entries never race on
+// one state row. The kernels cannot raise; checking on the host would cost a device sync.
+struct StateRowsParams {
+  const void* in;
+  int32_t* out;
+  int64_t in_stride;
+  int32_t batch, num_states, in_int64;
+  int32_t reserved;  // explicit tail padding: the size is a multiple of 8 on every ABI
 };
 
 // Gated RMSNorm / LayerNorm over the last dim, in groups of group_size: with norm_before_gate,

@@ -153,6 +153,7 @@ struct F16 {
   }
   static M2R_DEVICE uint32_t pack(const float* f) { return float2_to_fp16x2(f[0], f[1]); }
   static constexpr int kDType = M2R_DTYPE_F16;
+  static constexpr uint32_t kExpBits = 0x7c00u;  // all ones: inf or NaN
   static M2R_DEVICE float to_float(uint16_t v) { return fp16_to_float(v); }
   static M2R_DEVICE uint16_t from_float(float v) { return float_to_fp16(v); }
 };
@@ -165,9 +166,21 @@ struct BF16 {
   }
   static M2R_DEVICE uint32_t pack(const float* f) { return float2_to_bf16x2(f[0], f[1]); }
   static constexpr int kDType = M2R_DTYPE_BF16;
+  static constexpr uint32_t kExpBits = 0x7f80u;  // all ones: inf or NaN
   static M2R_DEVICE float to_float(uint16_t v) { return bf16_to_float(v); }
   static M2R_DEVICE uint16_t from_float(float v) { return float_to_bf16(v); }
 };
+
+// The two 16-bit values of type T in w with their non-finite ones (exponent all ones) set to
+// +0; bit 0 / bit 1 of `bad` say which were. Integer arithmetic only: a half's magnitude plus
+// (0x8000 - kExpBits) carries into its bit 15 exactly when it is >= kExpBits.
+template <typename T>
+M2R_DEVICE uint32_t zero_nonfinite2(uint32_t w, uint32_t& bad) {
+  constexpr uint32_t k = (0x8000u - T::kExpBits) * 0x10001u;
+  const uint32_t top = ((w & 0x7fff7fffu) + k) & 0x80008000u;
+  bad = (top >> 15 & 1u) | (top >> 30 & 2u);
+  return w & ~((top >> 15) * 0xffffu);
+}
 
 // 8 consecutive 16-bit values of type T (one 16-byte load) as floats
 template <typename T>

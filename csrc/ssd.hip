@@ -49,6 +49,27 @@ M2R_DEVICE float block_inclusive_scan(float v, float* wsum) {
   return v + prefix;
 }
 
+// Inclusive prefix sum over the block that restarts wherever `start` is set (a token that
+// begins a new segment): a value never reaches another segment's sums, so a non-finite dt in
+// one sequence cannot spread into the next one's decays. Differences of two sums within one
+// segment are those of the plain prefix sum. `wsum`/`wstart` hold one entry per wavefront.
+M2R_DEVICE float block_segmented_scan(float v, bool start, float* wsum, int* wstart) {
+  const int lane = threadIdx.x % kWavefront, wave = threadIdx.x / kWavefront;
+  float f = start ? 1.f : 0.f;  // a start in (lane - off, lane]: what the sum already covers
+#pragma unroll
+  for (int off = 1; off < kWavefront; off <<= 1) {
+    const float u = shfl_up(v, off), g = shfl_up(f, off);
+    if (lane >= off && f == 0.f) v += u;  // select: never v + 0 * u
+    if (lane >= off) f = fmaxf(f, g);
+  }
+  if (lane == kWavefront - 1) wsum[wave] = v, wstart[wave] = f != 0.f;
+  __syncthreads();
+  float prefix = 0.f;
+  for (int i = 0; i < wave; ++i) prefix = wstart[i] ? wsum[i] : prefix + wsum[i];
+  __syncthreads();
+  return f != 0.f ? v : v + prefix;
+}
+
 M2R_DEVICE void store_as(void* p, int dtype, int64_t idx, float v) {
   if (dtype == M2R_DTYPE_F32) {
     static_cast<float*>(p)[idx] = v;
@@ -116,6 +137,13 @@ M2R_DEVICE void stage_rows(float* dst, const typename T::storage* src, int row_s
   }
 }
 
+// The first position of the chunk in segment `seg_end` (segments only grow along the chunk):
+// the count of positions before it. A barrier for the whole block; chunk_size <= kThreads.
+M2R_DEVICE int first_of_segment(const int32_t* seg, int seg_end, int chunk_size) {
+  const int s = threadIdx.x;
+  return __syncthreads_count(s < chunk_size && seg[s] < seg_end);
+}
+
 M2R_DEVICE int64_t chunk_row(const SsdParams& p, int b, int h, int c) {  // dt_out / dA_cs row
   return ((static_cast<int64_t>(b) * p.nheads + h) * p.nchunks + c) * p.chunk_size;
 }
@@ -128,20 +156,22 @@ M2R_DEVICE int64_t states_at(const SsdParams& p, int b, int c, int h) {
 
 M2R_DEVICE void chunk_cumsum(const SsdParams& p) {
   __shared__ float wsum[kThreads / kWavefront];
+  __shared__ int wstart[kThreads / kWavefront];
   const int t = threadIdx.x, c = blockIdx.x, b = blockIdx.z;
   const int64_t pos = static_cast<int64_t>(c) * p.chunk_size + t;
   const bool valid = t < p.chunk_size && pos < p.seqlen;
+  float change = 0.f;  // seq_idx changes at this token (from the implicit id 0 before token 0)
+  if (valid && p.seq_idx) {
+    const int32_t* row = p.seq_idx + b * p.seq_idx_batch_stride;
+    const int32_t prev = pos == 0 ? 0 : row[(pos - 1) * p.seq_idx_l_stride];
+    change = row[pos * p.seq_idx_l_stride] != prev ? 1.f : 0.f;
+  }
 
   if (blockIdx.y == 0) {  // segments: changes of seq_idx since the token before the chunk
-    float change = 0.f;
-    if (valid && p.seq_idx) {
-      const int32_t* row = p.seq_idx + b * p.seq_idx_batch_stride;
-      const int32_t prev = pos == 0 ? 0 : row[(pos - 1) * p.seq_idx_l_stride];
-      change = row[pos * p.seq_idx_l_stride] != prev ? 1.f : 0.f;
-    }
     const float seg = block_inclusive_scan(change, wsum);
     if (t < p.chunk_size) p.seg[(static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size + t] = static_cast<int32_t>(seg);
   }
+  const bool start = t > 0 && change != 0.f;
   for (int i = 0; i < kHeadsPerCumsum; ++i) {
     const int h = blockIdx.y * kHeadsPerCumsum + i;
     if (h >= p.nheads) break;  // uniform over the block
@@ -150,10 +180,14 @@ M2R_DEVICE void chunk_cumsum(const SsdParams& p) {
       d = load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + pos * p.dt_l_stride + h * p.dt_h_stride);
       if (p.dt_bias) d += load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_stride);
       if (p.dt_softplus) d = softplus(d);
-      d = fminf(fmaxf(d, p.dt_min), p.dt_max);
+      // fminf/fmaxf return the other operand for a NaN: clamp only numbers, so a NaN dt
+      // stays NaN (contained to its sequence by the scans below) instead of vanishing
+      if (!isnan(d)) d = fminf(fmaxf(d, p.dt_min), p.dt_max);
     }
     const float a = load_as_float(p.A, p.a_dtype, h * p.A_stride);
-    const float cum = block_inclusive_scan(d * a, wsum);
+    // dA_cs restarts at every sequence start inside the chunk (its readers only take
+    // differences within a segment, and the first segment's values from the chunk start)
+    const float cum = block_segmented_scan(d * a, start, wsum, wstart);
     if (t < p.chunk_size) {
       const int64_t o = chunk_row(p, b, h, c) + t;
       p.dt_out[o] = d;
@@ -233,13 +267,14 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
   const int seg_end = seg[end];
   for (int s = threadIdx.x; s < p.chunk_size; s += kThreads)
     w[s] = s <= end && seg[s] == seg_end ? __expf(a_end - acs[s]) * dts[s] : 0.f;
-  __syncthreads();
+  // tokens before `first` belong to earlier sequences: never read (0 x NaN would be NaN)
+  const int first = first_of_segment(seg, seg_end, p.chunk_size);
 
   const S* xp = static_cast<const S*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride;
   const S* Bp = static_cast<const S*>(p.B) + b * p.B_batch_stride + l0 * p.B_l_stride + g * p.B_g_stride;
   const int p_off = 4 * (threadIdx.x / 16), n_off = 4 * (threadIdx.x % 16);
   float acc[4][8] = {};
-  for (int s0 = 0; s0 < rows; s0 += kSlab) {
+  for (int s0 = first; s0 < rows; s0 += kSlab) {
     stage_rows<T, 64, kLdX>(Xs, xp + s0 * p.x_l_stride, p.x_l_stride, 0, rows - s0, p0, p.headdim, nullptr);
     stage_rows<T, 128, kLdB>(Bs, Bp + s0 * p.B_l_stride, p.B_l_stride, 0, rows - s0, n0, p.dstate, w + s0);
     __syncthreads();
@@ -249,14 +284,15 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
 
   if constexpr (kVarlen) {
     const float* entering = p.states + states_at(p, b, c, h);
-    const float carry = seg_end == 0 ? __expf(a_end) : 0.f;
+    const bool carries = seg_end == 0;  // the sequence began before this chunk
+    const float carry = __expf(a_end);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int pp = p0 + p_off + i, n = n0 + n_off + (j % 4) + 64 * (j / 4);
         if (pp >= p.headdim || n >= p.dstate) continue;
-        const float v = acc[i][j] + carry * entering[static_cast<int64_t>(n) * p.headdim + pp];
+        const float v = carries ? fmaf(carry, entering[static_cast<int64_t>(n) * p.headdim + pp], acc[i][j]) : acc[i][j];
         store_as(p.varlen_states, p.state_dtype, ((static_cast<int64_t>(item) * p.nheads + h) * p.headdim + pp) * p.dstate + n, v);
       }
   } else {
@@ -323,7 +359,7 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
     const int cc = c0 + threadIdx.x;
     if (cc < p.nchunks) {
       const bool carries = p.seg[(static_cast<int64_t>(b) * p.nchunks + cc) * p.chunk_size + last] == 0;
-      carry[threadIdx.x] = carries ? __expf(p.dA_cs[chunk_row(p, b, h, cc) + last]) : 0.f;
+      carry[threadIdx.x] = carries ? __expf(p.dA_cs[chunk_row(p, b, h, cc) + last]) : -1.f;  // -1: restart
     }
     __syncthreads();
     const int count = min(kThreads, p.nchunks - c0);
@@ -339,7 +375,7 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
       }
       const float k = carry[i];
 #pragma unroll
-      for (int v = 0; v < kPassVec; ++v) s.v[v] = fmaf(k, s.v[v], own.v[v]);
+      for (int v = 0; v < kPassVec; ++v) s.v[v] = k < 0.f ? own.v[v] : fmaf(k, s.v[v], own.v[v]);  // select, not 0 x state
       own = next, next = after;
     }
   }
@@ -355,6 +391,33 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
 }
 
 // ---- 5. chunk scan --------------------------------------------------------------------------
+
+// Non-finite x entries of one chunk and 64-column headdim tile. chunk_scan multiplies x by a
+// weight matrix whose masked entries (later positions, other sequences) are 0, and 0 x NaN is
+// NaN: so x enters the product with those entries as 0, and every output they reach -- same
+// column, same sequence, at or after them -- is set to NaN afterwards. Entries beyond the first
+// are found only when an x value is not finite; the clean path pays one flag test per row.
+// Both live in LDS: `cols` (kMaxChunk x 2 words) may be scratch space the kernel does not use
+// while x is staged.
+struct NonFinite {
+  uint32_t* cols;  // per position s: cols[2 s], cols[2 s + 1], the tile columns of bad x
+  int* any;
+  M2R_DEVICE void clear(int chunk_size) const {  // then a barrier
+    for (int s = threadIdx.x; s < 2 * chunk_size; s += kThreads) cols[s] = 0u;
+    if (threadIdx.x == 0) *any = 0;
+  }
+  M2R_DEVICE void mark(int s, int col, uint32_t bits) const {  // bits: columns col, col + 1, ...
+    atomicOr(&cols[2 * s + col / 32], bits << (col % 32));
+    *any = 1;
+  }
+  // the columns of output row t that a non-finite x reaches (after a barrier; callers test
+  // *any first, so the clean path never walks the segment)
+  M2R_DEVICE uint64_t reaching(int t, const int32_t* seg) const {
+    uint64_t m = 0;
+    for (int s = t; s >= 0 && seg[s] == seg[t]; --s) m |= cols[2 * s] | static_cast<uint64_t>(cols[2 * s + 1]) << 32;
+    return m;
+  }
+};
 
 // The last step of chunk_scan for one element: out[t][pp] = (y + D x[t][pp]) silu(z[t][pp]).
 // In-chunk offsets are 32-bit (the host checks chunk_size * stride < 2^31): fewer scalar
@@ -378,6 +441,15 @@ struct OutRows {
   }
 };
 
+// Whether a non-finite x[s][pp] with s <= t in t's segment reaches out[t][pp]: the FMA
+// variant's form of NonFinite::reaching, reading x again (only once a non-finite x was seen).
+template <typename T>
+M2R_DEVICE bool reached(const typename T::storage* xp, int xl, int t, int pp, const int32_t* seg) {
+  for (int s = t; s >= 0 && seg[s] == seg[t]; --s)
+    if (!isfinite(T::to_float(xp[s * xl + pp]))) return true;
+  return false;
+}
+
 // A (kRows positions) x (64 headdim) tile of one chunk and head:
 //   y[t] = exp(dA_cs[t]) [seg[t] == 0] C[t]·entering  +  sum_{s <= t, seg[s] == seg[t]}
 //          C[t]·B[s] exp(dA_cs[t] - dA_cs[s]) dt[s] x[s]  +  D x[t],   then y * silu(z[t]).
@@ -390,6 +462,7 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
   __shared__ __align__(16) float Bs[kSlab * kLdB];
   __shared__ float acs[kMaxChunk], dts[kMaxChunk];
   __shared__ int32_t seg[kMaxChunk];
+  __shared__ int bad_any;  // a non-finite x in this tile's chunk (rare)
   // heads fastest: the heads of a group, which read the same C rows and C·Bᵀ, run side by side
   const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + 63) / 64);
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
@@ -402,6 +475,7 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
     const float* d = p.dt_out + chunk_row(p, b, h, c);
     const int32_t* sg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
     for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) acs[s] = a[s], dts[s] = d[s], seg[s] = sg[s];
+    if (threadIdx.x == 0) bad_any = 0;
   }
   __syncthreads();
   const int t_off = 4 * (threadIdx.x / 16), p_off = 4 * (threadIdx.x % 16);
@@ -427,9 +501,10 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
 #pragma unroll
     for (int i = 0; i < 4 * kRowGroups; ++i) {
       const int t = t0 + t_off + (i % 4) + 64 * (i / 4);
-      const float f = seg[t] == 0 ? __expf(acs[t]) : 0.f;
+      const bool from_before = seg[t] == 0;  // else a sequence that started in this chunk
+      const float f = __expf(acs[t]);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] *= f;
+      for (int j = 0; j < 4; ++j) acc[i][j] = from_before ? acc[i][j] * f : 0.f;
     }
   }
 
@@ -449,7 +524,20 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
         v = cb[static_cast<int64_t>(s) * p.chunk_size + tt] * __expf(acs[tt] - acs[s]) * dts[s];
       As[k * kLdA + t] = v;
     }
-    stage_rows<T, 64, kLdB>(Bs, xp + s0 * static_cast<int>(p.x_l_stride), static_cast<int>(p.x_l_stride), 0, rows - s0, p0, p.headdim, nullptr);
+    // x, non-finite entries as 0 and flagged (the masked weights are 0, and 0 x NaN is NaN).
+    // Which outputs they reach is worked out from x itself, in the epilogue, only if any was.
+    bool nonfinite = false;
+#pragma unroll 4
+    for (int i = 0; i < 64 * kSlab / kThreads; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      const int col = idx % 64, r = idx / 64;
+      float v = 0.f;
+      if (s0 + r < rows && p0 + col < p.headdim) v = T::to_float(xp[(s0 + r) * static_cast<int>(p.x_l_stride) + p0 + col]);
+      const bool finite = isfinite(v);
+      nonfinite |= !finite;
+      Bs[r * kLdB + col] = finite ? v : 0.f;
+    }
+    if (nonfinite) bad_any = 1;
     __syncthreads();
     slab_product<kRowGroups, 1, kLdA, kLdB>(acc, As, Bs, t_off, p_off);
     __syncthreads();
@@ -463,7 +551,7 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int pp = p0 + p_off + j;
-      if (pp < p.headdim) o.store(p, h, t, pp, acc[i][j]);
+      if (pp < p.headdim) o.store(p, h, t, pp, bad_any && reached<T>(xp, static_cast<int>(p.x_l_stride), t, pp, seg) ? __int_as_float(0x7fc00000) : acc[i][j]);
     }
   }
 }
@@ -585,6 +673,20 @@ struct Rows16 : Fetch<kRows, kCols, 8> {
 #pragma unroll
     for (int i = 0; i < F::kN; ++i) *reinterpret_cast<uint4*>(dst + F::row(i) * ld + F::col()) = q[i];
   }
+  // put, with non-finite values stored as 0 and marked in `bad` at row0 + row
+  template <typename T, typename Marks>
+  M2R_DEVICE void put_finite(uint16_t* dst, int ld, Marks& bad, int row0) {
+#pragma unroll
+    for (int i = 0; i < F::kN; ++i) {
+      uint32_t b0, b1, b2, b3;
+      uint4 v = q[i];
+      v.x = zero_nonfinite2<T>(v.x, b0), v.y = zero_nonfinite2<T>(v.y, b1);
+      v.z = zero_nonfinite2<T>(v.z, b2), v.w = zero_nonfinite2<T>(v.w, b3);
+      const uint32_t bits = b0 | b1 << 2 | b2 << 4 | b3 << 6;
+      if (bits) bad.mark(row0 + F::row(i), F::col(), bits);
+      *reinterpret_cast<uint4*>(dst + F::row(i) * ld + F::col()) = v;
+    }
+  }
 };
 
 // fp32 rows, 4 per load, as Rows16; vec: 16-byte loads allowed.
@@ -703,17 +805,22 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   const int seg_end = seg[end];
   for (int s = threadIdx.x; s < p.chunk_size; s += kThreads)
     w[s] = s <= end && seg[s] == seg_end ? __expf(a_end - acs[s]) * dts[s] : 0.f;
-  __syncthreads();
+  // tokens before `first` belong to earlier sequences: never read (0 x NaN would be NaN)
+  const int first = first_of_segment(seg, seg_end, p.chunk_size);
+  if (first > 0) {  // refetch from there (rare: a sequence starts inside the chunk)
+    bf.fetch(Bp + first * bl, bl, rows - first, ncols, bvec);
+    xf.fetch(xp + first * xl, xl, rows - first, pcols, xvec);
+  }
 
   mma::BlockTile<kThreads, 128, 64, kWaves == 8 ? 4 : 2> tile;  // rows n, cols p
-  for (int s0 = 0; s0 < rows; s0 += kSlab) {
+  for (int s0 = first; s0 < rows; s0 += kSlab) {
     bf.put(Bs, LB::kLd);
 #pragma unroll
     for (int i = 0; i < xf.kN; ++i) {  // x times its weight, split
       const int s = xf.row(i);
       float v[8];
       unpack8<T>(xf.q[i], v);
-      const float ws = w[s0 + s];
+      const float ws = s0 + s < rows ? w[s0 + s] : 0.f;  // s0 need not be slab-aligned (first)
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] *= ws;
       store_split<T, true>(Xh + s * LX::kLd + xf.col(), Xl + s * LX::kLd + xf.col(), v);
@@ -727,7 +834,8 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   }
 
   float* st = p.states + states_at(p, b, c, h);  // varlen: the entering state; else: written
-  const float carry = seg_end == 0 ? __expf(a_end) : 0.f;
+  const bool carries = seg_end == 0;  // varlen: the sequence began before this chunk
+  const float carry = __expf(a_end);
 #pragma unroll
   for (int i = 0; i < tile.kFm; ++i)
 #pragma unroll
@@ -738,7 +846,7 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
         if (n >= p.dstate || pp >= p.headdim) continue;
         const int64_t e = static_cast<int64_t>(n) * p.headdim + pp;
         if constexpr (kVarlen) {
-          const float v = tile.acc[i][j].v[r] + carry * st[e];
+          const float v = carries ? fmaf(carry, st[e], tile.acc[i][j].v[r]) : tile.acc[i][j].v[r];
           store_as(p.varlen_states, p.state_dtype, ((static_cast<int64_t>(item) * p.nheads + h) * p.headdim + pp) * p.dstate + n, v);
         } else {
           st[e] = tile.acc[i][j].v[r];
@@ -759,6 +867,10 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   uint16_t* Bs_lo = Bs + LX::kSize;      // the entering state's rounding remainder
   __shared__ float acs[kMaxChunk], dts[kMaxChunk];  // acs: dA_cs times log2(e)
   __shared__ int32_t seg[kMaxChunk];
+  __shared__ int bad_any;
+  // non-finite x marks: in Bs_lo, which holds nothing once the entering state is done
+  static_assert(LX::kSize * sizeof(uint16_t) >= 2 * kMaxChunk * sizeof(uint32_t), "marks do not fit");
+  const NonFinite bad{reinterpret_cast<uint32_t*>(Bs_lo), &bad_any};
   const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + 63) / 64);
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
   const int tile_id = (blockIdx.x / p.nheads) % tiles, c = blockIdx.x / p.nheads / tiles;
@@ -801,12 +913,16 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
 #pragma unroll
       for (int r = 0; r < mma::kAccRegs; ++r) {
         const int t = t0 + tile.row(i, r);
-        const float f = seg[t] == 0 ? fast_exp2(acs[t]) : 0.f;
+        const bool from_before = seg[t] == 0;  // else a sequence that started in this chunk
+        const float f = fast_exp2(acs[t]);
 #pragma unroll
-        for (int j = 0; j < tile.kFn; ++j) tile.acc[i][j].v[r] *= f;
+        for (int j = 0; j < tile.kFn; ++j) tile.acc[i][j].v[r] = from_before ? tile.acc[i][j].v[r] * f : 0.f;
       }
+    bad.clear(cs);  // Bs_lo is free now
+    __syncthreads();
   } else {
-    __syncthreads();  // acs, dts, seg
+    bad.clear(cs);
+    __syncthreads();  // acs, dts, seg, marks
   }
 
   // within the chunk: positions s <= t of the same segment, M[s][t] = C·Bᵀ[s][t] dt[s]
@@ -845,7 +961,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       }
       store_split<T, true>(As + k * LM::kLd + mf.col(), As_lo + k * LM::kLd + mf.col(), v);
     }
-    xf.put(Bs, LX::kLd);
+    xf.template put_finite<T>(Bs, LX::kLd, bad, s0);  // the masked weights are 0: no NaN x
     __syncthreads();
     const int s1 = s0 + kSlab;
     if (s1 < s_end) mf.fetch(cb + s1 * cs, cs, kSlab, kRows, true), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
@@ -859,6 +975,19 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   float* O = reinterpret_cast<float*>(smem);
   constexpr int kLdO = 64 + 4;
   const int cq = 4 * (threadIdx.x % 16), r_first = threadIdx.x / 16;
+  // which of those outputs a non-finite x reaches: 4 bits per row, read before O overwrites
+  // the marks
+  static_assert(kRows / 64 * 4 * 4 <= 32, "poison bits do not fit a word");
+  uint32_t poison = 0;
+  if (bad_any) {
+#pragma unroll
+    for (int half = 0; half < kRows / 64; ++half)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int t = t0 + 64 * half + r_first + 16 * k;
+        if (t < rows) poison |= static_cast<uint32_t>(bad.reaching(t, seg) >> cq & 0xfu) << (16 * half + 4 * k);
+      }
+  }
   float dq[4] = {};
   if (p.D) {
 #pragma unroll
@@ -888,6 +1017,10 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       if (t >= rows) break;
       const float4 a = *reinterpret_cast<const float4*>(O + rr * kLdO + cq);
       float y[4] = {a.x, a.y, a.z, a.w}, xv[4];
+      const uint32_t poisoned = poison >> (16 * half + 4 * ((rr - r_first) / 16));
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (poisoned >> e & 1u) y[e] = __int_as_float(0x7fc00000);
       unpack4<T>(load4(xo + t * xl, cq, pcols, vec), xv);
 #pragma unroll
       for (int e = 0; e < 4; ++e) y[e] = fmaf(dq[e], xv[e], y[e]);

@@ -15,6 +15,7 @@ from mamba2_rocm.params import (
     RmsNormParams,
     SsdParams,
     SsuParams,
+    StateRowsParams,
 )
 
 __all__ = ["SOURCES", "KernelSource", "kernel_params", "source_of"]
@@ -73,6 +74,7 @@ SOURCES: dict[str, KernelSource] = {
                 if not (contig and n > SSU_CONTIG_MAX_DSTATE)
             ),
         ),
+        KernelSource("state_rows", StateRowsParams, ("m2r_state_rows",)),
         KernelSource(
             "ssd",
             SsdParams,

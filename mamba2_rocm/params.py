@@ -17,6 +17,8 @@ __all__ = [
     "RmsNormParams",
     "SsdParams",
     "SsuParams",
+    "StateRowsParams",
+    "explain_pack_error",
     "packer",
 ]
 
@@ -70,6 +72,10 @@ class SsuParams(ctypes.Structure):
     )
 
 
+class StateRowsParams(ctypes.Structure):
+    _fields_ = _fields("in out", "in_stride", "batch num_states in_int64 reserved")
+
+
 class SsdParams(ctypes.Structure):
     _fields_ = [
         *_fields(
@@ -115,3 +121,25 @@ def packer(params: type[ctypes.Structure]) -> struct.Struct:
             f"{params.__name__}: packed size {packed.size} != ctypes size {ctypes.sizeof(params)}"
         )
     return packed
+
+
+_LIMITS = {ctypes.c_int32: (-(2**31), 2**31 - 1), ctypes.c_int64: (-(2**63), 2**63 - 1)}
+
+
+def explain_pack_error(params: type[ctypes.Structure], values: tuple) -> ValueError:
+    """The error to raise when ``packer(params).pack(*values)`` failed: which field got which
+    value, and the range the kernel's field takes (a size >= 2**31 in a 32-bit size field,
+    rather than ``struct.error: 'i' format requires ...`` from deep in a launch)."""
+    for (name, ctype), value in zip(params._fields_, values, strict=False):
+        lo_hi = _LIMITS.get(ctype)
+        if lo_hi is not None and not (isinstance(value, int) and lo_hi[0] <= value <= lo_hi[1]):
+            return ValueError(
+                f"{params.__name__}.{name} = {value!r} does not fit the kernel's "
+                f"{8 * ctypes.sizeof(ctype)}-bit field (range {lo_hi[0]}..{lo_hi[1]}): a size or "
+                "stride too large for this kernel"
+            )
+    if len(values) != len(params._fields_):
+        return ValueError(
+            f"{params.__name__} takes {len(params._fields_)} values, got {len(values)}"
+        )
+    return ValueError(f"{params.__name__}: cannot pack {values!r}")

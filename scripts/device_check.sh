@@ -13,13 +13,15 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # mamba_ssm's Triton ops for the benchmarks' comparison column: its sdist in .whl/ (with einops'
 # wheel), used from source. Its package __init__ imports the CUDA extensions, which are not
 # built here, so a version-only __init__ replaces it; the ops under mamba_ssm.ops.triton are
-# pure Python and import on their own.
+# pure Python and import on their own. Only the benchmarks see it: on the tests' path a real
+# mamba_ssm would take the name from the drop-in (which gives way to real packages).
+peers=
 for sdist in .whl/mamba_ssm-*.tar.gz; do
   [ -e "$sdist" ] || break
   rm -rf /tmp/mamba-ssm-src && mkdir -p /tmp/mamba-ssm-src && tar xzf "$sdist" -C /tmp/mamba-ssm-src || exit 1
   src=$(echo /tmp/mamba-ssm-src/mamba_ssm-*)
   echo "__version__ = \"$(basename "$src" | sed 's/^mamba_ssm-//')\"  # CUDA extensions not built" > "$src/mamba_ssm/__init__.py"
-  export PYTHONPATH=$PYTHONPATH:$src
+  peers=$src
 done
 nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' | tee -a "$OUT/gpu.txt"
@@ -39,6 +41,6 @@ print("jit kernel dir:", k.kdir.path, "origin:", k.kdir.origin)
 PY
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   for b in ${BENCHES:-conv1d decode ssd rmsnorm}; do
-    python3 -m mamba2_rocm bench "$b" 2>&1 | tee "$OUT/bench-$b.txt"
+    PYTHONPATH=$PYTHONPATH${peers:+:$peers} python3 -m mamba2_rocm bench "$b" 2>&1 | tee "$OUT/bench-$b.txt"
   done
 fi

@@ -153,6 +153,19 @@ S = torch.randn(2, 8, 3)
             ValueError,
             "activation must be None, 'silu' or 'swish', got 'gelu'",
         ),
+        (
+            {"conv_state": S[:1].expand(2, 8, 3)},
+            ValueError,
+            "conv_state is written in place but its elements overlap",
+        ),
+        (
+            {
+                "conv_state": torch.randn(3, 8, 3),
+                "conv_state_indices": torch.tensor([1, 1], dtype=torch.int32),
+            },
+            ValueError,
+            r"conv_state_indices\[0\] and \[1\] are both 1",
+        ),
     ],
 )
 def test_update_bad_inputs(kwargs, exc, match):

@@ -89,3 +89,38 @@ def test_every_struct_packs_to_its_ctypes_size():
     """The launch path packs with struct (no implicit padding): the layouts must agree."""
     for params in STRUCTS:
         assert packer(params).size == ctypes.sizeof(params), params.__name__
+
+
+def test_a_value_too_large_for_its_field_is_named():
+    """A dimension >= 2**31 in a 32-bit field: the error names the field and the value (#19),
+    not struct's format message."""
+    import struct
+
+    from mamba2_rocm.params import SsdParams, explain_pack_error, packer
+
+    values = [0] * len(SsdParams._fields_)
+    names = [n for n, _ in SsdParams._fields_]
+    values[names.index("seqlen")] = 2**31
+    values[names.index("dt_min")] = 0.0
+    values[names.index("dt_max")] = 1.0
+    with pytest.raises(struct.error):
+        packer(SsdParams).pack(*values)
+    err = explain_pack_error(SsdParams, tuple(values))
+    assert "SsdParams.seqlen = 2147483648" in str(err) and "32-bit" in str(err)
+
+
+def test_launcher_raises_the_named_error():
+    import ctypes
+
+    from mamba2_rocm.params import ConvUpdateParams, packer
+    from mamba2_rocm.runtime.loader import Launcher
+
+    launcher = Launcher.__new__(Launcher)
+    launcher.params_type = ConvUpdateParams
+    launcher._packer = packer(ConvUpdateParams)
+    launcher._launch = lambda *a: pytest.fail("must not launch")
+    launcher.func = ctypes.c_void_p(0)
+    values = [0] * len(ConvUpdateParams._fields_)
+    values[[n for n, _ in ConvUpdateParams._fields_].index("dim")] = 2**40
+    with pytest.raises(ValueError, match=r"ConvUpdateParams.dim = 1099511627776 does not fit"):
+        launcher(tuple(values), (1, 1, 1), (1, 1, 1), 0)

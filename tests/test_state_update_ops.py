@@ -106,6 +106,9 @@ def fake_kernels(monkeypatch, fresh_plans):
     monkeypatch.setattr(
         ops, "launch", lambda launcher, x, params, grid, threads: launcher(params, grid, None, 0)
     )
+    # the device-side index check (m2r_state_rows) is a separate launch with its own tests;
+    # here the indices pass through as they are, so the expected struct holds their address
+    monkeypatch.setattr(ops, "checked_state_rows", lambda kset, idx, pool: idx)
     return kset
 
 
@@ -398,3 +401,35 @@ def test_kernel_set_is_chosen_per_call(fake_kernels, monkeypatch):
     ref_state = args["state"].clone()
     ref = selective_state_update_ref(**{**args, "state": ref_state}, compute_dtype=torch.float32)
     torch.testing.assert_close(ops.selective_state_update(**args), ref)
+
+
+def test_written_state_that_overlaps_itself_is_refused():
+    """An expanded (stride-0) state: one row's update would overwrite another's (#19)."""
+    args = _inputs(seeded("overlap"))
+    args["state"] = args["state"][:1].expand_as(args["state"])
+    with pytest.raises(ValueError, match="state is written in place but its elements overlap"):
+        ops.selective_state_update(**args)
+    args = _inputs(seeded("overlap2"))
+    s = args["state"]
+    args["state"] = s.as_strided(s.shape, (s.stride(0), s.stride(1), 1, 1))  # p and n interleave
+    with pytest.raises(ValueError, match="overlap"):
+        ops.selective_state_update(**args)
+
+
+@pytest.mark.parametrize("tier", ["torch", "eager"])
+def test_int64_indices_on_the_torch_tiers(backend, tier):
+    backend(tier)
+    g = seeded("int64 idx")
+    args = _inputs(g, pool=5)
+    outs = []
+    for dt in (torch.int32, torch.int64):
+        a = {**args, "state": args["state"].clone()}
+        outs.append(
+            (
+                ops.selective_state_update(
+                    **a, state_batch_indices=torch.tensor([3, -1, 0], dtype=dt)
+                ),
+                a["state"],
+            )
+        )
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

@@ -11,8 +11,8 @@ key bumps ``schema_version``, a change that adds one does not):
 - ``schema_version`` (int, now 1), ``mamba2_rocm_version`` (str), ``ok`` (bool: no error finding)
 - ``python``: ``{"version", "executable", "platform"}``
 - ``environment``: ``{NAME: value}`` for every variable whose name matches
-  :data:`ENV_PATTERN`; values of names that look secret (TOKEN, SECRET, PASSWORD, KEY) read
-  ``"<redacted>"``
+  :data:`ENV_PATTERN`; values of names that look secret (TOKEN, SECRET, PASSWORD, KEY, AUTH,
+  CREDENTIAL) read ``"<redacted>"``
 - ``torch``: ``{"installed", "version", "hip", "cuda", "location", "error"}`` (``error`` is
   why torch could not be imported, else null)
 - ``rocm``: bool, torch is a ROCm build (``torch.version.hip`` is not None)
@@ -70,7 +70,7 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 ENV_PATTERN = re.compile(r"TORCH|INDUCTOR|AUTOTUNE|TRITON|HIP|ROCM|HSA|GPU|AMD|CUDA")
-_SECRET_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
+_SECRET_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|AUTH|CREDENTIAL", re.IGNORECASE)
 
 NUMA_BALANCING = Path("/proc/sys/kernel/numa_balancing")
 DEV_KFD = Path("/dev/kfd")
@@ -277,7 +277,8 @@ def _check_torch(f: Facts) -> list[Finding]:
 
 
 def _check_max_autotune(f: Facts) -> list[Finding]:
-    active = [n for n in MAX_AUTOTUNE_ENVS if f.environ.get(n, "").strip() not in ("", "0")]
+    # read as Inductor reads them: on exactly for "1" ("true", " 1", "yes" leave it off)
+    active = [n for n in MAX_AUTOTUNE_ENVS if f.environ.get(n) == "1"]
     if not active:
         return []
     shown = ", ".join(f"{n}={f.environ[n]}" for n in active)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
+from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.params import DTYPE_CODES
 
 torch = require_torch()
@@ -32,6 +33,30 @@ def launch(launcher, x, params: tuple, grid: tuple[int, int, int], threads: int)
         return
     with torch.cuda.device(index):
         launcher(params, grid, (threads, 1, 1), raw_stream(index))
+
+
+_STATE_ROWS_THREADS = 256  # csrc/state_rows.hip: kThreads
+
+
+def checked_state_rows(kset, indices, num_states: int):
+    """The state-row indices of a decode step as the update kernels read them: an int32 copy
+    made on the device by ``m2r_state_rows`` (csrc/state_rows.hip), in which -1 (padding) stays
+    and every index that is out of the pool, or names a row another entry also names, is -2
+    (NaN out, state untouched). int64 indices are read as int64: never truncated to another
+    row. No device sync; one small launch per call that passes indices."""
+    rows = torch.empty(indices.shape[0], dtype=torch.int32, device=indices.device)
+    params = (
+        indices.data_ptr(),
+        rows.data_ptr(),
+        indices.stride(0),
+        indices.shape[0],
+        num_states,
+        int(indices.dtype == torch.int64),
+        0,
+    )  # fmt: skip  (StateRowsParams, field order)
+    blocks = -(-indices.shape[0] // _STATE_ROWS_THREADS)
+    launch(kset.launcher("m2r_state_rows"), indices, params, (blocks, 1, 1), _STATE_ROWS_THREADS)
+    return rows
 
 
 def ptr(t) -> int:
@@ -73,6 +98,16 @@ def needs_autograd(*tensors) -> bool:
     kernel call made directly would return results cut off from the graph, and the gradients
     of its inputs would silently stay None."""
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
+def use_registered_op(x, *tensors) -> bool:
+    """Whether a public function calls its ``torch.library`` op rather than the plain
+    implementation: always while compiling, and in eager mode when the kernel tier would run
+    on inputs that need autograd (see :func:`needs_autograd`). Otherwise the direct call saves
+    the dispatcher's host time."""
+    return torch.compiler.is_compiling() or (
+        needs_autograd(x, *tensors) and choose(x.device)[0] == "kernel"
+    )
 
 
 def forward_only(op, public_name: str) -> None:

@@ -17,11 +17,13 @@ from mamba2_rocm.ops._launch import (
     DTYPE_CODE,
     GRID_YZ_MAX,
     KERNEL_DTYPE,
+    checked_state_rows,
     launch,
-    needs_autograd,
     ptr,
     strides,
+    use_registered_op,
 )
+from mamba2_rocm.reference.ssd_checks import check_no_overlap
 
 torch = require_torch()
 Tensor = torch.Tensor
@@ -88,6 +90,8 @@ def _check_fwd(x, weight, bias, seq_idx, initial_states, final_states_out) -> in
         if t is not None:
             _tensor(name, t, dims=3, dtypes=(x.dtype,), device=x.device)
             _shape(name, t, (batch, dim, width - 1))
+    if final_states_out is not None:
+        check_no_overlap("final_states_out", final_states_out)
     return width
 
 
@@ -100,6 +104,7 @@ def _check_update(
         raise ValueError(f"x is empty (shape {tuple(x.shape)}); batch, dim and seqlen must be >= 1")
     width = _check_weight_bias(weight, bias, dim, x.device)
     _tensor("conv_state", conv_state, dims=3, dtypes=(x.dtype,), device=x.device)
+    check_no_overlap("conv_state", conv_state)
     pool, sdim, state_len = conv_state.shape
     if sdim != dim:
         raise ValueError(
@@ -279,9 +284,10 @@ def _update_impl(
     tier, kset = choose(x.device)
     if tier == "kernel":
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        _update_kernel(
-            kset, x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices, out
-        )
+        rows = conv_state_indices
+        if rows is not None:  # range and duplicates checked on the device
+            rows = checked_state_rows(kset, rows, conv_state.shape[0])
+        _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, rows, out)
         return out
     from mamba2_rocm.reference import conv1d as ref
 
@@ -322,11 +328,7 @@ def causal_conv1d_fn(
         final_states_out = torch.empty(
             x.shape[0], x.shape[1], width - 1, dtype=x.dtype, device=x.device
         )
-    op = _fwd_impl
-    if torch.compiler.is_compiling() or (
-        needs_autograd(x, weight, bias, initial_states) and choose(x.device)[0] == "kernel"
-    ):
-        op = causal_conv1d_fwd
+    op = causal_conv1d_fwd if use_registered_op(x, weight, bias, initial_states) else _fwd_impl
     out = op(x, weight, bias, seq_idx, initial_states, final_states_out, silu)
     return (out, final_states_out) if return_final_states else out
 
@@ -340,7 +342,13 @@ def causal_conv1d_update(
     cache_seqlens: Tensor | None = None,
     conv_state_indices: Tensor | None = None,
 ) -> Tensor:
-    """x (batch, dim) or (batch, dim, seqlen); conv_state (batch or pool, dim, state_len), in place."""
+    """x (batch, dim) or (batch, dim, seqlen); conv_state (batch or pool, dim, state_len), in place.
+
+    ``conv_state_indices`` (int32, (batch,)) maps batch rows to state rows; -1 marks a padded
+    row (out zeros, no state touched). An index out of the pool, or a row named by two batch
+    entries, raises on the torch tiers and gives NaN outputs with the states left untouched on
+    the kernel tier (which cannot raise without a device sync).
+    """
     silu = _silu_flag(activation)
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -349,11 +357,7 @@ def causal_conv1d_update(
             f"x must be (batch, dim) or (batch, dim, seqlen), got shape {tuple(x.shape)}"
         )
     squeeze = x.dim() == 2
-    op = _update_impl
-    if torch.compiler.is_compiling() or (
-        needs_autograd(x, weight, bias) and choose(x.device)[0] == "kernel"
-    ):
-        op = causal_conv1d_update_op
+    op = causal_conv1d_update_op if use_registered_op(x, weight, bias) else _update_impl
     out = op(
         x.unsqueeze(-1) if squeeze else x,
         conv_state,

@@ -20,7 +20,7 @@ from mamba2_rocm.ops._launch import (
     forward_only,
     launch,
     like,
-    needs_autograd,
+    use_registered_op,
 )
 from mamba2_rocm.reference.ssd import rmsnorm_ref
 from mamba2_rocm.reference.ssd_checks import check_rmsnorm_args
@@ -143,11 +143,7 @@ def layernorm_fn(
 ) -> Tensor:  # fmt: skip
     """Gated LayerNorm over the last dim (in groups of ``group_size``), or RMSNorm with
     ``is_rms_norm``; mamba_ssm's ``layernorm_fn``. Returns x's dtype."""
-    op = _impl
-    if torch.compiler.is_compiling() or (
-        needs_autograd(x, weight, bias, z) and choose(x.device)[0] == "kernel"
-    ):
-        op = rmsnorm_fwd
+    op = rmsnorm_fwd if use_registered_op(x, weight, bias, z) else _impl
     return op(x, weight, bias, z, float(eps), group_size, bool(norm_before_gate), bool(is_rms_norm))
 
 

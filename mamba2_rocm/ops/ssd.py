@@ -31,9 +31,9 @@ from mamba2_rocm.ops._launch import (
     forward_only,
     launch,
     like,
-    needs_autograd,
     ptr,
     strides,
+    use_registered_op,
 )
 from mamba2_rocm.reference.ssd import empty_varlen_states, ssd_chunked, ssd_sequential
 from mamba2_rocm.reference.ssd_checks import (
@@ -194,11 +194,12 @@ def _impl(
         if return_varlen_states:
             full = empty_varlen_states(cu_seqlens, initial_states, (h, p, dims.dstate),
                                        dims.state_dtype)  # fmt: skip
-            cu = cu_seqlens.tolist()  # checked above, so a host copy exists already
-            ends = [e for i, e in enumerate(cu[1:]) if e > cu[i]]
-            if len(ends) == dims.num_seqs:
+            cu = dims.offsets  # read by the value check above: no second host copy
+            keep = [i for i in range(dims.num_seqs) if cu[i + 1] > cu[i]]  # non-empty sequences
+            if len(keep) == dims.num_seqs:
                 varlen = full
-            else:  # the kernel takes non-empty sequences only: its end offsets, compacted
+            else:  # the kernel takes non-empty sequences only: their end offsets, compacted
+                ends = [cu[i + 1] for i in keep]
                 cu_seqlens = torch.tensor([0, *ends], dtype=torch.int32, device=x.device)
                 dims = dataclasses.replace(dims, num_seqs=len(ends))
                 varlen = torch.empty(len(ends), h, p, dims.dstate, dtype=dims.state_dtype,
@@ -206,7 +207,6 @@ def _impl(
             args = (*args[:5], cu_seqlens, *args[6:])
         out = _kernel(kset, x, dt, A, B, C, chunk_size, *args[:-1], dims, final, varlen)
         if full is not None and varlen is not full:
-            keep = [i for i in range(len(cu) - 1) if cu[i + 1] > cu[i]]
             full[keep] = varlen
             varlen = full
     else:
@@ -269,10 +269,7 @@ def mamba_chunk_scan_combined(
     ``state_dtype`` is given. Semantics: ``mamba2_rocm.reference.ssd``.
     """
     op = _impl
-    if torch.compiler.is_compiling() or (
-        needs_autograd(x, dt, A, B, C, D, z, dt_bias, initial_states)
-        and choose(x.device)[0] == "kernel"
-    ):
+    if use_registered_op(x, dt, A, B, C, D, z, dt_bias, initial_states):
         op = mamba_chunk_scan_combined_op
     out, final, varlen = op(
         x, dt, A, B, C, kernel_chunk_size(chunk_size), D, z, dt_bias, initial_states, seq_idx,

@@ -23,10 +23,11 @@ from mamba2_rocm.ops._launch import (
     KERNEL_DTYPE,
     as_kernel_float,
     check_kernel_dtypes,
+    checked_state_rows,
     launch,
     like,
-    needs_autograd,
     strides,
+    use_registered_op,
 )
 from mamba2_rocm.reference.ssd import selective_state_update_ref
 from mamba2_rocm.reference.ssd_checks import StateUpdateDims, check_state_update_args
@@ -209,6 +210,8 @@ def _impl(
     # mamba_ssm's dtype rules: B, C, z may differ from x (read in x's type: converted copies,
     # tiny at decode sizes); float64 parameters become float32
     B, C, z = like(B, x), like(C, x), like(z, x)
+    if idx is not None:  # int32 or int64, duplicates and range checked on the device
+        idx = checked_state_rows(kset, idx, plan.dims.pool)
     dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
     kp = plan.kernel
     if kp is None:
@@ -264,10 +267,14 @@ def selective_state_update(
     z: Tensor | None = None, dt_bias: Tensor | None = None, dt_softplus: bool = False,
     state_batch_indices: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
-    """One decode step; ``state`` is updated in place; returns out with x's shape and dtype."""
+    """One decode step; ``state`` is updated in place; returns out with x's shape and dtype.
+
+    ``state_batch_indices`` (int32 or int64, (batch,)) maps batch rows to state rows; -1 marks
+    a padded row (out zeros, no state touched). An index out of the pool, or a row named by two
+    batch entries, raises on the torch tiers; the kernel cannot raise without a device sync, so
+    there such rows get NaN outputs and their states are left untouched, never raced over.
+    """
     op = _impl
-    if torch.compiler.is_compiling() or (
-        needs_autograd(x, dt, A, B, C, D, z, dt_bias) and choose(x.device)[0] == "kernel"
-    ):
+    if use_registered_op(x, dt, A, B, C, D, z, dt_bias):
         op = selective_state_update_op
     return op(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mamba2_rocm.reference.ssd_checks import check_state_rows
+
 __all__ = [
     "causal_conv1d_eager",
     "causal_conv1d_ref",
@@ -55,8 +57,8 @@ def causal_conv1d_torch(
         out += bias.to(compute_dtype).view(1, dim, 1)
     for k in range(width):
         tap = xp[..., k : k + seqlen]
-        if seq_idx is not None:
-            tap = tap * (sp[:, k : k + seqlen].unsqueeze(1) == cur).to(compute_dtype)
+        if seq_idx is not None:  # select (0 * a non-finite tap would cross the boundary)
+            tap = torch.where(sp[:, k : k + seqlen].unsqueeze(1) == cur, tap, 0.0)
         out.addcmul_(tap, w[:, k].view(1, dim, 1))
     if silu:
         out = F.silu(out)
@@ -87,23 +89,11 @@ def causal_conv1d_eager(
                 continue
             if seq_idx is not None:
                 same = seq_idx[:, pos] == seq_idx[:, t] if pos >= 0 else seq_idx[:, t] == -1
-                val = val * same.to(compute_dtype).unsqueeze(1)
+                val = torch.where(same.unsqueeze(1), val, 0.0)
             acc += w[:, k] * val
         out[:, :, t] = F.silu(acc) if silu else acc
     xp = _history(x, initial_states, width, compute_dtype)
     return out.to(x.dtype), _final_states(xp, width, x.dtype)
-
-
-def _state_rows(conv_state, conv_state_indices, batch):
-    if conv_state_indices is None:
-        return list(range(batch))
-    rows = conv_state_indices.tolist()
-    for b, r in enumerate(rows):
-        if r < -1 or r >= conv_state.shape[0]:
-            raise IndexError(
-                f"conv_state_indices[{b}] = {r} is out of range for a state pool of {conv_state.shape[0]}"
-            )
-    return rows
 
 
 def causal_conv1d_update_torch(
@@ -113,7 +103,7 @@ def causal_conv1d_update_torch(
     """x (batch, dim, seqlen); updates conv_state in place; returns out (batch, dim, seqlen)."""
     batch, dim, seqlen = x.shape
     width, state_len = weight.shape[1], conv_state.shape[-1]
-    rows = _state_rows(conv_state, conv_state_indices, batch)
+    rows = check_state_rows("conv_state_indices", conv_state_indices, conv_state.shape[0], batch)
     live = [b for b, r in enumerate(rows) if r >= 0]
     out = torch.zeros(batch, dim, seqlen, dtype=x.dtype, device=x.device)
     if not live:
@@ -149,7 +139,7 @@ def causal_conv1d_update_eager(
     """Same as :func:`causal_conv1d_update_torch`, one row and one token at a time."""
     batch, dim, seqlen = x.shape
     width, state_len = weight.shape[1], conv_state.shape[-1]
-    rows = _state_rows(conv_state, conv_state_indices, batch)
+    rows = check_state_rows("conv_state_indices", conv_state_indices, conv_state.shape[0], batch)
     w = weight.to(compute_dtype)
     bvec = (
         bias.to(compute_dtype)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from mamba2_rocm.reference.ssd_checks import (
     check_chunk_scan_args,
     check_rmsnorm_args,
+    check_state_rows,
     check_state_update_args,
 )
 
@@ -126,11 +127,12 @@ def ssd_sequential(
     out = torch.empty(batch, seqlen, nheads, headdim, dtype=cd, device=x.device)
     prev_seg = torch.zeros(batch, dtype=torch.int64, device=x.device)
     for t in range(seqlen):
-        same = (seg[:, t] == prev_seg).to(cd)  # 0 where a new sequence starts: reset
+        same = (seg[:, t] == prev_seg)[:, None, None, None]  # False where a sequence starts
         prev_seg = seg[:, t]
-        decay = torch.exp(dtc[:, t] * Ac) * same[:, None]  # (batch, nheads)
+        decay = torch.exp(dtc[:, t] * Ac)  # (batch, nheads)
         inp = (dtc[:, t, :, None] * xc[:, t])[..., None] * Bh[:, t, :, None, :]
-        state = decay[:, :, None, None] * state + inp
+        # a restart selects zero (0 * a non-finite state would be NaN, not a restart)
+        state = torch.where(same, decay[:, :, None, None] * state, 0.0) + inp
         y = torch.einsum("bhpn,bhn->bhp", state, Ch[:, t])
         if D is not None:
             y = y + _d_term(D, xc[:, t], cd)
@@ -163,8 +165,12 @@ def ssd_chunked(
     3. outputs: intra-chunk (the masked, decayed C·Bᵀ "diagonal block") plus the entering
        state read through C and decayed to each token (the "off-diagonal" part), plus D·x,
        then the z gate.
-    seq_idx masks every term that would cross a sequence boundary. Any seqlen works: the last
-    chunk is padded with dt = 0 tokens (no decay, no input) and outputs are trimmed.
+    seq_idx masks every term that would cross a sequence boundary, by selection (a masked
+    term is never multiplied by 0). Non-finite values reach only their own sequence at or
+    after their position: a non-finite x is kept out of the intra-chunk product, and every
+    output it reaches (same sequence, head and headdim column, at or after it) is NaN, as
+    in the kernels. Any seqlen works: the last chunk is padded with dt = 0 tokens (no decay,
+    no input) and outputs are trimmed.
     chunk_size: any power of two >= 16 (the kernels take 64, 128, 256).
     Memory: O(batch * seqlen * chunk_size * nheads) for the intra-chunk decay matrix.
     """
@@ -190,19 +196,28 @@ def ssd_chunked(
     Cc = chunked(C.to(cd), g, n)
     seg = _segments(seq_idx, batch, seqlen, dev)
     seg = torch.cat([seg, seg[:, -1:].expand(batch, pad)], dim=1).reshape(batch, nchunks, cs)
-    Acs = torch.cumsum(dtc * A.to(cd).view(g, r), dim=2)  # (b, c, s, g, r)
-    neg_inf = torch.tensor(-math.inf, dtype=cd, device=dev)
+    causal = torch.ones(cs, cs, dtype=torch.bool, device=dev).tril()
+    mask = (seg[:, :, :, None] == seg[:, :, None, :]) & causal  # (b, c, t, s)
+    dA = dtc * A.to(cd).view(g, r)  # (b, c, s, g, r)
+    if seq_idx is None:
+        Acs = torch.cumsum(dA, dim=2)
+    else:  # restarted at each sequence start: a non-finite dt stays in its own sequence
+        Acs = torch.where(mask[..., None, None], dA[:, :, None], 0.0).sum(3)  # (b, c, t, g, r)
 
-    # 1. chunk states: tokens of the chunk's last segment, decayed to the chunk end
+    # 1. chunk states: tokens of the chunk's last segment, decayed to the chunk end (the
+    #    others are selected away, never multiplied by 0)
     last_seg = seg[:, :, -1]  # (b, c)
     in_last = (seg == last_seg[..., None])[..., None, None]  # (b, c, s, 1, 1)
-    to_end = torch.exp(torch.where(in_last, Acs[:, :, -1:] - Acs, neg_inf)) * dtc
-    chunk_states = torch.einsum("bcsgn,bcsgr,bcsgrp->bcgrpn", Bc, to_end, xc)
+    to_end = torch.where(in_last, torch.exp(Acs[:, :, -1:] - Acs) * dtc, 0.0)
+    Bl = torch.where(in_last, Bc, 0.0)
+    xl = torch.where(in_last[..., None], xc, 0.0)
+    chunk_states = torch.einsum("bcsgn,bcsgr,bcsgrp->bcgrpn", Bl, to_end, xl)
 
     # 2. state passing: carry across a chunk only if its last token continues the segment of
     #    the token before it (an implicit segment 0 before the row: initial_states)
     seg_before = F.pad(last_seg[:, :-1], (1, 0), value=0)  # (b, c)
-    carry = (last_seg == seg_before).to(cd)[..., None, None] * torch.exp(Acs[:, :, -1])
+    carries = (last_seg == seg_before)[..., None, None, None, None]  # (b, c, 1, 1, 1, 1)
+    carry = torch.exp(Acs[:, :, -1])[..., None, None]  # (b, c, g, r, 1, 1)
     if initial_states is None:
         state = torch.zeros(batch, g, r, headdim, n, dtype=cd, device=dev)
     else:
@@ -210,20 +225,25 @@ def ssd_chunked(
     entering = []
     for c in range(nchunks):
         entering.append(state)
-        state = carry[:, c, :, :, None, None] * state + chunk_states[:, c]
+        state = torch.where(carries[:, c], carry[:, c] * state, 0.0) + chunk_states[:, c]
     entering = torch.stack(entering, dim=1)  # (b, c, g, r, p, n)
 
-    # 3. outputs
-    causal = torch.ones(cs, cs, dtype=torch.bool, device=dev).tril()
-    mask = (seg[:, :, :, None] == seg[:, :, None, :]) & causal  # (b, c, t, s)
+    # 3. outputs; a non-finite x enters the product as 0 and its reach becomes NaN
     seg_diff = Acs[:, :, :, None] - Acs[:, :, None, :]  # (b, c, t, s, g, r)
-    decay = torch.exp(torch.where(mask[..., None, None], seg_diff, neg_inf))
     cb = torch.einsum("bctgn,bcsgn->bctsg", Cc, Bc)
-    weights = cb[..., None] * decay * dtc[:, :, None]  # (b, c, t, s, g, r)
-    y = torch.einsum("bctsgr,bcsgrp->bctgrp", weights, xc)
-    from_prev = (seg == seg_before[..., None])[..., None, None]  # (b, c, t, 1, 1)
-    to_token = torch.exp(Acs) * from_prev  # (b, c, t, g, r)
-    y = y + torch.einsum("bctgn,bcgrpn->bctgrp", Cc, entering) * to_token[..., None]
+    weights = torch.where(
+        mask[..., None, None], cb[..., None] * torch.exp(seg_diff) * dtc[:, :, None], 0.0
+    )  # (b, c, t, s, g, r)
+    bad = ~torch.isfinite(xc)
+    y = torch.einsum("bctsgr,bcsgrp->bctgrp", weights, torch.where(bad, 0.0, xc))
+    if bad.any():
+        reach = torch.einsum("bcts,bcsgrp->bctgrp", mask.to(cd), bad.to(cd)) > 0
+        y = torch.where(reach, math.nan, y)
+    from_prev = (seg == seg_before[..., None])[..., None, None, None]  # (b, c, t, 1, 1, 1)
+    to_token = torch.exp(Acs)[..., None]  # (b, c, t, g, r, 1)
+    y = y + torch.where(
+        from_prev, torch.einsum("bctgn,bcgrpn->bctgrp", Cc, entering) * to_token, 0.0
+    )
     y = y.reshape(batch, nchunks * cs, nheads, headdim)[:, :seqlen]
     if D is not None:
         y = y + _d_term(D, x.to(cd), cd)
@@ -269,11 +289,13 @@ def _varlen_states(cu_seqlens, cs, seg, seg_before, Acs, dtc, Bc, xc, entering, 
     take = (pos <= j[:, None]) & (seg_row == seg_end[:, None])  # (i, s)
     a_end = Acs[0, c, j]  # (i, g, r)
     diff = a_end[:, None] - Acs[0, c]  # (i, s, g, r)
-    neg_inf = torch.tensor(-math.inf, dtype=diff.dtype, device=diff.device)
-    w = torch.exp(torch.where(take[..., None, None], diff, neg_inf)) * dtc[0, c]
-    part = torch.einsum("isgr,isgn,isgrp->igrpn", w, Bc[0, c], xc[0, c])
-    cont = (seg_end == seg_before[0, c]).to(diff.dtype)[:, None, None] * torch.exp(a_end)
-    states = part + cont[..., None, None] * entering[0, c]
+    tk = take[..., None, None]
+    w = torch.where(tk, torch.exp(diff) * dtc[0, c], 0.0)  # selected, never 0 * NaN
+    Bt = torch.where(tk, Bc[0, c], 0.0)
+    xt = torch.where(tk[..., None], xc[0, c], 0.0)
+    part = torch.einsum("isgr,isgn,isgrp->igrpn", w, Bt, xt)
+    cont = (seg_end == seg_before[0, c])[:, None, None, None, None]
+    states = part + torch.where(cont, torch.exp(a_end)[..., None, None] * entering[0, c], 0.0)
     fill = empty_varlen_states(cu_seqlens, initial_states, states.shape[1:], states.dtype)
     return torch.where(empty[:, None, None, None, None], fill, states)
 
@@ -290,26 +312,6 @@ def _compact(t):
         if t.stride(d) == 0 and t.shape[d] > 1:
             t = t.narrow(d, 0, 1)
     return t
-
-
-def _state_rows(state_batch_indices, pool: int, batch: int) -> list[int]:
-    if state_batch_indices is None:
-        return list(range(batch))
-    rows = state_batch_indices.tolist()
-    seen: dict[int, int] = {}
-    for b, row in enumerate(rows):
-        if row < -1 or row >= pool:
-            raise IndexError(
-                f"state_batch_indices[{b}] = {row} is out of range for a state pool of {pool}"
-            )
-        if row >= 0:
-            if row in seen:
-                raise ValueError(
-                    f"state_batch_indices[{seen[row]}] and [{b}] are both {row}; "
-                    "each live row needs its own state"
-                )
-            seen[row] = b
-    return rows
 
 
 def selective_state_update_ref(
@@ -330,7 +332,7 @@ def selective_state_update_ref(
     state[state_batch_indices[b]]; -1 marks a padded row: its out is zero, no state is touched.
     """
     dims = check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
-    rows = _state_rows(state_batch_indices, dims.pool, dims.batch)
+    rows = check_state_rows("state_batch_indices", state_batch_indices, dims.pool, dims.batch)
     if not dims.has_heads:  # Mamba1: one head, one group, headdim = dim (views: in place)
         state, x, dt, A, B, C = (
             state.unsqueeze(1), x.unsqueeze(1), dt.unsqueeze(1), A.unsqueeze(0),

@@ -27,7 +27,9 @@ __all__ = [
     "ChunkScanDims",
     "StateUpdateDims",
     "check_chunk_scan_args",
+    "check_no_overlap",
     "check_rmsnorm_args",
+    "check_state_rows",
     "check_state_update_args",
     "kernel_chunk_size",
 ]
@@ -59,6 +61,43 @@ def _tensor(name: str, t, *, dims: int, layout: str, dtypes, device=None) -> Non
 def _shape(name: str, t, layout: str, expected: tuple[int, ...]) -> None:
     if tuple(t.shape) != expected:
         raise ValueError(f"{name} must have shape {layout} = {expected}, got {tuple(t.shape)}")
+
+
+def check_no_overlap(name: str, t) -> None:
+    """Refuses a tensor that an op writes when two of its indices may share memory (an
+    expanded, stride-0 view, or strides that interleave): one element's update would overwrite
+    another's. Sufficient condition, from the strides alone (no device access): sorted by
+    stride, each dim of size > 1 steps past everything the smaller dims span."""
+    span = 0
+    dims = sorted(((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz > 1))
+    for stride, size in dims:
+        if stride <= span:
+            raise ValueError(
+                f"{name} is written in place but its elements overlap in memory (shape "
+                f"{tuple(t.shape)}, strides {tuple(t.stride())}; an expanded or stride-0 view?): "
+                f"pass a tensor with its own storage per element, e.g. {name}.contiguous()"
+            )
+        span += stride * (size - 1)
+
+
+def check_state_rows(name: str, indices, pool: int, batch: int) -> list[int]:
+    """The state row of each batch entry (``indices`` read on the host: the torch tiers only;
+    the kernels check on the device, see csrc/state_rows.hip). -1 is a padded row; an index
+    outside the pool raises IndexError, a row that two entries name raises ValueError."""
+    if indices is None:
+        return list(range(batch))
+    rows = indices.tolist()
+    seen: dict[int, int] = {}
+    for b, row in enumerate(rows):
+        if row < -1 or row >= pool:
+            raise IndexError(f"{name}[{b}] = {row} is out of range for a state pool of {pool}")
+        if row >= 0:
+            if row in seen:
+                raise ValueError(
+                    f"{name}[{seen[row]}] and [{b}] are both {row}; each live row needs its own state"
+                )
+            seen[row] = b
+    return rows
 
 
 def _limits(headdim: int | None, dstate: int) -> None:
@@ -118,6 +157,7 @@ class ChunkScanDims:
     num_seqs: int  # sequences in cu_seqlens; 0 without it
     dt_limit: tuple[float, float]
     state_dtype: torch.dtype  # dtype of the returned final / varlen states
+    offsets: tuple[int, ...] | None = None  # cu_seqlens as read by the value check, if it ran
 
     @property
     def heads_per_group(self) -> int:
@@ -191,7 +231,7 @@ def check_chunk_scan_args(
             "seq_idx", seq_idx, dims=2, layout="(batch, seqlen)", dtypes=(torch.int32,), device=dev
         )
         _shape("seq_idx", seq_idx, "(batch, seqlen)", (batch, seqlen))
-    num_seqs = 0
+    num_seqs, offsets = 0, None
     if return_varlen_states and cu_seqlens is None:
         raise ValueError("return_varlen_states=True needs cu_seqlens")
     if cu_seqlens is not None:
@@ -210,6 +250,7 @@ def check_chunk_scan_args(
             )
         if inspect_values:
             cu = cu_seqlens.tolist()
+            offsets = tuple(cu)
             if cu[0] != 0 or cu[-1] != seqlen or any(a > b for a, b in itertools.pairwise(cu)):
                 raise ValueError(
                     f"cu_seqlens must start at 0, never decrease and end at seqlen={seqlen}, "
@@ -224,7 +265,7 @@ def check_chunk_scan_args(
         names = ", ".join(_dtype_name(d) for d in dtypes)
         raise TypeError(f"state_dtype must be one of {names}, got {state_dtype!r}")
     return ChunkScanDims(
-        batch, seqlen, nheads, headdim, ngroups, dstate, num_seqs, limit, state_dtype
+        batch, seqlen, nheads, headdim, ngroups, dstate, num_seqs, limit, state_dtype, offsets
     )
 
 
@@ -271,6 +312,7 @@ def check_state_update_args(
     batch, nheads, headdim = (*x.shape,) if heads else (x.shape[0], 1, x.shape[1])
     sl = "(batch, nheads, headdim, dstate)" if heads else "(batch, dim, dstate)"
     _tensor("state", state, dims=x.dim() + 1, layout=sl, dtypes=dtypes, device=dev)
+    check_no_overlap("state", state)
     pool, dstate = state.shape[0], state.shape[-1]
     if tuple(state.shape[1:-1]) != tuple(x.shape[1:]) or state.numel() == 0:
         inner = ", ".join(str(s) for s in x.shape[1:])

@@ -20,12 +20,13 @@ import contextlib
 import ctypes
 import hashlib
 import os
+import struct
 import threading
 import warnings
 from pathlib import Path
 
 from mamba2_rocm.kernels import SOURCES, source_of
-from mamba2_rocm.params import packer
+from mamba2_rocm.params import explain_pack_error, packer
 from mamba2_rocm.runtime.discovery import (
     KernelDir,
     find_kernel_dir,
@@ -61,7 +62,11 @@ class Launcher:
 
     def __call__(self, values: tuple, grid: tuple[int, int, int], block: tuple[int, int, int],
                  stream: int, shared_bytes: int = 0) -> None:  # fmt: skip
-        buf = ctypes.create_string_buffer(self._packer.pack(*values), self._packer.size)
+        try:
+            packed = self._packer.pack(*values)
+        except struct.error:  # name the field instead of struct's format message
+            raise explain_pack_error(self.params_type, values) from None
+        buf = ctypes.create_string_buffer(packed, self._packer.size)
         args = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
         self._launch(self.func, grid, block, shared_bytes, stream, args)
 

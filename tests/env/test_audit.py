@@ -88,6 +88,21 @@ def test_max_autotune_is_an_error_on_rocm(name):
     assert exit_code(found) == 1
 
 
+@pytest.mark.parametrize("value", ["true", "false", "TRUE", "yes", " 1", "2", ""])
+def test_max_autotune_is_read_as_inductor_reads_it(value):
+    """Inductor turns autotuning on for exactly "1" (#19): "true"/"false" leave it off."""
+    assert check(facts(environ={"TORCHINDUCTOR_MAX_AUTOTUNE": value})) == []
+
+
+def test_secret_looking_values_are_redacted():
+    env = {
+        "HIP_AUTH_HEADER": "Bearer x", "ROCM_CREDENTIALS": "c", "TRITON_TOKEN": "t",
+        "CUDA_SECRET": "s", "AMD_PASSWORD": "p", "HSA_API_KEY": "k", "HIP_VISIBLE_DEVICES": "1",
+    }  # fmt: skip
+    shown = report(facts(environ=env))["environment"]
+    assert shown == {**{k: "<redacted>" for k in env}, "HIP_VISIBLE_DEVICES": "1"}
+
+
 def test_max_autotune_severity_follows_context():
     env = {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}
     assert check(facts(environ={"TORCHINDUCTOR_MAX_AUTOTUNE": "0"})) == []

@@ -1,0 +1,27 @@
+"""A NaN or inf stays in its own sequence, at and after its own position: the kernel tier, on
+the cases tests/test_nonfinite.py runs on the CPU tiers (property-based; the kernel-size tiles:
+headdim 64 and 128, dstate up to 128, every chunk size, all three dtypes)."""
+
+import pytest
+from helpers import gpu_available
+from hypothesis import HealthCheck, given, settings
+from nonfinite import check_conv, check_ssd
+from test_nonfinite import conv_cases, ssd_cases
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a GPU")]
+SETTINGS = settings(
+    max_examples=150, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)  # fmt: skip
+
+
+@SETTINGS
+@given(case=ssd_cases(max_seqlen=600, headdims=(3, 64, 80, 128), dstates=(16, 64, 128)))
+def test_ssd_kernel_nonfinite_stays_in_its_sequence(case):
+    check_ssd(case, "cuda")
+
+
+@SETTINGS
+@given(case=conv_cases())
+def test_conv1d_kernel_nonfinite_stays_in_its_sequence(case):
+    check_conv(case, "cuda")
