@@ -91,22 +91,34 @@ def test_sm90_manifest_lists_every_kernel_with_verified_facts(sm90):
             assert 0 < k["vgpr"] <= 255, k["name"]
 
 
+#: Sources whose sm_90 output nvcc itself does not reproduce. Measured with CUDA 13.0.88:
+#: cicc, given the identical preprocessed ssd.hip, emits different PTX for the FMA chunk_scan
+#: kernels in about 1 run of 4 (an extra vector load in slab_product, two more virtual
+#: registers) even single-threaded with ASLR off, in its own PID namespace and with
+#: /dev/urandom replaced by zeros; ptxas given one PTX is stable. The sm_90 build is the test
+#: machine's, never shipped; the shipped AMD builds of every source, ssd included, are
+#: compared byte for byte by tests/pipeline/test_build_e2e.py::test_reproducible.
+NVCC_IRREPRODUCIBLE = {"ssd"}
+
+
 @pytest.mark.slow
 def test_sm90_build_is_deterministic(sm90, tmp_path):
-    again = build(["sm_90"], tmp_path)
+    """The driver adds nothing that varies (names, order, manifest fields), and every source
+    nvcc compiles reproducibly comes out byte for byte the same."""
+    stable = sorted(set(SOURCES) - NVCC_IRREPRODUCIBLE)
+    assert stable, "nothing left to compare"
+    again = build(["sm_90"], tmp_path, sources=stable)
     first, second = sm90.targets["sm_90"], again.targets["sm_90"]
-    names = sorted(p.name for p in first.iterdir())
-    assert names == sorted(p.name for p in second.iterdir())
-    assert "manifest.json" in names
-    for name in names:
-        a, b = (first / name).read_bytes(), (second / name).read_bytes()
-        detail = name
-        if a != b and name.endswith(".json"):  # say which fields differ, not just that they do
-            lines = difflib.unified_diff(
-                a.decode().splitlines(), b.decode().splitlines(), lineterm=""
-            )
-            detail += "\n" + "\n".join(lines)
-        assert a == b, detail
+    for name in stable:
+        a = (first / f"{name}.cubin").read_bytes()
+        assert a == (second / f"{name}.cubin").read_bytes(), name
+    m1, m2 = sm90.manifest("sm_90"), again.manifest("sm_90")
+    m1["code_objects"] = [co for co in m1["code_objects"] if co["source"] in stable]
+    for m in (m1, m2):  # listed in the order the sources were asked for
+        m["code_objects"].sort(key=lambda co: co["source"])
+    j1, j2 = (json.dumps(m, indent=2, sort_keys=True) for m in (m1, m2))
+    diff = "\n".join(difflib.unified_diff(j1.splitlines(), j2.splitlines(), lineterm=""))
+    assert j1 == j2, diff
 
 
 @pytest.mark.slow
