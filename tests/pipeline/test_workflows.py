@@ -154,3 +154,139 @@ def test_workflows_match_the_github_schema():
                            "vendor.github-workflows", *map(str, WORKFLOWS)],
                           capture_output=True, text=True, cwd=REPO)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- what GitHub rejects but zizmor and the schema accept (mamba2_rocm.pipeline.workflows) ----
+
+CALLER = """\
+name: caller
+on: push
+permissions: {}
+jobs:
+  gate:
+    uses: ./.github/workflows/callee.yml
+    with:
+      target: gfx1030
+    secrets:
+      TOKEN: ${{ secrets.TOKEN }}
+  publish:
+    needs: gate
+    runs-on: ubuntu-24.04
+    if: needs.gate.result == 'success' && github.ref_type == 'tag'
+    steps:
+      - uses: actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683
+      - run: echo "${{ format('{0}', needs.gate.outputs.wheel) }} ${{ vars.X }}"
+"""
+CALLEE = """\
+name: callee
+on:
+  workflow_call:
+    inputs:
+      target: {type: string, required: true}
+      extra: {type: string, required: false}
+    secrets:
+      TOKEN: {required: true}
+jobs:
+  run:
+    runs-on: ubuntu-24.04
+    steps:
+      - run: echo ${{ inputs.target }}
+"""
+
+
+def _repo_with(tmp_path: Path, caller: str, callee: str | None = CALLEE) -> Path:
+    wf = tmp_path / ".github" / "workflows"
+    wf.mkdir(parents=True)
+    (wf / "caller.yml").write_text(caller)
+    if callee is not None:
+        (wf / "callee.yml").write_text(callee)
+    return wf
+
+
+def _problems(tmp_path: Path, caller: str, callee: str | None = CALLEE) -> list[str]:
+    from mamba2_rocm.pipeline.workflows import check_dir
+
+    return [str(p) for p in check_dir(_repo_with(tmp_path, caller, callee))]
+
+
+def test_our_workflows_pass_the_reusable_workflow_checks():
+    from mamba2_rocm.pipeline.workflows import check_dir
+
+    assert check_dir(REPO / ".github" / "workflows") == []
+
+
+def test_a_well_formed_call_passes(tmp_path):
+    assert _problems(tmp_path, CALLER) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        # the form release.yml had: GitHub rejects the file, so no tag could publish
+        ("uses: ./.github/workflows/callee.yml", "uses: $/.github/workflows/callee.yml",
+         "is neither ./.github/workflows/NAME.yml nor owner/repo/.github/workflows/NAME.yml@ref"),
+        ("uses: ./.github/workflows/callee.yml", "uses: org/repo/.github/workflows/callee.yml",
+         "is neither"),  # a remote call without @ref
+        ("uses: ./.github/workflows/callee.yml", "uses: ./.github/workflows/missing.yml",
+         "./.github/workflows/missing.yml does not exist"),
+        ("target: gfx1030", "target: gfx1030\n      tagret: x", "declares no input 'tagret'"),
+        ("      target: gfx1030\n", "", "requires input 'target'"),
+        ("TOKEN: ${{ secrets.TOKEN }}", "TOKN: ${{ secrets.TOKEN }}", "declares no secret 'TOKN'"),
+        ("needs: gate", "needs: [gate, build]", "no job named 'build'"),
+        ("github.ref_type", "gihtub.ref_type", "unknown context 'gihtub'"),
+        ("vars.X", "var.X", "unknown context 'var'"),
+        ("format('{0}'", "fromat('{0}'", "unknown function 'fromat'"),
+        ("    needs: gate\n", "", "reads needs.gate, but the job needs []"),
+        ("actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683", "actions/checkout",
+         "is not owner/repo[/path]@ref"),
+    ],
+)  # fmt: skip
+def test_each_broken_form_is_named(tmp_path, old, new, expected):
+    assert old in CALLER
+    problems = _problems(tmp_path, CALLER.replace(old, new, 1))
+    assert any(expected in p for p in problems), problems
+
+
+def test_a_callee_without_workflow_call_is_named(tmp_path):
+    callee = CALLEE.replace("  workflow_call:", "  workflow_dispatch:")
+    problems = _problems(tmp_path, CALLER, callee)
+    assert any("does not declare on: workflow_call" in p for p in problems), problems
+
+
+def test_secrets_inherit_and_strings_are_not_contexts(tmp_path):
+    caller = CALLER.replace("secrets:\n      TOKEN: ${{ secrets.TOKEN }}", "secrets: inherit")
+    caller = caller.replace("echo \"", "echo \"${{ 'not.a.context' }} ")
+    assert _problems(tmp_path, caller) == []
+
+
+def test_cli_exits_1_naming_the_problem(tmp_path):
+    wf = _repo_with(tmp_path, CALLER.replace("uses: ./", "uses: $/"))
+    proc = subprocess.run([sys.executable, "-m", "mamba2_rocm.pipeline.workflows", str(wf)],
+                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 1
+    assert "caller.yml: jobs.gate.uses: '$/.github/workflows/callee.yml'" in proc.stdout
+
+
+ACTIONLINT = REPO / "tools" / "actionlint" / "node_modules" / "@tktco" / "node-actionlint"
+
+
+def _actionlint(directory: Path) -> subprocess.CompletedProcess:
+    node = shutil.which("node")
+    if node is None or not ACTIONLINT.is_dir():
+        require_tool("actionlint: node or tools/actionlint/node_modules missing (nox -s lint)")
+    return subprocess.run([node, str(ACTIONLINT / "bin" / "node-actionlint.js"),
+                           ".github/workflows/*.yml"],
+                          capture_output=True, text=True, cwd=directory)  # fmt: skip
+
+
+def test_actionlint_passes_our_workflows():
+    proc = _actionlint(REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Checking 3 workflow file(s)" in proc.stdout
+
+
+def test_actionlint_rejects_the_dollar_slash_call(tmp_path):
+    _repo_with(tmp_path, CALLER.replace("uses: ./", "uses: $/"))
+    proc = _actionlint(tmp_path)
+    assert proc.returncode != 0
+    assert 'reusable workflow call "$/.github/workflows/callee.yml"' in proc.stdout
