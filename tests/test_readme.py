@@ -41,7 +41,7 @@ def test_every_torch_install_names_a_cpu_or_rocm_index():
 
 
 def test_the_checker_catches_the_old_line():
-    old = "```bash\npip install torch && pip install -e \".[test]\" && nox -s build-gfx1030\n```"
+    old = '```bash\npip install torch && pip install -e ".[test]" && nox -s build-gfx1030\n```'
     [command] = [c for c in _pip_installs(old) if _installs_torch(c)]
     assert not TORCH_INDEXES.search(command)
 

@@ -255,7 +255,7 @@ def test_a_callee_without_workflow_call_is_named(tmp_path):
 
 def test_secrets_inherit_and_strings_are_not_contexts(tmp_path):
     caller = CALLER.replace("secrets:\n      TOKEN: ${{ secrets.TOKEN }}", "secrets: inherit")
-    caller = caller.replace("echo \"", "echo \"${{ 'not.a.context' }} ")
+    caller = caller.replace('echo "', "echo \"${{ 'not.a.context' }} ")
     assert _problems(tmp_path, caller) == []
 
 
