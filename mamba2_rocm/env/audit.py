@@ -85,10 +85,32 @@ MAX_AUTOTUNE_ENVS = (
 ALLOC_CONF_ENVS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 SEVERITIES = ("error", "warning", "info")
+
+
+#: PyTorch's wheel indexes (download.pytorch.org/whl/...): the CPU build, and the ROCm build
+#: the project's own ROCm images use (PyTorch publishes one per supported ROCm release)
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH_ROCM_INDEX = "https://download.pytorch.org/whl/rocm6.4"
+
+
 _ROCM_TORCH_HINT = (
-    "pip install torch --index-url https://download.pytorch.org/whl/rocm6.4 "
+    f"pip install torch --index-url {TORCH_ROCM_INDEX} "
     "(pick the rocmX.Y matching your driver), then re-run `python -m mamba2_rocm doctor`"
 )
+
+
+def torch_install_line(amd_gpus: bool, nvidia_gpus: bool) -> str:
+    """The pip line that installs the torch this machine needs: ROCm's on a machine with AMD
+    GPUs, PyPI's default (CUDA) build where only NVIDIA GPUs are, the CPU build otherwise.
+    Never the bare `pip install torch` on an AMD machine: on Linux it is the CUDA build."""
+    if amd_gpus:
+        return (
+            f"pip install torch --index-url {TORCH_ROCM_INDEX} "
+            "(or the rocmX.Y index that matches your ROCm driver)"
+        )
+    if nvidia_gpus:
+        return "pip install torch"
+    return f"pip install torch --index-url {TORCH_CPU_INDEX}"
 
 
 @dataclass(frozen=True)
@@ -243,15 +265,16 @@ def _check_torch(f: Facts) -> list[Finding]:
                     + _ROCM_TORCH_HINT,
                 )
             ]
-        from mamba2_rocm._torch import INSTALL_HINT
-
+        nvidia = any(d.vendor == "nvidia" for d in f.devices)
+        gpu = "AMD GPU" if f.amd_gpus else "NVIDIA GPU" if nvidia else "no GPU"
         return [
             Finding(
                 "torch-missing",
                 "warning",
-                "torch is not installed: the mamba2-rocm ops cannot run (the build driver and "
-                "this audit can)",
-                INSTALL_HINT.replace("\n", " ").replace("    ", ""),
+                "torch is not installed: the mamba2-rocm ops cannot run at all, on any tier "
+                "(the build driver and this audit can)",
+                f"for this machine ({gpu}): {torch_install_line(f.amd_gpus, nvidia)}, then "
+                "re-run `python -m mamba2_rocm doctor` (mamba2-rocm never installs torch itself)",
             )
         ]
     if t.cuda is not None and f.amd_gpus:
@@ -458,7 +481,10 @@ def _check_devices(f: Facts) -> list[Finding]:
                 "no-gpu",
                 "info",
                 "no GPU is visible (" + "; ".join(f.device_sources) + ")",
-                "nothing to do on a CPU-only machine: ops use the PyTorch reference fallback",
+                "nothing to do on a CPU-only machine: ops use the PyTorch reference fallback"
+                if f.torch.importable
+                else "without torch no op runs here (see torch-missing); with it they would "
+                "use the PyTorch reference fallback",
             )
         ]
     found = []

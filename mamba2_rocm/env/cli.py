@@ -53,13 +53,16 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _protect(args: argparse.Namespace) -> int:
-    from mamba2_rocm.env.protect import TorchStackChanged, protected_install
+    from mamba2_rocm.env.protect import NoTorchToProtect, TorchStackChanged, protected_install
 
     try:
-        return protected_install(args.pip_args, args.python)
+        return protected_install(args.pip_args, args.python, allow_no_torch=args.allow_no_torch)
     except TorchStackChanged as exc:
         print(f"error: protect-torch: {exc}", file=sys.stderr)
         return 3
+    except NoTorchToProtect as exc:
+        print(f"protect-torch: {exc}", file=sys.stderr)
+        return 4
 
 
 def _compile_safety(args: argparse.Namespace) -> int:
@@ -99,10 +102,17 @@ def register(subparsers: Any) -> None:
         "protect-torch",
         help="pip install with the torch stack pinned",
         description="Run `pip install ARGS` with the installed torch stack pinned by a "
-        "constraints file; exit with pip's code, or 3 if the stack changed anyway.",
-        usage="%(prog)s [--python PATH] -- PIP_INSTALL_ARGS...",
+        "constraints file; exit with pip's code, 3 if the stack changed anyway, or 4 (pip not "
+        "run) if there is no torch to protect.",
+        usage="%(prog)s [--python PATH] [--allow-no-torch] -- PIP_INSTALL_ARGS...",
     )
     prot.add_argument("--python", help=py_help)
+    prot.add_argument(
+        "--allow-no-torch",
+        action="store_true",
+        help="run pip even when the interpreter has no torch (a torch pip installs is then "
+        "reported as a change, exit 3)",
+    )
     prot.add_argument("pip_args", nargs=argparse.REMAINDER, help="arguments of `pip install`")
     prot.set_defaults(func=_protect)
 

@@ -274,28 +274,50 @@ def _install_args(pip_args: list[str]) -> list[str]:
     return args
 
 
+class NoTorchToProtect(RuntimeError):
+    """protect-torch was asked to guard an interpreter that has no torch: pip did not run."""
+
+
+def _no_torch_message(python: str) -> str:
+    from mamba2_rocm.env.audit import torch_install_line
+    from mamba2_rocm.env.detect import amd_gpus_present
+
+    amd = amd_gpus_present()
+    where = "this machine has AMD GPUs" if amd else "no AMD GPU found here"
+    return (
+        f"{python} has no torch installed: there is nothing to protect, so pip was not run. "
+        f"Install torch first ({where}: {torch_install_line(amd, False)}), or pass "
+        f"--allow-no-torch to run pip anyway (a torch it installs is then reported as a change)"
+    )
+
+
 def protected_install(
     pip_args: list[str],
     python: str | os.PathLike[str] | None = None,
     *,
     log: Any = None,
+    allow_no_torch: bool = False,
 ) -> int:
     """``pip install *pip_args`` into ``python`` with the torch stack pinned; pip's exit code.
 
-    Raises :class:`TorchStackChanged` when the stack changed anyway (also when pip failed
-    half-way). A non-zero return means pip refused or failed and the stack is unchanged.
+    Raises :class:`NoTorchToProtect` before pip runs when ``python`` has no torch (unless
+    ``allow_no_torch``), and :class:`TorchStackChanged` when the stack changed anyway (also
+    when pip failed half-way). A non-zero return means pip refused or failed and the stack is
+    unchanged.
     """
     log = sys.stderr if log is None else log
     args = _install_args(pip_args)
     python = str(python or sys.executable)
     before = fingerprint(python)
+    if "torch" not in before.packages and not allow_no_torch:
+        raise NoTorchToProtect(_no_torch_message(python))
     pins = constraints(before)
     if pins:
         print(f"protect-torch: pinning {', '.join(pins)} in {python}", file=log)
     else:
         print(
-            f"protect-torch: {python} has no torch stack installed; nothing to pin, but a "
-            f"torch that pip installs now is reported as a change",
+            f"protect-torch: {python} has no torch stack installed; nothing to pin "
+            f"(--allow-no-torch), but a torch that pip installs now is reported as a change",
             file=log,
         )
     with tempfile.TemporaryDirectory() as tmp:

@@ -53,6 +53,49 @@ def test_torch_missing_is_a_warning():
     assert exit_code(list(found.values())) == 0
 
 
+@pytest.mark.parametrize(
+    ("devices", "amd", "line"),
+    [
+        ([GpuDevice(0, "gfx1030", "gfx1030", {}, "", "rocminfo")], True,
+         "for this machine (AMD GPU): pip install torch --index-url "
+         "https://download.pytorch.org/whl/rocm6.4 "),
+        ([], True, "(AMD GPU): pip install torch --index-url https://download.pytorch.org/whl/rocm"),
+        ([GpuDevice(0, "sm_90", "sm_90", {}, "", "nvidia-smi")], False,
+         "for this machine (NVIDIA GPU): pip install torch, then"),
+        ([], False, "for this machine (no GPU): pip install torch --index-url "
+         "https://download.pytorch.org/whl/cpu, then"),
+    ],
+)  # fmt: skip
+def test_torch_missing_gives_the_install_line_for_the_detected_gpu(devices, amd, line):
+    found = by_id(check(facts(torch=NO_TORCH, devices=devices, amd=amd, kfd="missing")))
+    assert "cannot run at all" in found["torch-missing"].message
+    assert line in found["torch-missing"].fix
+
+
+def test_without_torch_no_fallback_is_promised():
+    found = by_id(check(facts(torch=NO_TORCH, devices=(), amd=False, kfd="missing")))
+    assert "reference fallback" not in found["no-gpu"].fix.split(";")[0]
+    assert "without torch no op runs here" in found["no-gpu"].fix
+    found = by_id(check(facts(torch=CPU, devices=(), amd=False, kfd="missing")))
+    assert found["no-gpu"].fix.startswith(
+        "nothing to do on a CPU-only machine: ops use the PyTorch"
+    )
+
+
+def test_doctor_without_torch_in_a_subprocess():
+    """The real CLI in an interpreter where `import torch` fails: the finding and its line."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # import torch -> ImportError
+        "from mamba2_rocm.cli import main; sys.exit(main(['doctor']))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "torch-missing: torch is not installed: the mamba2-rocm ops cannot run" in proc.stdout
+    assert "pip install torch --index-url https://download.pytorch.org/whl/" in proc.stdout
+    assert "ops use the PyTorch reference fallback" not in proc.stdout
+
+
 def test_torch_import_failure_is_an_error():
     broken = TorchInfo(True, error="import failed: OSError: libamdhip64.so: cannot open")
     found = by_id(check(facts(torch=broken)))

@@ -232,3 +232,24 @@ def test_protect_torch_in_a_real_venv(index, tmp_path):
     assert "torch: version 2.5.1+rocm6.2 -> 2.6.0" in r.stderr
     assert "torch.version.hip: '6.2.41133' -> None" in r.stderr
     assert "torch.version.cuda: None -> '12.4'" in r.stderr
+
+
+@pytest.mark.slow
+def test_protect_torch_without_torch_stops_before_pip(index, tmp_path):
+    venv = tmp_path / "bare"
+    assert _run(sys.executable, "-m", "venv", venv).returncode == 0
+    py = venv / "bin" / "python"
+    request = ("--", "--no-cache-dir", "--index-url", index.url, "harmless")  # needs torch>=2.0
+    r = _cli("protect-torch", "--python", py, *request)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "has no torch installed: there is nothing to protect, so pip was not run" in r.stderr
+    assert "pip install torch --index-url https://download.pytorch.org/whl/" in r.stderr
+    assert "--allow-no-torch" in r.stderr
+    assert fingerprint(py).packages == {}  # pip really did not run: harmless pulls a torch
+    assert _run(py, "-c", "import harmless").returncode != 0
+
+    # the explicit flag runs pip; the torch it pulls in is reported as a change
+    r = _cli("protect-torch", "--python", py, "--allow-no-torch", *request)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "nothing to pin (--allow-no-torch)" in r.stderr
+    assert "torch: added 2.6.0 (it was not installed)" in r.stderr
