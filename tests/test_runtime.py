@@ -490,8 +490,46 @@ def test_kernels_for_device_selects_and_caches(fake_devices, tmp_path, monkeypat
     kset = loader.kernels_for_device(0)
     assert kset.target == "gfx10-3-generic" and kset.kdir.path == kdir and kset.driver is drv
     assert loader.kernels_for_device(0) is kset
+    # the path the user set has nothing for gfx1100: an error naming it, not a silent fallback
+    with pytest.raises(LoaderError, match=r"device 1, gfx1100\): MAMBA2_ROCM_KERNEL_PATH=.*k "
+                       r"has kernels for gfx10-3-generic but none for gfx1100 \(looked for "
+                       r"gfx1100 or gfx11-generic\)"):  # fmt: skip
+        loader.kernels_for_device(1)
+    monkeypatch.delenv("MAMBA2_ROCM_KERNEL_PATH")  # unset: the usual fallback, with its warning
     with pytest.warns(UserWarning, match="no kernels for gfx1100"):
         assert loader.kernels_for_device(1) is None
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda root: root / "nowhere", r"entry '.*nowhere' does not exist"),
+        (lambda root: (root / "f").write_text("x") and root / "f", r"entry '.*f' is not a directory"),
+        (lambda root: (root / "empty").mkdir() or root / "empty",
+         r"entry '.*empty' holds no kernel dir \(looked for .*empty/manifest.json and "
+         r".*empty/<target>/manifest.json"),
+    ],
+)  # fmt: skip
+def test_an_unusable_kernel_path_is_an_error(fake_devices, tmp_path, monkeypatch, make, expected):
+    archs, _ = fake_devices
+    archs[0] = "gfx1030"
+    monkeypatch.setenv("MAMBA2_ROCM_JIT", "0")
+    good = write_kernel_dir(tmp_path / "good" / "gfx1030", "gfx1030")
+    bad = make(tmp_path)
+    monkeypatch.setenv("MAMBA2_ROCM_KERNEL_PATH", os.pathsep.join(map(str, (good.parent, bad))))
+    assert discovery.kernel_path_problems() != []
+    with pytest.raises(LoaderError, match=expected):
+        loader.kernels_for_device(0)
+    # fixed: the next call works (errors are not cached)
+    monkeypatch.setenv("MAMBA2_ROCM_KERNEL_PATH", str(good.parent))
+    assert discovery.kernel_path_problems() == []
+    assert loader.kernels_for_device(0).kdir.path == good
+
+
+def test_an_empty_kernel_path_is_unset(monkeypatch):
+    monkeypatch.setenv("MAMBA2_ROCM_KERNEL_PATH", os.pathsep)
+    assert discovery.kernel_path_entries() == []
+    assert discovery.kernel_path_error("gfx1030") is None
 
 
 @pytest.mark.slow

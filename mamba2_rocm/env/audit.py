@@ -21,7 +21,10 @@ key bumps ``schema_version``, a change that adds one does not):
 - ``devices``: list of ``{"index", "arch", "arch_full", "features", "name", "source",
   "real_arch", "vendor", "generic_family", "fp8_dtype", "kernel_dir", "install_hint"}``;
   ``kernel_dir`` is null or ``{"target", "path", "origin"}``, ``install_hint`` is the pip line
-  when no kernel dir serves the device, else null
+  when no kernel dir serves the device, else null; ``op_tier`` is ``{"tier", "why"}``: which
+  tier ops on the device take (``"kernel"``, ``"jit"``, ``"torch"``, ``"eager"``, ``"error"``:
+  they raise, ``"none"``: no torch) and why
+- ``cpu_op_tier``: ``{"tier", "why"}`` for CPU tensors
 - ``device_sources``: list of str, what each detection source said
 - ``kernel_packages``: list of ``{"name", "version"}`` (installed ``mamba2-rocm-*``)
 - ``import_names``: ``mamba2_rocm.dropin.report()``: who owns ``mamba_ssm`` / ``causal_conv1d``
@@ -34,6 +37,7 @@ key bumps ``schema_version``, a change that adds one does not):
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -157,6 +161,12 @@ class Facts:
     kernel_warnings: list[str] = field(default_factory=list)
     #: who owns the drop-in import names (mamba2_rocm.dropin.report())
     import_names: list[dict[str, Any]] = field(default_factory=list)
+    #: why MAMBA2_ROCM_KERNEL_PATH cannot be used: entries that serve nothing, and per device
+    #: arch (runtime.discovery.kernel_path_error), {arch: message}
+    kernel_path_problems: list[str] = field(default_factory=list)
+    kernel_path_errors: dict[str, str] = field(default_factory=dict)
+    #: compilers a just-in-time build would use, by vendor (empty with MAMBA2_ROCM_JIT=0)
+    jit_compilers: dict[str, str] = field(default_factory=dict)
 
     @property
     def rocm(self) -> bool:
@@ -234,6 +244,15 @@ def gather(environ: Mapping[str, str] | None = None, *, use_torch: bool = True) 
     if torch is None:
         sources.insert(0, f"torch: {error}")
     dirs, kernel_warnings = _kernel_dirs()
+    from mamba2_rocm.runtime.discovery import kernel_path_error, kernel_path_problems
+
+    path_problems = kernel_path_problems(environ)
+    path_errors = {}
+    if not path_problems:
+        for d in devices:
+            err = kernel_path_error(d.arch, environ)
+            if err is not None:
+                path_errors[d.arch] = err
     return Facts(
         environ=environ,
         torch=torch_info(torch, error),
@@ -246,7 +265,23 @@ def gather(environ: Mapping[str, str] | None = None, *, use_torch: bool = True) 
         import_names=[dict(r) for r in dropin.report()],
         kernel_dirs=dirs,
         kernel_warnings=kernel_warnings,
+        kernel_path_problems=path_problems,
+        kernel_path_errors=path_errors,
+        jit_compilers=_jit_compilers(environ),
     )
+
+
+def _jit_compilers(environ: Mapping[str, str]) -> dict[str, str]:
+    """The compilers a just-in-time build would find (runtime.loader's rule), by vendor."""
+    if environ.get("MAMBA2_ROCM_JIT", "1") == "0":
+        return {}
+    from mamba2_rocm.build.driver import BuildError, find_toolchain
+
+    found = {}
+    for vendor in ("amd", "nvidia"):
+        with contextlib.suppress(BuildError):  # no compiler for this vendor: no JIT for it
+            found[vendor] = find_toolchain(vendor).compiler
+    return found
 
 
 # --------------------------------------------------------------------------- checks
@@ -516,6 +551,56 @@ def _check_devices(f: Facts) -> list[Finding]:
     return found
 
 
+def _check_kernel_path(f: Facts) -> list[Finding]:
+    """MAMBA2_ROCM_KERNEL_PATH set to something that cannot be used: ops on a GPU raise."""
+    fix = (
+        "point MAMBA2_ROCM_KERNEL_PATH at a `python -m mamba2_rocm build --out DIR` directory, "
+        "or unset it to use the installed kernel packages"
+    )
+    found = [Finding("kernel-path-unusable", "error", p, fix) for p in f.kernel_path_problems]
+    for dev in f.devices:
+        if dev.arch in f.kernel_path_errors:
+            found.append(
+                Finding(
+                    "kernel-path-no-arch",
+                    "error",
+                    f"device {dev.index}: {f.kernel_path_errors[dev.arch]}",
+                    "ops on this device raise until the path serves it",
+                )
+            )
+    return found
+
+
+def op_tier(f: Facts, dev: GpuDevice | None) -> tuple[str, str]:
+    """``(tier, why)`` for ops on ``dev`` (None: CPU tensors), by the rules of
+    ``ops._backend.choose`` and ``runtime.loader``: "kernel", "jit" (built on first use),
+    "torch" / "eager" (the PyTorch implementations), "error" (ops raise) or "none" (no torch)."""
+    if not f.torch.importable:
+        return "none", "torch is not installed: no op can run"
+    wanted = (f.environ.get("MAMBA2_ROCM_BACKEND") or "auto").strip().lower() or "auto"
+    if wanted not in ("auto", "kernel", "torch", "eager"):
+        return "error", f"MAMBA2_ROCM_BACKEND={wanted!r} is not auto, kernel, torch or eager"
+    if wanted in ("torch", "eager"):
+        return wanted, f"MAMBA2_ROCM_BACKEND={wanted}"
+    if dev is None:
+        if wanted == "kernel":
+            return "error", "MAMBA2_ROCM_BACKEND=kernel needs GPU tensors"
+        return "torch", "CPU tensors take the PyTorch implementation"
+    if dev.arch in f.kernel_path_errors or f.kernel_path_problems:
+        return "error", f.kernel_path_errors.get(dev.arch) or "; ".join(f.kernel_path_problems)
+    kdir = _served_by(dev, f.kernel_dirs)
+    if kdir is not None:
+        return "kernel", f"{kdir.target} kernels from {kdir.origin} ({kdir.path})"
+    compiler = f.jit_compilers.get(dev.vendor)
+    if compiler:
+        return "jit", f"no installed kernels: the first op builds them with {compiler} (once)"
+    if wanted == "kernel":
+        return "error", f"MAMBA2_ROCM_BACKEND=kernel and no kernels: {_hint_for(dev.arch)}"
+    return "torch", f"no kernels for {dev.arch} (the slower PyTorch fallback): " + _hint_for(
+        dev.arch
+    )
+
+
 def _check_import_names(f: Facts) -> list[Finding]:
     """The drop-in names: a real mamba_ssm / causal_conv1d beside the drop-in takes the name,
     so code importing it gets the real package, not our kernels."""
@@ -556,6 +641,7 @@ CHECKS: tuple[Callable[[Facts], list[Finding]], ...] = (
     _check_override,
     _check_devices,
     _check_kernel_warnings,
+    _check_kernel_path,
     _check_import_names,
 )
 
@@ -593,13 +679,16 @@ def report(facts: Facts, findings: list[Finding] | None = None) -> dict[str, Any
     devices = []
     for dev in facts.devices:
         kdir = _served_by(dev, facts.kernel_dirs)
+        tier, why = op_tier(facts, dev)
         devices.append(
             {
                 **dev.as_dict(),
                 "kernel_dir": _kdir_dict(kdir) if kdir else None,
                 "install_hint": None if kdir else _hint_for(dev.arch),
+                "op_tier": {"tier": tier, "why": why},
             }
         )
+    cpu_tier, cpu_why = op_tier(facts, None)
     ov = facts.override
     return {
         "schema_version": SCHEMA_VERSION,
@@ -620,6 +709,7 @@ def report(facts: Facts, findings: list[Finding] | None = None) -> dict[str, Any
         "kernel_packages": list(facts.kernel_packages),
         "import_names": list(facts.import_names),
         "kernel_dirs": [_kdir_dict(k) for k in facts.kernel_dirs],
+        "cpu_op_tier": {"tier": cpu_tier, "why": cpu_why},
         "numa_balancing": facts.numa_balancing,
         "kfd": facts.kfd,
         "findings": [asdict(x) for x in findings],
@@ -685,6 +775,11 @@ def render_text(rep: dict[str, Any]) -> str:
         lines += _table(rows)
     else:
         lines.append("  none")
+    lines += ["", "op tiers (float64 inputs always take the torch tier)"]
+    tiers = [[f"device {d['index']} ({d['arch']})", d["op_tier"]["tier"], d["op_tier"]["why"]]
+             for d in rep["devices"]]  # fmt: skip
+    cpu = rep["cpu_op_tier"]
+    lines += _table([*tiers, ["CPU tensors", cpu["tier"], cpu["why"]]])
     lines += ["", "kernel packages"]
     pkgs = rep["kernel_packages"]
     lines += [f"  {p['name']} {p['version']}" for p in pkgs] or ["  none installed"]

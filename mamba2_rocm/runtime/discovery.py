@@ -1,5 +1,9 @@
 """Where code objects come from: installed kernel packages, an env path, the JIT cache.
 
+``MAMBA2_ROCM_KERNEL_PATH`` (directories, ``os.pathsep``-separated) comes first; an entry that
+cannot be used, or that holds no kernels for the device's arch, is an error for ops on that
+device (:func:`kernel_path_error`), never skipped silently.
+
 A kernel directory holds one target's code objects and the ``manifest.json`` the build driver
 wrote for them. Kernel packages (``mamba2-rocm-gfx1030``, ``mamba2-rocm-gfx11-generic``, ...)
 register their directory through the entry-point group :data:`ENTRY_POINT_GROUP`, so several
@@ -12,6 +16,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,8 @@ __all__ = [
     "find_kernel_dir",
     "jit_cache_root",
     "kernel_dirs",
+    "kernel_path_error",
+    "kernel_path_problems",
     "pip_install_hint",
 ]
 
@@ -107,12 +114,59 @@ def _package_dirs() -> list[KernelDir]:
 def kernel_dirs(include_cache: bool = True) -> list[KernelDir]:
     """All kernel dirs, in priority order: env path, installed packages, JIT cache."""
     found: list[KernelDir] = []
-    for entry in filter(None, os.environ.get(KERNEL_PATH_ENV, "").split(os.pathsep)):
+    for entry in kernel_path_entries():
         found.extend(_dirs_below(Path(entry), f"env {KERNEL_PATH_ENV}"))
     found.extend(_package_dirs())
     if include_cache:
         found.extend(_dirs_below(jit_cache_root(), "jit cache"))
     return found
+
+
+def kernel_path_entries(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The entries of ``MAMBA2_ROCM_KERNEL_PATH`` (os.pathsep-separated; empty ones dropped)."""
+    env = os.environ if environ is None else environ
+    return [e for e in env.get(KERNEL_PATH_ENV, "").split(os.pathsep) if e]
+
+
+def kernel_path_problems(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Every ``MAMBA2_ROCM_KERNEL_PATH`` entry that cannot serve any GPU, saying what was
+    looked for. A path the user set is a statement of intent: it is never skipped silently."""
+    problems = []
+    for entry in kernel_path_entries(environ):
+        path = Path(entry)
+        if not path.exists():
+            problems.append(f"{KERNEL_PATH_ENV} entry {entry!r} does not exist")
+        elif not path.is_dir():
+            problems.append(f"{KERNEL_PATH_ENV} entry {entry!r} is not a directory")
+        elif not _dirs_below(path, ""):
+            problems.append(
+                f"{KERNEL_PATH_ENV} entry {entry!r} holds no kernel dir (looked for "
+                f"{path / 'manifest.json'} and {path / '<target>' / 'manifest.json'}, as "
+                f"`python -m mamba2_rocm build --out DIR` writes them)"
+            )
+    return problems
+
+
+def kernel_path_error(arch: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why ``MAMBA2_ROCM_KERNEL_PATH`` cannot serve a device of ``arch``, or None when it is
+    unset or serves it (its own kernel dir, or its generic family's)."""
+    entries = kernel_path_entries(environ)
+    if not entries:
+        return None
+    problems = kernel_path_problems(environ)
+    if problems:
+        return "; ".join(problems)
+    dirs = [d for e in entries for d in _dirs_below(Path(e), f"env {KERNEL_PATH_ENV}")]
+    if find_kernel_dir(arch, dirs) is not None:
+        return None
+    base = split_arch_name(arch)[0]
+    wanted = " or ".join(filter(None, (base, generic_family(base))))
+    held = ", ".join(sorted({d.target for d in dirs}))
+    return (
+        f"{KERNEL_PATH_ENV}={os.pathsep.join(entries)} has kernels for {held} but none for "
+        f"{arch} (looked for {wanted}): build them with `python -m mamba2_rocm build --arch "
+        f"{base} --out DIR` and add DIR, or unset {KERNEL_PATH_ENV} to use installed packages"
+    )
 
 
 def find_kernel_dir(arch: str, dirs: list[KernelDir] | None = None) -> KernelDir | None:

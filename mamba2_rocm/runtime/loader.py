@@ -31,6 +31,7 @@ from mamba2_rocm.runtime.discovery import (
     KernelDir,
     find_kernel_dir,
     jit_cache_root,
+    kernel_path_error,
     pip_install_hint,
 )
 from mamba2_rocm.runtime.driver import DriverError, GpuDriver, get_driver
@@ -221,6 +222,9 @@ def kernels_for_device(device_index: int) -> KernelSet | None:
         from mamba2_rocm.runtime.device import device_arch
 
         arch = device_arch(device_index)
+        path_error = kernel_path_error(arch)
+        if path_error is not None:  # not cached: fixing the path takes effect on the next call
+            raise LoaderError(f"mamba2-rocm (device {device_index}, {arch}): {path_error}")
         kdir = find_kernel_dir(arch) or _jit_build(arch)
         kset = KernelSet(kdir, device_index, get_driver()) if kdir is not None else None
         if kset is None and arch not in _WARNED:

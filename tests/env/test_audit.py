@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -310,11 +311,11 @@ def test_findings_sorted_errors_first():
 REPORT_KEYS = {
     "schema_version", "mamba2_rocm_version", "ok", "python", "environment", "torch", "rocm",
     "amd_gpus_present", "hsa_override", "devices", "device_sources", "kernel_packages", "import_names",
-    "kernel_dirs", "numa_balancing", "kfd", "findings",
+    "kernel_dirs", "cpu_op_tier", "numa_balancing", "kfd", "findings",
 }  # fmt: skip
 DEVICE_KEYS = {
     "index", "arch", "arch_full", "features", "name", "source", "real_arch", "vendor",
-    "generic_family", "fp8_dtype", "kernel_dir", "install_hint",
+    "generic_family", "fp8_dtype", "kernel_dir", "install_hint", "op_tier",
 }  # fmt: skip
 
 
@@ -470,3 +471,73 @@ def test_override_onto_an_isa_without_family_is_cross_family():
     assert f.fix == (
         'unset HSA_OVERRIDE_GFX_VERSION and use kernels built for gfx90a (pip install "mamba2-rocm[gfx90a]")'
     )
+
+
+# --------------------------------------------------------------------------- op tiers, kernel path
+
+GFX1030 = GpuDevice(0, "gfx1030", "gfx1030", {}, "Radeon RX 6800", "torch")
+
+
+def _tier(f, dev=GFX1030):
+    return audit.op_tier(f, dev)
+
+
+def test_op_tier_follows_the_runtime_rules(tmp_path):
+    kd = KernelDir("gfx1030", Path("/k/gfx1030"), "package mamba2-rocm-gfx1030 0.3.0", {})
+    assert _tier(facts(devices=[GFX1030], kernel_dirs=[kd])) == (
+        "kernel",
+        "gfx1030 kernels from package mamba2-rocm-gfx1030 0.3.0 (/k/gfx1030)",
+    )
+    bare = dict(devices=[GFX1030], kernel_dirs=[])
+    tier, why = _tier(facts(**bare))
+    assert tier == "torch" and 'pip install "mamba2-rocm[gfx1030]"' in why
+    tier, why = _tier(facts(**bare, jit_compilers={"amd": "/usr/bin/hipcc"}))
+    assert tier == "jit" and "/usr/bin/hipcc" in why
+    assert _tier(facts(**bare, environ={"MAMBA2_ROCM_BACKEND": "kernel"}))[0] == "error"
+    assert _tier(facts(**bare, environ={"MAMBA2_ROCM_BACKEND": "eager"})) == (
+        "eager",
+        "MAMBA2_ROCM_BACKEND=eager",
+    )
+    assert _tier(facts(**bare, environ={"MAMBA2_ROCM_BACKEND": "fast"}))[0] == "error"
+    assert _tier(facts(torch=NO_TORCH, **bare)) == ("none", "torch is not installed: no op can run")
+    assert _tier(facts(**bare), None) == ("torch", "CPU tensors take the PyTorch implementation")
+    err = "MAMBA2_ROCM_KERNEL_PATH=/x has kernels for gfx1100 but none for gfx1030"
+    assert _tier(facts(**bare, kernel_path_errors={"gfx1030": err})) == ("error", err)
+    # the report and the text carry it per device
+    rep = report(facts(devices=[GFX1030], kernel_dirs=[kd]))
+    assert rep["devices"][0]["op_tier"]["tier"] == "kernel"
+    assert rep["cpu_op_tier"]["tier"] == "torch"
+    text = audit.render_text(rep)
+    assert "device 0 (gfx1030)  kernel  gfx1030 kernels from package" in text
+
+
+def test_kernel_path_findings_are_errors():
+    found = by_id(
+        check(facts(kernel_path_problems=["MAMBA2_ROCM_KERNEL_PATH entry '/n' does not exist"]))
+    )
+    assert found["kernel-path-unusable"].severity == "error"
+    assert "'/n' does not exist" in found["kernel-path-unusable"].message
+    err = "MAMBA2_ROCM_KERNEL_PATH=/x has kernels for gfx1030 but none for gfx1100"
+    found = by_id(check(facts(kernel_path_errors={"gfx1100": err})))
+    assert found["kernel-path-no-arch"].message == f"device 0: {err}"
+    assert exit_code(list(found.values())) == 1
+
+
+def test_gather_reads_the_kernel_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAMBA2_ROCM_KERNEL_PATH", str(tmp_path / "missing"))
+    f = audit.gather(dict(os.environ), use_torch=False)
+    assert f.kernel_path_problems == [
+        f"MAMBA2_ROCM_KERNEL_PATH entry '{tmp_path / 'missing'}' does not exist"
+    ]
+
+
+def test_doctor_names_an_unusable_kernel_path(tmp_path):
+    env = dict(os.environ, MAMBA2_ROCM_KERNEL_PATH=str(tmp_path))  # exists, holds nothing
+    proc = subprocess.run([sys.executable, "-m", "mamba2_rocm", "doctor"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        f"kernel-path-unusable: MAMBA2_ROCM_KERNEL_PATH entry '{tmp_path}' holds no kernel dir"
+        in proc.stdout
+    )
+    assert "op tiers" in proc.stdout
