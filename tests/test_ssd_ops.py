@@ -58,6 +58,26 @@ def test_return_convention(backend):
     torch.testing.assert_close(var.float(), ref_var.float(), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("tier", ["torch", "eager"])
+def test_empty_sequences_in_cu_seqlens(tier, backend):
+    """Equal consecutive offsets (what batching code makes of an empty request) are accepted:
+    the empty sequence's varlen state is its initial state at offset 0, else zeros."""
+    backend(tier)
+    g = seeded("empty-seqs", tier)
+    a = _inputs(g, b=1, L=150)
+    a["initial_states"] = torch.randn(1, 4, 8, 16, generator=g)
+    cu = torch.tensor([0, 0, 40, 40, 97, 150, 150], dtype=torch.int32)
+    seq = torch.repeat_interleave(torch.arange(6, dtype=torch.int32), cu.diff())[None]
+    kw = dict(seq_idx=seq, cu_seqlens=cu, return_varlen_states=True, dt_softplus=True)
+    out, var = mamba_chunk_scan_combined(**a, chunk_size=64, **kw)
+    ref, ref_var = ssd_sequential(**{k: v.double() for k, v in a.items()}, **kw)
+    torch.testing.assert_close(out, ref.float(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(var, ref_var.float(), rtol=1e-4, atol=1e-4)
+    assert var.shape == (6, 4, 8, 16)
+    torch.testing.assert_close(var[0], a["initial_states"][0])
+    assert not var[[2, 5]].any()
+
+
 @pytest.mark.parametrize(
     ("change", "err", "match"),
     [
