@@ -130,9 +130,13 @@ def matrix(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def publish(session: nox.Session) -> None:
-    """Check wheels/ and twine-upload: -- --repository-url URL [targets...]."""
-    session.install("twine>=6.1")  # 6.1: trusted publishing from GitHub Actions
-    _pipeline(session, "publish", *session.posargs)
+    """Check wheels/ and twine-upload: -- --repository-url URL [targets...]. The release job
+    holds id-token: write, so every tool comes hash-checked from requirements/publish.txt and
+    the package itself is installed without dependencies or build isolation (nothing else)."""
+    session.install("--require-hashes", "-r", "requirements/publish.txt")
+    session.install("--no-deps", "--no-build-isolation", "-e", ".")
+    _audit(session)
+    session.run("python", "-m", "mamba2_rocm.pipeline", "publish", *session.posargs)
 
 
 @nox.session(default=False)

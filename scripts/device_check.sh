@@ -5,9 +5,10 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
+work=$(mktemp -d)  # fresh per run: nothing left by an earlier run lands on PYTHONPATH
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$work/site" .whl/*.whl || exit 1
+  export PYTHONPATH=$work/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # mamba_ssm's Triton ops for the benchmarks' comparison column: its sdist in .whl/ (with einops'
@@ -18,18 +19,18 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 peers=
 for sdist in .whl/mamba_ssm-*.tar.gz; do
   [ -e "$sdist" ] || break
-  rm -rf /tmp/mamba-ssm-src && mkdir -p /tmp/mamba-ssm-src && tar xzf "$sdist" -C /tmp/mamba-ssm-src || exit 1
-  src=$(echo /tmp/mamba-ssm-src/mamba_ssm-*)
+  mkdir -p "$work/mamba-ssm-src" && tar xzf "$sdist" -C "$work/mamba-ssm-src" || exit 1
+  src=$(echo "$work"/mamba-ssm-src/mamba_ssm-*)
   echo "__version__ = \"$(basename "$src" | sed 's/^mamba_ssm-//')\"  # CUDA extensions not built" > "$src/mamba_ssm/__init__.py"
   peers=$src
 done
 nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' | tee -a "$OUT/gpu.txt"
-python3 -m mamba2_rocm build --arch native --out /tmp/m2r-kernels 2>&1 | tee "$OUT/build.txt" || exit 1
-export MAMBA2_ROCM_KERNEL_PATH=/tmp/m2r-kernels
+python3 -m mamba2_rocm build --arch native --out "$work/kernels" 2>&1 | tee "$OUT/build.txt" || exit 1
+export MAMBA2_ROCM_KERNEL_PATH=$work/kernels
 python3 -m pytest -m gpu -q -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
 echo "--- just-in-time path (empty kernel path, fresh cache) ---"
-MAMBA2_ROCM_KERNEL_PATH= MAMBA2_ROCM_CACHE=/tmp/m2r-jit python3 - <<'PY' 2>&1 | tee "$OUT/jit.txt"
+MAMBA2_ROCM_KERNEL_PATH= MAMBA2_ROCM_CACHE=$work/jit python3 - <<'PY' 2>&1 | tee "$OUT/jit.txt"
 import torch, warnings
 warnings.simplefilter("always")
 from mamba2_rocm import causal_conv1d_fn

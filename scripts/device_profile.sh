@@ -5,12 +5,11 @@
 #   SKIP / COUNT  launches of matching kernels skipped / profiled (default 3 / 3)
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
-if [ ! -d /tmp/m2r-kernels ]; then
-  python3 -m mamba2_rocm build --arch native --out /tmp/m2r-kernels >/dev/null || exit 1
-fi
-export MAMBA2_ROCM_KERNEL_PATH=/tmp/m2r-kernels
+work=$(mktemp -d)  # fresh per run: nothing left by an earlier run lands on PYTHONPATH
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$work/site" .whl/*.whl || exit 1
+export PYTHONPATH=$PWD:$work/site PYTHONUNBUFFERED=1
+python3 -m mamba2_rocm build --arch native --out "$work/kernels" >/dev/null || exit 1
+export MAMBA2_ROCM_KERNEL_PATH=$work/kernels
 KERNELS=${KERNELS:-m2r_conv1d} SCRIPT=${SCRIPT:-scripts/profile_conv1d.py}
 # shellcheck disable=SC2086  # SCRIPT is a command line
 ncu --clock-control none -k "regex:$KERNELS" -s "${SKIP:-3}" -c "${COUNT:-3}" \

@@ -290,3 +290,52 @@ def test_actionlint_rejects_the_dollar_slash_call(tmp_path):
     proc = _actionlint(tmp_path)
     assert proc.returncode != 0
     assert 'reusable workflow call "$/.github/workflows/callee.yml"' in proc.stdout
+
+
+# --- tools installed by hash (the release job holds id-token: write) ----------------------------
+
+LOCKS = REPO / "requirements"
+
+
+def _locked(path: Path) -> dict[str, list[str]]:
+    """``{name: [hashes]}`` of a pip-compile --generate-hashes file (continuation lines joined)."""
+    text = path.read_text().replace("\\\n", " ")
+    out = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)\s*(.*)$", line)
+        assert m, f"{path.name}: not an exact pin: {line!r}"
+        out[m.group(1).lower()] = re.findall(r"--hash=sha256:([0-9a-f]{64})", m.group(3))
+    return out
+
+
+@pytest.mark.parametrize("name", ["nox", "publish"])
+def test_locks_pin_every_package_by_hash(name):
+    locked = _locked(LOCKS / f"{name}.txt")
+    assert locked
+    assert all(hashes for hashes in locked.values()), [n for n, h in locked.items() if not h]
+    for line in (LOCKS / f"{name}.in").read_text().splitlines():
+        req = line.split("#", 1)[0].strip()
+        if req:
+            wanted = re.split(r"[=<>~!\[ ;]", req, maxsplit=1)[0].lower()
+            assert wanted in locked, f"{req} of {name}.in is not in {name}.txt"
+
+
+def test_workflows_install_only_from_the_locks():
+    for path in WORKFLOWS:
+        for job_name, job, step in _steps(_load(path)):
+            run = step.get("run", "")
+            for cmd in re.findall(r"pip install[^\n]*", run):
+                assert re.search(r"--require-hashes -r requirements/\w+\.txt$", cmd.strip()), (
+                    f"{path.name}:{job_name}: {cmd!r} installs outside a hash-checked lock"
+                )
+
+
+def test_publish_session_installs_from_the_lock():
+    source = (REPO / "noxfile.py").read_text()
+    body = source[source.index("def publish(") :].split("\n@nox.session", 1)[0]
+    assert '"--require-hashes", "-r", "requirements/publish.txt"' in body
+    assert '"--no-deps", "--no-build-isolation", "-e", "."' in body
+    assert "_pipeline(" not in body  # it installs the pipeline's tools unpinned
