@@ -325,7 +325,7 @@ def test_locks_pin_every_package_by_hash(name):
 
 def test_workflows_install_only_from_the_locks():
     for path in WORKFLOWS:
-        for job_name, job, step in _steps(_load(path)):
+        for job_name, _job, step in _steps(_load(path)):
             run = step.get("run", "")
             for cmd in re.findall(r"pip install[^\n]*", run):
                 assert re.search(r"--require-hashes -r requirements/\w+\.txt$", cmd.strip()), (
