@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: wheels/<target>/build-manifest.json)")  # fmt: skip
     p.add_argument("--torch", help="install this torch first (requirement or wheel), as a user has")
     p.add_argument("--torch-index-url", help="index for --torch (default: --index-url)")
+    p.add_argument("--venv", help="create the venv here and keep it (default: a temporary one)")
     p = sub.add_parser("gpu-tests", help="test wheels/<target>/ on this machine's AMD GPU")
     p.add_argument("target")
     p.add_argument("--base-image", default=None, help="ROCm PyTorch image to test on")
@@ -99,9 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             from mamba2_rocm.pipeline.pull import pull
 
             manifest = Path(args.manifest or Path("wheels", args.target, "build-manifest.json"))
-            pull(
-                get_recipe(args.target), args.index_url, manifest, args.torch, args.torch_index_url
-            )
+            pull(get_recipe(args.target), args.index_url, manifest, args.torch,
+                 args.torch_index_url, Path(args.venv) if args.venv else None)  # fmt: skip
         elif args.cmd == "gpu-tests":
             from mamba2_rocm.pipeline.gputest import DEFAULT_BASE_IMAGE, run_gpu_tests
 

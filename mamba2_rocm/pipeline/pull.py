@@ -5,11 +5,16 @@ torch), then ``pip install "mamba2-rocm[<target>]==<version>" --index-url URL`` 
 torch protection (the torch stack must come out unchanged), then the checks against the
 build manifest of that release:
 
-- the wheels pip downloaded have the sha256 the manifest lists (pip's ``--report`` gives the
-  hash of each file it fetched from the index);
+- our two wheels are installed in pip's hash-checking mode (``--require-hashes --no-deps``
+  with the manifest's sha256s), so a file from the index that is not the built one is refused
+  before anything is installed; their third-party dependencies follow in a second step; pip's
+  ``--report`` hashes are compared with the manifest as well;
+- the manifest itself is validated first (a version, non-empty ``wheels`` and ``code_objects``
+  tables of sha256s, one wheel per distribution, code objects only of the recipe's archs);
 - every installed code object (``mamba2_rocm_<target>/kernels/<arch>/...``) has the manifest's
   sha256, none is missing and none is extra;
-- ``python -m mamba2_rocm info --json`` in that venv finds each arch in the installed package.
+- ``python -m mamba2_rocm info --json`` in that venv finds each arch in the installed package
+  (run only once every file check passed: nothing unverified runs).
 
 Which manifest: ``build-manifest.json`` is not on the index (an index holds wheels only; the
 manifest names the wheels' own hashes, so it cannot be inside them). The release workflow
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,7 +38,7 @@ from typing import Any
 from mamba2_rocm.env.protect import TorchStackChanged, fingerprint, protected_install
 from mamba2_rocm.pipeline.recipes import Recipe
 
-__all__ = ["PullError", "pull", "verify_install"]
+__all__ = ["PullError", "hashed_requirements", "manifest_problems", "pull", "verify_install"]
 
 
 class PullError(RuntimeError):
@@ -76,11 +82,59 @@ def read_manifest(path: Path, recipe: Recipe) -> dict[str, Any]:
         ) from None
     except (OSError, ValueError) as exc:
         raise PullError(f"unreadable build manifest {path}: {exc}") from None
-    if manifest.get("target") != recipe.target:
-        raise PullError(
-            f"{path} is the manifest of {manifest.get('target')!r}, not {recipe.target}"
-        )
+    if not isinstance(manifest, dict) or manifest.get("target") != recipe.target:
+        got = manifest.get("target") if isinstance(manifest, dict) else manifest
+        raise PullError(f"{path} is the manifest of {got!r}, not {recipe.target}")
+    problems = manifest_problems(manifest, recipe)
+    if problems:
+        raise PullError(f"{path} is not a usable build manifest:\n  " + "\n  ".join(problems))
     return manifest
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def manifest_problems(manifest: dict[str, Any], recipe: Recipe) -> list[str]:
+    """What makes a manifest unusable for checking an install (an empty table checks nothing:
+    it is an error, not a pass)."""
+    problems = []
+    version = manifest.get("version")
+    if not isinstance(version, str) or not version:
+        problems.append(f"'version' must be a non-empty string, got {version!r}")
+        version = None
+    for table in ("wheels", "code_objects"):
+        value = manifest.get(table)
+        if not isinstance(value, dict) or not value:
+            problems.append(f"'{table}' must be a non-empty table of sha256s, got {value!r}")
+            continue
+        for key, digest in value.items():
+            if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+                problems.append(f"'{table}' entry {key!r}: {digest!r} is not a sha256")
+    wheels = manifest.get("wheels") if isinstance(manifest.get("wheels"), dict) else {}
+    for dist in ("mamba2_rocm", recipe.module_name):
+        mine = [w for w in wheels if w.endswith(".whl") and w.split("-")[0] == dist]
+        if len(mine) != 1:
+            problems.append(f"'wheels' must list exactly one {dist} wheel, got {mine}")
+        elif version and mine[0].split("-")[1] != version:
+            problems.append(f"{mine[0]} is not version {version}")
+    strangers = sorted(set(wheels) - {w for w in wheels if w.split("-")[0] in
+                                      ("mamba2_rocm", recipe.module_name)})  # fmt: skip
+    if strangers:
+        problems.append(f"'wheels' lists files of other distributions: {strangers}")
+    objects = manifest.get("code_objects") if isinstance(manifest.get("code_objects"), dict) else {}
+    outside = sorted(k for k in objects if k.split("/", 1)[0] not in recipe.archs)
+    if outside:
+        problems.append(f"code objects outside the recipe's archs {list(recipe.archs)}: {outside}")
+    return problems
+
+
+def hashed_requirements(manifest: dict[str, Any]) -> str:
+    """pip requirement lines pinning each wheel of the manifest to its version and sha256."""
+    lines = []
+    for wheel, digest in sorted(manifest["wheels"].items()):
+        dist, version = wheel.split("-")[:2]
+        lines.append(f"{dist.replace('_', '-')}=={version} --hash=sha256:{digest}")
+    return "\n".join(lines) + "\n"
 
 
 def downloaded_hashes(report: dict[str, Any]) -> dict[str, str]:
@@ -175,21 +229,41 @@ def pull(
             log(f"torch in the fresh venv: {fingerprint(py).summary()}")
         report = tmp / "pip-report.json"
         requirement = f"mamba2-rocm[{recipe.target}]=={version}"
-        log(f"installing {requirement} from {index_url} (torch protected)")
-        try:
-            rc = protected_install(
-                ["-q", "--index-url", index_url, "--report", str(report), requirement], py
-            )
-        except TorchStackChanged as exc:
-            raise PullError(f"installing {requirement} changed the torch stack: {exc}") from None
-        if rc != 0:
-            raise PullError(f"pip could not install {requirement} from {index_url} (exit {rc})")
+        # 1. our wheels in pip's hash-checking mode: a file whose sha256 is not the manifest's
+        #    is refused before anything is installed; 2. then their dependencies (third-party,
+        #    not in the manifest), with both of ours already in place. Both torch protected.
+        pinned = tmp / "manifest-requirements.txt"
+        pinned.write_text(hashed_requirements(manifest))
+        log(f"installing {requirement} from {index_url}: our wheels hash-checked against the "
+            "manifest, torch protected")  # fmt: skip
+        steps = (
+            ["--require-hashes", "--no-deps", "--report", str(report), "-r", str(pinned)],
+            [requirement],
+        )
+        for args in steps:
+            try:
+                # without --torch the venv has none: a torch pip pulls in is still a change
+                rc = protected_install(
+                    ["-q", "--index-url", index_url, *args], py, allow_no_torch=True
+                )
+            except TorchStackChanged as exc:
+                raise PullError(
+                    f"installing {requirement} changed the torch stack: {exc}"
+                ) from None
+            if rc != 0:
+                what = "the manifest's wheels (hash-checked)" if "-r" in args else requirement
+                raise PullError(f"pip could not install {what} from {index_url} (exit {rc})")
         downloaded = downloaded_hashes(json.loads(report.read_text()))
         proc = _run([py, "-c", _INSTALLED_SCRIPT, "mamba2-rocm", recipe.package_name], cwd=tmp)
         if proc.returncode != 0:
             raise PullError(f"cannot list the installed distributions:\n{proc.stderr[-2000:]}")
         installed = json.loads(proc.stdout)
         problems = verify_install(recipe, manifest, installed, downloaded)
+        if problems:  # nothing from the new environment runs before its files are verified
+            raise PullError(
+                f"{recipe.package_name} {version} from {index_url} does not match "
+                f"{manifest_path}:\n  " + "\n  ".join(problems)
+            )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MAMBA2_ROCM_", "PYTHON"))}
         env["MAMBA2_ROCM_CACHE"] = str(tmp / "empty-cache")  # no just-in-time build may answer
         proc = _run([py, "-m", "mamba2_rocm", "info", "--json"], env=env, cwd=tmp)

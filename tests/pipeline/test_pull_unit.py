@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from mamba2_rocm.pipeline.pull import PullError, downloaded_hashes, read_manifest, verify_install
+from mamba2_rocm.pipeline.pull import (
+    PullError,
+    downloaded_hashes,
+    hashed_requirements,
+    read_manifest,
+    verify_install,
+)
 from mamba2_rocm.pipeline.recipes import get_recipe
 
 MANIFEST = {
@@ -67,3 +75,39 @@ def test_manifest_must_exist_and_be_of_the_target(tmp_path):
     other.write_text('{"target": "gfx90a"}')
     with pytest.raises(PullError, match="is the manifest of 'gfx90a', not gfx1030"):
         read_manifest(other, get_recipe("gfx1030"))
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (dict(wheels={}), "'wheels' must be a non-empty table of sha256s, got {}"),
+        (dict(code_objects=None), "'code_objects' must be a non-empty table of sha256s, got None"),
+        (dict(version=""), "'version' must be a non-empty string"),
+        (dict(wheels={**MANIFEST["wheels"], "mamba2_rocm-1.0-py3-none-any.whl": "A" * 64}),
+         "'wheels' entry 'mamba2_rocm-1.0-py3-none-any.whl': 'AAAA"),
+        (dict(wheels={"mamba2_rocm-1.0-py3-none-any.whl": "a" * 64}),
+         "'wheels' must list exactly one mamba2_rocm_gfx1030 wheel, got []"),
+        (dict(wheels={**MANIFEST["wheels"], "evil-1.0-py3-none-any.whl": "e" * 64}),
+         "'wheels' lists files of other distributions: ['evil-1.0-py3-none-any.whl']"),
+        (dict(wheels={"mamba2_rocm-0.9-py3-none-any.whl": "a" * 64,
+                      "mamba2_rocm_gfx1030-1.0-py3-none-any.whl": "b" * 64}),
+         "mamba2_rocm-0.9-py3-none-any.whl is not version 1.0"),
+        (dict(code_objects={"gfx1100/ssd.hsaco": "c" * 64}),
+         "code objects outside the recipe's archs ['gfx1030']: ['gfx1100/ssd.hsaco']"),
+    ],
+)  # fmt: skip
+def test_an_unusable_manifest_is_an_error_not_a_pass(tmp_path, change, expected):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({**MANIFEST, **change}))
+    with pytest.raises(PullError, match="is not a usable build manifest") as exc:
+        read_manifest(path, get_recipe("gfx1030"))
+    assert expected in str(exc.value)
+
+
+def test_the_manifest_becomes_hash_pinned_requirements(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(MANIFEST))
+    assert hashed_requirements(read_manifest(path, get_recipe("gfx1030"))) == (
+        f"mamba2-rocm==1.0 --hash=sha256:{'a' * 64}\n"
+        f"mamba2-rocm-gfx1030==1.0 --hash=sha256:{'b' * 64}\n"
+    )

@@ -159,3 +159,19 @@ def test_pull_installs_the_target_from_the_index_and_verifies_it(
     assert r.returncode == 1
     assert f"installed code object {key} has sha256" in r.stderr, r.stderr
     assert f"the manifest says {'0' * 64}" in r.stderr
+    assert "mamba2_rocm info" not in r.stderr  # nothing from an unverified install ran
+    # a wheel that is not the one built: pip's hash-checking mode refuses it, nothing installed
+    manifest = json.loads((wheels / "gfx1030" / "build-manifest.json").read_text())
+    kernel_wheel = next(w for w in manifest["wheels"] if w.startswith("mamba2_rocm_gfx1030-"))
+    manifest["wheels"][kernel_wheel] = "1" * 64
+    other.write_text(json.dumps(manifest))
+    venv = tmp_path / "refused-venv"
+    r = _pipeline("pull", "gfx1030", "--index-url", index.simple, "--manifest", other,
+                  "--venv", venv, env=pip_env())  # fmt: skip
+    assert r.returncode == 1
+    assert "pip could not install the manifest's wheels (hash-checked)" in r.stderr, r.stderr
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in r.stdout + r.stderr
+    listed = subprocess.run([venv / "bin" / "python", "-m", "pip", "list", "--format=json"],
+                            capture_output=True, text=True)  # fmt: skip
+    names = {d["name"] for d in json.loads(listed.stdout)}
+    assert not names & {"mamba2-rocm", "mamba2-rocm-gfx1030", "mamba2_rocm"}, names
