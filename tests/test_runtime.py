@@ -8,6 +8,8 @@ import hashlib
 import importlib
 import json
 import os
+import re
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -31,6 +33,13 @@ def _isolated_runtime(tmp_path, monkeypatch):
     monkeypatch.delenv("MAMBA2_ROCM_KERNEL_PATH", raising=False)
     monkeypatch.delenv("MAMBA2_ROCM_HIP_LIBRARY", raising=False)
     monkeypatch.setenv("MAMBA2_ROCM_CACHE", str(tmp_path / "empty-cache"))
+    real = loader._code_object_arch
+
+    def stand_in_arch(image: bytes) -> str:  # write_kernel_dir's stand-ins name their target
+        m = re.fullmatch(rb"code object \w+ for ([\w-]+)", image)
+        return m.group(1).decode() if m else real(image)
+
+    monkeypatch.setattr(loader, "_code_object_arch", stand_in_arch)
     loader.reset()
     yield
     loader.reset()
@@ -89,7 +98,41 @@ def test_env_path_to_a_parent_of_target_dirs(tmp_path, monkeypatch):
         "MAMBA2_ROCM_KERNEL_PATH",
         os.pathsep.join(map(str, (tmp_path / "out", tmp_path / "missing", other))),
     )
-    assert _targets(kernel_dirs()) == [("gfx1030", a), ("gfx90a", b), ("sm_90", other)]
+    with pytest.warns(UserWarning, match=r"skipped kernel dir .*broken \(env "
+                      r"MAMBA2_ROCM_KERNEL_PATH\): unreadable manifest.json"):  # fmt: skip
+        assert _targets(kernel_dirs()) == [("gfx1030", a), ("gfx90a", b), ("sm_90", other)]
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda m: m.pop("code_objects"), "'code_objects' must be a non-empty list, got None"),
+        (lambda m: m.update(target=["gfx1030"]), "'target' must be a string, got ['gfx1030']"),
+        (lambda m: m.update(vendor="intel"), "'vendor' must be 'amd' or 'nvidia', got 'intel'"),
+        (lambda m: m["code_objects"][0].update(file="../x.hsaco"),
+         "code_objects[0].file must be a file name in the kernel dir, got '../x.hsaco'"),
+        (lambda m: m["code_objects"][0].update(sha256="x"), "code_objects[0].sha256 must be a sha256"),
+        (lambda m: m["code_objects"][0]["kernels"].append({"name": "k"}),
+         "code_objects[0].kernels must be a list of {name, arg_size} objects"),
+    ],
+)  # fmt: skip
+def test_a_manifest_off_the_schema_is_skipped_saying_why(tmp_path, monkeypatch, edit, reason):
+    kdir = write_kernel_dir(tmp_path / "k" / "gfx1030", "gfx1030")
+    manifest = json.loads((kdir / "manifest.json").read_text())
+    edit(manifest)
+    (kdir / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setenv("MAMBA2_ROCM_KERNEL_PATH", str(tmp_path / "k"))
+    with pytest.warns(UserWarning, match="skipped kernel dir") as record:
+        assert kernel_dirs() == []
+    assert reason in str(record[0].message)
+
+
+def test_code_objects_without_a_manifest_are_reported(tmp_path, monkeypatch):
+    (tmp_path / "k" / "gfx1030").mkdir(parents=True)
+    (tmp_path / "k" / "gfx1030" / "ssd.hsaco").write_bytes(b"x")
+    monkeypatch.setenv("MAMBA2_ROCM_KERNEL_PATH", str(tmp_path / "k"))
+    with pytest.warns(UserWarning, match="gfx1030 .*: code objects but no manifest.json"):
+        assert kernel_dirs() == []
 
 
 def test_env_path_comes_before_the_jit_cache(tmp_path, monkeypatch):
@@ -331,6 +374,31 @@ def _kset(tmp_path, target="gfx1030", vendor="amd", drv=None, device_index=0):
 UPDATE_KERNEL = SOURCES["conv1d_update"].kernels[0]
 
 
+def test_a_code_object_of_another_arch_is_refused_before_loading(tmp_path, no_cuda_device):
+    kdir = write_kernel_dir(tmp_path / "gfx1030", "gfx1030")
+    image = b"code object conv1d_update for gfx1100"  # matching sha256, wrong ISA inside
+    (kdir / "conv1d_update.hsaco").write_bytes(image)
+    manifest = json.loads((kdir / "manifest.json").read_text())
+    for co in manifest["code_objects"]:
+        if co["source"] == "conv1d_update":
+            co["sha256"] = hashlib.sha256(image).hexdigest()
+    (kdir / "manifest.json").write_text(json.dumps(manifest))
+    drv = FakeDriver()
+    kset = KernelSet(discovery._dirs_below(kdir, "test")[0], 0, drv)
+    with pytest.raises(LoaderError, match=r"conv1d_update.hsaco: the code object is built for "
+                       r"gfx1100, its kernel dir says gfx1030"):  # fmt: skip
+        kset.launcher(UPDATE_KERNEL)
+    assert drv.loaded == []  # never handed to the driver
+    (kdir / "conv1d_update.hsaco").write_bytes(b"\x7fELF garbage")
+    for co in manifest["code_objects"]:
+        if co["source"] == "conv1d_update":
+            co["sha256"] = hashlib.sha256(b"\x7fELF garbage").hexdigest()
+    (kdir / "manifest.json").write_text(json.dumps(manifest))
+    kset = KernelSet(discovery._dirs_below(kdir, "test")[0], 0, drv)
+    with pytest.raises(LoaderError, match="not a code object mamba2-rocm can read"):
+        kset.launcher(UPDATE_KERNEL)
+
+
 def test_kernel_set_refuses_the_other_vendor(tmp_path):
     with pytest.raises(LoaderError, match=r"gfx1030: built for amd, this torch runs cuda"):
         _kset(tmp_path, drv=FakeDriver("cuda"))
@@ -552,6 +620,17 @@ def test_jit_build_into_the_cache_then_reuse(fake_devices, tmp_path, monkeypatch
     assert kset.kdir.path.parent.parent == cache and kset.kdir.origin == "jit cache"
     assert (kset.kdir.path / "manifest.json").is_file()
     kset.launcher(UPDATE_KERNEL)  # the real cubin's sha256 matches its manifest
+    # the real cubin's ISA is read from its ELF: relabelled as sm_80, it is refused
+    relabelled = tmp_path / "relabelled" / "sm_80"
+    shutil.copytree(kset.kdir.path, relabelled)
+    manifest = json.loads((relabelled / "manifest.json").read_text())
+    manifest["target"] = "sm_80"
+    (relabelled / "manifest.json").write_text(json.dumps(manifest))
+    other = KernelSet(discovery._dirs_below(relabelled, "test")[0], 0, kset.driver)
+    with pytest.raises(
+        LoaderError, match="the code object is built for sm_90, its kernel dir says sm_80"
+    ):
+        other.launcher(UPDATE_KERNEL)
 
     def no_rebuild(*args, **kwargs):
         raise AssertionError("the cached build must be reused")

@@ -161,6 +161,25 @@ def amd_kernels(data: bytes) -> tuple[str, list[KernelInfo]]:
     return target, kernels
 
 
+def code_object_arch(data: bytes) -> str:
+    """The ISA a code object was built for, read from the code object itself: an AMDGPU ELF's
+    (or single-target offload bundle's) ``amdhsa.target``, a cubin's ``sm_XX``. Raises
+    CodeObjectError for anything else."""
+    if data[:4] == b"\x7fELF":
+        try:
+            machine = ELFFile(io.BytesIO(data)).header["e_machine"]
+        except Exception as exc:  # pyelftools raises several types for a malformed header
+            raise CodeObjectError(f"malformed ELF: {exc}") from None
+        if machine == "EM_CUDA":
+            return cuda_kernels(data)[0]
+    try:
+        return amd_kernels(data)[0]
+    except CodeObjectError:
+        raise
+    except Exception as exc:
+        raise CodeObjectError(f"not a code object: {type(exc).__name__}: {exc}") from None
+
+
 def _nv_info_records(blob: bytes):
     pos = 0
     while pos + 4 <= len(blob):

@@ -620,10 +620,16 @@ def _check_import_names(f: Facts) -> list[Finding]:
 
 
 def _check_kernel_warnings(f: Facts) -> list[Finding]:
-    return [
-        Finding("kernel-package-broken", "warning", msg, "reinstall or uninstall that package")
-        for msg in f.kernel_warnings
-    ]
+    found = []
+    for msg in f.kernel_warnings:
+        if "skipped kernel dir" in msg:  # runtime.discovery: a dir that cannot be used, and why
+            found.append(Finding("kernel-dir-skipped", "warning", msg,
+                                 "rebuild it (`python -m mamba2_rocm build --out DIR`), reinstall "
+                                 "its package, or remove it"))  # fmt: skip
+        else:
+            found.append(Finding("kernel-package-broken", "warning", msg,
+                                 "reinstall or uninstall that package"))  # fmt: skip
+    return found
 
 
 def _served_by(dev: GpuDevice, dirs: list[Any]) -> Any:

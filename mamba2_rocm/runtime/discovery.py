@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,25 +56,83 @@ class KernelDir:
         return sorted(k["name"] for co in self.manifest["code_objects"] for k in co["kernels"])
 
 
-def _read_manifest(path: Path) -> dict[str, Any] | None:
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_CODE_OBJECT_SUFFIXES = (".hsaco", ".cubin")
+
+
+def manifest_problems(data: Any) -> list[str]:
+    """What in a kernel dir's ``manifest.json`` does not follow the build driver's schema
+    (``mamba2_rocm.build.driver``); empty when the loader can rely on it."""
+    if not isinstance(data, dict):
+        return [f"not a JSON object: {type(data).__name__}"]
+    problems = []
+    target = data.get("target")
+    if not isinstance(target, str) or not target:
+        problems.append(f"'target' must be a string, got {target!r}")
+    if data.get("vendor") not in ("amd", "nvidia"):
+        problems.append(f"'vendor' must be 'amd' or 'nvidia', got {data.get('vendor')!r}")
+    objects = data.get("code_objects")
+    if not isinstance(objects, list) or not objects:
+        return [*problems, f"'code_objects' must be a non-empty list, got {objects!r}"]
+    for i, co in enumerate(objects):
+        where = f"code_objects[{i}]"
+        if not isinstance(co, dict):
+            problems.append(f"{where} must be an object")
+            continue
+        for key in ("source", "file"):
+            if not isinstance(co.get(key), str) or not co.get(key):
+                problems.append(f"{where}.{key} must be a non-empty string, got {co.get(key)!r}")
+        file = co.get("file")
+        if isinstance(file, str) and (Path(file).name != file or file in (".", "..")):
+            problems.append(f"{where}.file must be a file name in the kernel dir, got {file!r}")
+        if not isinstance(co.get("sha256"), str) or not _SHA256.fullmatch(co["sha256"]):
+            problems.append(f"{where}.sha256 must be a sha256, got {co.get('sha256')!r}")
+        kernels = co.get("kernels")
+        if not isinstance(kernels, list) or not all(
+            isinstance(k, dict) and isinstance(k.get("name"), str)
+            and isinstance(k.get("arg_size"), int) and not isinstance(k.get("arg_size"), bool)
+            for k in kernels
+        ):  # fmt: skip
+            problems.append(f"{where}.kernels must be a list of {{name, arg_size}} objects")
+    return problems
+
+
+def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(manifest, None)`` for a kernel dir, ``(None, why)`` for one that must be skipped,
+    ``(None, None)`` for a directory that is not a kernel dir at all."""
+    file = path / MANIFEST_NAME
+    if not file.is_file():
+        if path.is_dir() and any(p.suffix in _CODE_OBJECT_SUFFIXES for p in path.iterdir()):
+            return None, f"code objects but no {MANIFEST_NAME}"
+        return None, None
     try:
-        data = json.loads((path / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and "target" in data else None
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable {MANIFEST_NAME}: {exc}"
+    problems = manifest_problems(data)
+    if problems:
+        return None, f"{MANIFEST_NAME} does not follow the schema: " + "; ".join(problems)
+    return data, None
 
 
 def _dirs_below(root: Path, origin: str) -> list[KernelDir]:
-    """``root`` itself if it is a kernel dir, else its immediate kernel subdirs."""
+    """``root`` itself if it is a kernel dir, else its immediate kernel subdirs. A directory
+    that looks like a kernel dir but cannot be used is skipped with a warning that says why
+    (``doctor`` reports it)."""
     found = []
-    manifest = _read_manifest(root)
-    if manifest is not None:
-        return [KernelDir(manifest["target"], root, origin, manifest)]
-    if root.is_dir():
-        for sub in sorted(root.iterdir()):
-            manifest = _read_manifest(sub)
-            if manifest is not None:
-                found.append(KernelDir(manifest["target"], sub, origin, manifest))
+    candidates = [root] if (root / MANIFEST_NAME).exists() or not root.is_dir() else [
+        root, *sorted(p for p in root.iterdir() if p.is_dir())]  # fmt: skip
+    for path in candidates:
+        manifest, why = _read_manifest(path)
+        if manifest is not None:
+            found.append(KernelDir(manifest["target"], path, origin, manifest))
+            if path == root:
+                break
+        elif why is not None:
+            import warnings
+
+            where = f" ({origin})" if origin else ""
+            warnings.warn(f"mamba2-rocm: skipped kernel dir {path}{where}: {why}", stacklevel=3)
     return found
 
 

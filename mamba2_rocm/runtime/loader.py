@@ -132,12 +132,31 @@ class KernelSet:
             raise LoaderError(
                 f"{path}: sha256 differs from its manifest; reinstall the kernel package"
             )
+        self._check_arch(path, image)
         from mamba2_rocm._torch import require_torch
 
         with require_torch().cuda.device(self.device_index):
             module = self.driver.load_module(image)
         self._modules[source] = module
         return module
+
+    def _check_arch(self, path: Path, image: bytes) -> None:
+        """The ISA in the code object itself must be the kernel dir's: a manifest whose hashes
+        match can still describe a code object of another GPU (the driver would fail later,
+        or load it on a device it does not fit)."""
+        from mamba2_rocm.build.codeobject import CodeObjectError
+
+        try:
+            arch = _code_object_arch(image)
+        except CodeObjectError as exc:
+            raise LoaderError(f"{path}: not a code object mamba2-rocm can read: {exc}") from None
+        want = self.kdir.target
+        same = arch == want or (arch.startswith("sm_") and arch.rstrip("af") == want.rstrip("af"))
+        if not same:
+            raise LoaderError(
+                f"{path}: the code object is built for {arch}, its kernel dir says {want} "
+                f"(from {self.kdir.origin}); reinstall or rebuild the kernel package"
+            )
 
     def launcher(self, kernel: str) -> Launcher:
         """The prepared launcher for ``kernel`` (cached; first call loads its module)."""
@@ -165,6 +184,14 @@ class KernelSet:
         for module in modules.values():
             with contextlib.suppress(DriverError):  # the context may be gone at interpreter exit
                 self.driver.unload_module(module)
+
+
+def _code_object_arch(image: bytes) -> str:
+    """``build.codeobject.code_object_arch``, imported on first use (pyelftools and msgpack
+    stay out of ``import mamba2_rocm``)."""
+    from mamba2_rocm.build.codeobject import code_object_arch
+
+    return code_object_arch(image)
 
 
 _SETS: dict[int, KernelSet | None] = {}

@@ -541,3 +541,15 @@ def test_doctor_names_an_unusable_kernel_path(tmp_path):
         in proc.stdout
     )
     assert "op tiers" in proc.stdout
+
+
+def test_skipped_kernel_dirs_are_findings(tmp_path):
+    (tmp_path / "gfx1030").mkdir()
+    (tmp_path / "gfx1030" / "manifest.json").write_text('{"target": "gfx1030"}')
+    env = dict(os.environ, MAMBA2_ROCM_KERNEL_PATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "mamba2_rocm", "doctor", "--json"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)  # fmt: skip
+    found = {f["id"]: f for f in json.loads(proc.stdout)["findings"]}
+    assert "manifest.json does not follow the schema" in found["kernel-dir-skipped"]["message"]
+    assert "'code_objects' must be a non-empty list" in found["kernel-dir-skipped"]["message"]
+    assert found["kernel-path-unusable"]["severity"] == "error"  # the path serves nothing
