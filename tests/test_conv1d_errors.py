@@ -16,7 +16,11 @@ W = torch.randn(8, 4)
         ({"x": X.double()}, TypeError, "x must be one of float32, float16, bfloat16, got float64"),
         ({"x": X.to(torch.int32)}, TypeError, "x must be one of .* got int32"),
         ({"x": X[0]}, ValueError, r"x must have 3 dimensions, got shape \(8, 16\)"),
-        ({"x": X[:, :, :0]}, ValueError, r"x is empty \(shape \(2, 8, 0\)\)"),
+        (
+            {"x": X[:, :0], "weight": W[:0]},
+            ValueError,
+            r"x is empty \(shape \(2, 0, 16\)\); dim must",
+        ),
         ({"x": [1, 2]}, TypeError, "x must be a torch.Tensor, got list"),
         ({"weight": torch.randn(8, 5)}, ValueError, r"width must be 2..4, got 5"),
         ({"weight": torch.randn(8, 1)}, ValueError, r"width must be 2..4, got 1"),
@@ -110,7 +114,7 @@ S = torch.randn(2, 8, 3)
             ValueError,
             r"x must be \(batch, dim\) or \(batch, dim, seqlen\)",
         ),
-        ({"x": torch.randn(2, 8, 0)}, ValueError, "x is empty"),
+        ({"x": torch.randn(2, 0, 1)}, ValueError, r"x is empty \(shape \(2, 0, 1\)\); dim must"),
         ({"conv_state": S.half()}, TypeError, "conv_state must be one of float32, got float16"),
         (
             {"conv_state": torch.randn(2, 7, 3)},

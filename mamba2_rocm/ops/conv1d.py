@@ -76,8 +76,8 @@ def _check_weight_bias(weight, bias, dim: int, device) -> int:
 def _check_fwd(x, weight, bias, seq_idx, initial_states, final_states_out) -> int:
     _tensor("x", x, dims=3)
     batch, dim, seqlen = x.shape
-    if x.numel() == 0:
-        raise ValueError(f"x is empty (shape {tuple(x.shape)}); batch, dim and seqlen must be >= 1")
+    if dim == 0:  # batch 0 or seqlen 0: an empty result, as torch ops give
+        raise ValueError(f"x is empty (shape {tuple(x.shape)}); dim must be >= 1")
     width = _check_weight_bias(weight, bias, dim, x.device)
     if seq_idx is not None:
         _tensor("seq_idx", seq_idx, dims=2, dtypes=(torch.int32,), device=x.device)
@@ -100,8 +100,8 @@ def _check_update(
 ) -> tuple[int, int]:
     _tensor("x", x, dims=3)
     batch, dim, _seqlen = x.shape
-    if x.numel() == 0:
-        raise ValueError(f"x is empty (shape {tuple(x.shape)}); batch, dim and seqlen must be >= 1")
+    if dim == 0:  # batch 0 or seqlen 0: an empty result, no state touched
+        raise ValueError(f"x is empty (shape {tuple(x.shape)}); dim must be >= 1")
     width = _check_weight_bias(weight, bias, dim, x.device)
     _tensor("conv_state", conv_state, dims=3, dtypes=(x.dtype,), device=x.device)
     check_no_overlap("conv_state", conv_state)
@@ -242,6 +242,13 @@ def _fwd_impl(
     silu: bool,
 ) -> Tensor:
     _check_fwd(x, weight, bias, seq_idx, initial_states, final_states_out)
+    if x.numel() == 0:  # batch 0 or seqlen 0: the final states are the entering ones
+        if final_states_out is not None:
+            if initial_states is not None:
+                final_states_out.copy_(initial_states)
+            else:
+                final_states_out.zero_()
+        return _alloc_out(x)
     tier, kset = choose(x.device)
     if tier == "kernel":
         out = _alloc_out(x)
@@ -281,6 +288,8 @@ def _update_impl(
     conv_state_indices: Tensor | None,
 ) -> Tensor:
     _check_update(x, conv_state, weight, bias, cache_seqlens, conv_state_indices)
+    if x.numel() == 0:  # no batch rows or no new tokens: an empty output, no state touched
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
     tier, kset = choose(x.device)
     if tier == "kernel":
         out = torch.empty_like(x, memory_format=torch.contiguous_format)

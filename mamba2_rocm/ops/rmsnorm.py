@@ -118,7 +118,9 @@ def _impl(
     x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor | None, eps: float,
     group_size: int | None, norm_before_gate: bool, is_rms_norm: bool,
 ) -> Tensor:  # fmt: skip
-    _, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size)
+    _, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size, allow_empty=True)
+    if x.numel() == 0:  # no rows: an empty output
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     tier, kset = choose(x.device)
     if tier != "kernel" or x.dtype not in KERNEL_DTYPE:
         return rmsnorm_ref(x, weight, bias, z, eps, gs, norm_before_gate, is_rms_norm=is_rms_norm)
@@ -133,7 +135,7 @@ forward_only(rmsnorm_fwd, "rmsnorm_fn / layernorm_fn")
 
 @rmsnorm_fwd.register_fake
 def _(x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm):
-    check_rmsnorm_args(x, weight, bias, z, eps, group_size)
+    check_rmsnorm_args(x, weight, bias, z, eps, group_size, allow_empty=True)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 

@@ -174,17 +174,40 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     return out
 
 
+def _empty_scan(x, initial_states, cu_seqlens, dims, return_varlen_states):
+    """Batch 0 or seqlen 0, as torch ops treat empty inputs: an empty output; the final states
+    are the entering states (initial_states, else zeros); each varlen state is its sequence's
+    entering state (see empty_varlen_states)."""
+    b, _, h, p = x.shape
+    sd, n = dims.state_dtype, dims.dstate
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if initial_states is not None:
+        final = initial_states.to(sd, copy=True).contiguous()
+    else:
+        final = torch.zeros(b, h, p, n, dtype=sd, device=x.device)
+    if return_varlen_states:
+        varlen = empty_varlen_states(cu_seqlens, initial_states, (h, p, n), sd)
+    else:
+        varlen = final.new_empty(0)
+    return out, final, varlen
+
+
 def _impl(
     x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int, D: Tensor | None,
     z: Tensor | None, dt_bias: Tensor | None, initial_states: Tensor | None,
     seq_idx: Tensor | None, cu_seqlens: Tensor | None, dt_softplus: bool,
     dt_limit: Sequence[float], return_varlen_states: bool, state_dtype: torch.dtype | None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    if x.device.type == "meta":  # shapes only, as torch ops do on meta (values cannot be read)
+        return _fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                     cu_seqlens, dt_softplus, dt_limit, return_varlen_states, state_dtype)  # fmt: skip
     dims = check_chunk_scan_args(
         x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
-        return_varlen_states=return_varlen_states, state_dtype=state_dtype,
+        return_varlen_states=return_varlen_states, state_dtype=state_dtype, allow_empty=True,
     )  # fmt: skip
+    if x.shape[0] == 0 or x.shape[1] == 0:  # no tokens: nothing runs, states are the entering ones
+        return _empty_scan(x, initial_states, cu_seqlens, dims, return_varlen_states)
     tier, kset = choose(x.device)
     args = (D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dims.dt_limit)
     if tier == "kernel" and x.dtype in KERNEL_DTYPE and dims.state_dtype in KERNEL_DTYPE:
@@ -232,12 +255,14 @@ forward_only(mamba_chunk_scan_combined_op, "mamba_chunk_scan_combined")
 
 
 @mamba_chunk_scan_combined_op.register_fake
-def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-      dt_softplus, dt_limit, return_varlen_states, state_dtype):  # fmt: skip
+def _fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+          dt_softplus, dt_limit, return_varlen_states, state_dtype):  # fmt: skip
+    """Shapes and dtypes only, O(1) in the sizes (also what meta tensors get)."""
     dims = check_chunk_scan_args(
         x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
         return_varlen_states=return_varlen_states, state_dtype=state_dtype, inspect_values=False,
+        allow_empty=True,
     )  # fmt: skip
     b, _, h, p = x.shape
     sd, n = dims.state_dtype, dims.dstate

@@ -178,7 +178,7 @@ def _plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx) -> _Plan:
     if plan is not None:
         _last = (key, plan)
         return plan
-    dims = check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, idx)
+    dims = check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, idx, allow_empty=True)
     plan = _Plan(dims, x.device)
     if key is not None:
         if len(_PLANS) >= PLAN_CACHE_SIZE:
@@ -201,6 +201,8 @@ def _impl(
 ) -> Tensor:  # fmt: skip
     idx = state_batch_indices
     plan = _plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx)
+    if x.shape[0] == 0:  # an empty batch: an empty output, no state touched
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     tier, kset = choose(plan.device)
     if tier != "kernel":
         cd = torch.float64 if tier == "eager" else torch.float32
@@ -258,7 +260,8 @@ selective_state_update_op = torch.library.custom_op(
 
 @selective_state_update_op.register_fake
 def _(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices):
-    check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
+    check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices,
+                            allow_empty=True)  # fmt: skip
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 

@@ -168,7 +168,7 @@ def check_chunk_scan_args(
     x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
     cu_seqlens=None, *, chunk_size=None, dt_limit=(0.0, math.inf), return_varlen_states=False,
     state_dtype=None, chunk_sizes: Collection[int] | None = None, chunked: bool | None = None,
-    dtypes=REFERENCE_FLOATS, inspect_values: bool = True,
+    dtypes=REFERENCE_FLOATS, inspect_values: bool = True, allow_empty: bool = False,
 ) -> ChunkScanDims:  # fmt: skip
     """Checks the arguments of ``mamba_chunk_scan_combined`` and returns the derived sizes.
 
@@ -180,13 +180,16 @@ def check_chunk_scan_args(
     ``chunked`` (default: whether chunk_size is given) checks chunk_size; the sequential
     reference has no chunks.
     ``chunk_sizes=None`` accepts any power of two >= 16 (the reference), otherwise exactly those.
+    ``allow_empty`` accepts batch 0 or seqlen 0 (the ops return empty results for them).
     ``inspect_values`` reads cu_seqlens (a device sync): it must be 0 = c0 <= c1 <= ... = seqlen
     (equal offsets are an empty sequence, as batching code produces for an empty request).
     """
     _tensor("x", x, dims=4, layout="(batch, seqlen, nheads, headdim)", dtypes=dtypes, device=None)
     dev = x.device
     batch, seqlen, nheads, headdim = x.shape
-    if x.numel() == 0:
+    if nheads == 0 or headdim == 0:
+        raise ValueError(f"x is empty (shape {tuple(x.shape)}); nheads and headdim must be >= 1")
+    if x.numel() == 0 and not allow_empty:
         raise ValueError(
             f"x is empty (shape {tuple(x.shape)}); batch, seqlen, nheads and headdim must be >= 1"
         )
@@ -196,7 +199,7 @@ def check_chunk_scan_args(
     _shape("A", A, "(nheads,)", (nheads,))
     _tensor("B", B, dims=4, layout="(batch, seqlen, ngroups, dstate)", dtypes=dtypes, device=dev)
     ngroups, dstate = B.shape[2], B.shape[3]
-    if B.numel() == 0:
+    if ngroups == 0 or dstate == 0:
         raise ValueError(f"B is empty (shape {tuple(B.shape)}); ngroups and dstate must be >= 1")
     _shape("B", B, "(batch, seqlen, ngroups, dstate)", (batch, seqlen, ngroups, dstate))
     _tensor("C", C, dims=4, layout="(batch, seqlen, ngroups, dstate)", dtypes=dtypes, device=dev)
@@ -287,7 +290,7 @@ class StateUpdateDims:
 
 def check_state_update_args(
     state, x, dt, A, B, C, D=None, z=None, dt_bias=None, state_batch_indices=None, *,
-    dtypes=REFERENCE_FLOATS,
+    dtypes=REFERENCE_FLOATS, allow_empty: bool = False,
 ) -> StateUpdateDims:  # fmt: skip
     """Checks the arguments of ``selective_state_update`` (both forms).
 
@@ -307,14 +310,14 @@ def check_state_update_args(
     xl = "(batch, nheads, headdim)" if heads else "(batch, dim)"
     _tensor("x", x, dims=x.dim(), layout=xl, dtypes=dtypes)
     dev = x.device
-    if x.numel() == 0:
+    if x.numel() == 0 and not (allow_empty and x.shape[0] == 0 and all(x.shape[1:])):
         raise ValueError(f"x is empty (shape {tuple(x.shape)})")
     batch, nheads, headdim = (*x.shape,) if heads else (x.shape[0], 1, x.shape[1])
     sl = "(batch, nheads, headdim, dstate)" if heads else "(batch, dim, dstate)"
     _tensor("state", state, dims=x.dim() + 1, layout=sl, dtypes=dtypes, device=dev)
     check_no_overlap("state", state)
     pool, dstate = state.shape[0], state.shape[-1]
-    if tuple(state.shape[1:-1]) != tuple(x.shape[1:]) or state.numel() == 0:
+    if tuple(state.shape[1:-1]) != tuple(x.shape[1:]) or dstate == 0 or (pool == 0 and batch > 0):
         inner = ", ".join(str(s) for s in x.shape[1:])
         raise ValueError(
             f"state must have shape {sl} = (pool, {inner}, dstate >= 1), got {tuple(state.shape)}"
@@ -357,7 +360,15 @@ def check_state_update_args(
 
 
 def check_rmsnorm_args(
-    x, weight, bias=None, z=None, eps=1e-6, group_size=None, *, dtypes=REFERENCE_FLOATS
+    x,
+    weight,
+    bias=None,
+    z=None,
+    eps=1e-6,
+    group_size=None,
+    *,
+    dtypes=REFERENCE_FLOATS,
+    allow_empty: bool = False,
 ) -> tuple[int, int]:
     """Checks gated-RMSNorm arguments; returns (hidden, group_size)."""
     if not isinstance(x, torch.Tensor):
@@ -367,7 +378,7 @@ def check_rmsnorm_args(
             f"x must have at least 1 dimension (..., hidden), got shape {tuple(x.shape)}"
         )
     _tensor("x", x, dims=x.dim(), layout="(..., hidden)", dtypes=dtypes)
-    if x.numel() == 0:
+    if x.numel() == 0 and not (allow_empty and x.shape[-1] > 0):  # no rows: fine for the ops
         raise ValueError(f"x is empty (shape {tuple(x.shape)})")
     hidden = x.shape[-1]
     _tensor("weight", weight, dims=1, layout="(hidden,)", dtypes=dtypes, device=x.device)

@@ -347,7 +347,9 @@ def test_gather_with_controlled_machine(tmp_path, monkeypatch):
     """gather() reads torch, KFD, /proc, /dev and the kernel dirs from where it is told."""
     kdir = tmp_path / "kernels" / "gfx11-generic"
     kdir.mkdir(parents=True)
-    (kdir / "manifest.json").write_text(json.dumps({"target": "gfx11-generic", "code_objects": []}))
+    co = {"source": "ssd", "file": "ssd.hsaco", "sha256": "0" * 64, "kernels": []}
+    manifest = {"target": "gfx11-generic", "vendor": "amd", "code_objects": [co]}
+    (kdir / "manifest.json").write_text(json.dumps(manifest))
     (tmp_path / "numa").write_text("1\n")
     monkeypatch.setenv("MAMBA2_ROCM_KERNEL_PATH", str(tmp_path / "kernels"))
     monkeypatch.setenv("MAMBA2_ROCM_CACHE", str(tmp_path / "cache"))
