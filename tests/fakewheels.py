@@ -22,7 +22,11 @@ def _entry(name: str) -> zipfile.ZipInfo:
 
 
 def build_wheel(
-    outdir: Path, name: str, version: str, files: dict[str, str], requires: tuple[str, ...] = ()
+    outdir: Path,
+    name: str,
+    version: str,
+    files: dict[str, str | bytes],
+    requires: tuple[str, ...] = (),
 ) -> Path:
     """Write a minimal valid pure-Python wheel (METADATA, WHEEL, RECORD) and return its path."""
     dist = name.replace("-", "_")
@@ -45,7 +49,7 @@ def build_wheel(
     record = []
     with zipfile.ZipFile(path, "w") as zf:
         for arc, text in contents.items():
-            data = text.encode()
+            data = text if isinstance(text, bytes) else text.encode()
             zf.writestr(_entry(arc), data)
             record.append(_record_line(arc, data))
         record.append(f"{info}/RECORD,,")

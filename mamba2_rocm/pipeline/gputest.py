@@ -243,6 +243,8 @@ def write_gate(directory: Path, manifest: dict[str, Any], archs: list[str], coun
         "result": "passed", "wheels": manifest["wheels"], "device_archs": archs,
         "base_image": base_image, "tests": counts, "benchmarks": benchmarks,
         "runner": os.environ.get("RUNNER_NAME", ""),
+        # what publish binds the gate to: the built commit and this workflow run
+        "commit": manifest.get("source_commit", ""), "run_id": os.environ.get("GITHUB_RUN_ID", ""),
     }  # fmt: skip
     path = directory / publish.GATE_FILE
     path.write_text(json.dumps(gate, indent=2, sort_keys=True) + "\n")

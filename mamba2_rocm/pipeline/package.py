@@ -29,6 +29,17 @@ class PackageError(RuntimeError):
     pass
 
 
+COMPILE_ONLY_SUMMARY = " [compile-only: not tested on a GPU before release]"
+
+
+def kernel_summary(recipe: Recipe) -> str:
+    """The kernel wheel's Summary; a compile-only target's ends with COMPILE_ONLY_SUMMARY
+    (publish compares it exactly)."""
+    archs = ", ".join(recipe.archs)
+    tail = COMPILE_ONLY_SUMMARY if recipe.gpu_gate == "compile-only" else ""
+    return f"mamba2-rocm kernels (code objects) for {recipe.target}: {archs}{tail}"
+
+
 def source_date_epoch(repo: Path = REPO) -> str:
     """The source commit's time: every timestamp inside the wheels."""
     proc = subprocess.run(
@@ -157,14 +168,7 @@ def build_target_wheel(recipe: Recipe, kernels: Path, version: str, out: Path, e
             "min_rocm": recipe.min_rocm, "gpu_gate": recipe.gpu_gate,
         }  # fmt: skip
         # A compile-only target is published without a GPU test: its metadata says so.
-        fmt["summary"] = (
-            f"mamba2-rocm kernels (code objects) for {recipe.target}: {fmt['archs']}"
-            + (
-                " [compile-only: not tested on a GPU before release]"
-                if recipe.gpu_gate == "compile-only"
-                else ""
-            )
-        )
+        fmt["summary"] = kernel_summary(recipe)
         (pkg / "__init__.py").write_text(_INIT.format(**fmt))
         readme = (
             f"Kernels of mamba2-rocm for {recipe.target}. Install `mamba2-rocm[{recipe.target}]`.\n"

@@ -7,10 +7,15 @@ What is checked, per target directory ``wheels/<target>/`` (all of it before any
 - the recipe is the one the wheels were built from (its sha256 and ``gpu_gate`` match the
   manifest's): a gate decision is never taken from a recipe edited after the build;
 - every wheel named in the manifest exists with that sha256, and no other wheel is there;
+- the wheels' contents: every code object in the kernel wheel is built for one of the recipe's
+  archs (the ISA read from the code object) and lies in that arch's folder, every arch has code
+  objects, the host wheel holds none; the kernel wheel's ``Summary`` is exactly the one
+  ``package.kernel_summary`` writes (a compile-only target's says so);
 - the GPU gate: a recipe with ``gpu_gate = "required"`` needs a passing ``gpu-gate.json``
   (written by ``nox -s gpu-tests-<target>``, see :mod:`mamba2_rocm.pipeline.gputest`) for
-  exactly these wheel bytes; a ``"compile-only"`` recipe needs no test, and its kernel wheel must
-  say so in its metadata (``Summary``);
+  exactly these wheel bytes, the commit they were built from and, in CI, this workflow run
+  (``GITHUB_RUN_ID``: release.yml takes the gates from the GPU jobs it called, in the same
+  run); a ``"compile-only"`` recipe needs no test;
 - across targets: one version, and one host wheel (same name, same sha256 everywhere).
 
 Then ``twine check --strict`` and ``twine upload`` (host wheel first, then the kernel wheels),
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mamba2_rocm.pipeline.package import kernel_summary
 from mamba2_rocm.pipeline.recipes import Recipe
 
 __all__ = [
@@ -48,8 +54,7 @@ __all__ = [
 
 MANIFEST = "build-manifest.json"
 GATE_FILE = "gpu-gate.json"
-GATE_FORMAT = 1
-COMPILE_ONLY_MARK = "compile-only"  # the kernel wheel's Summary carries it (package.py)
+GATE_FORMAT = 2  # 2: the gate names the commit and the workflow run it tested
 
 
 class PublishError(RuntimeError):
@@ -99,6 +104,50 @@ def _wheel_summary(wheel: Path) -> str:
     return match.group(1) if match else ""
 
 
+def _code_object_arch(data: bytes) -> str:
+    """``build.codeobject.code_object_arch`` (tests substitute stand-ins)."""
+    from mamba2_rocm.build.codeobject import code_object_arch
+
+    return code_object_arch(data)
+
+
+def check_wheel_contents(target: str, host: Path, kernels: Path, recipe: Recipe) -> None:
+    """The wheels hold what the recipe says: every code object in the kernel wheel is built
+    for one of the recipe's archs (read from the code object itself) and lies under
+    ``<module>/kernels/<that arch>/``, every arch has code objects, and the host wheel has none."""
+    from mamba2_rocm.build.codeobject import CodeObjectError
+
+    suffixes = (".hsaco", ".cubin", ".co")
+    with zipfile.ZipFile(host) as zf:
+        stray = [n for n in zf.namelist() if n.endswith(suffixes)]
+    if stray:
+        raise PublishError(f"{target}: the host wheel {host.name} holds code objects: {stray}")
+    seen: set[str] = set()
+    problems = []
+    with zipfile.ZipFile(kernels) as zf:
+        for name in zf.namelist():
+            if not name.endswith(suffixes):
+                continue
+            parts = name.split("/")
+            folder = parts[2] if len(parts) == 4 and parts[1] == "kernels" else None
+            try:
+                arch = _code_object_arch(zf.read(name))
+            except CodeObjectError as exc:
+                problems.append(f"{name}: not a code object ({exc})")
+                continue
+            if arch not in recipe.archs:
+                problems.append(f"{name} is built for {arch}, not one of {list(recipe.archs)}")
+            elif folder != arch:
+                problems.append(f"{name} is built for {arch} but lies in {folder!r}")
+            seen.add(arch)
+    missing = sorted(set(recipe.archs) - seen)
+    if missing:
+        problems.append(f"no code objects for {missing}")
+    if problems:
+        raise PublishError(f"{target}: {kernels.name} does not match recipes/{recipe.path.name}: "
+                           + "; ".join(problems))  # fmt: skip
+
+
 def check_gate(gate: dict[str, Any], manifest: dict[str, Any], path: Path) -> None:
     """A gate result counts only if it passed, for this target and for these exact wheels."""
     target = manifest["target"]
@@ -114,6 +163,16 @@ def check_gate(gate: dict[str, Any], manifest: dict[str, Any], path: Path) -> No
         problems.append("no GPU test passed (a run of skips is not a pass)")
     if tests.get("failed") or tests.get("errors"):
         problems.append(f"{tests.get('failed')} failed, {tests.get('errors')} errors")
+    # bound to what was tested: the commit the wheels were built from and, in CI, this
+    # workflow run (the release calls the GPU workflow; its jobs share the run id)
+    if not manifest.get("source_commit") or gate.get("commit") != manifest.get("source_commit"):
+        problems.append(
+            f"it tested commit {gate.get('commit')!r}, the wheels are from "
+            f"{manifest.get('source_commit')!r}"
+        )
+    run_id = os.environ.get("GITHUB_RUN_ID")
+    if run_id and str(gate.get("run_id")) != run_id:
+        problems.append(f"it is from workflow run {gate.get('run_id')!r}, this is run {run_id}")
     if gate.get("wheels") != manifest["wheels"]:
         problems.append(
             "it tested other wheel bytes than the manifest lists "
@@ -178,6 +237,13 @@ def check_target(
             f"wheel in the manifest, found {sorted(listed)}"
         )
     target_wheel = directory / kern[0]
+    check_wheel_contents(target, directory / host[0], target_wheel, recipe)
+    summary, expected = _wheel_summary(target_wheel), kernel_summary(recipe)
+    if summary != expected:
+        raise PublishError(
+            f"{target}: {target_wheel.name}'s Summary is {summary!r}, expected exactly "
+            f"{expected!r} (gpu_gate {recipe.gpu_gate!r}); rebuild it with this pipeline"
+        )
     gate_result = None
     if recipe.gpu_gate == "required":
         gate_path = (gates or {}).get(target) or directory / GATE_FILE
@@ -189,11 +255,6 @@ def check_target(
             )
         gate_result = _read_json(gate_path, "GPU gate result")
         check_gate(gate_result, manifest, gate_path)
-    elif COMPILE_ONLY_MARK not in _wheel_summary(target_wheel):
-        raise PublishError(
-            f"{target}: compile-only target, but {target_wheel.name} does not say "
-            f"'{COMPILE_ONLY_MARK}' in its Summary; rebuild it with this pipeline"
-        )
     return TargetRelease(
         target, version, directory / host[0], target_wheel, recipe.gpu_gate, gate_result
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from fakewheels import build_wheel
 
 from mamba2_rocm.pipeline import publish
+from mamba2_rocm.pipeline.package import COMPILE_ONLY_SUMMARY, kernel_summary
 from mamba2_rocm.pipeline.publish import PublishError, check_release, check_target, sha256_file
 from mamba2_rocm.pipeline.recipes import get_recipe
 
@@ -17,19 +19,44 @@ VERSION = "1.2.3"
 PASSED = {"tests": 5, "passed": 5, "failed": 0, "errors": 0, "skipped": 0}
 
 
+COMMIT = "c0ffee" * 6 + "abcd"
+
+
+@pytest.fixture(autouse=True)
+def stand_in_code_objects(monkeypatch):
+    """The kernel wheels here hold stand-ins that name their ISA ("code object X for gfx1030");
+    real code objects are read by the Docker end-to-end tests (test_release_index.py)."""
+    real = publish._code_object_arch
+
+    def arch(data: bytes) -> str:
+        m = re.fullmatch(rb"code object \w+ for ([\w-]+)", data)
+        return m.group(1).decode() if m else real(data)
+
+    monkeypatch.setattr(publish, "_code_object_arch", arch)
+    monkeypatch.delenv("GITHUB_RUN_ID", raising=False)
+
+
+def kernel_files(recipe, archs=None, where=None) -> dict[str, str | bytes]:
+    files: dict[str, str | bytes] = {f"{recipe.module_name}/__init__.py": ""}
+    for arch in archs or recipe.archs:
+        folder = where or arch
+        files[f"{recipe.module_name}/kernels/{folder}/ssd.hsaco"] = (
+            f"code object ssd for {arch}".encode()
+        )
+    return files
+
+
 def make_target(root: Path, target: str, host_extra: str = "") -> Path:
     """wheels/<target>/ as the build writes it: two wheels and a manifest naming their hashes."""
     recipe = get_recipe(target)
     d = root / target
     host = build_wheel(d, "mamba2-rocm", VERSION, {"mamba2_rocm/__init__.py": host_extra})
-    summary = "kernels" + (
-        " [compile-only: not tested]" if recipe.gpu_gate == "compile-only" else ""
-    )
-    kern = build_wheel(d, recipe.package_name, VERSION, {f"{recipe.module_name}/__init__.py": ""})
-    # build_wheel writes no Summary: add one the way package.py's metadata has it
-    _set_summary(kern, summary)
+    kern = build_wheel(d, recipe.package_name, VERSION, kernel_files(recipe))
+    # build_wheel writes no Summary: add the one package.py's metadata has
+    _set_summary(kern, kernel_summary(recipe))
     manifest = {
         "format": 1, "target": target, "version": VERSION, "gpu_gate": recipe.gpu_gate,
+        "source_commit": COMMIT,
         "recipe": {"file": f"recipes/{target}.toml", "sha256": recipe.sha256},
         "verification": {"static": "passed", "smoke_test": "passed", "gpu_test": "not run"},
         "wheels": {w.name: sha256_file(w) for w in (host, kern)},
@@ -53,8 +80,9 @@ def _set_summary(wheel: Path, summary: str) -> None:
 
 def write_gate(d: Path, **changes) -> Path:
     manifest = json.loads((d / "build-manifest.json").read_text())
-    gate = {"format": 1, "target": manifest["target"], "result": "passed", "tests": PASSED,
-            "wheels": manifest["wheels"], "device_archs": ["gfx1030"]}  # fmt: skip
+    gate = {"format": 2, "target": manifest["target"], "result": "passed", "tests": PASSED,
+            "wheels": manifest["wheels"], "device_archs": ["gfx1030"], "commit": COMMIT,
+            "run_id": "4242"}  # fmt: skip
     gate.update(changes)
     (d / "gpu-gate.json").write_text(json.dumps(gate))
     return d / "gpu-gate.json"
@@ -113,6 +141,8 @@ def test_missing_gpu_gate_is_refused_for_a_required_recipe(root):
             {"wheels": {"other.whl": "0" * 64}},
             "it tested other wheel bytes than the manifest lists",
         ),
+        ({"commit": "f" * 40}, f"it tested commit {'f' * 40!r}, the wheels are from {COMMIT!r}"),
+        ({"format": 1}, "format 1, expected 2"),
     ],
 )
 def test_a_gate_that_does_not_pass_is_refused(root, changes, message):
@@ -131,16 +161,70 @@ def test_gates_are_found_by_content_under_extra_folders(root, tmp_path):
     assert len(files) == 2
 
 
-def test_compile_only_wheel_must_say_so(root):
-    d = root / "gfx1101"
-    next(d.glob("mamba2_rocm_gfx1101-*.whl")).unlink()
-    kern = build_wheel(d, "mamba2-rocm-gfx1101", VERSION, {"mamba2_rocm_gfx1101/__init__.py": ""})
-    _set_summary(kern, "kernels for gfx1101")
+def _replace_kernel_wheel(d: Path, target: str, files, summary: str) -> None:
+    recipe = get_recipe(target)
+    old = next(d.glob(f"{recipe.module_name}-*.whl"))
+    old.unlink()
+    kern = build_wheel(d, recipe.package_name, VERSION, files)
+    _set_summary(kern, summary)
+    edit_manifest(d, lambda m: m["wheels"].pop(old.name) and None)
     edit_manifest(d, lambda m: m["wheels"].update({kern.name: sha256_file(kern)}))
-    with pytest.raises(
-        PublishError, match="compile-only target, but .* does not say 'compile-only'"
-    ):
+
+
+@pytest.mark.parametrize(
+    ("target", "summary"),
+    [
+        ("gfx1101", "kernels for gfx1101"),  # compile-only, but not said
+        ("gfx1101", "kernels for gfx1101 [not compile-only]"),  # the old substring test passed it
+        ("gfx1030", kernel_summary(get_recipe("gfx1030")) + COMPILE_ONLY_SUMMARY),  # required
+    ],
+)
+def test_the_kernel_summary_must_be_exactly_the_pipelines(root, target, summary):
+    d = root / target
+    _replace_kernel_wheel(d, target, kernel_files(get_recipe(target)), summary)
+    if target == "gfx1030":
+        write_gate(d)
+    with pytest.raises(PublishError, match=f"{target}: .*'s Summary is .*expected exactly"):
+        check_target(d, get_recipe(target))
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        (lambda r: kernel_files(r, archs=["gfx1100"]),
+         "kernels/gfx1100/ssd.hsaco is built for gfx1100, not one of ['gfx1101']"),
+        (lambda r: kernel_files(r, where="gfx1030"),
+         "kernels/gfx1030/ssd.hsaco is built for gfx1101 but lies in 'gfx1030'"),
+        (lambda r: {f"{r.module_name}/__init__.py": ""}, "no code objects for ['gfx1101']"),
+        (lambda r: {**kernel_files(r), f"{r.module_name}/kernels/gfx1101/x.hsaco": b"junk"},
+         "x.hsaco: not a code object"),
+    ],
+)  # fmt: skip
+def test_wheel_contents_must_match_the_recipe(root, files, message):
+    recipe = get_recipe("gfx1101")
+    _replace_kernel_wheel(root / "gfx1101", "gfx1101", files(recipe), kernel_summary(recipe))
+    with pytest.raises(PublishError, match="gfx1101: mamba2_rocm_gfx1101-.* does not match "
+                       "recipes/gfx1101.toml") as err:  # fmt: skip
+        check_target(root / "gfx1101", recipe)
+    assert message in str(err.value)
+
+
+def test_a_host_wheel_with_code_objects_is_refused(tmp_path):
+    d = make_target(tmp_path, "gfx1101")
+    host = next(d.glob("mamba2_rocm-*.whl"))
+    host.unlink()
+    host = build_wheel(d, "mamba2-rocm", VERSION, {"mamba2_rocm/k/ssd.hsaco": b"x"})
+    edit_manifest(d, lambda m: m["wheels"].update({host.name: sha256_file(host)}))
+    with pytest.raises(PublishError, match="the host wheel .* holds code objects"):
         check_target(d, get_recipe("gfx1101"))
+
+
+def test_in_ci_the_gate_must_come_from_this_run(root, monkeypatch):
+    monkeypatch.setenv("GITHUB_RUN_ID", "4242")
+    check_target(root / "gfx1030", get_recipe("gfx1030"))  # the fixture's gate: run 4242
+    monkeypatch.setenv("GITHUB_RUN_ID", "999")
+    with pytest.raises(PublishError, match="it is from workflow run '4242', this is run 999"):
+        check_target(root / "gfx1030", get_recipe("gfx1030"))
 
 
 def test_one_changed_byte_is_refused(root):
