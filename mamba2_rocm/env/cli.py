@@ -53,7 +53,12 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _protect(args: argparse.Namespace) -> int:
-    from mamba2_rocm.env.protect import NoTorchToProtect, TorchStackChanged, protected_install
+    from mamba2_rocm.env.protect import (
+        NoTorchToProtect,
+        TorchStackChanged,
+        WouldOverwriteTorch,
+        protected_install,
+    )
 
     try:
         return protected_install(args.pip_args, args.python, allow_no_torch=args.allow_no_torch)
@@ -63,6 +68,9 @@ def _protect(args: argparse.Namespace) -> int:
     except NoTorchToProtect as exc:
         print(f"protect-torch: {exc}", file=sys.stderr)
         return 4
+    except WouldOverwriteTorch as exc:
+        print(f"error: protect-torch: {exc}", file=sys.stderr)
+        return 5
 
 
 def _compile_safety(args: argparse.Namespace) -> int:
@@ -102,8 +110,9 @@ def register(subparsers: Any) -> None:
         "protect-torch",
         help="pip install with the torch stack pinned",
         description="Run `pip install ARGS` with the installed torch stack pinned by a "
-        "constraints file; exit with pip's code, 3 if the stack changed anyway, or 4 (pip not "
-        "run) if there is no torch to protect.",
+        "constraints file; exit with pip's code, 3 if the stack changed anyway, 4 (pip not run) "
+        "if there is no torch to protect, or 5 (pip not run) if a planned package would write "
+        "into the stack's files.",
         usage="%(prog)s [--python PATH] [--allow-no-torch] -- PIP_INSTALL_ARGS...",
     )
     prot.add_argument("--python", help=py_help)

@@ -3,10 +3,14 @@
 A ROCm torch (``torch==2.5.1+rocm6.2``) is installed from PyTorch's own index; any later
 ``pip install`` of a package that requires another torch version quietly swaps it for a CUDA
 build from PyPI. :func:`protected_install` prevents that: it fingerprints the stack (torch and,
-where present, torchvision, torchaudio and the triton variants), runs ``pip install`` under a
-constraints file pinning exactly those versions, and verifies the fingerprint afterwards,
-raising :class:`TorchStackChanged` (naming each change and how to restore it) if pip altered it
-anyway. :func:`fingerprint` and :func:`verify` are the same steps for use around any install
+where present, torchvision, torchaudio and the triton variants: versions, RECORDs, and every
+file under their directories as it is on disk), resolves the request first
+(``pip install --dry-run --report``) under a constraints file pinning exactly those versions,
+fetches every planned wheel and refuses (:class:`WouldOverwriteTorch`, nothing installed) if
+one would reinstall a protected distribution or write into its directories (a wheel shipping
+``torch/__init__.py``; PyPI's ``triton`` over ``pytorch-triton-rocm``), then runs the install
+and verifies the fingerprint afterwards, raising :class:`TorchStackChanged` (naming each
+change, file by file, and how to restore it) if anything changed anyway. :func:`fingerprint` and :func:`verify` are the same steps for use around any install
 step, e.g. in a Dockerfile::
 
     python -m mamba2_rocm env fingerprint --out /tmp/torch.json
@@ -33,6 +37,7 @@ __all__ = [
     "STACK",
     "Fingerprint",
     "TorchStackChanged",
+    "WouldOverwriteTorch",
     "constraints",
     "diff",
     "fingerprint",
@@ -41,7 +46,7 @@ __all__ = [
     "verify",
 ]
 
-FINGERPRINT_SCHEMA = 1
+FINGERPRINT_SCHEMA = 2  # 2: the files on disk (size, mtime) per distribution
 
 #: The distributions that make up "the torch stack" (the triton variants ROCm and CUDA use).
 STACK = (
@@ -59,7 +64,7 @@ STACK = (
 # byte-code (its header changes with every install) and install bookkeeping in .dist-info
 # (INSTALLER, REQUESTED, direct_url.json differ between an index and a file install).
 _FINGERPRINT_SCRIPT = r"""
-import ast, hashlib, json, sys
+import ast, hashlib, json, os, sys
 import importlib.metadata as md
 
 def version_module(dist):
@@ -82,6 +87,37 @@ def version_module(dist):
                     found[t.id] = ast.literal_eval(value)
                 except ValueError:
                     pass
+    return found
+
+def on_disk(dist):
+    # The files as they are now, not as RECORD says they were: every file under the
+    # distribution's top-level directories (a file another package wrote there, or overwrote,
+    # shows) and its top-level single files, as "size:mtime_ns" (a rewrite changes it).
+    root = os.path.realpath(str(dist.locate_file("")))
+    tops, singles = set(), set()
+    for f in dist.files or []:
+        parts = f.as_posix().split("/")
+        if parts[0] in ("..", "") or parts[0].endswith((".dist-info", ".data")):
+            continue
+        if len(parts) > 1:
+            tops.add(parts[0])
+        elif not parts[0].endswith(".pyc"):
+            singles.add(parts[0])
+    found = {}
+    def add(rel):
+        try:
+            st = os.stat(os.path.join(root, rel))
+        except OSError:
+            return
+        found[rel] = "%d:%d" % (st.st_size, st.st_mtime_ns)
+    for top in sorted(tops):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            for fn in filenames:
+                if not fn.endswith(".pyc"):
+                    add(os.path.relpath(os.path.join(dirpath, fn), root).replace(os.sep, "/"))
+    for single in sorted(singles):
+        add(single)
     return found
 
 out = {"python": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3],
@@ -109,6 +145,7 @@ for name in json.loads(sys.argv[1]):
         "files": len(entries),
         "files_sha256": hashlib.sha256("\n".join(entries).encode()).hexdigest(),
         "location": str(dist.locate_file("")),
+        "disk": on_disk(dist),
     }
     if name == "torch":
         out["torch_version_module"] = version_module(dist)
@@ -219,11 +256,25 @@ def diff(before: Fingerprint, after: Fingerprint) -> list[str]:
             )
         elif old["location"] != new["location"]:
             changes.append(f"{name}: moved from {old['location']} to {new['location']}")
+        else:
+            changes += _disk_changes(name, old.get("disk") or {}, new.get("disk") or {})
     tv_old, tv_new = before.torch_version_module or {}, after.torch_version_module or {}
     for key in ("hip", "cuda"):
         if tv_old.get(key) != tv_new.get(key) and (tv_old or tv_new):
             changes.append(f"torch.version.{key}: {tv_old.get(key)!r} -> {tv_new.get(key)!r}")
     return changes
+
+
+def _disk_changes(name: str, old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """Files of ``name`` that another install rewrote, added or removed, by path."""
+    rewritten = sorted(p for p in old.keys() & new.keys() if old[p] != new[p])
+    added, removed = sorted(new.keys() - old.keys()), sorted(old.keys() - new.keys())
+    out = []
+    for what, paths in (("rewritten", rewritten), ("added", added), ("removed", removed)):
+        if paths:
+            shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+            out.append(f"{name}: files {what} on disk: {shown}")
+    return out
 
 
 def restore_hint(fp: Fingerprint) -> list[str]:
@@ -272,6 +323,95 @@ def _install_args(pip_args: list[str]) -> list[str]:
             f"install arguments (packages, -r FILE, --index-url ...)"
         )
     return args
+
+
+class WouldOverwriteTorch(RuntimeError):
+    """The planned install would write into a protected distribution's files: pip install did
+    not run. The message names each offending package and path."""
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _owned_tops(fp: Fingerprint) -> dict[str, str]:
+    """Top-level names (``torch``, ``triton``, ``functorch``...) -> the protected distribution
+    whose files live there."""
+    owners = {}
+    for name, info in fp.packages.items():
+        for path in info.get("disk") or {}:
+            owners.setdefault(path.split("/", 1)[0], name)
+    return owners
+
+
+def planned_overwrites(plan: dict[str, Any], wheels: dict[str, Path], owners: dict[str, str]
+                       ) -> list[str]:  # fmt: skip
+    """What a pip ``--report`` plan would do to protected files: a protected distribution
+    reinstalled, or a wheel (``wheels``: canonical name -> file) with paths in a protected
+    distribution's directories."""
+    import zipfile
+
+    problems = []
+    for item in plan.get("install", []):
+        meta = item.get("metadata") or {}
+        name, version = _canonical(meta.get("name", "?")), meta.get("version", "?")
+        if name in set(owners.values()):
+            problems.append(f"{name} {version} would be reinstalled over the protected one")
+            continue
+        wheel = wheels.get(name)
+        if wheel is None:
+            continue
+        with zipfile.ZipFile(wheel) as zf:
+            hits = sorted(n for n in zf.namelist() if n.split("/", 1)[0] in owners
+                          and not n.split("/", 1)[0].endswith((".dist-info", ".data")))  # fmt: skip
+        if hits:
+            owner = owners[hits[0].split("/", 1)[0]]
+            shown = ", ".join(hits[:3]) + (f" and {len(hits) - 3} more" if len(hits) > 3 else "")
+            problems.append(f"{name} {version} ships {shown}, inside {owner}'s files")
+    return problems
+
+
+def _preflight(python: str, args: list[str], cfile: Path | None, before: Fingerprint,
+               tmp: Path) -> None:  # fmt: skip
+    """Resolve first (``pip install --dry-run --report``), fetch every planned wheel (building
+    sdists), and refuse before anything is installed if one would write into a protected
+    distribution's files. A plan pip cannot make is left to the real run to report."""
+    report = tmp / "plan.json"
+    # ours last: a --report among the caller's arguments must not take the plan elsewhere
+    cmd = [python, "-m", "pip", "install", "--dry-run", "--quiet", *args, "--report", str(report)]
+    if cfile is not None:
+        cmd += ["-c", str(cfile)]
+    if subprocess.run(cmd, capture_output=True, text=True, check=False).returncode != 0:
+        return
+    if not report.is_file():
+        raise WouldOverwriteTorch("pip's dry run wrote no plan: nothing was installed")
+    plan = json.loads(report.read_text())
+    urls = [
+        (item.get("download_info") or {}).get("url")
+        for item in plan.get("install", [])
+        if "dir_info" not in (item.get("download_info") or {})  # a local project: checked after
+    ]
+    urls = [u for u in urls if u]
+    inspect = tmp / "inspect"
+    if urls:
+        proc = subprocess.run(
+            [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(inspect), *urls],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise WouldOverwriteTorch(
+                "could not fetch the planned packages to inspect their files (nothing was "
+                f"installed): {proc.stderr.strip()[-1500:]}"
+            )
+    wheels = {}
+    for w in inspect.glob("*.whl") if inspect.is_dir() else []:
+        wheels[_canonical(w.name.split("-")[0])] = w
+    problems = planned_overwrites(plan, wheels, _owned_tops(before))
+    if problems:
+        raise WouldOverwriteTorch(
+            "this install would change the protected torch stack's files, so pip was not run:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
 
 
 class NoTorchToProtect(RuntimeError):
@@ -323,6 +463,8 @@ def protected_install(
     with tempfile.TemporaryDirectory() as tmp:
         cfile = Path(tmp) / "torch-constraints.txt"
         cfile.write_text("".join(p + "\n" for p in pins))
+        if pins:  # refuse before installing what would write into the stack's files
+            _preflight(python, args, cfile, before, Path(tmp))
         cmd = [python, "-m", "pip", "install", *args]
         if pins:
             cmd += ["-c", str(cfile)]

@@ -163,8 +163,18 @@ def index(tmp_path_factory):
         pkgs, "needs-new-torch", "1.0", {"needs_new_torch/__init__.py": ""}, ("torch>=2.6",)
     )
     build_wheel(pkgs, "harmless", "1.0", {"harmless/__init__.py": ""}, ("torch>=2.0",))
+    # a package that ships a file inside torch's directory (the pin cannot see it)
+    build_wheel(pkgs, "sneaky", "1.0", {"sneaky/__init__.py": "", "torch/__init__.py": "boom"})
+    # ROCm's triton is pytorch-triton-rocm; a package requiring "triton" pulls in PyPI's, which
+    # writes the same triton/ directory
+    rocm_triton = build_wheel(
+        local, "pytorch-triton-rocm", "3.1.0", {"triton/__init__.py": "rocm = 1\n"}
+    )
+    build_wheel(pkgs, "triton", "3.1.0", {"triton/__init__.py": "cuda = 1\n"})
+    build_wheel(pkgs, "needs-triton", "1.0", {"needs_triton/__init__.py": ""}, ("triton",))
     with pypiserver(pkgs, root / "pypiserver.log") as base:
-        yield SimpleNamespace(url=base + "/simple/", rocm_torch=rocm_torch, root=root)
+        yield SimpleNamespace(url=base + "/simple/", rocm_torch=rocm_torch, root=root,
+                              rocm_triton=rocm_triton)  # fmt: skip
 
 
 def _run(*cmd, env=None):
@@ -211,16 +221,25 @@ def test_protect_torch_in_a_real_venv(index, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "torch stack unchanged" in r.stderr
 
-    # 3. A change the pin cannot prevent (same version, other files) is caught afterwards.
+    # 3. A change the pin cannot prevent (same version, other files) is refused beforehand
     r = _cli("protect-torch", "--python", py, "--", "--no-cache-dir", "--index-url", index.url,
              "--force-reinstall", "--no-deps", "torch")  # fmt: skip
-    assert r.returncode == 3, r.stdout + r.stderr
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "torch 2.5.1+rocm6.2 would be reinstalled over the protected one" in r.stderr
+    assert fingerprint(py) == before
+    # ... and, done without protection, caught afterwards with the way back
+    r = _run(*pip, "--force-reinstall", "--no-deps", "torch==2.5.1+rocm6.2")
+    assert r.returncode == 0, r.stderr
+    r = _cli("verify", fp_file)
+    assert r.returncode == 3
     assert "torch: reinstalled with different files, same version 2.5.1+rocm6.2" in r.stderr
     assert "--index-url https://download.pytorch.org/whl/rocm6.2" in r.stderr
-    # put the original back for the control
+    # put the original back for the control: the same RECORD, the files written anew
     r = _run(*pip, "--no-index", "--force-reinstall", index.rocm_torch)
     assert r.returncode == 0, r.stderr
-    assert fingerprint(py) == before
+    assert all("files rewritten on disk" in c for c in diff(before, fingerprint(py)))
+    before = fingerprint(py)
+    fp_file.write_text(before.to_json())
 
     # 4. Control: the same request without protection replaces torch, and verify says so.
     r = _run(*pip, "needs-new-torch")
@@ -253,3 +272,37 @@ def test_protect_torch_without_torch_stops_before_pip(index, tmp_path):
     assert r.returncode == 3, r.stdout + r.stderr
     assert "nothing to pin (--allow-no-torch)" in r.stderr
     assert "torch: added 2.6.0 (it was not installed)" in r.stderr
+
+
+@pytest.mark.slow
+def test_protect_torch_refuses_before_installing_into_the_stacks_files(index, tmp_path):
+    venv = tmp_path / "venv"
+    assert _run(sys.executable, "-m", "venv", venv).returncode == 0
+    py = venv / "bin" / "python"
+    pip = (py, "-m", "pip", "install", "--no-cache-dir", "--no-index")
+    assert _run(*pip, index.rocm_torch, index.rocm_triton).returncode == 0
+    before = fingerprint(py)
+    assert set(before.packages) == {"torch", "pytorch-triton-rocm"}
+    request = ("--", "--no-cache-dir", "--index-url", index.url)
+
+    # 1. a wheel with torch/__init__.py in it: refused before pip install runs
+    r = _cli("protect-torch", "--python", py, *request, "sneaky")
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "pip was not run" in r.stderr
+    assert "sneaky 1.0 ships torch/__init__.py, inside torch's files" in r.stderr
+    assert fingerprint(py) == before
+    assert _run(py, "-c", "import sneaky").returncode != 0
+
+    # 2. PyPI's triton over pytorch-triton-rocm's triton/: refused too
+    r = _cli("protect-torch", "--python", py, *request, "needs-triton")
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "triton 3.1.0 ships triton/__init__.py, inside pytorch-triton-rocm's files" in r.stderr
+    assert fingerprint(py) == before
+
+    # 3. what slips past a pin (no preflight: plain pip) is seen on disk, by path
+    assert (
+        _run(*pip, "--find-links", str(index.root / "packages"), "--no-deps", "sneaky").returncode
+        == 0
+    )
+    changes = diff(before, fingerprint(py))
+    assert changes == ["torch: files rewritten on disk: torch/__init__.py"], changes
