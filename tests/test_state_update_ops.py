@@ -232,11 +232,11 @@ def test_hits_skip_the_checks(fake_kernels, monkeypatch):
     def counted(fn):
         return lambda *a, **k: calls.append(fn.__name__) or fn(*a, **k)
 
-    for name in ("check_state_update_args", "check_kernel_dtypes", "_kernel_plan"):
+    for name in ("check_state_update_args", "_kernel_plan"):
         monkeypatch.setattr(ops, name, counted(getattr(ops, name)))
     for step in range(4):
         ops.selective_state_update(**_tied(seeded("hits", step)), dt_softplus=True)
-    assert calls == ["check_state_update_args", "check_kernel_dtypes", "_kernel_plan"]
+    assert calls == ["check_state_update_args", "_kernel_plan"]
     assert len(fake_kernels.launches) == 4
 
 
@@ -351,26 +351,26 @@ def test_cache_never_skips_a_check(name, tier, backend, fresh_plans, monkeypatch
     assert ops._signature(*_pos(good)) in ops._PLANS
 
 
-@pytest.mark.parametrize(
-    "bad, message",
-    [
-        ({"x": "double"}, "x must be float32, float16 or bfloat16 on the GPU"),
-        ({"state": "double"}, "state must be float32, float16 or bfloat16 on the GPU"),
-    ],
-)
-def test_kernel_dtype_checks_survive_the_cache(bad, message, fake_kernels, backend):
-    """float64 passes the shared checks (the references take it) but not the kernel's rules;
-    a signature that the torch tier has cached must still fail on the kernel tier."""
-    ((key, dtype),) = bad.items()
+@pytest.mark.parametrize("key", ["x", "state"])
+def test_float64_takes_the_torch_tier_on_the_kernel_tier_too(key, fake_kernels, backend):
+    """float64 passes the shared checks (the references take it) and no kernel reads it: on the
+    kernel tier such a call runs the torch tier in float64 (it used to raise a TypeError there
+    only), every time, also once its signature is cached."""
     args = _base()
-    args[key] = args[key].to(getattr(torch, dtype))
-    if key == "x":  # B, C, z follow x, so that only the float64 rule fails
+    args[key] = args[key].double()
+    if key == "x":
         args.update({k: args[k].double() for k in ("B", "C", "z")})
-    for _ in range(2):
-        with pytest.raises(TypeError, match=message):
-            ops.selective_state_update(**args)
+    from mamba2_rocm.reference.ssd import selective_state_update_ref
+
+    state = args["state"].clone()
+    pos = {**args, "state": state}
+    ref = selective_state_update_ref(*_pos(pos, softplus=False)[:-1], None, torch.float64)
+    for _ in range(2):  # the fake kernel set answers choose()
+        got_state = args["state"].clone()
+        out = ops.selective_state_update(**{**args, "state": got_state})
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got_state, state, rtol=1e-6, atol=1e-6)
     assert not fake_kernels.launches
-    assert ops._PLANS[ops._signature(*_pos(args, softplus=False))].kernel is None
 
 
 def test_grid_limit_survives_the_cache(fake_kernels, monkeypatch):
@@ -434,3 +434,33 @@ def test_int64_indices_on_the_torch_tiers(backend, tier):
             )
         )
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("state_dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bc_dtype", [torch.float32, torch.float64])
+def test_tiers_accept_the_same_inputs(x_dtype, state_dtype, bc_dtype, backend, monkeypatch):
+    """#19.4: what the torch tier accepts, the kernel tier accepts (float64 x or state, which no
+    kernel reads, run there on the torch tier in float64), with the same result."""
+    g = seeded("tiers-accept", x_dtype, state_dtype, bc_dtype)
+    b, h, p, n = 2, 4, 8, 16
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    args = dict(x=r(b, h, p).to(x_dtype), dt=r(b, h, p), A=-torch.rand(h, p, n, generator=g),
+                B=r(b, 1, n).to(bc_dtype), C=r(b, 1, n).to(bc_dtype), D=r(h, p).double(),
+                dt_bias=r(h, p), dt_softplus=True)  # fmt: skip
+    state0 = r(b, h, p, n).to(state_dtype)
+    backend("torch")
+    ref_state = state0.clone()
+    ref = ops.selective_state_update(ref_state, **args)
+    kset = _FakeKernels()
+    monkeypatch.setattr(ops, "choose", lambda device: ("kernel", kset))
+    monkeypatch.setattr(ops, "launch", lambda *a: kset.launches.append(a))
+    state = state0.clone()
+    out = ops.selective_state_update(state, **args)  # never a TypeError
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    if torch.float64 in (x_dtype, state_dtype):  # computed on the torch tier: the same numbers
+        assert kset.launches == []
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(state, ref_state, rtol=1e-5, atol=1e-5)
+    else:
+        assert len(kset.launches) == 1

@@ -69,19 +69,6 @@ def strides(t, n: int) -> tuple[int, ...]:
     return (0,) * n if t is None else tuple(t.stride())
 
 
-def check_kernel_dtypes(x, floats: dict, like_x: dict) -> None:
-    """The kernels' dtype rules: ``floats`` (name -> tensor or None) may each be any kernel
-    float type; ``like_x`` must have x's dtype (they are read in the kernel's element type)."""
-    for name, t in floats.items():
-        if t is not None and t.dtype not in KERNEL_DTYPE:
-            raise TypeError(
-                f"{name} must be float32, float16 or bfloat16 on the GPU, got {t.dtype}"
-            )
-    for name, t in like_x.items():
-        if t is not None and t.dtype != x.dtype:
-            raise TypeError(f"{name} must have x's dtype {x.dtype} on the GPU, got {t.dtype}")
-
-
 def as_kernel_float(t):
     """t itself when the kernels read its dtype, else a float32 copy (float64 parameters)."""
     return t if t is None or t.dtype in KERNEL_DTYPE else t.float()

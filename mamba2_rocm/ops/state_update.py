@@ -22,7 +22,6 @@ from mamba2_rocm.ops._launch import (
     GRID_YZ_MAX,
     KERNEL_DTYPE,
     as_kernel_float,
-    check_kernel_dtypes,
     checked_state_rows,
     launch,
     like,
@@ -204,8 +203,11 @@ def _impl(
     if x.shape[0] == 0:  # an empty batch: an empty output, no state touched
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     tier, kset = choose(plan.device)
-    if tier != "kernel":
-        cd = torch.float64 if tier == "eager" else torch.float32
+    if tier != "kernel" or x.dtype not in KERNEL_DTYPE or state.dtype not in KERNEL_DTYPE:
+        # every tier accepts the same inputs: float64 x or state, which no kernel reads, take
+        # the torch tier (in float64) on the GPU as well
+        wide = torch.float64 in (x.dtype, state.dtype)
+        cd = torch.float64 if tier == "eager" or wide else torch.float32
         return selective_state_update_ref(
             state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, cd
         )
@@ -217,7 +219,6 @@ def _impl(
     dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
     kp = plan.kernel
     if kp is None:
-        check_kernel_dtypes(x, {"state": state, "x": x}, {})
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if plan.dims.has_heads:
             views = (state, x, dt, A, B, C, D, z, dt_bias)
