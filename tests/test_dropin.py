@@ -261,3 +261,46 @@ def test_doctor_reports_owner_and_collision():
     text = audit.render_text(audit.report(facts))
     assert "import names (mamba2-rocm-dropin)" in text
     assert "shadowed: the real package wins" in text and "mamba2-rocm" in text
+
+
+#: what transformers' Mamba2-family models must reach through the names (GPU tests run them)
+_FAMILY = {"mamba2_rocm.ops.conv1d", "mamba2_rocm.ops.mamba2", "mamba2_rocm.ops.state_update",
+           "mamba2_rocm.ops.ssd"}  # fmt: skip
+_MODELS = {name: _FAMILY for name in ("mamba2", "bamba", "falcon_h1", "zamba2", "nemotron_h",
+                                      "granitemoehybrid")}  # fmt: skip
+_MODELS["lfm2"] = {"mamba2_rocm.ops.conv1d"}
+_PROBE = """
+import importlib, json, sys
+import mamba2_rocm.dropin as d
+d.activate() if sys.argv[1] == "on" else d.deactivate()
+out = {}
+for name in json.loads(sys.argv[2]):
+    mod = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    found = {}
+    for attr, obj in vars(mod).items():  # use_kernel_func_from_hub_with_fallback's wrappers
+        wrapped = getattr(obj, "__wrapped__", None)
+        for cell in (getattr(obj, "__closure__", None) or ()) if wrapped else ():
+            impl = cell.cell_contents
+            if callable(impl) and impl is not wrapped and getattr(impl, "__module__", "").startswith(
+                    ("mamba2_rocm", "mamba_ssm", "causal_conv1d")):
+                found[attr] = impl.__module__
+    out[name] = found
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("state", ["on", "off"])
+def test_transformers_models_resolve_to_ours(state):
+    """transformers' own lookups (use_kernel_func_from_hub_with_fallback, at model-module
+    import) find our functions through the drop-in names, and nothing when it is off."""
+    pytest.importorskip("transformers")
+    proc = subprocess.run([sys.executable, "-c", _PROBE, state, json.dumps(sorted(_MODELS))],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout)
+    for name, modules in _MODELS.items():
+        if state == "on":
+            assert set(found[name].values()) == modules, (name, found[name])
+            assert len(found[name]) == (2 if name == "lfm2" else 5), (name, found[name])
+        else:
+            assert found[name] == {}, (name, found[name])
