@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.metadata as md
+import re
 import zipfile
 from pathlib import Path
 
@@ -110,3 +111,19 @@ def wheel_from_installed(name: str, out: Path) -> Path:
         record.append(f"{info_dir}/RECORD,,")
         zf.writestr(f"{info_dir}/RECORD", "\n".join(record) + "\n")
     return path
+
+
+def stand_in_code_object(source: str, target: str) -> bytes:
+    """Bytes that stand for a code object of ``target`` (see :func:`stand_in_arch`)."""
+    return f"code object {source} for {target}".encode()
+
+
+def stand_in_arch(real):
+    """A replacement for ``code_object_arch`` that reads stand-ins' ISA and hands anything else
+    (real code objects) to ``real``."""
+
+    def arch(data: bytes) -> str:
+        m = re.fullmatch(rb"code object \w+ for ([\w-]+)", data)
+        return m.group(1).decode() if m else real(data)
+
+    return arch

@@ -8,7 +8,6 @@ import hashlib
 import importlib
 import json
 import os
-import re
 import shutil
 import sys
 import warnings
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakewheels import stand_in_arch, stand_in_code_object
 from helpers import require_tool
 
 from mamba2_rocm.kernels import SOURCES
@@ -33,13 +33,8 @@ def _isolated_runtime(tmp_path, monkeypatch):
     monkeypatch.delenv("MAMBA2_ROCM_KERNEL_PATH", raising=False)
     monkeypatch.delenv("MAMBA2_ROCM_HIP_LIBRARY", raising=False)
     monkeypatch.setenv("MAMBA2_ROCM_CACHE", str(tmp_path / "empty-cache"))
-    real = loader._code_object_arch
-
-    def stand_in_arch(image: bytes) -> str:  # write_kernel_dir's stand-ins name their target
-        m = re.fullmatch(rb"code object \w+ for ([\w-]+)", image)
-        return m.group(1).decode() if m else real(image)
-
-    monkeypatch.setattr(loader, "_code_object_arch", stand_in_arch)
+    # write_kernel_dir's stand-ins name their target
+    monkeypatch.setattr(loader, "_code_object_arch", stand_in_arch(loader._code_object_arch))
     loader.reset()
     yield
     loader.reset()
@@ -52,7 +47,7 @@ def write_kernel_dir(path: Path, target: str, vendor: str = "amd") -> Path:
     suffix = "hsaco" if vendor == "amd" else "cubin"
     objects = []
     for name, src in SOURCES.items():
-        image = f"code object {name} for {target}".encode()
+        image = stand_in_code_object(name, target)
         (path / f"{name}.{suffix}").write_bytes(image)
         objects.append(
             {
@@ -376,7 +371,7 @@ UPDATE_KERNEL = SOURCES["conv1d_update"].kernels[0]
 
 def test_a_code_object_of_another_arch_is_refused_before_loading(tmp_path, no_cuda_device):
     kdir = write_kernel_dir(tmp_path / "gfx1030", "gfx1030")
-    image = b"code object conv1d_update for gfx1100"  # matching sha256, wrong ISA inside
+    image = stand_in_code_object("conv1d_update", "gfx1100")  # matching sha256, wrong ISA inside
     (kdir / "conv1d_update.hsaco").write_bytes(image)
     manifest = json.loads((kdir / "manifest.json").read_text())
     for co in manifest["code_objects"]:

@@ -128,16 +128,23 @@ def amd_code_object_version(data: bytes) -> int:
     return _AMD_ABI_TO_COV.get(abi, -1)
 
 
-def amd_kernels(data: bytes) -> tuple[str, list[KernelInfo]]:
-    """``(target, kernels)`` of an AMD code object or single-target offload bundle."""
-    elf_bytes = _amd_elf(data)
-    elf = ELFFile(io.BytesIO(elf_bytes))
+def _amd_target(meta: dict[str, Any]) -> str:
+    # "amdgcn-amd-amdhsa--gfx1030" or with features "...--gfx90a:xnack-"
+    return meta.get("amdhsa.target", "").rsplit("--", 1)[-1].split(":")[0]
+
+
+def _amd_elf_file(data: bytes) -> ELFFile:
+    elf = ELFFile(io.BytesIO(_amd_elf(data)))
     if elf.header["e_machine"] != "EM_AMDGPU":
         raise CodeObjectError(f"not an AMDGPU ELF (e_machine {elf.header['e_machine']})")
+    return elf
+
+
+def amd_kernels(data: bytes) -> tuple[str, list[KernelInfo]]:
+    """``(target, kernels)`` of an AMD code object or single-target offload bundle."""
+    elf = _amd_elf_file(data)
     meta = _amd_metadata(elf)
-    triple = meta.get("amdhsa.target", "")
-    # "amdgcn-amd-amdhsa--gfx1030" or with features "...--gfx90a:xnack-"
-    target = triple.rsplit("--", 1)[-1].split(":")[0]
+    target = _amd_target(meta)
     kernels = []
     for k in meta.get("amdhsa.kernels", []):
         explicit = [a for a in k.get(".args", []) if not a[".value_kind"].startswith("hidden_")]
@@ -171,9 +178,9 @@ def code_object_arch(data: bytes) -> str:
         except Exception as exc:  # pyelftools raises several types for a malformed header
             raise CodeObjectError(f"malformed ELF: {exc}") from None
         if machine == "EM_CUDA":
-            return cuda_kernels(data)[0]
-    try:
-        return amd_kernels(data)[0]
+            return _cuda_target(ELFFile(io.BytesIO(data)))
+    try:  # the target only: no kernel descriptors are read
+        return _amd_target(_amd_metadata(_amd_elf_file(data)))
     except CodeObjectError:
         raise
     except Exception as exc:
@@ -219,11 +226,7 @@ def parse_ptxas_resource_usage(text: str) -> dict[str, dict[str, int]]:
     return usage
 
 
-def cuda_kernels(data: bytes, ptxas_report: str = "") -> tuple[str, list[KernelInfo]]:
-    """``(target, kernels)`` of a cubin; resources not in the cubin come from ``ptxas_report``."""
-    elf = ELFFile(io.BytesIO(data))
-    if elf.header["e_machine"] != "EM_CUDA":
-        raise CodeObjectError(f"not a cubin (e_machine {elf.header['e_machine']})")
+def _cuda_target(elf: ELFFile) -> str:
     target = f"sm_{(elf.header['e_flags'] >> 8) & 0xFF}"
     # e_flags is the same for sm_90 and sm_90a (sm_100f, ...); the ptxas command line recorded
     # in the toolkit-info note carries the suffix.
@@ -231,6 +234,15 @@ def cuda_kernels(data: bytes, ptxas_report: str = "") -> tuple[str, list[KernelI
     if tkinfo is not None:
         m = re.search(rb"-arch (" + target.encode() + rb"[af]?)\b", tkinfo.data())
         target = m.group(1).decode() if m else target
+    return target
+
+
+def cuda_kernels(data: bytes, ptxas_report: str = "") -> tuple[str, list[KernelInfo]]:
+    """``(target, kernels)`` of a cubin; resources not in the cubin come from ``ptxas_report``."""
+    elf = ELFFile(io.BytesIO(data))
+    if elf.header["e_machine"] != "EM_CUDA":
+        raise CodeObjectError(f"not a cubin (e_machine {elf.header['e_machine']})")
+    target = _cuda_target(elf)
     symtab = elf.get_section_by_name(".symtab")
     regs: dict[str, int] = {}
     glob = elf.get_section_by_name(".nv.info")

@@ -37,7 +37,6 @@ key bumps ``schema_version``, a change that adds one does not):
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
 import platform
@@ -273,15 +272,10 @@ def gather(environ: Mapping[str, str] | None = None, *, use_torch: bool = True) 
 
 def _jit_compilers(environ: Mapping[str, str]) -> dict[str, str]:
     """The compilers a just-in-time build would find (runtime.loader's rule), by vendor."""
-    if environ.get("MAMBA2_ROCM_JIT", "1") == "0":
-        return {}
-    from mamba2_rocm.build.driver import BuildError, find_toolchain
+    from mamba2_rocm.runtime.loader import jit_compiler
 
-    found = {}
-    for vendor in ("amd", "nvidia"):
-        with contextlib.suppress(BuildError):  # no compiler for this vendor: no JIT for it
-            found[vendor] = find_toolchain(vendor).compiler
-    return found
+    found = {v: jit_compiler(v, environ) for v in ("amd", "nvidia")}
+    return {v: c for v, c in found.items() if c}
 
 
 # --------------------------------------------------------------------------- checks
@@ -577,9 +571,12 @@ def op_tier(f: Facts, dev: GpuDevice | None) -> tuple[str, str]:
     "torch" / "eager" (the PyTorch implementations), "error" (ops raise) or "none" (no torch)."""
     if not f.torch.importable:
         return "none", "torch is not installed: no op can run"
-    wanted = (f.environ.get("MAMBA2_ROCM_BACKEND") or "auto").strip().lower() or "auto"
-    if wanted not in ("auto", "kernel", "torch", "eager"):
-        return "error", f"MAMBA2_ROCM_BACKEND={wanted!r} is not auto, kernel, torch or eager"
+    from mamba2_rocm.ops._backend import requested_backend
+
+    try:
+        wanted = requested_backend(f.environ)
+    except ValueError as exc:
+        return "error", str(exc)
     if wanted in ("torch", "eager"):
         return wanted, f"MAMBA2_ROCM_BACKEND={wanted}"
     if dev is None:

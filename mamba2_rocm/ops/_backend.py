@@ -16,8 +16,9 @@ BACKEND_ENV = "MAMBA2_ROCM_BACKEND"
 BACKENDS = ("auto", "kernel", "torch", "eager")
 
 
-def requested_backend() -> str:
-    raw = os.environ.get(BACKEND_ENV)
+def requested_backend(environ=None) -> str:
+    """``MAMBA2_ROCM_BACKEND`` of ``environ`` (default: the process's), checked."""
+    raw = (os.environ if environ is None else environ).get(BACKEND_ENV)
     if raw is None:  # the common case, on every op call: skip the string work
         return "auto"
     value = raw.strip().lower() or "auto"

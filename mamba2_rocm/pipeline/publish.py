@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mamba2_rocm.build.codeobject import CodeObjectError, code_object_arch
 from mamba2_rocm.pipeline.package import kernel_summary
 from mamba2_rocm.pipeline.recipes import Recipe
 
@@ -104,19 +105,10 @@ def _wheel_summary(wheel: Path) -> str:
     return match.group(1) if match else ""
 
 
-def _code_object_arch(data: bytes) -> str:
-    """``build.codeobject.code_object_arch`` (tests substitute stand-ins)."""
-    from mamba2_rocm.build.codeobject import code_object_arch
-
-    return code_object_arch(data)
-
-
 def check_wheel_contents(target: str, host: Path, kernels: Path, recipe: Recipe) -> None:
     """The wheels hold what the recipe says: every code object in the kernel wheel is built
     for one of the recipe's archs (read from the code object itself) and lies under
     ``<module>/kernels/<that arch>/``, every arch has code objects, and the host wheel has none."""
-    from mamba2_rocm.build.codeobject import CodeObjectError
-
     suffixes = (".hsaco", ".cubin", ".co")
     with zipfile.ZipFile(host) as zf:
         stray = [n for n in zf.namelist() if n.endswith(suffixes)]
@@ -131,7 +123,7 @@ def check_wheel_contents(target: str, host: Path, kernels: Path, recipe: Recipe)
             parts = name.split("/")
             folder = parts[2] if len(parts) == 4 and parts[1] == "kernels" else None
             try:
-                arch = _code_object_arch(zf.read(name))
+                arch = code_object_arch(zf.read(name))
             except CodeObjectError as exc:
                 problems.append(f"{name}: not a code object ({exc})")
                 continue

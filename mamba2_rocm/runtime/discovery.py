@@ -173,8 +173,7 @@ def _package_dirs() -> list[KernelDir]:
 def kernel_dirs(include_cache: bool = True) -> list[KernelDir]:
     """All kernel dirs, in priority order: env path, installed packages, JIT cache."""
     found: list[KernelDir] = []
-    for entry in kernel_path_entries():
-        found.extend(_dirs_below(Path(entry), f"env {KERNEL_PATH_ENV}"))
+    found.extend(_scan_kernel_path()[0])
     found.extend(_package_dirs())
     if include_cache:
         found.extend(_dirs_below(jit_cache_root(), "jit cache"))
@@ -187,23 +186,34 @@ def kernel_path_entries(environ: Mapping[str, str] | None = None) -> list[str]:
     return [e for e in env.get(KERNEL_PATH_ENV, "").split(os.pathsep) if e]
 
 
-def kernel_path_problems(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Every ``MAMBA2_ROCM_KERNEL_PATH`` entry that cannot serve any GPU, saying what was
-    looked for. A path the user set is a statement of intent: it is never skipped silently."""
-    problems = []
+def _scan_kernel_path(
+    environ: Mapping[str, str] | None = None,
+) -> tuple[list[KernelDir], list[str]]:
+    """The kernel dirs of ``MAMBA2_ROCM_KERNEL_PATH``, and every entry that cannot serve any
+    GPU, saying what was looked for: one scan of each entry."""
+    dirs, problems = [], []
     for entry in kernel_path_entries(environ):
         path = Path(entry)
         if not path.exists():
             problems.append(f"{KERNEL_PATH_ENV} entry {entry!r} does not exist")
         elif not path.is_dir():
             problems.append(f"{KERNEL_PATH_ENV} entry {entry!r} is not a directory")
-        elif not _dirs_below(path, ""):
-            problems.append(
-                f"{KERNEL_PATH_ENV} entry {entry!r} holds no kernel dir (looked for "
-                f"{path / 'manifest.json'} and {path / '<target>' / 'manifest.json'}, as "
-                f"`python -m mamba2_rocm build --out DIR` writes them)"
-            )
-    return problems
+        else:
+            found = _dirs_below(path, f"env {KERNEL_PATH_ENV}")
+            if not found:
+                problems.append(
+                    f"{KERNEL_PATH_ENV} entry {entry!r} holds no kernel dir (looked for "
+                    f"{path / 'manifest.json'} and {path / '<target>' / 'manifest.json'}, as "
+                    f"`python -m mamba2_rocm build --out DIR` writes them)"
+                )
+            dirs += found
+    return dirs, problems
+
+
+def kernel_path_problems(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Every ``MAMBA2_ROCM_KERNEL_PATH`` entry that cannot serve any GPU, saying what was
+    looked for. A path the user set is a statement of intent: it is never skipped silently."""
+    return _scan_kernel_path(environ)[1]
 
 
 def kernel_path_error(arch: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -212,10 +222,9 @@ def kernel_path_error(arch: str, environ: Mapping[str, str] | None = None) -> st
     entries = kernel_path_entries(environ)
     if not entries:
         return None
-    problems = kernel_path_problems(environ)
+    dirs, problems = _scan_kernel_path(environ)
     if problems:
         return "; ".join(problems)
-    dirs = [d for e in entries for d in _dirs_below(Path(e), f"env {KERNEL_PATH_ENV}")]
     if find_kernel_dir(arch, dirs) is not None:
         return None
     base = split_arch_name(arch)[0]

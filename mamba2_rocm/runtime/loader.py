@@ -23,6 +23,7 @@ import os
 import struct
 import threading
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 from mamba2_rocm.kernels import SOURCES, source_of
@@ -199,16 +200,29 @@ _WARNED: set[str] = set()
 _LOCK = threading.Lock()
 
 
-def _jit_build(arch: str) -> KernelDir | None:
-    if os.environ.get(JIT_ENV, "1") == "0":
+def jit_compiler(vendor: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The compiler a just-in-time build for ``vendor`` would use, or None (no compiler, or
+    ``MAMBA2_ROCM_JIT=0``). ``doctor`` asks the same question."""
+    env = os.environ if environ is None else environ
+    if env.get(JIT_ENV, "1") == "0":
         return None
+    from mamba2_rocm.build.driver import BuildError, find_toolchain
+
+    try:
+        return find_toolchain(vendor).compiler
+    except BuildError:
+        return None
+
+
+def _jit_build(arch: str) -> KernelDir | None:
     from mamba2_rocm.arch import arch_info
-    from mamba2_rocm.build.driver import BuildError, build, find_toolchain
+    from mamba2_rocm.build.driver import BuildError, build
 
     try:
         info = arch_info(arch)
-        find_toolchain(info.vendor)
-    except (ValueError, BuildError):
+    except ValueError:
+        return None
+    if jit_compiler(info.vendor) is None:
         return None
     from filelock import FileLock
 

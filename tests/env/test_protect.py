@@ -183,6 +183,12 @@ def _run(*cmd, env=None):
     )
 
 
+def _venv(path: Path) -> Path:
+    """A fresh venv at ``path``; its python."""
+    assert _run(sys.executable, "-m", "venv", path).returncode == 0
+    return path / "bin" / "python"
+
+
 def _cli(*args):
     return _run(sys.executable, "-m", "mamba2_rocm", "env", *args)
 
@@ -190,8 +196,7 @@ def _cli(*args):
 @pytest.mark.slow
 def test_protect_torch_in_a_real_venv(index, tmp_path):
     venv = tmp_path / "venv"
-    assert _run(sys.executable, "-m", "venv", venv).returncode == 0
-    py = venv / "bin" / "python"
+    py = _venv(venv)
     pip = (py, "-m", "pip", "install", "--no-cache-dir", "--index-url", index.url)
     r = _run(*pip, "--no-index", index.rocm_torch)
     assert r.returncode == 0, r.stderr
@@ -255,9 +260,7 @@ def test_protect_torch_in_a_real_venv(index, tmp_path):
 
 @pytest.mark.slow
 def test_protect_torch_without_torch_stops_before_pip(index, tmp_path):
-    venv = tmp_path / "bare"
-    assert _run(sys.executable, "-m", "venv", venv).returncode == 0
-    py = venv / "bin" / "python"
+    py = _venv(tmp_path / "bare")
     request = ("--", "--no-cache-dir", "--index-url", index.url, "harmless")  # needs torch>=2.0
     r = _cli("protect-torch", "--python", py, *request)
     assert r.returncode == 4, r.stdout + r.stderr
@@ -276,9 +279,7 @@ def test_protect_torch_without_torch_stops_before_pip(index, tmp_path):
 
 @pytest.mark.slow
 def test_protect_torch_refuses_before_installing_into_the_stacks_files(index, tmp_path):
-    venv = tmp_path / "venv"
-    assert _run(sys.executable, "-m", "venv", venv).returncode == 0
-    py = venv / "bin" / "python"
+    py = _venv(tmp_path / "venv")
     pip = (py, "-m", "pip", "install", "--no-cache-dir", "--no-index")
     assert _run(*pip, index.rocm_torch, index.rocm_triton).returncode == 0
     before = fingerprint(py)

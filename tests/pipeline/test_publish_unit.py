@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 import pytest
-from fakewheels import build_wheel
+from fakewheels import build_wheel, stand_in_arch
 
 from mamba2_rocm.pipeline import publish
 from mamba2_rocm.pipeline.package import COMPILE_ONLY_SUMMARY, kernel_summary
@@ -26,13 +25,7 @@ COMMIT = "c0ffee" * 6 + "abcd"
 def stand_in_code_objects(monkeypatch):
     """The kernel wheels here hold stand-ins that name their ISA ("code object X for gfx1030");
     real code objects are read by the Docker end-to-end tests (test_release_index.py)."""
-    real = publish._code_object_arch
-
-    def arch(data: bytes) -> str:
-        m = re.fullmatch(rb"code object \w+ for ([\w-]+)", data)
-        return m.group(1).decode() if m else real(data)
-
-    monkeypatch.setattr(publish, "_code_object_arch", arch)
+    monkeypatch.setattr(publish, "code_object_arch", stand_in_arch(publish.code_object_arch))
     monkeypatch.delenv("GITHUB_RUN_ID", raising=False)
 
 
