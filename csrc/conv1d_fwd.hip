@@ -166,7 +166,7 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
 #pragma unroll
       for (int k = 0; k < kW; ++k)
         if (!has_seq || ws[i + k] == ws[i + kW - 1]) acc = fmaf(w[k], win[i + k], acc);
-      yv[i] = p.silu ? silu(acc) : acc;
+      yv[i] = has_seq && ws[i + kW - 1] < 0 ? 0.f : p.silu ? silu(acc) : acc;  // padding token: 0
     }
     if (t0 + kN <= p.seqlen) {
       typename Vec<T>::U u;
@@ -253,7 +253,7 @@ M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
 #pragma unroll
       for (int k = 0; k < kW; ++k)
         if (!kSeq || sh_sid[s + k] == sh_sid[s + kW - 1]) acc = fmaf(w[i][k], xf[s + k][i], acc);
-      y[i] = p.silu ? silu(acc) : acc;
+      y[i] = kSeq && sh_sid[s + kW - 1] < 0 ? 0.f : p.silu ? silu(acc) : acc;  // padding token: 0
     }
     if (full_c) {
       store_stream(reinterpret_cast<uint32_t*>(out + t * p.out_l_stride + c0), T::pack(y));
@@ -297,7 +297,8 @@ M2R_DEVICE void fwd_strided(const ConvFwdParams& p) {
   }
   typedef typename T::storage S;
   S* out = static_cast<S*>(p.out);
-  out[b * p.out_batch_stride + c * p.out_c_stride + t * p.out_l_stride] = T::from_float(p.silu ? silu(acc) : acc);
+  const float y = kSeq && sid_t < 0 ? 0.f : p.silu ? silu(acc) : acc;  // padding token: 0
+  out[b * p.out_batch_stride + c * p.out_c_stride + t * p.out_l_stride] = T::from_float(y);
   if (p.final_states != nullptr && t == p.seqlen - 1) write_final_states<T, kW>(p, b, c);
 }
 

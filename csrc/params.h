@@ -17,7 +17,8 @@
 
 // causal_conv1d forward: out[b, c, t] = act(bias[c] + sum_k weight[c, k] * x[b, c, t - (W-1) + k])
 // with x at t < 0 taken from initial_states[b, c, W-1+t] (or 0), and, with seq_idx, only taps
-// whose seq_idx equals that of t (positions before 0 count as seq_idx -1).
+// whose seq_idx equals that of t (positions before 0 count as seq_idx -1); a token whose
+// seq_idx is negative is padding, its output 0 (causal-conv1d's rule).
 struct ConvFwdParams {
   const void* x;               // (batch, dim, seqlen), dtype of the kernel
   const void* weight;          // (dim, width), dtype weight_dtype

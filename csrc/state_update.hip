@@ -80,10 +80,11 @@ struct Chunk {
 // kContig: dstate == kN, unit dstate stride for state/B/C, aligned: lane l owns elements
 // [l*kPer, (l+1)*kPer), moved in 4..16-byte accesses; otherwise lane l owns l, l+32, ...
 // Tied A (stride 0 over headdim and dstate, the Mamba2 case): exp(A*dt) is one value per row.
-template <typename TS, typename TI, int kN, bool kContig>
+template <typename TS, typename TI, typename TB, int kN, bool kContig>
 M2R_DEVICE void update_head(const SsuParams& p) {
   typedef typename TS::storage SS;
   typedef typename TI::storage SI;
+  typedef typename TB::storage SB;
   constexpr int kPer = kN >= kLanes ? kN / kLanes : 1;
   const int lane = threadIdx.x % kLanes;
   const int group = threadIdx.x / kLanes;
@@ -97,21 +98,21 @@ M2R_DEVICE void update_head(const SsuParams& p) {
     return;
   }
   const int64_t g = h / p.heads_per_group;
-  const SI* B = static_cast<const SI*>(p.B) + b * p.B_batch_stride + g * p.B_g_stride;
-  const SI* C = static_cast<const SI*>(p.C) + b * p.C_batch_stride + g * p.C_g_stride;
+  const SB* B = static_cast<const SB*>(p.B) + b * p.B_batch_stride + g * p.B_g_stride;
+  const SB* C = static_cast<const SB*>(p.C) + b * p.C_batch_stride + g * p.C_g_stride;
   float bf[kPer], cf[kPer];
   if constexpr (kContig) {
-    Chunk<SI, kPer> bv, cv;
+    Chunk<SB, kPer> bv, cv;
     bv.load(B + lane * kPer);
     cv.load(C + lane * kPer);
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) bf[i] = TI::to_float(bv.get(i)), cf[i] = TI::to_float(cv.get(i));
+    for (int i = 0; i < kPer; ++i) bf[i] = TB::to_float(bv.get(i)), cf[i] = TB::to_float(cv.get(i));
   } else {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int n = lane + i * kLanes;
-      bf[i] = n < p.dstate ? TI::to_float(B[n * p.B_n_stride]) : 0.f;
-      cf[i] = n < p.dstate ? TI::to_float(C[n * p.C_n_stride]) : 0.f;
+      bf[i] = n < p.dstate ? TB::to_float(B[n * p.B_n_stride]) : 0.f;
+      cf[i] = n < p.dstate ? TB::to_float(C[n * p.C_n_stride]) : 0.f;
     }
   }
   const bool a_tied = p.A_p_stride == 0 && p.A_n_stride == 0;
@@ -159,8 +160,8 @@ M2R_DEVICE void update_head(const SsuParams& p) {
       float y = acc;
       if (p.D) y = fmaf(load_as_float(p.D, p.d_dtype, h * p.D_h_stride + pr * p.D_p_stride), x, y);
       if (p.z) {
-        const SI* z = static_cast<const SI*>(p.z);
-        y *= silu(TI::to_float(z[b * p.z_batch_stride + h * p.z_h_stride + pr * p.z_p_stride]));
+        const SB* z = static_cast<const SB*>(p.z);
+        y *= silu(TB::to_float(z[b * p.z_batch_stride + h * p.z_h_stride + pr * p.z_p_stride]));
       }
       out[pr * p.out_p_stride] = TI::from_float(y);
     }
@@ -170,10 +171,11 @@ M2R_DEVICE void update_head(const SsuParams& p) {
 // The general path (any strides, any dstate): one headdim row per 32-lane group, lane l owning
 // elements l, l+32, ...; grid (ceil(headdim / kGroups), nheads, batch). No row loop: with
 // one, AMD's compiler hoisted the per-element offsets into scalar registers and spilled them.
-template <typename TS, typename TI, int kN, bool kContig>  // state type, input type, max dstate
+template <typename TS, typename TI, typename TB, int kN, bool kContig>  // state, x, B/C/z types
 M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr, int lane) {
   typedef typename TS::storage SS;
   typedef typename TI::storage SI;
+  typedef typename TB::storage SB;
   constexpr int kPer = kN >= kLanes ? kN / kLanes : 1;
   SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * p.out_h_stride + pr * p.out_p_stride;
   const int64_t row = p.state_indices ? p.state_indices[b] : b;
@@ -183,12 +185,12 @@ M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr,
   }
   const int64_t g = h / p.heads_per_group;
   SS* st = static_cast<SS*>(p.state) + row * p.state_batch_stride + h * p.state_h_stride + pr * p.state_p_stride;
-  const SI* B = static_cast<const SI*>(p.B) + b * p.B_batch_stride + g * p.B_g_stride;
-  const SI* C = static_cast<const SI*>(p.C) + b * p.C_batch_stride + g * p.C_g_stride;
+  const SB* B = static_cast<const SB*>(p.B) + b * p.B_batch_stride + g * p.B_g_stride;
+  const SB* C = static_cast<const SB*>(p.C) + b * p.C_batch_stride + g * p.C_g_stride;
   const int64_t a_row = h * p.A_h_stride + pr * p.A_p_stride;
 
   Chunk<SS, kPer> s_old;
-  Chunk<SI, kPer> b_v, c_v;
+  Chunk<SB, kPer> b_v, c_v;
   float a_v[kPer];
   if constexpr (kContig) {
     s_old.load(st + lane * kPer);
@@ -220,8 +222,8 @@ M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr,
   for (int i = 0; i < kPer; ++i) {
     const int n = kContig ? lane * kPer + i : lane + i * kLanes;
     if (!kContig && n >= p.dstate) continue;
-    const float s = TS::to_float(s_old.get(i)) * __expf(a_v[i] * dt) + TI::to_float(b_v.get(i)) * dtx;
-    acc = fmaf(s, TI::to_float(c_v.get(i)), acc);
+    const float s = TS::to_float(s_old.get(i)) * __expf(a_v[i] * dt) + TB::to_float(b_v.get(i)) * dtx;
+    acc = fmaf(s, TB::to_float(c_v.get(i)), acc);
     s_new.set(i, TS::from_float(s));
     if (!kContig) st[n * p.state_n_stride] = s_new.get(i);
   }
@@ -232,8 +234,8 @@ M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr,
     float y = acc;
     if (p.D) y = fmaf(load_as_float(p.D, p.d_dtype, h * p.D_h_stride + pr * p.D_p_stride), x, y);
     if (p.z) {
-      const SI* z = static_cast<const SI*>(p.z);
-      y *= silu(TI::to_float(z[b * p.z_batch_stride + h * p.z_h_stride + pr * p.z_p_stride]));
+      const SB* z = static_cast<const SB*>(p.z);
+      y *= silu(TB::to_float(z[b * p.z_batch_stride + h * p.z_h_stride + pr * p.z_p_stride]));
     }
     *out = TI::from_float(y);
   }
@@ -241,35 +243,41 @@ M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr,
 
 // kContig: the per-head kernel's layout conditions (dstate == kN, unit dstate strides, aligned),
 // lane l moving elements [l*kPer, (l+1)*kPer) in 4..16-byte accesses.
-template <typename TS, typename TI, int kN, bool kContig>
+template <typename TS, typename TI, typename TB, int kN, bool kContig>
 M2R_DEVICE void update_rows(const SsuParams& p) {
   const int64_t pr = static_cast<int64_t>(blockIdx.x) * kGroups + threadIdx.x / kLanes;
-  if (pr < p.headdim) update_row<TS, TI, kN, kContig>(p, blockIdx.z, blockIdx.y, pr, threadIdx.x % kLanes);
+  if (pr < p.headdim) update_row<TS, TI, TB, kN, kContig>(p, blockIdx.z, blockIdx.y, pr, threadIdx.x % kLanes);
 }
 
 }  // namespace ssu
 }  // namespace m2r
 
-// m2r_ssu_<state dtype>_<input dtype>_n<max dstate>[_contig|_rows]: the general kernel, the
-// per-head one and the row-parallel one with the per-head one's contiguous layout
-#define M2R_SSU(SD, TS, ID, TI, N)                                                  \
-  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##_n##N(SsuParams p) {         \
-    m2r::ssu::update_rows<m2r::TS, m2r::TI, N, false>(p);                           \
+// m2r_ssu_<state dtype>_<input dtype>[_f32bcz]_n<max dstate>[_contig|_rows]: the general
+// kernel, the per-head one and the row-parallel one with the per-head one's contiguous layout.
+// B, C and z are read in the input dtype, or with _f32bcz (16-bit inputs only) in float32:
+// mamba_ssm callers pass float32 B / C / z with half x, and mamba_ssm reads them unrounded.
+#define M2R_SSU(SD, TS, ID, TI, BD, TB, N)                                                  \
+  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##BD##_n##N(SsuParams p) {             \
+    m2r::ssu::update_rows<m2r::TS, m2r::TI, m2r::TB, N, false>(p);                          \
   }
 // The per-head contiguous kernels stop at dstate 128: at 256 the row loop spilled scalar
 // registers on wave64 targets (gfx90a); dstate 256 uses the general kernel.
-#define M2R_SSU_CONTIG(SD, TS, ID, TI, N)                                           \
-  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##_n##N##_contig(SsuParams p) { \
-    m2r::ssu::update_head<m2r::TS, m2r::TI, N, true>(p);                            \
-  }                                                                                 \
-  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##_n##N##_rows(SsuParams p) {   \
-    m2r::ssu::update_rows<m2r::TS, m2r::TI, N, true>(p);                            \
+#define M2R_SSU_CONTIG(SD, TS, ID, TI, BD, TB, N)                                           \
+  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##BD##_n##N##_contig(SsuParams p) {     \
+    m2r::ssu::update_head<m2r::TS, m2r::TI, m2r::TB, N, true>(p);                           \
+  }                                                                                         \
+  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##BD##_n##N##_rows(SsuParams p) {       \
+    m2r::ssu::update_rows<m2r::TS, m2r::TI, m2r::TB, N, true>(p);                           \
   }
-#define M2R_SSU_N(SD, TS, ID, TI)                                                            \
-  M2R_SSU(SD, TS, ID, TI, 32) M2R_SSU(SD, TS, ID, TI, 64) M2R_SSU(SD, TS, ID, TI, 128)      \
-  M2R_SSU(SD, TS, ID, TI, 256) M2R_SSU_CONTIG(SD, TS, ID, TI, 32)                          \
-  M2R_SSU_CONTIG(SD, TS, ID, TI, 64) M2R_SSU_CONTIG(SD, TS, ID, TI, 128)
-#define M2R_SSU_STATE(SD, TS) M2R_SSU_N(SD, TS, f32, F32) M2R_SSU_N(SD, TS, f16, F16) M2R_SSU_N(SD, TS, bf16, BF16)
+#define M2R_SSU_N(SD, TS, ID, TI, BD, TB)                                                            \
+  M2R_SSU(SD, TS, ID, TI, BD, TB, 32) M2R_SSU(SD, TS, ID, TI, BD, TB, 64)                           \
+  M2R_SSU(SD, TS, ID, TI, BD, TB, 128) M2R_SSU(SD, TS, ID, TI, BD, TB, 256)                         \
+  M2R_SSU_CONTIG(SD, TS, ID, TI, BD, TB, 32) M2R_SSU_CONTIG(SD, TS, ID, TI, BD, TB, 64)             \
+  M2R_SSU_CONTIG(SD, TS, ID, TI, BD, TB, 128)
+#define M2R_SSU_STATE(SD, TS)                                                                        \
+  M2R_SSU_N(SD, TS, f32, F32, , F32) M2R_SSU_N(SD, TS, f16, F16, , F16)                             \
+  M2R_SSU_N(SD, TS, bf16, BF16, , BF16) M2R_SSU_N(SD, TS, f16, F16, _f32bcz, F32)                   \
+  M2R_SSU_N(SD, TS, bf16, BF16, _f32bcz, F32)
 
 M2R_SSU_STATE(f32, F32)
 M2R_SSU_STATE(f16, F16)

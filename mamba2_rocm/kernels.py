@@ -66,9 +66,11 @@ SOURCES: dict[str, KernelSource] = {
             "state_update",
             SsuParams,
             tuple(
-                f"m2r_ssu_{sd}_{xd}_n{n}{contig}"
+                f"m2r_ssu_{sd}_{xd}{bcz}_n{n}{contig}"
                 for sd in KERNEL_DTYPES
                 for xd in KERNEL_DTYPES
+                for bcz in ("", "_f32bcz")  # B, C, z read in x's dtype, or in float32
+                if not (bcz and xd == "f32")
                 for n in SSU_DSTATE_TIERS
                 for contig in ("", "_contig", "_rows")
                 if not (contig and n > SSU_CONTIG_MAX_DSTATE)

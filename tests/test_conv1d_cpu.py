@@ -103,6 +103,9 @@ def test_seq_idx_with_padding(width, layout):
     out = causal_conv1d_fn(x, w, b, seq_idx=seq, activation="silu")
     ref, _ = causal_conv1d_eager(x, w, b, seq_idx=seq, silu=True)
     torch.testing.assert_close(out, ref, **TOL[torch.float32])
+    # padding tokens (negative seq_idx) give 0, as in causal-conv1d
+    pad = (seq < 0).unsqueeze(1).expand_as(out)
+    assert pad.any() and not out[pad].any()
     # independent check: each sequence alone gives the same outputs
     for row in range(4):
         for sid in seq[row].unique().tolist():

@@ -6,6 +6,8 @@ from helpers import seeded
 
 from mamba2_rocm import selective_state_update
 from mamba2_rocm.ops import state_update as ops
+from mamba2_rocm.ops._launch import KERNEL_DTYPE
+from mamba2_rocm.params import SsuParams
 from mamba2_rocm.reference.ssd import selective_state_update_ref
 
 
@@ -114,7 +116,7 @@ def fake_kernels(monkeypatch, fresh_plans):
 
 def _expected_launch(state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, out):
     """The parameter struct, kernel name and grid as the uncached code computed them."""
-    from mamba2_rocm.ops._launch import DTYPE_CODE, KERNEL_DTYPE
+    from mamba2_rocm.ops._launch import DTYPE_CODE
 
     if x.dim() == 2:  # Mamba1: one head
         state, x, dt, A, B, C, out = (t.unsqueeze(d) for t, d in zip(
@@ -203,6 +205,37 @@ def test_cached_launch_matches_uncached_formula(layout, blocks, fake_kernels, mo
         assert expected[0].endswith("_contig") == (blocks == 0 and _PER_HEAD[layout])
         assert expected[0].endswith("_rows") == (blocks != 0 and _PER_HEAD[layout])
     assert len(fake_kernels.launches) == 3
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "dtypes",
+    [("x", "x", "x"), ("f32", "f32", "f32"), ("f32", "x", None), ("x", "x", "f32"),
+     ("f64", "f32", "bf16"), ("bf16", "f16", "x")],
+)  # fmt: skip
+def test_kernels_read_b_c_z_unrounded(x_dtype, dtypes, fake_kernels):
+    """mamba_ssm reads float32 B / C / z as float32 with half x: then the _f32bcz kernel is
+    handed the caller's float32 tensors as they are, and the other operands in float32
+    (exact); only when all three have x's dtype does the plain kernel read them in it."""
+    named = {"x": x_dtype, "f32": torch.float32, "f64": torch.float64,
+             "bf16": torch.bfloat16, "f16": torch.float16}  # fmt: skip
+    args = _inputs(seeded("unrounded", x_dtype, dtypes), n=32)
+    for k in ("state", "x", "dt"):
+        args[k] = args[k].to(x_dtype)
+    for k, d in zip(("B", "C", "z"), dtypes, strict=True):
+        args[k] = None if d is None else args[k].to(named[d])
+    ops.selective_state_update(**args)
+    name, params, _ = fake_kernels.launches[-1]
+    fields = dict(zip((f for f, _ in SsuParams._fields_), params, strict=True))
+    given = [args[k] for k in ("B", "C", "z") if args[k] is not None]
+    plain = x_dtype == torch.float32 or all(t.dtype == x_dtype for t in given)
+    xd = KERNEL_DTYPE[x_dtype]
+    assert name.startswith(f"m2r_ssu_{xd}_{xd}_n" if plain else f"m2r_ssu_{xd}_{xd}_f32bcz_n")
+    read_as = x_dtype if plain else torch.float32
+    for k in ("B", "C", "z"):
+        t = args[k]
+        if t is not None:  # the caller's tensor itself exactly when it already is what is read
+            assert (fields[k] == t.data_ptr()) == (t.dtype == read_as), k
 
 
 def test_layouts_with_equal_shapes_get_their_own_plans(fake_kernels):

@@ -328,7 +328,10 @@ def causal_conv1d_fn(
     final_states_out: Tensor | None = None,
     activation: str | None = None,
 ):
-    """x (batch, dim, seqlen) -> out (batch, dim, seqlen) [, final_states (batch, dim, width-1)]."""
+    """x (batch, dim, seqlen) -> out (batch, dim, seqlen) [, final_states (batch, dim, width-1)].
+
+    With ``seq_idx`` (batch, seqlen) int32, a tap reaches only tokens of the same sequence id,
+    and a token whose id is negative is padding: its output is 0 (causal-conv1d's rule)."""
     silu = _silu_flag(activation)
     if final_states_out is not None and not return_final_states:
         raise ValueError("final_states_out was given but return_final_states is False")

@@ -99,7 +99,8 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
         and (A.stride(-1) == 1 or (A.stride(-1) == 0 and A.stride(-2) == 0))  # unit, or tied per head
         and all(st % per == 0 for st in (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1]))
     )  # fmt: skip
-    name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}_n{tier}"
+    bcz = "_f32bcz" if B.dtype != x.dtype else ""  # (bcz_operands: x's dtype or all float32)
+    name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}{bcz}_n{tier}"
     # contiguous: one block per (head, batch row); general: one block per 8 headdim rows
     return _KernelPlan(
         tail=tail,
@@ -112,6 +113,17 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
         align=tuple(per * t.element_size() for t in (state, B, C)),
         contiguous_out=type(x) is Tensor,
     )
+
+
+def bcz_operands(x, B, C, z):
+    """B, C, z as the kernels read them: in x's dtype when all of them have it (a converted
+    copy of any other with float32 x, exact); otherwise, with half x (mamba_ssm callers pass
+    float32 B / C / z), all in float32, read by the ``_f32bcz`` kernels, so that nothing is
+    rounded to half first: mamba_ssm reads them unrounded. Only operands not already float32
+    are copied."""
+    if x.dtype == torch.float32 or all(t is None or t.dtype == x.dtype for t in (B, C, z)):
+        return like(B, x), like(C, x), like(z, x)
+    return tuple(t if t is None or t.dtype == torch.float32 else t.float() for t in (B, C, z))
 
 
 def _as_heads(state, x, dt, A, B, C, D, z, dt_bias):
@@ -211,9 +223,10 @@ def _impl(
         return selective_state_update_ref(
             state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, cd
         )
-    # mamba_ssm's dtype rules: B, C, z may differ from x (read in x's type: converted copies,
-    # tiny at decode sizes); float64 parameters become float32
-    B, C, z = like(B, x), like(C, x), like(z, x)
+    # mamba_ssm's dtype rules: B, C, z, dt, A, D, dt_bias may each differ from x; dt, A, D,
+    # dt_bias are read in their own dtype (float64 ones become float32 copies), B / C / z as
+    # bcz_operands says
+    B, C, z = bcz_operands(x, B, C, z)
     if idx is not None:  # int32 or int64, duplicates and range checked on the device
         idx = checked_state_rows(kset, idx, plan.dims.pool)
     dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))

@@ -62,6 +62,8 @@ def causal_conv1d_torch(
         out.addcmul_(tap, w[:, k].view(1, dim, 1))
     if silu:
         out = F.silu(out)
+    if seq_idx is not None:  # padding tokens (negative seq_idx) give 0, selected
+        out = torch.where(cur < 0, 0.0, out)
     return out.to(x.dtype), _final_states(xp, width, x.dtype)
 
 
@@ -91,7 +93,10 @@ def causal_conv1d_eager(
                 same = seq_idx[:, pos] == seq_idx[:, t] if pos >= 0 else seq_idx[:, t] == -1
                 val = torch.where(same.unsqueeze(1), val, 0.0)
             acc += w[:, k] * val
-        out[:, :, t] = F.silu(acc) if silu else acc
+        y = F.silu(acc) if silu else acc
+        if seq_idx is not None:  # a padding token (negative seq_idx): 0
+            y = torch.where((seq_idx[:, t] < 0).unsqueeze(1), 0.0, y)
+        out[:, :, t] = y
     xp = _history(x, initial_states, width, compute_dtype)
     return out.to(x.dtype), _final_states(xp, width, x.dtype)
 

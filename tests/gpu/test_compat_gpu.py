@@ -95,6 +95,33 @@ def test_state_update_mixed_dtypes(dtype, tied):
     torch.testing.assert_close(state, ref_state, rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("contig", [True, False])
+def test_state_update_reads_float32_b_and_c_unrounded(x_dtype, contig):
+    """float32 B / C with half x are read as float32, as mamba_ssm reads them. With a zero
+    float32 state, x = dt = 1 and A = 0 the new state is B itself: B = 1 + k * 2^-12 survives
+    exactly (in half it rounds to 1). With B = +-1 and C = 1 +- 2^-12 the output is exactly
+    32 * 2^-12 = 2^-7 (C rounded to half would give 0)."""
+    b, h, p, n = 2, 4, 64, 32
+    sign = torch.tensor([1.0, -1.0], device=DEV).repeat(n // 2)
+    fine = 2.0**-12
+    ramp = 1 + torch.arange(1, n + 1, device=DEV) * fine
+
+    def run(B, C):
+        full = torch.zeros(b, h, p, 2 * n, device=DEV)  # float32
+        state = full[..., :n] if contig else full[..., ::2]
+        x = torch.ones(b, h, p, device=DEV, dtype=x_dtype)
+        A = torch.zeros(h, p, n, device=DEV)
+        out = selective_state_update(state, x, x.clone(), A, B.expand(b, 1, n).contiguous(),
+                                     C.expand(b, 1, n).contiguous())  # fmt: skip
+        return state, out
+
+    state, _ = run(ramp, torch.ones(n, device=DEV))
+    assert torch.equal(state, ramp.expand_as(state))
+    _, out = run(sign, 1 + sign * fine)
+    assert torch.equal(out, torch.full_like(out, 2.0**-7))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("hidden, group", [(2048, None), (2048, 64), (1000, 200), (4096, 4096)])
 @pytest.mark.parametrize("gate", ["none", "before", "after"])

@@ -76,6 +76,8 @@ def test_fwd_seq_idx(width, dtype, layout):
     out = causal_conv1d_fn(x, w, b, seq_idx=seq, activation="silu")
     ref, _ = _ref(x, w, b, seq_idx=seq, silu=True)
     torch.testing.assert_close(out, ref, **TOL[dtype])
+    pad = (seq < 0).unsqueeze(1).expand_as(out)  # padding tokens: exactly 0
+    assert pad.any() and not out[pad].any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
