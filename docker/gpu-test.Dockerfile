@@ -1,6 +1,6 @@
 # The GPU test image: a ROCm PyTorch image plus exactly the wheels under test.
 # Built by `nox -s gpu-tests-<target>` (mamba2_rocm/pipeline/gputest.py) from a context that
-# holds wheels/ (the target's two verified wheels), tests/, pyproject.toml and gpu-test-run.sh.
+# holds wheels/ (the target's three verified wheels: host, drop-in, kernels), tests/, pyproject.toml and gpu-test-run.sh.
 # The image's torch is the one under test: it must come out of every step unchanged.
 
 # An official ROCm PyTorch image; a runner may pass another (by digest where it can).
@@ -32,13 +32,15 @@ RUN "$(cat /opt/m2r/python)" -m venv /opt/m2r/guard \
  && /opt/m2r/guard/bin/pip install -q "/opt/m2r/wheels/mamba2_rocm-${VERSION}-py3-none-any.whl"
 
 # torch.compile safety for every later step (the max-autotune variables hang ROCm's default
-# compile mode), then: fingerprint torch, install our two wheels and the test tools only
+# compile mode), then: fingerprint torch, install our three wheels (the drop-in too: the GPU
+# tests reach the kernels through the mamba_ssm / causal_conv1d names as well) and the test tools only
 # through the torch-protection step, verify torch is unchanged.
 RUN eval "$(/opt/m2r/guard/bin/python -m mamba2_rocm env compile-safety)" \
  && py="$(cat /opt/m2r/python)" \
  && /opt/m2r/guard/bin/python -m mamba2_rocm env fingerprint --python "${py}" --out /opt/m2r/torch-fingerprint.json \
  && /opt/m2r/guard/bin/python -m mamba2_rocm env protect-torch --python "${py}" -- -q \
       "/opt/m2r/wheels/mamba2_rocm-${VERSION}-py3-none-any.whl" \
+      "/opt/m2r/wheels/mamba2_rocm_dropin-${VERSION}-py3-none-any.whl" \
       "/opt/m2r/wheels/mamba2_rocm_${TARGET//-/_}-${VERSION}-py3-none-any.whl" \
       "pytest>=8" expecttest numpy \
  && /opt/m2r/guard/bin/python -m mamba2_rocm env verify --python "${py}" /opt/m2r/torch-fingerprint.json \

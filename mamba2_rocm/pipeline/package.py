@@ -1,6 +1,8 @@
-"""Wheels: the host package (this repository) and one kernel package per recipe.
+"""Wheels: the host package (this repository), one kernel package per recipe, and the
+drop-in (``mamba2-rocm-dropin``: the ``mamba_ssm`` / ``causal_conv1d`` import names, opt-in
+through the host's ``dropin`` extra).
 
-Both are built by hatchling through ``python -m build --no-isolation`` with
+All are built by hatchling through ``python -m build --no-isolation`` with
 ``SOURCE_DATE_EPOCH`` from the source commit, so the same commit gives the same bytes. A kernel
 package holds only its target's code objects and manifests, depends on the exact host version,
 and registers itself in the ``mamba2_rocm.kernels`` entry-point group.
@@ -9,17 +11,20 @@ and registers itself in the ``mamba2_rocm.kernels`` entry-point group.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from mamba2_rocm.dropin import FACADES
 from mamba2_rocm.pipeline.recipes import Recipe
 
 __all__ = [
-    "DROPIN_PTH", "PackageError", "build_dropin_wheel", "build_host_wheel", "build_target_wheel",
-    "export_commit", "source_date_epoch", "work_tree_dirty",
+    "DROPIN_PTH", "DROPIN_PTH_FILE", "DROPIN_REPORT_SCRIPT", "PackageError", "build_dropin_wheel", "build_host_wheel",
+    "build_target_wheel", "dropin_problems", "export_commit", "source_date_epoch",
+    "work_tree_dirty",
 ]  # fmt: skip
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,6 +184,7 @@ def build_target_wheel(recipe: Recipe, kernels: Path, version: str, out: Path, e
 #: The drop-in's whole content: one ``.pth`` line, run by ``site`` at interpreter start. It
 #: activates ``mamba2_rocm.dropin`` (which imports neither torch nor the ops), and does nothing
 #: when the host package is gone, so a half-uninstalled environment prints no error per start.
+DROPIN_PTH_FILE = "mamba2_rocm_dropin.pth"
 DROPIN_PTH = (
     "import importlib.util as _m2r; _m2r.find_spec('mamba2_rocm') is not None and "
     "__import__('mamba2_rocm.dropin').dropin.activate_from_pth()\n"
@@ -191,7 +197,7 @@ _DROPIN_PYPROJECT = (
 bypass-selection = true
 
 [tool.hatch.build.targets.wheel.force-include]
-"mamba2_rocm_dropin.pth" = "mamba2_rocm_dropin.pth"
+"{pth}" = "{pth}"
 """
 )
 
@@ -202,13 +208,13 @@ def build_dropin_wheel(version: str, out: Path, epoch: str) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp) / "mamba2-rocm-dropin"
         project.mkdir()
-        (project / "mamba2_rocm_dropin.pth").write_text(DROPIN_PTH)
+        (project / DROPIN_PTH_FILE).write_text(DROPIN_PTH)
         summary = (
             "The mamba_ssm and causal_conv1d import names, served by mamba2-rocm's kernels "
             "(opt-in; a real install of either always wins)"
         )
         pyproject = _DROPIN_PYPROJECT.format(
-            package="mamba2-rocm-dropin", version=version, summary=summary
+            package="mamba2-rocm-dropin", version=version, summary=summary, pth=DROPIN_PTH_FILE
         )
         readme = (
             "Installs the `mamba_ssm` and `causal_conv1d` import names, served by mamba2-rocm's "
@@ -218,3 +224,33 @@ def build_dropin_wheel(version: str, out: Path, epoch: str) -> Path:
             "turns it off without uninstalling.\n"
         )
         return _build_project(project, pyproject, readme, out, epoch)
+
+
+#: Run by an environment's python after installing the drop-in: who answers ``import mamba_ssm``
+#: / ``import causal_conv1d`` there, as JSON (``mamba2_rocm.dropin.report()`` imports neither
+#: torch nor the ops, so it runs in the pipeline's torch-less venvs).
+DROPIN_REPORT_SCRIPT = (
+    "import json; from mamba2_rocm import dropin; print(json.dumps(dropin.report()))"
+)
+
+
+def dropin_problems(rows: list[dict], version: str) -> list[str]:
+    """What is wrong with the import names of an environment that has ``mamba2-rocm-dropin``
+    ``version`` installed (``rows``: :data:`DROPIN_REPORT_SCRIPT`'s output): each name must be
+    served by our facade, with the version transformers' checks read (``<api>+mamba2rocm.<v>``)."""
+    problems = []
+    by_name = {r.get("name"): r for r in rows if isinstance(r, dict)}
+    local = re.sub(r"[^A-Za-z0-9]+", ".", version).strip(".")
+    for name, api in FACADES.items():
+        row = by_name.get(name)
+        if row is None:
+            problems.append(f"import {name}: not reported")
+        elif row.get("owner") != "mamba2-rocm":
+            problems.append(
+                f"import {name} is {row.get('owner')} ({row.get('path')}), not mamba2-rocm's drop-in"
+            )
+        elif row.get("version") != f"{api}+mamba2rocm.{local}":
+            problems.append(
+                f"{name}'s version reads {row.get('version')!r}, expected {api}+mamba2rocm.{local}"
+            )
+    return problems

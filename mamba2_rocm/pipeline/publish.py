@@ -6,7 +6,9 @@ What is checked, per target directory ``wheels/<target>/`` (all of it before any
   ``verification.smoke_test`` both ``"passed"``;
 - the recipe is the one the wheels were built from (its sha256 and ``gpu_gate`` match the
   manifest's): a gate decision is never taken from a recipe edited after the build;
-- every wheel named in the manifest exists with that sha256, and no other wheel is there;
+- every wheel named in the manifest exists with that sha256, and no other wheel is there: one
+  each of the host (``mamba2_rocm``), the drop-in (``mamba2_rocm_dropin``) and the target's
+  kernels;
 - the wheels' contents: every code object in the kernel wheel is built for one of the recipe's
   archs (the ISA read from the code object) and lies in that arch's folder, every arch has code
   objects, the host wheel holds none; the kernel wheel's ``Summary`` is exactly the one
@@ -16,9 +18,12 @@ What is checked, per target directory ``wheels/<target>/`` (all of it before any
   exactly these wheel bytes, the commit they were built from and, in CI, this workflow run
   (``GITHUB_RUN_ID``: release.yml takes the gates from the GPU jobs it called, in the same
   run); a ``"compile-only"`` recipe needs no test;
-- across targets: one version, and one host wheel (same name, same sha256 everywhere).
+- the drop-in wheel holds only the pipeline's ``.pth`` line (it runs at every interpreter start);
+- across targets: one version, one host wheel and one drop-in wheel (same name, same sha256
+  everywhere).
 
-Then ``twine check --strict`` and ``twine upload`` (host wheel first, then the kernel wheels),
+Then ``twine check --strict`` and ``twine upload`` (host wheel first, then the drop-in, then the
+kernel wheels),
 with credentials from the environment: ``TWINE_USERNAME``/``TWINE_PASSWORD``, or trusted
 publishing (twine exchanges the CI's OIDC token itself when no password is set and the job may
 request one). ``--skip-existing`` is never used: a version on the index is never replaced or
@@ -39,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from mamba2_rocm.build.codeobject import CodeObjectError, code_object_arch
-from mamba2_rocm.pipeline.package import kernel_summary
+from mamba2_rocm.pipeline.package import DROPIN_PTH, DROPIN_PTH_FILE, kernel_summary
 from mamba2_rocm.pipeline.recipes import Recipe
 
 __all__ = [
@@ -67,6 +72,7 @@ class TargetRelease:
     target: str
     version: str
     host_wheel: Path
+    dropin_wheel: Path
     target_wheel: Path
     gpu_gate: str  # the recipe's gate
     gate_result: dict[str, Any] | None  # the passing gpu-gate.json, None for compile-only
@@ -138,6 +144,25 @@ def check_wheel_contents(target: str, host: Path, kernels: Path, recipe: Recipe)
     if problems:
         raise PublishError(f"{target}: {kernels.name} does not match recipes/{recipe.path.name}: "
                            + "; ".join(problems))  # fmt: skip
+
+
+def check_dropin_contents(target: str, wheel: Path) -> None:
+    """The drop-in wheel is what ``package.build_dropin_wheel`` writes: the one ``.pth`` line
+    (code that runs at every interpreter start: nothing else may be in it) and its metadata."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        other = [n for n in names if n != DROPIN_PTH_FILE and ".dist-info/" not in n]
+        pth = (
+            zf.read(DROPIN_PTH_FILE).decode("utf-8", "replace")
+            if DROPIN_PTH_FILE in names
+            else None
+        )
+    if other or pth != DROPIN_PTH:
+        what = f"files other than {DROPIN_PTH_FILE}: {other}" if other else (
+            f"no {DROPIN_PTH_FILE}" if pth is None else f"{DROPIN_PTH_FILE} is not the pipeline's"
+        )  # fmt: skip
+        raise PublishError(f"{target}: the drop-in wheel {wheel.name} holds {what}; rebuild it "
+                           "with this pipeline")  # fmt: skip
 
 
 def check_gate(gate: dict[str, Any], manifest: dict[str, Any], path: Path) -> None:
@@ -221,15 +246,19 @@ def check_target(
                 "wheel changed after it was built and verified; refusing to publish it"
             )
     version = manifest.get("version")
-    host = [n for n in listed if n.startswith(f"mamba2_rocm-{version}-")]
-    kern = [n for n in listed if n.startswith(f"{recipe.module_name}-{version}-")]
-    if len(host) != 1 or len(kern) != 1 or len(listed) != 2:
+    found = {
+        dist: [n for n in listed if n.startswith(f"{dist}-{version}-")]
+        for dist in ("mamba2_rocm", "mamba2_rocm_dropin", recipe.module_name)
+    }
+    if any(len(names) != 1 for names in found.values()) or len(listed) != len(found):
         raise PublishError(
-            f"{target}: expected one mamba2_rocm-{version} and one {recipe.module_name}-{version} "
-            f"wheel in the manifest, found {sorted(listed)}"
+            f"{target}: expected one wheel each of {', '.join(f'{d}-{version}' for d in found)} "
+            f"in the manifest, found {sorted(listed)}"
         )
+    host, dropin, kern = found.values()
     target_wheel = directory / kern[0]
     check_wheel_contents(target, directory / host[0], target_wheel, recipe)
+    check_dropin_contents(target, directory / dropin[0])
     summary, expected = _wheel_summary(target_wheel), kernel_summary(recipe)
     if summary != expected:
         raise PublishError(
@@ -247,9 +276,8 @@ def check_target(
             )
         gate_result = _read_json(gate_path, "GPU gate result")
         check_gate(gate_result, manifest, gate_path)
-    return TargetRelease(
-        target, version, directory / host[0], target_wheel, recipe.gpu_gate, gate_result
-    )
+    return TargetRelease(target, version, directory / host[0], directory / dropin[0],
+                         target_wheel, recipe.gpu_gate, gate_result)  # fmt: skip
 
 
 def find_gates(roots: list[Path]) -> dict[str, Path]:
@@ -281,16 +309,17 @@ def check_release(
             "targets were built at different versions: "
             + ", ".join(f"{r.target} {r.version}" for r in releases)
         )
-    hosts = {(r.host_wheel.name, sha256_file(r.host_wheel)) for r in releases}
-    if len(hosts) != 1:
-        raise PublishError(
-            "the host wheel differs between targets (one release has one host package): "
-            + ", ".join(
-                f"{r.target}: {r.host_wheel.name} {sha256_file(r.host_wheel)[:12]}"
-                for r in releases
+    for what, wheel_of in (("host", lambda r: r.host_wheel), ("drop-in", lambda r: r.dropin_wheel)):
+        if len({(wheel_of(r).name, sha256_file(wheel_of(r))) for r in releases}) != 1:
+            raise PublishError(
+                f"the {what} wheel differs between targets (one release has one {what} package): "
+                + ", ".join(
+                    f"{r.target}: {wheel_of(r).name} {sha256_file(wheel_of(r))[:12]}"
+                    for r in releases
+                )
             )
-        )
-    return [releases[0].host_wheel, *(r.target_wheel for r in releases)], releases
+    first = releases[0]
+    return [first.host_wheel, first.dropin_wheel, *(r.target_wheel for r in releases)], releases
 
 
 def _twine(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

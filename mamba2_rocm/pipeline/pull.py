@@ -2,10 +2,12 @@
 
 In a fresh venv: optionally a pre-installed torch first (``--torch``, as a user has their ROCm
 torch), then ``pip install "mamba2-rocm[<target>]==<version>" --index-url URL`` through the
-torch protection (the torch stack must come out unchanged), then the checks against the
+torch protection (the torch stack must come out unchanged; the requirement is
+``mamba2-rocm[<target>,dropin]``, so the drop-in extra resolves too), then the checks against the
 build manifest of that release:
 
-- our two wheels are installed in pip's hash-checking mode (``--require-hashes --no-deps``
+- our three wheels (host, drop-in, kernels) are installed in pip's hash-checking mode
+  (``--require-hashes --no-deps``
   with the manifest's sha256s), so a file from the index that is not the built one is refused
   before anything is installed; their third-party dependencies follow in a second step; pip's
   ``--report`` hashes are compared with the manifest as well;
@@ -13,7 +15,8 @@ build manifest of that release:
   tables of sha256s, one wheel per distribution, code objects only of the recipe's archs);
 - every installed code object (``mamba2_rocm_<target>/kernels/<arch>/...``) has the manifest's
   sha256, none is missing and none is extra;
-- ``python -m mamba2_rocm info --json`` in that venv finds each arch in the installed package
+- ``python -m mamba2_rocm info --json`` in that venv finds each arch in the installed package,
+  and ``import mamba_ssm`` / ``import causal_conv1d`` are served by the drop-in at this version
   (run only once every file check passed: nothing unverified runs).
 
 Which manifest: ``build-manifest.json`` is not on the index (an index holds wheels only; the
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from mamba2_rocm.env.protect import TorchStackChanged, fingerprint, protected_install
+from mamba2_rocm.pipeline.package import DROPIN_REPORT_SCRIPT, dropin_problems
 from mamba2_rocm.pipeline.recipes import Recipe
 
 __all__ = ["PullError", "hashed_requirements", "manifest_problems", "pull", "verify_install"]
@@ -111,14 +115,14 @@ def manifest_problems(manifest: dict[str, Any], recipe: Recipe) -> list[str]:
             if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
                 problems.append(f"'{table}' entry {key!r}: {digest!r} is not a sha256")
     wheels = manifest.get("wheels") if isinstance(manifest.get("wheels"), dict) else {}
-    for dist in ("mamba2_rocm", recipe.module_name):
+    ours = ("mamba2_rocm", "mamba2_rocm_dropin", recipe.module_name)
+    for dist in ours:
         mine = [w for w in wheels if w.endswith(".whl") and w.split("-")[0] == dist]
         if len(mine) != 1:
             problems.append(f"'wheels' must list exactly one {dist} wheel, got {mine}")
         elif version and mine[0].split("-")[1] != version:
             problems.append(f"{mine[0]} is not version {version}")
-    strangers = sorted(set(wheels) - {w for w in wheels if w.split("-")[0] in
-                                      ("mamba2_rocm", recipe.module_name)})  # fmt: skip
+    strangers = sorted(w for w in wheels if w.split("-")[0] not in ours)
     if strangers:
         problems.append(f"'wheels' lists files of other distributions: {strangers}")
     objects = manifest.get("code_objects") if isinstance(manifest.get("code_objects"), dict) else {}
@@ -158,7 +162,7 @@ def verify_install(
     """Every difference between what was installed and the manifest; empty when they agree."""
     problems = []
     version = manifest["version"]
-    for name in ("mamba2-rocm", recipe.package_name):
+    for name in ("mamba2-rocm", "mamba2-rocm-dropin", recipe.package_name):
         dist = installed.get(name)
         if dist is None:
             problems.append(f"{name} is not installed")
@@ -228,7 +232,7 @@ def pull(
                 )
             log(f"torch in the fresh venv: {fingerprint(py).summary()}")
         report = tmp / "pip-report.json"
-        requirement = f"mamba2-rocm[{recipe.target}]=={version}"
+        requirement = f"mamba2-rocm[{recipe.target},dropin]=={version}"
         # 1. our wheels in pip's hash-checking mode: a file whose sha256 is not the manifest's
         #    is refused before anything is installed; 2. then their dependencies (third-party,
         #    not in the manifest), with both of ours already in place. Both torch protected.
@@ -254,7 +258,8 @@ def pull(
                 what = "the manifest's wheels (hash-checked)" if "-r" in args else requirement
                 raise PullError(f"pip could not install {what} from {index_url} (exit {rc})")
         downloaded = downloaded_hashes(json.loads(report.read_text()))
-        proc = _run([py, "-c", _INSTALLED_SCRIPT, "mamba2-rocm", recipe.package_name], cwd=tmp)
+        proc = _run([py, "-c", _INSTALLED_SCRIPT, "mamba2-rocm", "mamba2-rocm-dropin",
+                     recipe.package_name], cwd=tmp)  # fmt: skip
         if proc.returncode != 0:
             raise PullError(f"cannot list the installed distributions:\n{proc.stderr[-2000:]}")
         installed = json.loads(proc.stdout)
@@ -277,6 +282,11 @@ def pull(
                     problems.append(
                         f"mamba2_rocm does not find {arch} in the installed {recipe.package_name}"
                     )
+        proc = _run([py, "-c", DROPIN_REPORT_SCRIPT], env=env, cwd=tmp)
+        if proc.returncode != 0:
+            problems.append(f"the drop-in's import-name report failed: {proc.stderr[-1000:]}")
+        else:
+            problems += dropin_problems(json.loads(proc.stdout), version)
     if problems:
         raise PullError(
             f"{recipe.package_name} {version} from {index_url} does not match {manifest_path}:\n  "
@@ -286,6 +296,7 @@ def pull(
               "code_objects": len(manifest["code_objects"])}  # fmt: skip
     log(
         f"{recipe.package_name} {version} from {index_url}: wheel sha256s and "
-        f"{result['code_objects']} code objects match {manifest_path}"
+        f"{result['code_objects']} code objects match {manifest_path}; import mamba_ssm / "
+        "causal_conv1d served by the drop-in"
     )
     return result

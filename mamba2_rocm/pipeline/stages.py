@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 ENV_AUDIT_PATTERN = "TORCH|INDUCTOR|AUTOTUNE|TRITON|HIP|ROCM|HSA|GPU|AMD|CUDA"
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: the drop-in wheel is part of every target's release
 
 
 class PipelineError(RuntimeError):
@@ -243,10 +243,12 @@ sys.exit(1 if bad else 0)
 
 
 def _smoke_test(
-    recipes: list[Recipe], host_wheel: Path, target_wheels: dict[str, Path], scratch: Path
-) -> dict[str, Any]:
-    """Install the host wheel and the target wheels into one fresh venv (no torch) and check, via
-    ``python -m mamba2_rocm info --json``, that each target's kernels come from its own package."""
+    recipes: list[Recipe], host_wheel: Path, target_wheels: dict[str, Path], scratch: Path,
+    dropin_wheel: Path, version: str,
+) -> dict[str, Any]:  # fmt: skip
+    """Install the host, drop-in and target wheels into one fresh venv (no torch) and check, via
+    ``python -m mamba2_rocm info --json``, that each target's kernels come from its own package,
+    and that ``mamba_ssm`` / ``causal_conv1d`` are served by the drop-in at its version."""
     venv = scratch / "smoke-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
     py = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
@@ -264,7 +266,9 @@ def _smoke_test(
         "--no-deps",
     ]
     proc = subprocess.run(
-        [*pip, str(host_wheel), *map(str, target_wheels.values())], capture_output=True, text=True
+        [*pip, str(host_wheel), str(dropin_wheel), *map(str, target_wheels.values())],
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         raise PipelineError(
@@ -273,7 +277,7 @@ def _smoke_test(
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     Path(site, "_m2r_pipeline_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    names = ["mamba2-rocm", *(r.package_name for r in recipes)]
+    names = ["mamba2-rocm", "mamba2-rocm-dropin", *(r.package_name for r in recipes)]
     proc = subprocess.run(
         [str(py), "-c", _REQUIREMENTS_CHECK, *names], capture_output=True, text=True, cwd=scratch
     )
@@ -311,7 +315,20 @@ def _smoke_test(
                 raise PipelineError(
                     f"{arch}: installed {recipe.package_name} lacks kernels {sorted(missing)[:5]}"
                 )
-    return {"kernel_dirs": sorted(f"{d['target']} <- {d['origin']}" for d in info["kernel_dirs"])}
+    # the drop-in's .pth ran at interpreter start: the import names are ours, at our version
+    proc = subprocess.run([str(py), "-c", package.DROPIN_REPORT_SCRIPT], capture_output=True,
+                          text=True, cwd=scratch, env=clean_env)  # fmt: skip
+    if proc.returncode != 0:
+        raise PipelineError(f"the drop-in's import-name report failed:\n{proc.stderr[-2000:]}")
+    rows = json.loads(proc.stdout)
+    problems = package.dropin_problems(rows, version)
+    if problems:
+        raise PipelineError("the installed drop-in does not serve the import names: "
+                            + "; ".join(problems))  # fmt: skip
+    return {
+        "kernel_dirs": sorted(f"{d['target']} <- {d['origin']}" for d in info["kernel_dirs"]),
+        "import_names": sorted(f"{r['name']} {r['version']} <- {r['owner']}" for r in rows),
+    }
 
 
 def build_targets(recipes: list[Recipe], out_root: Path, jobs: int | None = None, log=print,
@@ -363,6 +380,7 @@ def build_targets(recipes: list[Recipe], out_root: Path, jobs: int | None = None
             dist = tmp / "dist"
             host = package.build_host_wheel(export, dist, epoch)
             version = host.name.split("-")[1]
+            dropin = package.build_dropin_wheel(version, dist / "dropin", epoch)
             target_wheels = {
                 r.target: package.build_target_wheel(
                     r, kernels_of[r.target], version, dist / r.target, epoch
@@ -370,24 +388,27 @@ def build_targets(recipes: list[Recipe], out_root: Path, jobs: int | None = None
                 for r in recipes
             }
         with stages.stage("smoke test", t):
-            smoke = _smoke_test(recipes, host, target_wheels, tmp / "smoke")
+            smoke = _smoke_test(recipes, host, target_wheels, tmp / "smoke", dropin, version)
         with stages.stage("write", t):
             for r in recipes:
-                results.append(_write(r, out_root, host, target_wheels[r.target], kernels_of[r.target], version,
-                                      commit, image_of[r.target], audits[image_of[r.target]],
+                wheels = (host, dropin, target_wheels[r.target])
+                results.append(_write(r, out_root, wheels, kernels_of[r.target], version, commit,
+                                      image_of[r.target], audits[image_of[r.target]],
                                       resources[r.target], smoke))  # fmt: skip
     log(f"[{t}] built in {sum(stages.timings.values()):.1f} s: "
         + ", ".join(f"{k} {v:.1f}s" for k, v in stages.timings.items()))  # fmt: skip
     return results
 
 
-def _write(recipe: Recipe, out_root: Path, host: Path, target_whl: Path, kernels: Path, version: str,
+def _write(recipe: Recipe, out_root: Path, wheels: tuple[Path, ...], kernels: Path, version: str,
            commit: str, image: str, audit: dict, resources: dict, smoke: dict) -> Path:  # fmt: skip
+    """``out_root/<target>/``: the release's wheels (host, drop-in, the target's kernels) and the
+    build manifest naming their sha256s."""
     dest = out_root / recipe.target
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    for whl in (host, target_whl):
+    for whl in wheels:
         shutil.copy2(whl, dest / whl.name)
     code_objects = {
         f"{arch}/{co['file']}": co["sha256"]
@@ -411,7 +432,7 @@ def _write(recipe: Recipe, out_root: Path, host: Path, target_whl: Path, kernels
         "audit": audit,
         "verification": {"static": "passed", "smoke_test": "passed", "gpu_test": "not run"},
         "code_objects": code_objects,
-        "wheels": {w.name: _sha256(w) for w in (host, target_whl)},
+        "wheels": {w.name: _sha256(w) for w in wheels},
         "resources": resources,
         "smoke_test": smoke,
     }

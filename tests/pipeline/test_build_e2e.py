@@ -10,6 +10,7 @@ import pytest
 
 from mamba2_rocm.kernels import SOURCES
 from mamba2_rocm.pipeline import stages
+from mamba2_rocm.pipeline.package import DROPIN_PTH, DROPIN_PTH_FILE
 from mamba2_rocm.pipeline.recipes import get_recipe
 from mamba2_rocm.pipeline.repro import compare_wheel_dirs
 
@@ -29,12 +30,13 @@ def two_builds(toolchain_image, tmp_path_factory):
 def test_build_gfx1030_outputs(two_builds):
     out, _ = two_builds
     wheels = sorted(p.name for p in out.glob("*.whl"))
-    assert len(wheels) == 2
-    host, target = (
+    assert len(wheels) == 3
+    host, dropin, target = (
         (w for w in wheels if w.startswith("mamba2_rocm-")),
+        (w for w in wheels if w.startswith("mamba2_rocm_dropin-")),
         (w for w in wheels if w.startswith("mamba2_rocm_gfx1030-")),
     )
-    host, target = next(host), next(target)
+    host, dropin, target = next(host), next(dropin), next(target)
     assert host.endswith("-py3-none-any.whl") and target.endswith("-py3-none-any.whl")
     manifest = json.loads((out / "build-manifest.json").read_text())
     assert manifest["target"] == "gfx1030" and manifest["verification"]["static"] == "passed"
@@ -70,7 +72,19 @@ def test_build_gfx1030_outputs(two_builds):
         meta = zf.read(f"mamba2_rocm-{version}.dist-info/METADATA").decode()
         assert not any(n.endswith((".hsaco", ".cubin")) for n in zf.namelist())
     assert f"Requires-Dist: mamba2-rocm-gfx1030=={version}; extra == 'gfx1030'" in meta
+    assert f"Requires-Dist: mamba2-rocm-dropin=={version}; extra == 'dropin'" in meta
     assert "Requires-Dist: torch" not in meta
+    # the drop-in: its .pth line only, pinned to the host version; the smoke test imported the
+    # names through it in the fresh venv
+    with zipfile.ZipFile(out / dropin) as zf:
+        assert [n for n in zf.namelist() if ".dist-info/" not in n] == [DROPIN_PTH_FILE]
+        assert zf.read(DROPIN_PTH_FILE).decode() == DROPIN_PTH
+        meta = zf.read(f"mamba2_rocm_dropin-{version}.dist-info/METADATA").decode()
+    assert f"Requires-Dist: mamba2-rocm=={version}" in meta
+    assert manifest["smoke_test"]["import_names"] == [
+        f"causal_conv1d 1.6.1+mamba2rocm.{version} <- mamba2-rocm",
+        f"mamba_ssm 2.3.2+mamba2rocm.{version} <- mamba2-rocm",
+    ]
 
 
 def test_reproducible(two_builds):

@@ -10,7 +10,12 @@ import pytest
 from fakewheels import build_wheel, stand_in_arch
 
 from mamba2_rocm.pipeline import publish
-from mamba2_rocm.pipeline.package import COMPILE_ONLY_SUMMARY, kernel_summary
+from mamba2_rocm.pipeline.package import (
+    COMPILE_ONLY_SUMMARY,
+    DROPIN_PTH,
+    DROPIN_PTH_FILE,
+    kernel_summary,
+)
 from mamba2_rocm.pipeline.publish import PublishError, check_release, check_target, sha256_file
 from mamba2_rocm.pipeline.recipes import get_recipe
 
@@ -39,20 +44,22 @@ def kernel_files(recipe, archs=None, where=None) -> dict[str, str | bytes]:
     return files
 
 
-def make_target(root: Path, target: str, host_extra: str = "") -> Path:
-    """wheels/<target>/ as the build writes it: two wheels and a manifest naming their hashes."""
+def make_target(root: Path, target: str, host_extra: str = "", dropin_files=None) -> Path:
+    """wheels/<target>/ as the build writes it: three wheels and a manifest naming their hashes."""
     recipe = get_recipe(target)
     d = root / target
     host = build_wheel(d, "mamba2-rocm", VERSION, {"mamba2_rocm/__init__.py": host_extra})
+    dropin = build_wheel(d, "mamba2-rocm-dropin", VERSION,
+                         dropin_files or {DROPIN_PTH_FILE: DROPIN_PTH})  # fmt: skip
     kern = build_wheel(d, recipe.package_name, VERSION, kernel_files(recipe))
     # build_wheel writes no Summary: add the one package.py's metadata has
     _set_summary(kern, kernel_summary(recipe))
     manifest = {
-        "format": 1, "target": target, "version": VERSION, "gpu_gate": recipe.gpu_gate,
+        "format": 2, "target": target, "version": VERSION, "gpu_gate": recipe.gpu_gate,
         "source_commit": COMMIT,
         "recipe": {"file": f"recipes/{target}.toml", "sha256": recipe.sha256},
         "verification": {"static": "passed", "smoke_test": "passed", "gpu_test": "not run"},
-        "wheels": {w.name: sha256_file(w) for w in (host, kern)},
+        "wheels": {w.name: sha256_file(w) for w in (host, dropin, kern)},
         "code_objects": {},
     }  # fmt: skip
     (d / "build-manifest.json").write_text(json.dumps(manifest))
@@ -99,6 +106,7 @@ def test_a_good_release_passes_with_the_host_wheel_first(root):
     files, releases = check_release([get_recipe("gfx1030"), get_recipe("gfx1101")], root)
     assert [f.name for f in files] == [
         f"mamba2_rocm-{VERSION}-py3-none-any.whl",
+        f"mamba2_rocm_dropin-{VERSION}-py3-none-any.whl",
         f"mamba2_rocm_gfx1030-{VERSION}-py3-none-any.whl",
         f"mamba2_rocm_gfx1101-{VERSION}-py3-none-any.whl",
     ]
@@ -151,7 +159,7 @@ def test_gates_are_found_by_content_under_extra_folders(root, tmp_path):
     moved.parent.mkdir(parents=True)
     shutil.move(gate, moved)
     files, _ = check_release([get_recipe("gfx1030")], root, [tmp_path / "gates"])
-    assert len(files) == 2
+    assert len(files) == 3
 
 
 def _replace_kernel_wheel(d: Path, target: str, files, summary: str) -> None:
@@ -279,7 +287,7 @@ def test_upload_needs_credentials_and_never_skips_existing(root, monkeypatch):
     assert (
         "--skip-existing" not in args and "p" not in args
     )  # the password stays in the environment
-    assert args[-2:] == [str(f) for f in files] and env["TWINE_PASSWORD"] == "p"
+    assert args[-3:] == [str(f) for f in files] and env["TWINE_PASSWORD"] == "p"
     # trusted publishing: no password, but the job may request an OIDC token
     publish.twine_upload(files, "http://127.0.0.1:1/", env={"ACTIONS_ID_TOKEN_REQUEST_URL": "x"})
 
@@ -296,3 +304,40 @@ def test_upload_needs_credentials_and_never_skips_existing(root, monkeypatch):
 )
 def test_upload_failures_are_explained(output, expected):
     assert expected in publish._explain_upload_failure(output, "http://x/")
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({DROPIN_PTH_FILE: DROPIN_PTH, "evil.py": "x"}, r"files other than mamba2_rocm_dropin.pth: \['evil.py'\]"),
+        ({DROPIN_PTH_FILE: "import os; os.system('x')\n"}, "mamba2_rocm_dropin.pth is not the pipeline's"),
+        ({"other.pth": DROPIN_PTH}, "files other than"),
+        ({}, "holds no mamba2_rocm_dropin.pth"),
+    ],
+)  # fmt: skip
+def test_the_dropin_wheel_holds_only_the_pipelines_pth(tmp_path, files, message):
+    """The drop-in's .pth runs at every interpreter start: anything else in it is refused."""
+    d = make_target(tmp_path / "wheels", "gfx1101", dropin_files=files or {"x.dist-info/y": ""})
+    with pytest.raises(PublishError, match=message):
+        check_target(d, get_recipe("gfx1101"))
+
+
+def test_a_release_without_the_dropin_wheel_is_refused(root):
+    d = root / "gfx1101"
+    dropin = next(d.glob("mamba2_rocm_dropin-*.whl"))
+    dropin.unlink()
+    edit_manifest(d, lambda m: m["wheels"].pop(dropin.name) and None)
+    with pytest.raises(
+        PublishError,
+        match="expected one wheel each of mamba2_rocm-1.2.3, "
+        "mamba2_rocm_dropin-1.2.3, mamba2_rocm_gfx1101-1.2.3",
+    ):
+        check_target(d, get_recipe("gfx1101"))  # fmt: skip
+
+
+def test_differing_dropin_wheels_between_targets_are_refused(tmp_path):
+    r = tmp_path / "wheels"
+    write_gate(make_target(r, "gfx1030"))
+    make_target(r, "gfx1101", dropin_files={DROPIN_PTH_FILE: DROPIN_PTH, "x.dist-info/extra": ""})
+    with pytest.raises(PublishError, match="the drop-in wheel differs between targets"):
+        check_release([get_recipe("gfx1030"), get_recipe("gfx1101")], r)

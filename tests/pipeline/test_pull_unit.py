@@ -18,11 +18,13 @@ from mamba2_rocm.pipeline.recipes import get_recipe
 MANIFEST = {
     "target": "gfx1030", "version": "1.0",
     "wheels": {"mamba2_rocm-1.0-py3-none-any.whl": "a" * 64,
+               "mamba2_rocm_dropin-1.0-py3-none-any.whl": "9" * 64,
                "mamba2_rocm_gfx1030-1.0-py3-none-any.whl": "b" * 64},
     "code_objects": {"gfx1030/conv1d_fwd.hsaco": "c" * 64, "gfx1030/rmsnorm.hsaco": "d" * 64},
 }  # fmt: skip
 INSTALLED = {
     "mamba2-rocm": {"version": "1.0", "code_objects": {}},
+    "mamba2-rocm-dropin": {"version": "1.0", "code_objects": {}},
     "mamba2-rocm-gfx1030": {"version": "1.0", "code_objects": dict(MANIFEST["code_objects"])},
 }
 
@@ -50,10 +52,12 @@ def test_a_matching_install_has_no_problems():
 def test_every_difference_is_named():
     installed = {
         "mamba2-rocm": {"version": "0.9", "code_objects": {}},
+        "mamba2-rocm-dropin": {"version": "1.0", "code_objects": {}},
         "mamba2-rocm-gfx1030": {"version": "1.0", "code_objects": {
             "gfx1030/conv1d_fwd.hsaco": "e" * 64, "gfx1030/extra.hsaco": "f" * 64}},
     }  # fmt: skip
     downloaded = {"mamba2_rocm-1.0-py3-none-any.whl": "0" * 64,
+                  "mamba2_rocm_dropin-1.0-py3-none-any.whl": "9" * 64,
                   "mamba2_rocm_gfx1030-1.0-py3-none-any.whl": ""}  # fmt: skip
     problems = verify_install(get_recipe("gfx1030"), MANIFEST, installed, downloaded)
     assert problems == [
@@ -64,8 +68,9 @@ def test_every_difference_is_named():
         "installed code object gfx1030/extra.hsaco is not in the manifest",
         "code object gfx1030/rmsnorm.hsaco is in the manifest but not installed",
     ]
-    assert verify_install(get_recipe("gfx1030"), MANIFEST, {}, {})[:2] == [
-        "mamba2-rocm is not installed", "mamba2-rocm-gfx1030 is not installed"]  # fmt: skip
+    assert verify_install(get_recipe("gfx1030"), MANIFEST, {}, {})[:3] == [
+        "mamba2-rocm is not installed", "mamba2-rocm-dropin is not installed",
+        "mamba2-rocm-gfx1030 is not installed"]  # fmt: skip
 
 
 def test_manifest_must_exist_and_be_of_the_target(tmp_path):
@@ -90,8 +95,12 @@ def test_manifest_must_exist_and_be_of_the_target(tmp_path):
         (dict(wheels={**MANIFEST["wheels"], "evil-1.0-py3-none-any.whl": "e" * 64}),
          "'wheels' lists files of other distributions: ['evil-1.0-py3-none-any.whl']"),
         (dict(wheels={"mamba2_rocm-0.9-py3-none-any.whl": "a" * 64,
+                      "mamba2_rocm_dropin-1.0-py3-none-any.whl": "9" * 64,
                       "mamba2_rocm_gfx1030-1.0-py3-none-any.whl": "b" * 64}),
          "mamba2_rocm-0.9-py3-none-any.whl is not version 1.0"),
+        (dict(wheels={"mamba2_rocm-1.0-py3-none-any.whl": "a" * 64,
+                      "mamba2_rocm_gfx1030-1.0-py3-none-any.whl": "b" * 64}),
+         "'wheels' must list exactly one mamba2_rocm_dropin wheel, got []"),
         (dict(code_objects={"gfx1100/ssd.hsaco": "c" * 64}),
          "code objects outside the recipe's archs ['gfx1030']: ['gfx1100/ssd.hsaco']"),
     ],
@@ -109,5 +118,29 @@ def test_the_manifest_becomes_hash_pinned_requirements(tmp_path):
     path.write_text(json.dumps(MANIFEST))
     assert hashed_requirements(read_manifest(path, get_recipe("gfx1030"))) == (
         f"mamba2-rocm==1.0 --hash=sha256:{'a' * 64}\n"
+        f"mamba2-rocm-dropin==1.0 --hash=sha256:{'9' * 64}\n"
         f"mamba2-rocm-gfx1030==1.0 --hash=sha256:{'b' * 64}\n"
     )
+
+
+def test_dropin_import_names_must_be_ours_at_the_version():
+    """pull and the build's smoke test read the drop-in's report from the new environment."""
+    from mamba2_rocm.pipeline.package import dropin_problems
+
+    good = [
+        {"name": "mamba_ssm", "owner": "mamba2-rocm", "version": "2.3.2+mamba2rocm.1.0"},
+        {"name": "causal_conv1d", "owner": "mamba2-rocm", "version": "1.6.1+mamba2rocm.1.0"},
+    ]
+    assert dropin_problems(good, "1.0") == []
+    bad = [
+        {"name": "mamba_ssm", "owner": "other", "path": "/x/mamba_ssm/__init__.py"},
+        {"name": "causal_conv1d", "owner": "mamba2-rocm", "version": "1.6.1+mamba2rocm.0.9"},
+    ]
+    assert dropin_problems(bad, "1.0") == [
+        "import mamba_ssm is other (/x/mamba_ssm/__init__.py), not mamba2-rocm's drop-in",
+        "causal_conv1d's version reads '1.6.1+mamba2rocm.0.9', expected 1.6.1+mamba2rocm.1.0",
+    ]
+    assert dropin_problems([], "1.0") == [
+        "import mamba_ssm: not reported",
+        "import causal_conv1d: not reported",
+    ]

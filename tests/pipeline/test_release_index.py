@@ -94,7 +94,7 @@ def test_publish_uploads_both_targets_after_the_checks(published, index, wheels)
         for t in ("gfx1030", "gfx1101")
     }
     expected = sorted({name for m in manifests.values() for name in m["wheels"]})
-    assert _ours(index) == expected and len(expected) == 3  # one host wheel, two kernel wheels
+    assert _ours(index) == expected and len(expected) == 4  # host, drop-in, two kernel wheels
     # the index serves exactly the verified bytes
     for m in manifests.values():
         for name, digest in m["wheels"].items():
@@ -147,6 +147,7 @@ def test_pull_installs_the_target_from_the_index_and_verifies_it(
     assert "torch in the fresh venv: torch==2.5.1+rocm6.2" in r.stdout
     assert "pinning torch==2.5.1+rocm6.2" in r.stderr
     assert f"wheel sha256s and {len(SOURCES)} code objects match" in r.stdout  # one per source
+    assert "import mamba_ssm / causal_conv1d served by the drop-in" in r.stdout
     # the check can fail: a manifest whose code-object hash differs is reported by name
     manifest = json.loads((wheels / "gfx1030" / "build-manifest.json").read_text())
     key = sorted(manifest["code_objects"])[0]
