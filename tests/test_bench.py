@@ -17,3 +17,73 @@ def test_backend_sets_and_restores_the_switch(before, monkeypatch):
         assert os.environ["MAMBA2_ROCM_BACKEND"] == "kernel"
         raise RuntimeError("inside")
     assert os.environ.get("MAMBA2_ROCM_BACKEND") == before
+
+
+# --- bench model: the parts that need no GPU ----------------------------------------------
+
+
+def test_model_shapes_are_the_checkpoints():
+    from mamba2_rocm.bench.model import config_kwargs
+
+    for shape, heads in (("130m", 24), ("1.3b", 64)):
+        kw = config_kwargs(shape)
+        assert kw["num_heads"] == heads and kw["head_dim"] == 64 and kw["state_size"] == 128
+        assert kw["n_groups"] == 1 and kw["chunk_size"] == 256
+
+
+def test_a_side_must_prove_what_it_ran():
+    from mamba2_rocm.bench.model import side_problems
+
+    ours = ["m2r_conv1d_fwd_bf16_w4_vec", "m2r_ssd_bf16_x", "m2r_ssu_bf16_bf16_n128_contig"]
+    assert side_problems("ours", ours, None) == []
+    assert side_problems("ours", ours[:1], None) == [
+        "the ours side never launched m2r_ssd*", "the ours side never launched m2r_ssu*"]
+    assert side_problems("torch", [], None) == []
+    assert side_problems("torch", ours, None) == [
+        f"the torch side launched mamba2-rocm kernels: {ours}"]
+    real = "/x/mamba_ssm/__init__.py"
+    assert side_problems("triton", ours[:1], real) == []
+    assert side_problems("triton", ours, real) == ["the triton side ran our scan / decode kernels"]
+    facade = "/y/mamba2_rocm/dropin/facades/mamba_ssm/__init__.py"
+    assert side_problems("triton", ours[:1], facade) == [
+        f"mamba_ssm came from {facade}, not a real mamba_ssm"]
+
+
+def test_model_table_prints_ratios_and_every_problem():
+    from mamba2_rocm.bench.model import format_table
+
+    rows = [
+        {"side": "ours", "shape": "130m", "dtype": "bfloat16", "transformers": "5.17.0",
+         "prefill_ms": 10.0, "decode_b1_tok_s": 200.0, "decode_b16_tok_s": 3000.0,
+         "decode_b1_gpu_busy": 0.5, "problems": []},
+        {"side": "torch", "shape": "130m", "prefill_ms": 900.0, "decode_b1_tok_s": 50.0,
+         "decode_b16_tok_s": 600.0, "problems": ["the torch side launched x"]},
+        {"side": "triton", "shape": "130m", "skipped": "no real mamba_ssm importable"},
+    ]  # fmt: skip
+    table = format_table(rows)
+    prefill = next(ln for ln in table.splitlines() if "prefill" in ln)
+    assert prefill.split()[-2:] == ["90.00x", "-"]  # torch 900 ms / ours 10 ms; no triton
+    decode = next(ln for ln in table.splitlines() if "decode b1 " in ln)
+    assert "4.00x" in decode  # 200 / 50 tok/s: higher is better
+    assert "ours decode b1: GPU busy 50% of wall time" in table
+    assert "torch: NOT VALID: the torch side launched x" in table
+    assert "triton: skipped (no real mamba_ssm importable)" in table
+
+
+def test_sides_hide_a_real_mamba_ssm_except_the_triton_one():
+    from mamba2_rocm.bench.model import _side_code
+
+    code = _side_code("ours", "/peers/src", "130m", "bfloat16", 3)
+    assert "'/peers/src'" in code and "d.activate()" in code
+    assert "d.deactivate()" in _side_code("torch", "/peers/src", "130m", "bfloat16", 3)
+    ns: dict = {}
+    import sys
+
+    saved = list(sys.path)
+    try:
+        sys.path[:] = ["/peers/src", "/keep"]
+        exec(code.splitlines()[1], {"sys": sys}, ns)  # the sys.path filter line
+        assert "sys.path" not in _side_code("triton", None, "130m", "bfloat16", 3)
+        assert sys.path == ["/keep"]
+    finally:
+        sys.path[:] = saved

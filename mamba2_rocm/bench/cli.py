@@ -1,4 +1,4 @@
-"""``python -m mamba2_rocm bench conv1d|decode|ssd|rmsnorm``."""
+"""``python -m mamba2_rocm bench conv1d|decode|ssd|rmsnorm|model``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark an op family on the local GPU")
-    p.add_argument("op", choices=["conv1d", "decode", "ssd", "rmsnorm"], help="which op family")
+    p.add_argument(
+        "op",
+        choices=["conv1d", "decode", "ssd", "rmsnorm", "model"],
+        help="which op family, or model: a transformers Mamba2 end to end (mamba2_rocm.bench.model)",
+    )
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--json", action="store_true", help="machine-readable rows instead of the table")
     p.set_defaults(func=_run)

@@ -1,0 +1,248 @@
+"""Model benchmark: a random-init transformers Mamba2 at real checkpoint shapes, end to end.
+
+``python -m mamba2_rocm bench model``: prefill time (batch 1, 4096 tokens) and greedy
+``generate`` decode throughput (batch 1 and 16) for the 130m and 1.3b shapes of
+state-spaces/mamba2 (d_model 768 / 2048, 24 / 48 layers, headdim 64, d_state 128, ngroups 1,
+expand 2, chunk 256), on three sides, each in its own process because transformers resolves
+the ``mamba_ssm`` / ``causal_conv1d`` names when its model module is imported:
+
+- ``ours``: the drop-in names on (our kernels for conv, scan and decode step);
+- ``torch``: the names off: transformers' own PyTorch path;
+- ``triton``: a real ``mamba_ssm`` on the path (its Triton scan and decode step), when one is
+  importable; ``causal_conv1d``'s CUDA extension is not built there, so its conv is ours.
+
+Each side proves what it ran: ours launched our scan, conv and decode kernels, the torch side
+none of them, the Triton side our conv only and imported ``mamba_ssm`` from outside
+mamba2-rocm. Decode throughput is ``batch * n / (t(generate n + 1) - t(generate 1))`` (the
+prompt's prefill cancels out). Ours also reports the share of decode wall time the GPU is busy
+(torch.profiler): the rest is host time between kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+#: Mamba2Config keywords of the state-spaces/mamba2 checkpoints (vocab padded to 16).
+SHAPES = {
+    "130m": dict(hidden_size=768, num_hidden_layers=24, num_heads=24),
+    "1.3b": dict(hidden_size=2048, num_hidden_layers=48, num_heads=64),
+}
+COMMON = dict(
+    head_dim=64, state_size=128, n_groups=1, expand=2, conv_kernel=4, chunk_size=256,
+    vocab_size=50288, rms_norm=True, use_cache=True,
+)  # fmt: skip
+SIDES = ("ours", "torch", "triton")
+PREFILL_TOKENS = 4096
+DECODE_BATCHES = (1, 16)
+PROMPT_TOKENS = 16
+NEW_TOKENS = 64
+#: kernel-name prefixes each side must have launched (None: no mamba2-rocm kernel at all)
+EXPECTED_KERNELS = {
+    "ours": ("m2r_conv1d", "m2r_ssd", "m2r_ssu"),
+    "torch": None,
+    "triton": ("m2r_conv1d",),
+}
+
+
+def config_kwargs(shape: str) -> dict:
+    kw = {**COMMON, **SHAPES[shape]}
+    assert kw["num_heads"] * kw["head_dim"] == kw["expand"] * kw["hidden_size"], shape
+    return kw
+
+
+def real_mamba_ssm_root() -> str | None:
+    """The sys.path entry a real (not ours) ``mamba_ssm`` is imported from, if any."""
+    from mamba2_rocm import dropin
+
+    spec = dropin._real_spec("mamba_ssm")
+    if spec is None or spec.origin is None:
+        return None
+    return str(Path(spec.origin).resolve().parents[1])
+
+
+def side_problems(side: str, launched: list[str], mamba_ssm_file: str | None) -> list[str]:
+    """Why a side's run did not run what its name says (empty: it did)."""
+    want = EXPECTED_KERNELS[side]
+    ours = [k for k in launched if k.startswith("m2r_")]
+    problems = []
+    if want is None:
+        if ours:
+            problems.append(f"the torch side launched mamba2-rocm kernels: {ours[:4]}")
+        return problems
+    for prefix in want:
+        if not any(k.startswith(prefix) for k in ours):
+            problems.append(f"the {side} side never launched {prefix}*")
+    if side == "triton":
+        if any(k.startswith(("m2r_ssd", "m2r_ssu")) for k in ours):
+            problems.append("the triton side ran our scan / decode kernels")
+        if mamba_ssm_file is None or "mamba2_rocm" in mamba_ssm_file:
+            problems.append(f"mamba_ssm came from {mamba_ssm_file}, not a real mamba_ssm")
+    return problems
+
+
+def _median_ms(torch, fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _gpu_busy_fraction(torch, fn) -> float:
+    """Share of ``fn``'s wall time covered by GPU kernels (torch.profiler's device time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+    wall_us = start.elapsed_time(end) * 1e3
+    busy_us = sum(
+        getattr(e, "self_device_time_total", 0)
+        for e in prof.key_averages()
+        if str(getattr(e, "device_type", "")).endswith("CUDA")
+    )
+    return busy_us / wall_us if wall_us else 0.0
+
+
+def run_side(side: str, shape: str, dtype: str, repeats: int) -> dict:
+    """In this process: build the model, time prefill and decode, report what ran."""
+    import torch
+    import transformers
+
+    dt = getattr(torch, dtype)
+    config = transformers.Mamba2Config(**config_kwargs(shape))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dt).cuda().eval()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    result: dict = {"side": side, "shape": shape, "dtype": dtype,
+                    "transformers": transformers.__version__}  # fmt: skip
+    with torch.no_grad():
+        ids = torch.randint(3, config.vocab_size, (1, PREFILL_TOKENS), device="cuda", generator=gen)
+        model(ids)  # warm-up (Triton compiles and autotunes here)
+        result["prefill_ms"] = _median_ms(torch, lambda: model(ids), repeats)
+        for b in DECODE_BATCHES:
+            prompt = torch.randint(3, config.vocab_size, (b, PROMPT_TOKENS), device="cuda",
+                                   generator=gen)  # fmt: skip
+
+            def generate(n, prompt=prompt):
+                return model.generate(prompt, max_new_tokens=n, min_new_tokens=n,
+                                      do_sample=False, pad_token_id=0)  # fmt: skip
+
+            generate(NEW_TOKENS + 1)  # warm-up
+            long = _median_ms(torch, lambda: generate(NEW_TOKENS + 1), repeats)
+            short = _median_ms(torch, lambda: generate(1), repeats)
+            result[f"decode_b{b}_tok_s"] = b * NEW_TOKENS / max(long - short, 1e-6) * 1e3
+            if side == "ours":
+                result[f"decode_b{b}_gpu_busy"] = _gpu_busy_fraction(
+                    torch, lambda: generate(NEW_TOKENS + 1)
+                )
+    launched: list[str] = []
+    if "mamba2_rocm.runtime.loader" in sys.modules:
+        from mamba2_rocm.runtime.loader import kernels_for_device
+
+        kset = kernels_for_device(0)
+        launched = sorted(kset._launchers) if kset is not None else []
+    mod = sys.modules.get("mamba_ssm")
+    result["launched"] = launched
+    result["mamba_ssm"] = getattr(mod, "__file__", None) if mod else None
+    result["problems"] = side_problems(side, launched, result["mamba_ssm"])
+    return result
+
+
+def _side_code(side: str, hide: str | None, shape: str, dtype: str, repeats: int) -> str:
+    return (
+        "import json, sys\n"
+        + (f"sys.path = [p for p in sys.path if p.rstrip('/') != {hide!r}]\n" if hide else "")
+        + "import mamba2_rocm.dropin as d\n"
+        f"{'d.deactivate()' if side == 'torch' else 'd.activate()'}\n"
+        "from mamba2_rocm.bench.model import run_side\n"
+        f"print('M2R-RESULT ' + json.dumps(run_side({side!r}, {shape!r}, {dtype!r}, {repeats})))\n"
+    )
+
+
+def _spawn(side: str, shape: str, dtype: str, repeats: int, real_root: str | None) -> dict:
+    # ours and torch must not see a real mamba_ssm (the drop-in gives way to one); the
+    # Triton side needs it
+    hide = None if side == "triton" else real_root
+    env = dict(os.environ, MAMBA2_ROCM_BACKEND="kernel")
+    env["MAMBA2_ROCM_DROPIN"] = "0" if side == "torch" else "1"
+    if hide:
+        parts = env.get("PYTHONPATH", "").split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in parts if p.rstrip("/") != hide)
+    proc = subprocess.run([sys.executable, "-c", _side_code(side, hide, shape, dtype, repeats)],
+                          capture_output=True, text=True, env=env, timeout=1800)  # fmt: skip
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("M2R-RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        return {"side": side, "shape": shape, "error": proc.stderr.strip()[-1500:]}
+    return json.loads(line.removeprefix("M2R-RESULT "))
+
+
+def run(dtype: str = "bfloat16", shapes=tuple(SHAPES), repeats: int = 3) -> list[dict]:
+    real_root = real_mamba_ssm_root()
+    rows = []
+    for shape in shapes:
+        for side in SIDES:
+            if side == "triton" and real_root is None:
+                rows.append({"side": side, "shape": shape, "skipped": "no real mamba_ssm importable"})
+                continue
+            rows.append(_spawn(side, shape, dtype, repeats, real_root))
+    return rows
+
+
+METRICS = (
+    ("prefill_ms", f"prefill b1 l{PREFILL_TOKENS} (ms)", False),
+    *((f"decode_b{b}_tok_s", f"decode b{b} (tok/s)", True) for b in DECODE_BATCHES),
+)
+
+
+def format_table(rows: list[dict]) -> str:
+    """One block per shape: each metric per side, and ours' ratio to each other side
+    (> 1: ours ahead). Errors, skips and a side that did not run what it claims are shown."""
+    out = []
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        by_side = {r["side"]: r for r in rows if r["shape"] == shape}
+        ours = by_side.get("ours", {})
+        out.append(f"Mamba2 {shape} (random init, {ours.get('dtype', '?')}, "
+                   f"transformers {ours.get('transformers', '?')})")  # fmt: skip
+        out.append(f"  {'metric':<26}" + "".join(f"{s:>12}" for s in SIDES)
+                   + "".join(f"{'ours/' + s:>13}" for s in SIDES[1:]))  # fmt: skip
+        for key, label, higher_better in METRICS:
+            cells, ratios = [], []
+            for s in SIDES:
+                v = by_side.get(s, {}).get(key)
+                cells.append(f"{v:>12.1f}" if isinstance(v, (int, float)) else f"{'-':>12}")
+            for s in SIDES[1:]:
+                a, b = ours.get(key), by_side.get(s, {}).get(key)
+                if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a and b:
+                    r = a / b if higher_better else b / a
+                    ratios.append(f"{r:>12.2f}x")
+                else:
+                    ratios.append(f"{'-':>13}")
+            out.append(f"  {label:<26}" + "".join(cells) + "".join(ratios))
+        for b in DECODE_BATCHES:
+            busy = ours.get(f"decode_b{b}_gpu_busy")
+            if isinstance(busy, float):
+                out.append(f"  ours decode b{b}: GPU busy {busy:.0%} of wall time "
+                           f"(the rest is host time between kernels)")  # fmt: skip
+        for s in SIDES:
+            r = by_side.get(s, {})
+            if "error" in r:
+                out.append(f"  {s}: FAILED: {r['error'].splitlines()[-1] if r['error'] else '?'}")
+            elif "skipped" in r:
+                out.append(f"  {s}: skipped ({r['skipped']})")
+            for p in r.get("problems", []):
+                out.append(f"  {s}: NOT VALID: {p}")
+    return "\n".join(out)
