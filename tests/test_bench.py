@@ -37,16 +37,20 @@ def test_a_side_must_prove_what_it_ran():
     ours = ["m2r_conv1d_fwd_bf16_w4_vec", "m2r_ssd_bf16_x", "m2r_ssu_bf16_bf16_n128_contig"]
     assert side_problems("ours", ours, None) == []
     assert side_problems("ours", ours[:1], None) == [
-        "the ours side never launched m2r_ssd*", "the ours side never launched m2r_ssu*"]
+        "the ours side never launched m2r_ssd*",
+        "the ours side never launched m2r_ssu*",
+    ]
     assert side_problems("torch", [], None) == []
     assert side_problems("torch", ours, None) == [
-        f"the torch side launched mamba2-rocm kernels: {ours}"]
+        f"the torch side launched mamba2-rocm kernels: {ours}"
+    ]
     real = "/x/mamba_ssm/__init__.py"
     assert side_problems("triton", ours[:1], real) == []
     assert side_problems("triton", ours, real) == ["the triton side ran our scan / decode kernels"]
     facade = "/y/mamba2_rocm/dropin/facades/mamba_ssm/__init__.py"
     assert side_problems("triton", ours[:1], facade) == [
-        f"mamba_ssm came from {facade}, not a real mamba_ssm"]
+        f"mamba_ssm came from {facade}, not a real mamba_ssm"
+    ]
 
 
 def test_model_table_prints_ratios_and_every_problem():

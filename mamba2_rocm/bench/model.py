@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 #: Mamba2Config keywords of the state-spaces/mamba2 checkpoints (vocab padded to 16).
@@ -196,9 +197,16 @@ def run(dtype: str = "bfloat16", shapes=tuple(SHAPES), repeats: int = 3) -> list
     for shape in shapes:
         for side in SIDES:
             if side == "triton" and real_root is None:
-                rows.append({"side": side, "shape": shape, "skipped": "no real mamba_ssm importable"})
+                rows.append(
+                    {"side": side, "shape": shape, "skipped": "no real mamba_ssm importable"}
+                )
                 continue
+            t0 = time.perf_counter()
             rows.append(_spawn(side, shape, dtype, repeats, real_root))
+            # progress (a whole run takes minutes): each side's numbers as they come
+            print(f"bench model: {shape} {side} in {time.perf_counter() - t0:.0f} s: "
+                  + json.dumps({k: v for k, v in rows[-1].items() if k != "launched"}),
+                  file=sys.stderr, flush=True)  # fmt: skip
     return rows
 
 
