@@ -97,16 +97,66 @@ def use_registered_op(x, *tensors) -> bool:
     )
 
 
-def forward_only(op, public_name: str) -> None:
-    """Give ``op`` an autograd formula that refuses backward with a message that says why,
-    instead of torch's generic one (these kernels have no backward yet). Functional ops only:
-    torch takes no formula for ops that mutate an argument, and raises its own error there."""
+def recompute_backward(op, reference, differentiable: tuple[int, ...]) -> None:
+    """Give the kernel op ``op`` its autograd formula: backward recomputes the forward through
+    ``reference`` (the op's PyTorch tier, same arguments, same semantics) under autograd and
+    differentiates that, for the inputs at the ``differentiable`` positions that ask for a
+    gradient. Only the inputs are saved (as mamba_ssm's checkpointing saves them), so activation
+    memory is the inputs'. The interim backward of the training issue: correct gradients for
+    every differentiable input, at the PyTorch tier's speed, until HIP backward kernels land."""
+    tensor = torch.Tensor
+
+    def setup_context(ctx, inputs, output):
+        ctx.tensor_pos = [i for i, t in enumerate(inputs) if isinstance(t, tensor)]
+        ctx.others = [None if isinstance(t, tensor) else t for t in inputs]
+        ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_pos))
 
     def backward(ctx, *grads):
+        inputs = list(ctx.others)
+        for i, t in zip(ctx.tensor_pos, ctx.saved_tensors, strict=True):
+            inputs[i] = t
+        want = [i for i in differentiable if inputs[i] is not None and ctx.needs_input_grad[i]]
+        result: list = [None] * len(inputs)
+        if not want:
+            return tuple(result)
+        with torch.enable_grad():
+            for i in want:
+                inputs[i] = inputs[i].detach().requires_grad_()
+            outs = reference(*inputs)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            pairs = [(o, g) for o, g in zip(outs, grads, strict=True)
+                     if g is not None and o.requires_grad and o.numel()]  # fmt: skip
+            if pairs:
+                got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in want],
+                                          [g for _, g in pairs], allow_unused=True)  # fmt: skip
+                for i, g in zip(want, got, strict=True):
+                    result[i] = g
+        return tuple(result)
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
+class _InferenceOnly(torch.autograd.Function):
+    """Identity on ``out``; backward refuses, naming the op (for ops that update a state in
+    place, which take no autograd formula: torch's own error would not say why)."""
+
+    @staticmethod
+    def forward(ctx, name, out, *inputs):
+        ctx.name = name
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
         raise NotImplementedError(
-            f"mamba2-rocm's {public_name} has no backward yet (its GPU kernels are forward-only). "
-            "Run inference under torch.no_grad(), or set MAMBA2_ROCM_BACKEND=torch to train "
-            "through the PyTorch implementation."
+            f"mamba2-rocm's {ctx.name} is inference-only (a decode step that updates its state "
+            "in place, as in mamba_ssm / causal-conv1d, which have no backward for it either); "
+            "train with the sequence ops (mamba_chunk_scan_combined, causal_conv1d_fn)."
         )
 
-    op.register_autograd(backward, setup_context=lambda ctx, inputs, output: None)
+
+def inference_only(name: str, out, *inputs):
+    """``out`` as is, unless autograd is recording for one of ``inputs``: then ``out`` on a
+    graph whose backward raises with ``name`` (instead of gradients that silently stop)."""
+    if not needs_autograd(*inputs):
+        return out
+    return _InferenceOnly.apply(name, out, *(t for t in inputs if t is not None))

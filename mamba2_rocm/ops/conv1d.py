@@ -18,8 +18,11 @@ from mamba2_rocm.ops._launch import (
     GRID_YZ_MAX,
     KERNEL_DTYPE,
     checked_state_rows,
+    inference_only,
     launch,
+    needs_autograd,
     ptr,
+    recompute_backward,
     strides,
     use_registered_op,
 )
@@ -278,6 +281,48 @@ def _(x, weight, bias, seq_idx, initial_states, final_states_out, silu):
     return _alloc_out(x)
 
 
+def _fwd_func_impl(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    seq_idx: Tensor | None,
+    initial_states: Tensor | None,
+    silu: bool,
+    return_final_states: bool,
+) -> tuple[Tensor, Tensor]:
+    """The functional form for training: ``(out, final_states)`` as new tensors (final_states
+    empty unless asked for), so that autograd can be registered (an op that writes an
+    argument, as ``causal_conv1d_fwd`` writes ``final_states_out``, takes no formula)."""
+    width = _check_fwd(x, weight, bias, seq_idx, initial_states, None)
+    if not return_final_states:
+        return _fwd_impl(x, weight, bias, seq_idx, initial_states, None, silu), x.new_empty(0)
+    fin = torch.empty(x.shape[0], x.shape[1], width - 1, dtype=x.dtype, device=x.device)
+    return _fwd_impl(x, weight, bias, seq_idx, initial_states, fin, silu), fin
+
+
+def _fwd_torch_tier(x, weight, bias, seq_idx, initial_states, silu, return_final_states):
+    """What the torch tier computes for ``_fwd_func_impl``'s arguments (the backward's
+    recomputation)."""
+    from mamba2_rocm.reference.conv1d import causal_conv1d_torch
+
+    _check_fwd(x, weight, bias, seq_idx, initial_states, None)
+    out, fin = causal_conv1d_torch(x, weight, bias, seq_idx, initial_states, silu)
+    return out, fin if return_final_states else x.new_empty(0)
+
+
+causal_conv1d_fwd_func = torch.library.custom_op(
+    "mamba2_rocm::causal_conv1d_fwd_func", _fwd_func_impl, mutates_args=()
+)
+recompute_backward(causal_conv1d_fwd_func, _fwd_torch_tier, (0, 1, 2, 4))  # x, w, bias, init
+
+
+@causal_conv1d_fwd_func.register_fake
+def _(x, weight, bias, seq_idx, initial_states, silu, return_final_states):
+    width = _check_fwd(x, weight, bias, seq_idx, initial_states, None)
+    shape = (x.shape[0], x.shape[1], width - 1) if return_final_states else (0,)
+    return _alloc_out(x), x.new_empty(shape)
+
+
 def _update_impl(
     x: Tensor,
     conv_state: Tensor,
@@ -335,12 +380,23 @@ def causal_conv1d_fn(
     silu = _silu_flag(activation)
     if final_states_out is not None and not return_final_states:
         raise ValueError("final_states_out was given but return_final_states is False")
+    grads = (x, weight, bias, initial_states)
+    if use_registered_op(*grads) and needs_autograd(*grads):
+        # training on the kernel tier: the functional op, whose backward recomputes
+        out, fin = causal_conv1d_fwd_func(x, weight, bias, seq_idx, initial_states, silu,
+                                          return_final_states)  # fmt: skip
+        if not return_final_states:
+            return out
+        if final_states_out is None:
+            return out, fin
+        final_states_out.copy_(fin)  # the caller's buffer, on the graph through copy_
+        return out, final_states_out
     if return_final_states and final_states_out is None:
         width = _check_fwd(x, weight, bias, seq_idx, initial_states, None)
         final_states_out = torch.empty(
             x.shape[0], x.shape[1], width - 1, dtype=x.dtype, device=x.device
         )
-    op = causal_conv1d_fwd if use_registered_op(x, weight, bias, initial_states) else _fwd_impl
+    op = causal_conv1d_fwd if use_registered_op(*grads) else _fwd_impl
     out = op(x, weight, bias, seq_idx, initial_states, final_states_out, silu)
     return (out, final_states_out) if return_final_states else out
 
@@ -379,6 +435,8 @@ def causal_conv1d_update(
         cache_seqlens,
         conv_state_indices,
     )
+    if op is not _update_impl:  # (the torch tiers differentiate as plain PyTorch code)
+        out = inference_only("causal_conv1d_update", out, x, weight, bias)
     return out.squeeze(-1) if squeeze else out
 
 

@@ -70,8 +70,9 @@ def mamba_split_conv1d_scan_combined(
     outproj_weight: Tensor | None = None, outproj_bias: Tensor | None = None,
     headdim: int | None = None, ngroups: int = 1, norm_before_gate: bool = True,
 ):  # fmt: skip
-    """mamba_ssm's ``mamba_split_conv1d_scan_combined``, forward: returns out (batch, seqlen,
-    dim, or outproj's size) [, final_states (batch, nheads, headdim, dstate)]."""
+    """mamba_ssm's ``mamba_split_conv1d_scan_combined``: returns out (batch, seqlen, dim, or
+    outproj's size) [, final_states (batch, nheads, headdim, dstate)]. Differentiable through
+    its ops (conv, scan, norm, projection), each of which saves only its inputs."""
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
     nheads, headdim, dim, dstate = _sizes(zxbcdt, conv1d_weight, D, headdim, ngroups)

@@ -17,9 +17,9 @@ from mamba2_rocm.ops._launch import (
     GRID_YZ_MAX,
     KERNEL_DTYPE,
     as_kernel_float,
-    forward_only,
     launch,
     like,
+    recompute_backward,
     use_registered_op,
 )
 from mamba2_rocm.reference.ssd import rmsnorm_ref
@@ -129,8 +129,14 @@ def _impl(
     return out
 
 
+def _torch_tier(x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm) -> Tensor:
+    """What the torch tier computes for ``_impl``'s arguments (the backward's recomputation)."""
+    _, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size, allow_empty=True)
+    return rmsnorm_ref(x, weight, bias, z, eps, gs, norm_before_gate, is_rms_norm=is_rms_norm)
+
+
 rmsnorm_fwd = torch.library.custom_op("mamba2_rocm::rmsnorm_fwd", _impl, mutates_args=())
-forward_only(rmsnorm_fwd, "rmsnorm_fn / layernorm_fn")
+recompute_backward(rmsnorm_fwd, _torch_tier, differentiable=(0, 1, 2, 3))  # x, weight, bias, z
 
 
 @rmsnorm_fwd.register_fake

@@ -1,4 +1,4 @@
-"""``mamba_chunk_scan_combined``: the Mamba2 SSD chunked scan, forward, as in mamba_ssm.
+"""``mamba_chunk_scan_combined``: the Mamba2 SSD chunked scan, as in mamba_ssm.
 
 Tiers (``MAMBA2_ROCM_BACKEND``): the five-stage kernel pipeline of ``csrc/ssd.hip``; the
 vectorized chunked PyTorch form (``reference.ssd.ssd_chunked``, fp32); the plain recurrence
@@ -28,10 +28,10 @@ from mamba2_rocm.ops._launch import (
     GRID_YZ_MAX,
     KERNEL_DTYPE,
     as_kernel_float,
-    forward_only,
     launch,
     like,
     ptr,
+    recompute_backward,
     strides,
     use_registered_op,
 )
@@ -233,25 +233,47 @@ def _impl(
             full[keep] = varlen
             varlen = full
     else:
-        kw = {"return_final_states": True, "return_varlen_states": return_varlen_states,
-              "state_dtype": dims.state_dtype}  # fmt: skip
-        if tier == "eager":
-            res = ssd_sequential(x, dt, A, B, C, *args, compute_dtype=torch.float32, **kw)
-        else:
-            res = ssd_chunked(x, dt, A, B, C, chunk_size, *args, **kw)
-        out, final = res[0].contiguous(), res[1]
-        varlen = res[2] if return_varlen_states else None
+        return _reference(x, dt, A, B, C, chunk_size, args, dims, return_varlen_states,
+                          eager=tier == "eager")  # fmt: skip
     if varlen is None:
         varlen = final.new_empty(0)
     return out, final, varlen
 
 
+def _reference(x, dt, A, B, C, chunk_size, args, dims, return_varlen_states, eager):
+    """The torch tiers: the chunked form, or with ``eager`` the plain recurrence (fp32)."""
+    kw = {"return_final_states": True, "return_varlen_states": return_varlen_states,
+          "state_dtype": dims.state_dtype}  # fmt: skip
+    if eager:
+        res = ssd_sequential(x, dt, A, B, C, *args, compute_dtype=torch.float32, **kw)
+    else:
+        res = ssd_chunked(x, dt, A, B, C, chunk_size, *args, **kw)
+    out, final = res[0].contiguous(), res[1]
+    varlen = res[2] if return_varlen_states else final.new_empty(0)
+    return out, final, varlen
+
+
+def _torch_tier(
+    x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+    dt_limit, return_varlen_states, state_dtype,
+):  # fmt: skip
+    """What the torch tier computes for ``_impl``'s arguments (the backward's recomputation)."""
+    dims = check_chunk_scan_args(
+        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+        chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
+        return_varlen_states=return_varlen_states, state_dtype=state_dtype, allow_empty=True,
+    )  # fmt: skip
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return _empty_scan(x, initial_states, cu_seqlens, dims, return_varlen_states)
+    args = (D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dims.dt_limit)
+    return _reference(x, dt, A, B, C, chunk_size, args, dims, return_varlen_states, eager=False)
+
+
 mamba_chunk_scan_combined_op = torch.library.custom_op(
     "mamba2_rocm::mamba_chunk_scan_combined", _impl, mutates_args=()
 )
-
-
-forward_only(mamba_chunk_scan_combined_op, "mamba_chunk_scan_combined")
+# x, dt, A, B, C, D, z, dt_bias, initial_states
+recompute_backward(mamba_chunk_scan_combined_op, _torch_tier, (0, 1, 2, 3, 4, 6, 7, 8, 9))
 
 
 @mamba_chunk_scan_combined_op.register_fake
@@ -283,7 +305,7 @@ def mamba_chunk_scan_combined(
     dt_limit: tuple[float, float] = (0.0, math.inf), return_final_states: bool = False,
     return_varlen_states: bool = False, state_dtype: torch.dtype | None = None,
 ):  # fmt: skip
-    """The Mamba2 SSD scan over a sequence, mamba_ssm's ``mamba_chunk_scan_combined`` (forward).
+    """The Mamba2 SSD scan over a sequence, mamba_ssm's ``mamba_chunk_scan_combined``.
 
     x (batch, seqlen, nheads, headdim); dt (batch, seqlen, nheads); A (nheads,); B, C (batch,
     seqlen, ngroups, dstate); D (nheads,) or (nheads, headdim); z like x; dt_bias (nheads,);
@@ -291,7 +313,9 @@ def mamba_chunk_scan_combined(
     cu_seqlens (num_seqs + 1,) with batch 1. Returns out in x's dtype, then final_states
     (batch, nheads, headdim, dstate) if ``return_final_states``, then varlen_states
     (num_seqs, nheads, headdim, dstate) if ``return_varlen_states``; states are float32 unless
-    ``state_dtype`` is given. Semantics: ``mamba2_rocm.reference.ssd``.
+    ``state_dtype`` is given. Semantics: ``mamba2_rocm.reference.ssd``. Differentiable in x,
+    dt, A, B, C, D, z, dt_bias and initial_states, through all three outputs (on the kernel
+    tier the backward recomputes through the PyTorch tier: ``_launch.recompute_backward``).
     """
     op = _impl
     if use_registered_op(x, dt, A, B, C, D, z, dt_bias, initial_states):

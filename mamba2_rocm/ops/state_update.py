@@ -23,6 +23,7 @@ from mamba2_rocm.ops._launch import (
     KERNEL_DTYPE,
     as_kernel_float,
     checked_state_rows,
+    inference_only,
     launch,
     like,
     strides,
@@ -294,4 +295,7 @@ def selective_state_update(
     op = _impl
     if use_registered_op(x, dt, A, B, C, D, z, dt_bias):
         op = selective_state_update_op
-    return op(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices)
+    out = op(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices)
+    if op is _impl:  # the torch tiers differentiate as plain PyTorch code
+        return out
+    return inference_only("selective_state_update", out, x, dt, A, B, C, D, z, dt_bias)

@@ -1,6 +1,6 @@
 """What mamba_ssm / causal_conv1d callers pass, on the kernel tier: mixed dtypes, any chunk
-size, empty sequences in cu_seqlens, the gated LayerNorm, varlen conv states, and autograd
-refusing (never silently skipping) a backward through a forward-only kernel."""
+size, empty sequences in cu_seqlens, the gated LayerNorm and varlen conv states (training through
+the kernels: test_backward_gpu.py)."""
 
 import pytest
 import torch
@@ -152,15 +152,3 @@ def test_varlen_states(dtype):
     out = causal_conv1d_varlen_states(x, cu, 20)
     assert out.shape == (7, 300, 20) and out.stride(1) == 1
     assert torch.equal(out, causal_conv1d_varlen_states_ref(x, cu, 20))
-
-
-def test_backward_through_a_kernel_raises_instead_of_dropping_gradients():
-    g = seeded("grad", device=DEV)
-    a = _scan_inputs(g, 1, 64, 2, 32, 1, 16, torch.float32, torch.float32)
-    a["x"].requires_grad_()
-    out = mamba_chunk_scan_combined(**a, chunk_size=64)
-    assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="has no backward yet"):
-        out.sum().backward()
-    with torch.no_grad():  # inference without no_grad-free inputs: no autograd involved
-        assert not mamba_chunk_scan_combined(**a, chunk_size=64).requires_grad

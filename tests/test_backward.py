@@ -1,0 +1,256 @@
+"""Training through the kernel tier (the interim backward of the training issue): the kernel
+ops' autograd formula recomputes the forward through the PyTorch tier and differentiates it.
+
+On the CPU the kernel tier is stood in for: ``choose`` answers "kernel" and each op's kernel
+launch is replaced by the float64 reference writing the true result into the op's outputs, so
+the public functions take exactly the path they take on a GPU (registered op, autograd formula).
+Gradients are compared with autograd through independent float64 references (the plain
+recurrence for the scan, the tap loop for the conv)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import seeded
+
+from mamba2_rocm import (
+    causal_conv1d_fn,
+    layernorm_fn,
+    mamba_chunk_scan_combined,
+    mamba_split_conv1d_scan_combined,
+    rmsnorm_fn,
+)
+from mamba2_rocm.ops import _launch
+from mamba2_rocm.ops import conv1d as conv_ops
+from mamba2_rocm.ops import rmsnorm as norm_ops
+from mamba2_rocm.ops import ssd as ssd_ops
+from mamba2_rocm.reference.conv1d import causal_conv1d_eager
+from mamba2_rocm.reference.ssd import rmsnorm_ref, ssd_sequential
+
+
+@pytest.fixture
+def kernel_tier(monkeypatch):
+    """The kernel tier on the CPU, with float64 references in place of the launches; records
+    which kernels 'ran'."""
+    ran = []
+    kernel = lambda device: ("kernel", object())  # noqa: E731
+    for mod in (_launch, conv_ops, norm_ops, ssd_ops):
+        monkeypatch.setattr(mod, "choose", kernel)
+
+    def conv(kset, x, w, b, seq_idx, init, fin, silu, out):
+        ran.append("conv")
+        o, f = causal_conv1d_eager(x, w, b, seq_idx, init, silu, compute_dtype=torch.float64)
+        out.copy_(o)
+        if fin is not None:
+            fin.copy_(f)
+
+    def norm(kset, x, w, b, z, eps, gs, nbg, layer_norm, out):
+        ran.append("norm")
+        out.copy_(rmsnorm_ref(x.double(), w, b, z, eps, gs, nbg, is_rms_norm=not layer_norm))
+
+    def scan(kset, x, dt, A, B, C, cs, D, z, dt_bias, init, seq_idx, cu, softplus, dims, fin,
+             varlen):  # fmt: skip
+        ran.append("scan")
+        res = ssd_sequential(x, dt, A, B, C, D, z, dt_bias, init, seq_idx, cu, softplus,
+                             dims.dt_limit, return_final_states=True,
+                             return_varlen_states=varlen is not None)  # fmt: skip
+        fin.copy_(res[1])
+        if varlen is not None:
+            varlen.copy_(res[2])
+        return res[0].to(x.dtype)
+
+    monkeypatch.setattr(conv_ops, "_fwd_kernel", conv)
+    monkeypatch.setattr(norm_ops, "_kernel", norm)
+    monkeypatch.setattr(ssd_ops, "_kernel", scan)
+    return ran
+
+
+def _leaves(tensors: dict) -> dict:
+    return {k: v.detach().clone().requires_grad_() if v is not None else None
+            for k, v in tensors.items()}  # fmt: skip
+
+
+def _grads(outs, leaves: dict, cotangents) -> dict:
+    names = [k for k, v in leaves.items() if v is not None]
+    got = torch.autograd.grad(outs, [leaves[k] for k in names], cotangents, allow_unused=True)
+    return dict(zip(names, got, strict=True))
+
+
+def _close(ours: dict, ref: dict, tol: float) -> None:
+    assert ours.keys() == ref.keys()
+    for k in ours:
+        assert ours[k] is not None, f"no gradient for {k}"
+        torch.testing.assert_close(ours[k], ref[k].to(ours[k].dtype), rtol=tol, atol=tol,
+                                   msg=lambda m, k=k: f"d{k}: {m}")  # fmt: skip
+
+
+# (final states and seq_idx are not taken together, as in causal-conv1d)
+@pytest.mark.parametrize(("final", "seq"), [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("width", [2, 4])
+def test_conv1d(kernel_tier, width, final, seq):
+    g = seeded("bwd conv", width, final, seq)
+    b, d, L = 2, 24, 37
+    t = dict(x=torch.randn(b, d, L, generator=g), weight=torch.randn(d, width, generator=g),
+             bias=torch.randn(d, generator=g),
+             initial_states=None if seq else torch.randn(b, d, width - 1, generator=g))  # fmt: skip
+    seq_idx = None
+    if seq:  # two sequences and padding tokens (negative ids: output 0)
+        seq_idx = torch.zeros(b, L, dtype=torch.int32)
+        seq_idx[:, 15:] = 1
+        seq_idx[0, 30:] = -1
+    ours, ref = _leaves(t), _leaves({k: None if v is None else v.double() for k, v in t.items()})
+    res = causal_conv1d_fn(**ours, seq_idx=seq_idx, return_final_states=final, activation="silu")
+    want = causal_conv1d_eager(ref["x"], ref["weight"], ref["bias"], seq_idx,
+                               ref["initial_states"], True, compute_dtype=torch.float64)  # fmt: skip
+    assert kernel_tier == ["conv"]
+    outs = res if final else (res,)
+    cot = [torch.randn(o.shape, generator=g) for o in outs]
+    _close(_grads(outs, ours, cot), _grads(want[: len(outs)], ref, [c.double() for c in cot]), 1e-5)
+
+
+def test_conv1d_final_states_out_buffer_is_on_the_graph(kernel_tier):
+    x = torch.randn(2, 8, 9, requires_grad=True)
+    w = torch.randn(8, 3, requires_grad=True)
+    buf = torch.empty(2, 8, 2)
+    _out, fin = causal_conv1d_fn(x, w, return_final_states=True, final_states_out=buf)
+    assert fin is buf and torch.equal(buf, x.detach()[..., -2:])
+    fin.sum().backward()
+    assert torch.equal(x.grad[..., -2:], torch.ones(2, 8, 2)) and not x.grad[..., :-2].any()
+
+
+@pytest.mark.parametrize("is_rms", [True, False])
+@pytest.mark.parametrize("gate", ["none", "before", "after"])
+@pytest.mark.parametrize("group", [None, 16])
+def test_gated_norm(kernel_tier, is_rms, gate, group):
+    g = seeded("bwd norm", is_rms, gate, group)
+    t = dict(x=torch.randn(5, 7, 64, generator=g) * 2 + 0.5, weight=torch.randn(64, generator=g),
+             bias=torch.randn(64, generator=g),
+             z=None if gate == "none" else torch.randn(5, 7, 64, generator=g))  # fmt: skip
+    nbg = gate != "after"
+    ours, ref = _leaves(t), _leaves({k: None if v is None else v.double() for k, v in t.items()})
+    out = layernorm_fn(**ours, eps=1e-5, group_size=group, norm_before_gate=nbg, is_rms_norm=is_rms)
+    want = rmsnorm_ref(ref["x"], ref["weight"], ref["bias"], ref["z"], 1e-5, group, nbg,
+                       is_rms_norm=is_rms)  # fmt: skip
+    assert kernel_tier == ["norm"]
+    cot = torch.randn(out.shape, generator=g)
+    _close(_grads([out], ours, [cot]), _grads([want], ref, [cot.double()]), 1e-5)
+
+
+def _scan_inputs(g, b=2, L=70, h=4, p=8, groups=2, n=16):
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return dict(
+        x=r(b, L, h, p), dt=r(b, L, h) - 1, A=-torch.rand(h, generator=g) - 0.1,
+        B=r(b, L, groups, n), C=r(b, L, groups, n), D=r(h, p), z=r(b, L, h, p),
+        dt_bias=r(h), initial_states=r(b, h, p, n),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("limit", [(0.0, float("inf")), (0.05, 1.5)])
+@pytest.mark.parametrize("with_seq_idx", [False, True])
+def test_chunk_scan(kernel_tier, with_seq_idx, limit):
+    g = seeded("bwd scan", with_seq_idx, limit)
+    t = _scan_inputs(g)
+    seq_idx = None
+    if with_seq_idx:
+        seq_idx = torch.zeros(2, 70, dtype=torch.int32)
+        seq_idx[:, 40:] = 1
+    ours, ref = _leaves(t), _leaves({k: v.double() for k, v in t.items()})
+    kw = dict(seq_idx=seq_idx, dt_softplus=True, dt_limit=limit, return_final_states=True)
+    out, fin = mamba_chunk_scan_combined(**ours, chunk_size=64, **kw)
+    want = ssd_sequential(**ref, **kw)
+    assert kernel_tier == ["scan"]
+    cot = [torch.randn(out.shape, generator=g), torch.randn(fin.shape, generator=g)]
+    _close(_grads([out, fin], ours, cot), _grads(list(want), ref, [c.double() for c in cot]), 1e-4)
+
+
+def test_chunk_scan_varlen_states_carry_gradients(kernel_tier):
+    g = seeded("bwd varlen")
+    t = _scan_inputs(g, b=1, L=90)
+    del t["initial_states"]
+    cu = torch.tensor([0, 30, 30, 90], dtype=torch.int32)  # an empty sequence in the middle
+    seq_idx = torch.repeat_interleave(torch.arange(3, dtype=torch.int32), cu.diff())[None]
+    ours, ref = _leaves(t), _leaves({k: v.double() for k, v in t.items()})
+    kw = dict(seq_idx=seq_idx, cu_seqlens=cu, dt_softplus=True, return_varlen_states=True)
+    out, var = mamba_chunk_scan_combined(**ours, chunk_size=64, **kw)
+    want = ssd_sequential(**ref, **kw)
+    cot = [torch.randn(out.shape, generator=g), torch.randn(var.shape, generator=g)]
+    _close(_grads([out, var], ours, cot), _grads(list(want), ref, [c.double() for c in cot]), 1e-4)
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_fused_block(kernel_tier, norm):
+    """mamba_split_conv1d_scan_combined: every parameter gets its gradient through the kernel
+    ops (conv, scan, norm) and agrees with the same block on the torch tier."""
+    g = seeded("bwd block", norm)
+    b, L, h, p, n, groups, width = 2, 50, 4, 8, 16, 2, 4
+    dim = h * p
+    conv_dim = dim + 2 * groups * n
+    r = lambda *s: torch.randn(*s, generator=g) * 0.5  # noqa: E731
+    t = dict(zxbcdt=r(b, L, 2 * dim + 2 * groups * n + h), conv1d_weight=r(conv_dim, width),
+             conv1d_bias=r(conv_dim), dt_bias=r(h), A=-torch.rand(h, generator=g) - 0.1, D=r(h),
+             rmsnorm_weight=r(dim) + 1 if norm else None, outproj_weight=r(24, dim),
+             outproj_bias=r(24))  # fmt: skip
+    kw = dict(chunk_size=64, headdim=p, ngroups=groups, dt_limit=(0.0, float("inf")))
+    ours, plain = _leaves(t), _leaves(t)
+    out = mamba_split_conv1d_scan_combined(**ours, **kw)
+    assert sorted(set(kernel_tier)) == (["conv", "norm", "scan"] if norm else ["conv", "scan"])
+    kernel_tier.clear()
+    with pytest.MonkeyPatch.context() as mp:  # the same block on the torch tier: plain autograd
+        for mod in (_launch, conv_ops, norm_ops, ssd_ops):
+            mp.setattr(mod, "choose", lambda device: ("torch", None))
+        want = mamba_split_conv1d_scan_combined(**plain, **kw)
+    assert kernel_tier == []
+    cot = torch.randn(out.shape, generator=g)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    _close(_grads([out], ours, [cot]), _grads([want], plain, [cot]), 1e-4)
+
+
+def test_only_requested_gradients_are_computed(kernel_tier):
+    x = torch.randn(3, 32, requires_grad=True)
+    w = torch.randn(32)  # no gradient asked
+    out = rmsnorm_fn(x, w, None)
+    (gx,) = torch.autograd.grad(out.sum(), [x])
+    ref = torch.autograd.functional.vjp(lambda v: rmsnorm_ref(v, w, None), x, torch.ones(3, 32))[1]
+    torch.testing.assert_close(gx, ref)
+
+
+def test_compiled_training_step_goes_through_the_op(kernel_tier):
+    x = torch.randn(2, 16, 12, requires_grad=True)
+    w = torch.randn(16, 4, requires_grad=True)
+
+    def step(x, w):
+        return F.silu(causal_conv1d_fn(x, w, activation="silu")).sum()
+
+    eager = torch.autograd.grad(step(x, w), [x, w])
+    compiled = torch.autograd.grad(torch.compile(step, backend="aot_eager")(x, w), [x, w])
+    for a, b in zip(eager, compiled, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_decode_steps_are_inference_only_and_say_so(kernel_tier, monkeypatch):
+    """selective_state_update / causal_conv1d_update update a state in place: forward works
+    with inputs that require grad, and a backward through them raises naming the op."""
+    from mamba2_rocm import causal_conv1d_update, selective_state_update
+    from mamba2_rocm.ops import state_update as ssu_ops
+
+    class Kernels:
+        def launcher(self, name):
+            return None
+
+    monkeypatch.setattr(ssu_ops, "choose", lambda device: ("kernel", Kernels()))
+    monkeypatch.setattr(ssu_ops, "checked_state_rows", lambda kset, idx, pool: idx)
+    monkeypatch.setattr(ssu_ops, "launch", lambda *a: None)
+    monkeypatch.setattr(conv_ops, "_update_kernel", lambda *a: None)
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    out = selective_state_update(torch.zeros(2, 4, 8, 16), x, torch.rand(2, 4, 8),
+                                 -torch.rand(4, 8, 16), torch.randn(2, 1, 16),
+                                 torch.randn(2, 1, 16))  # fmt: skip
+    with pytest.raises(NotImplementedError, match="selective_state_update is inference-only"):
+        out.sum().backward()
+    w = torch.randn(8, 4, requires_grad=True)
+    out = causal_conv1d_update(torch.randn(2, 8), torch.zeros(2, 8, 3), w)
+    with pytest.raises(NotImplementedError, match="causal_conv1d_update is inference-only"):
+        out.sum().backward()
+    with torch.no_grad():  # under no_grad nothing is recorded: plain outputs
+        assert causal_conv1d_update(torch.randn(2, 8), torch.zeros(2, 8, 3), w).grad_fn is None
