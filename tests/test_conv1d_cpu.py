@@ -232,3 +232,79 @@ def test_update_vectorized_matches_eager_long_circular():
     torch.testing.assert_close(a, b, **TOL[torch.float32])
     assert torch.equal(s1, s2)
     assert torch.equal(s1[0, :, (2 + 8) % 4], x[0, :, 8])
+
+
+# --- causal_conv1d_update's layout cache (decode calls repeat one layout every step) --------
+
+
+class _RecordingKernels:
+    def __init__(self):
+        self.launches = []
+
+    def launcher(self, name):
+        return lambda params, grid, block, stream: self.launches.append((name, params, grid))
+
+
+@pytest.fixture
+def update_kernels(monkeypatch):
+    from mamba2_rocm.ops import _launch
+    from mamba2_rocm.ops import conv1d as ops
+
+    kset = _RecordingKernels()
+    for mod in (ops, _launch):
+        monkeypatch.setattr(mod, "choose", lambda device: ("kernel", kset))
+    monkeypatch.setattr(
+        ops, "launch", lambda launcher, x, p, grid, threads: launcher(p, grid, None, 0)
+    )
+    monkeypatch.setattr(ops, "checked_state_rows", lambda kset, idx, pool: idx)
+    ops._UPDATE_PLANS.clear()
+    yield kset
+    ops._UPDATE_PLANS.clear()
+
+
+def _update_args(g, layout="plain"):
+    x = torch.randn(3, 40, generator=g)
+    state = torch.randn(3, 40, 5, generator=g)
+    if layout == "strided":  # the same shapes, another layout
+        state = torch.randn(3, 5, 40, generator=g).transpose(1, 2)
+    return x, state, torch.randn(40, 4, generator=g), torch.randn(40, generator=g)
+
+
+def test_update_cached_launch_equals_a_fresh_one(update_kernels):
+    from mamba2_rocm.ops import conv1d as ops
+
+    for step in range(3):
+        for layout in ("plain", "strided"):
+            x, state, w, b = _update_args(_gen("upd", step, layout), layout)
+            out = causal_conv1d_update(x, state, w, b, activation="silu")
+            name, params, grid = update_kernels.launches[-1]
+            fresh = ops._update_static(x.unsqueeze(-1), state, w, b, True, out.unsqueeze(-1))
+            assert (name, grid) == fresh[:2]
+            ptrs = (
+                x.data_ptr(),
+                state.data_ptr(),
+                w.data_ptr(),
+                b.data_ptr(),
+                out.data_ptr(),
+                0,
+                0,
+            )
+            assert params == ptrs + fresh[2]
+    assert len(ops._UPDATE_PLANS) == 2
+
+
+def test_update_repeated_layout_skips_the_checks_but_never_a_bad_call(update_kernels, monkeypatch):
+    from mamba2_rocm.ops import conv1d as ops
+
+    calls = []
+    real = ops._check_update
+    monkeypatch.setattr(ops, "_check_update", lambda *a: calls.append(1) or real(*a))
+    x, state, w, b = _update_args(_gen("upd-skip"))
+    for _ in range(4):
+        causal_conv1d_update(x, state, w, b)
+    assert len(calls) == 1 and len(update_kernels.launches) == 4
+    with pytest.raises(TypeError, match="conv_state must be one of"):  # another layout: checked
+        causal_conv1d_update(x, state.double(), w, b)
+    with pytest.raises(ValueError, match="conv_state has 2 rows for a batch of 3"):
+        causal_conv1d_update(x, state[:2], w, b)
+    assert len(update_kernels.launches) == 4

@@ -202,19 +202,13 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
     _launch(launcher, x, p, grid)
 
 
-def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indices, out) -> None:
+def _update_static(x, conv_state, weight, bias, silu, out) -> tuple[str, tuple, tuple]:
+    """The launch's parts that depend only on the arguments' layouts: kernel name, grid and
+    the ConvUpdateParams fields after the pointers."""
     batch, dim, seqlen = x.shape
-    width = weight.shape[1]
     if batch > GRID_YZ_MAX:
         raise ValueError(f"conv1d update kernel supports batch <= {GRID_YZ_MAX}, got {batch}")
-    p = (
-        x.data_ptr(),
-        conv_state.data_ptr(),
-        weight.data_ptr(),
-        ptr(bias),
-        out.data_ptr(),
-        ptr(cache_seqlens),
-        ptr(indices),
+    tail = (
         *x.stride(),
         *out.stride(),
         *conv_state.stride(),
@@ -227,9 +221,64 @@ def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indic
         int(silu),
         DTYPE_CODE[weight.dtype],
         DTYPE_CODE[bias.dtype] if bias is not None else 0,
-    )  # fmt: skip  (ConvUpdateParams, field order)
-    launcher = kset.launcher(f"m2r_conv1d_update_{KERNEL_DTYPE[x.dtype]}_w{width}")
-    _launch(launcher, x, p, (-(-dim // _THREADS), batch, 1))
+    )  # fmt: skip  (ConvUpdateParams after the pointers, field order)
+    name = f"m2r_conv1d_update_{KERNEL_DTYPE[x.dtype]}_w{weight.shape[1]}"
+    return name, (-(-dim // _THREADS), batch, 1), tail
+
+
+def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indices, out,
+                   plan=None) -> None:  # fmt: skip
+    if plan is None or plan.static is None:
+        static = _update_static(x, conv_state, weight, bias, silu, out)
+        if plan is not None:
+            plan.static = static
+    else:
+        static = plan.static
+    name, grid, tail = static
+    p = (
+        x.data_ptr(), conv_state.data_ptr(), weight.data_ptr(), ptr(bias), out.data_ptr(),
+        ptr(cache_seqlens), ptr(indices), *tail,
+    )  # fmt: skip
+    _launch(kset.launcher(name), x, p, grid)
+
+
+class _UpdatePlan:
+    """A validated layout of ``causal_conv1d_update``'s arguments; the launch's static part
+    once the kernel ran with it."""
+
+    __slots__ = ("static",)
+
+    def __init__(self) -> None:
+        self.static: tuple | None = None
+
+
+#: (type, shape, strides, dtype, device) of every argument, and silu -> its plan. A decode loop
+#: calls with the same layouts every step: after the first call the layout checks are a dict
+#: lookup (the value checks of conv_state_indices still run every call, on the device or in
+#: the torch tiers). Only layouts that passed _check_update are stored.
+_UPDATE_PLANS: dict[tuple, _UpdatePlan] = {}
+UPDATE_PLAN_CACHE_SIZE = 256
+
+
+def _layout(t) -> tuple | None:
+    return None if t is None else (type(t), t.shape, t.stride(), t.dtype, t.device)
+
+
+def _update_plan(x, conv_state, weight, bias, silu, cache_seqlens, indices) -> _UpdatePlan:
+    try:
+        key = (_layout(x), _layout(conv_state), _layout(weight), _layout(bias), silu,
+               _layout(cache_seqlens), _layout(indices))  # fmt: skip
+        plan = _UPDATE_PLANS.get(key)
+    except Exception:  # not tensors (or unhashable): the checks below name the argument
+        key = plan = None
+    if plan is None:
+        _check_update(x, conv_state, weight, bias, cache_seqlens, indices)
+        plan = _UpdatePlan()
+        if key is not None:
+            if len(_UPDATE_PLANS) >= UPDATE_PLAN_CACHE_SIZE:
+                _UPDATE_PLANS.clear()
+            _UPDATE_PLANS[key] = plan
+    return plan
 
 
 # ---- registered ops --------------------------------------------------------------------------
@@ -332,7 +381,7 @@ def _update_impl(
     cache_seqlens: Tensor | None,
     conv_state_indices: Tensor | None,
 ) -> Tensor:
-    _check_update(x, conv_state, weight, bias, cache_seqlens, conv_state_indices)
+    plan = _update_plan(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)
     if x.numel() == 0:  # no batch rows or no new tokens: an empty output, no state touched
         return torch.empty_like(x, memory_format=torch.contiguous_format)
     tier, kset = choose(x.device)
@@ -341,7 +390,7 @@ def _update_impl(
         rows = conv_state_indices
         if rows is not None:  # range and duplicates checked on the device
             rows = checked_state_rows(kset, rows, conv_state.shape[0])
-        _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, rows, out)
+        _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, rows, out, plan)
         return out
     from mamba2_rocm.reference import conv1d as ref
 
