@@ -81,3 +81,14 @@ def poison_allocator(nbytes: int, device="cuda") -> None:
     """Leave NaN-filled blocks in torch's caching allocator so fresh outputs start as NaN."""
     blocks = [torch.full((nbytes // 4 + 64,), float("nan"), device=device) for _ in range(4)]
     del blocks
+
+
+class RecordingKernels:
+    """The kernel tier on the CPU: a kernel set whose launchers record each launch (kernel
+    name, parameter tuple, grid) instead of running it."""
+
+    def __init__(self):
+        self.launches = []
+
+    def launcher(self, name):
+        return lambda params, grid, block, stream: self.launches.append((name, params, grid))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import DTYPES, TOL, make_seq_idx, make_x, seeded
+from helpers import DTYPES, TOL, RecordingKernels, make_seq_idx, make_x, seeded
 
 from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
 from mamba2_rocm.reference.conv1d import (
@@ -237,20 +237,12 @@ def test_update_vectorized_matches_eager_long_circular():
 # --- causal_conv1d_update's layout cache (decode calls repeat one layout every step) --------
 
 
-class _RecordingKernels:
-    def __init__(self):
-        self.launches = []
-
-    def launcher(self, name):
-        return lambda params, grid, block, stream: self.launches.append((name, params, grid))
-
-
 @pytest.fixture
 def update_kernels(monkeypatch):
     from mamba2_rocm.ops import _launch
     from mamba2_rocm.ops import conv1d as ops
 
-    kset = _RecordingKernels()
+    kset = RecordingKernels()
     for mod in (ops, _launch):
         monkeypatch.setattr(mod, "choose", lambda device: ("kernel", kset))
     monkeypatch.setattr(

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import seeded
+from helpers import RecordingKernels, seeded
 
 from mamba2_rocm import selective_state_update
 from mamba2_rocm.ops import state_update as ops
@@ -91,19 +91,9 @@ def fresh_plans():
     ops.clear_plan_cache()
 
 
-class _FakeKernels:
-    """The kernel tier on the CPU: records each launch instead of running it."""
-
-    def __init__(self):
-        self.launches = []
-
-    def launcher(self, name):
-        return lambda params, grid, block, stream: self.launches.append((name, params, grid))
-
-
 @pytest.fixture
 def fake_kernels(monkeypatch, fresh_plans):
-    kset = _FakeKernels()
+    kset = RecordingKernels()
     monkeypatch.setattr(ops, "choose", lambda device: ("kernel", kset))
     monkeypatch.setattr(
         ops, "launch", lambda launcher, x, params, grid, threads: launcher(params, grid, None, 0)
@@ -363,7 +353,7 @@ def test_cache_never_skips_a_check(name, tier, backend, fresh_plans, monkeypatch
     from mamba2_rocm.reference.ssd_checks import check_state_update_args
 
     if tier == "kernel":
-        kset = _FakeKernels()
+        kset = RecordingKernels()
         monkeypatch.setattr(ops, "choose", lambda device: ("kernel", kset))
         monkeypatch.setattr(ops, "launch", lambda *a: None)
     else:
@@ -427,7 +417,7 @@ def test_kernel_set_is_chosen_per_call(fake_kernels, monkeypatch):
     """The plan caches layouts, never the kernel set: a reset loader or a backend switch holds."""
     args = _base()
     ops.selective_state_update(**args)
-    other = _FakeKernels()
+    other = RecordingKernels()
     monkeypatch.setattr(ops, "choose", lambda device: ("kernel", other))
     ops.selective_state_update(**args)
     assert len(fake_kernels.launches) == 1 and len(other.launches) == 1
@@ -485,7 +475,7 @@ def test_tiers_accept_the_same_inputs(x_dtype, state_dtype, bc_dtype, backend, m
     backend("torch")
     ref_state = state0.clone()
     ref = ops.selective_state_update(ref_state, **args)
-    kset = _FakeKernels()
+    kset = RecordingKernels()
     monkeypatch.setattr(ops, "choose", lambda device: ("kernel", kset))
     monkeypatch.setattr(ops, "launch", lambda *a: kset.launches.append(a))
     state = state0.clone()
