@@ -16,7 +16,7 @@ except ImportError:  # a source tree that was never built or installed
 __all__ = [
     "LayerNorm", "RMSNorm", "__version__", "causal_conv1d_fn", "causal_conv1d_update",
     "causal_conv1d_varlen_states", "layernorm_fn", "mamba_chunk_scan_combined",
-    "mamba_split_conv1d_scan_combined", "rmsnorm_fn", "selective_state_update",
+    "mamba_split_conv1d_scan_combined", "rmsnorm_fn", "selective_scan_fn", "selective_state_update",
 ]  # fmt: skip
 
 _LAZY = {
@@ -25,6 +25,7 @@ _LAZY = {
     "causal_conv1d_varlen_states": "mamba2_rocm.ops.conv1d",
     "layernorm_fn": "mamba2_rocm.ops.rmsnorm",
     "LayerNorm": "mamba2_rocm.ops.rmsnorm",
+    "selective_scan_fn": "mamba2_rocm.ops.selective_scan",
     "selective_state_update": "mamba2_rocm.ops.state_update",
     "rmsnorm_fn": "mamba2_rocm.ops.rmsnorm",
     "RMSNorm": "mamba2_rocm.ops.rmsnorm",

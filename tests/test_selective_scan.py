@@ -1,0 +1,170 @@
+"""Mamba1's selective_scan_fn on the CPU: the torch tier against the float64 ground truth (two
+independent formulations of the recurrence), gradients, mamba_ssm's argument forms, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import seeded
+
+from mamba2_rocm import selective_scan_fn
+from mamba2_rocm.reference.selective_scan import selective_scan_ref, selective_scan_torch
+
+
+def _inputs(g, b=2, d=8, L=37, n=16, bmode="var", cmode="var", groups=2, dtype=torch.float32):
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+
+    def bc():
+        mode = {"fixed": (d, n), "var": (b, n, L), "grouped": (b, groups, n, L)}
+        return lambda m: r(*mode[m])
+
+    make = bc()
+    return dict(
+        u=r(b, d, L).to(dtype), delta=(torch.rand(b, d, L, generator=g) * 0.5).to(dtype),
+        A=-torch.rand(d, n, generator=g) * 2 - 0.1, B=make(bmode), C=make(cmode),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("L", [1, 7, 128, 255, 256, 257, 1000])
+@pytest.mark.parametrize("bmode, cmode", [("fixed", "fixed"), ("var", "var"),
+                                          ("grouped", "var"), ("var", "grouped")])  # fmt: skip
+def test_torch_tier_matches_ground_truth(L, bmode, cmode, backend):
+    backend("auto")
+    g = seeded("ss", L, bmode, cmode)
+    a = _inputs(g, L=L, bmode=bmode, cmode=cmode)
+    extra = dict(D=torch.randn(8, generator=g), z=torch.randn(2, 8, L, generator=g),
+                 delta_bias=torch.randn(8, generator=g) * 0.3, delta_softplus=True)  # fmt: skip
+    out, last = selective_scan_fn(**a, **extra, return_last_state=True)
+    ref, rlast = selective_scan_ref(**a, **extra, return_last_state=True)
+    assert out.dtype == torch.float32 and last.dtype == torch.float32
+    assert last.shape == (2, 8, 16)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(last, rlast, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("opts", [{}, {"D": True}, {"z": True}, {"delta_bias": True},
+                                  {"delta_softplus": True}])  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_optional_inputs_and_half_inputs(opts, dtype):
+    g = seeded("ss-opt", str(opts), dtype)
+    a = _inputs(g, L=65, dtype=dtype)
+    kw = {}
+    if opts.get("D"):
+        kw["D"] = torch.randn(8, generator=g)
+    if opts.get("z"):
+        kw["z"] = torch.randn(2, 8, 65, generator=g).to(dtype)
+    if opts.get("delta_bias"):  # positive: without softplus a negative delta grows the state
+        kw["delta_bias"] = torch.rand(8, generator=g) * 0.2
+    kw["delta_softplus"] = bool(opts.get("delta_softplus"))
+    out = selective_scan_fn(**a, **kw)
+    ref = selective_scan_ref(**a, **kw)
+    assert out.dtype == dtype
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+def test_the_two_formulations_agree_in_float64():
+    g = seeded("ss-64")
+    a = {k: v.double() for k, v in _inputs(g, L=100, bmode="grouped", cmode="fixed").items()}
+    out, last = selective_scan_torch(**a, return_last_state=True, compute_dtype=torch.float64)
+    ref, rlast = selective_scan_ref(**a, return_last_state=True)
+    assert last.dtype == torch.float64
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(last, rlast, rtol=1e-12, atol=1e-12)
+
+
+def test_gradcheck_every_input():
+    g = seeded("ss-grad")
+    a = {k: v.double() for k, v in _inputs(g, b=1, d=4, L=6, n=3, bmode="grouped").items()}
+    extra = dict(D=torch.randn(4, generator=g).double(), z=torch.randn(1, 4, 6, generator=g).double(),
+                 delta_bias=torch.randn(4, generator=g).double())  # fmt: skip
+    leaves = {k: v.requires_grad_() for k, v in {**a, **extra}.items()}
+
+    def fn(*vals):
+        kw = dict(zip(leaves, vals, strict=True))
+        out, last = selective_scan_torch(**kw, delta_softplus=True, return_last_state=True,
+                                         compute_dtype=torch.float64)  # fmt: skip
+        return out, last
+
+    assert torch.autograd.gradcheck(fn, tuple(leaves.values()))
+
+
+def test_public_gradients_match_the_ground_truth():
+    """Training through selective_scan_fn (the torch tier, float32) against float64 autograd."""
+    g = seeded("ss-train")
+    a = _inputs(g, L=50, bmode="var", cmode="grouped")
+    extra = dict(D=torch.randn(8, generator=g), z=torch.randn(2, 8, 50, generator=g),
+                 delta_bias=torch.randn(8, generator=g))  # fmt: skip
+    ours = {k: v.clone().requires_grad_() for k, v in {**a, **extra}.items()}
+    ref = {k: v.double().requires_grad_() for k, v in {**a, **extra}.items()}
+    out, last = selective_scan_fn(**ours, delta_softplus=True, return_last_state=True)
+    rout, rlast = selective_scan_ref(**ref, delta_softplus=True, return_last_state=True)
+    cot = (torch.randn(out.shape, generator=g), torch.randn(last.shape, generator=g))
+    torch.autograd.backward((out, last), cot)
+    torch.autograd.backward((rout, rlast), tuple(c.double() for c in cot))
+    for k in ours:
+        torch.testing.assert_close(ours[k].grad, ref[k].grad.float(), rtol=1e-4, atol=1e-4,
+                                   msg=lambda m, k=k: f"d{k}: {m}")  # fmt: skip
+
+
+def test_a_nonfinite_value_stays_in_its_row_and_after_its_token():
+    g = seeded("ss-nan")
+    a = _inputs(g, L=40)
+    clean = selective_scan_fn(**a)
+    a["u"] = a["u"].clone()
+    a["u"][0, 3, 10] = float("nan")
+    out = selective_scan_fn(**a)
+    bad = torch.zeros_like(out, dtype=torch.bool)
+    bad[0, 3, 10:] = True
+    assert torch.isnan(out[bad]).all()
+    assert torch.equal(out[~bad], clean[~bad])
+
+
+def test_empty_inputs():
+    a = _inputs(seeded("ss-empty"), L=0)
+    out, last = selective_scan_fn(**a, return_last_state=True)
+    assert out.shape == (2, 8, 0) and torch.equal(last, torch.zeros(2, 8, 16))
+    a = _inputs(seeded("ss-empty-b"), b=0, L=5)
+    assert selective_scan_fn(**a).shape == (0, 8, 5)
+
+
+def _bad(**change):
+    a = _inputs(seeded("ss-bad"), L=9)
+    a.update(change)
+    return a
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        (_bad(A=torch.zeros(8, 16, dtype=torch.complex64)), NotImplementedError,
+         "complex A .* is not supported yet"),
+        (_bad(A=torch.zeros(8, 300)), ValueError, "dstate must be 1..256, got 300"),
+        (_bad(A=torch.zeros(7, 16)), ValueError, r"A must be \(dim=8, dstate\)"),
+        (_bad(u=torch.zeros(2, 8)), ValueError, r"u must be \(batch, dim, seqlen\)"),
+        (_bad(delta=torch.zeros(2, 8, 10)), ValueError, "delta must have u's shape"),
+        (_bad(B=torch.zeros(2, 3, 16, 9)), ValueError, "groups dividing dim=8"),
+        (_bad(C=torch.zeros(2, 16, 10)), ValueError, r"C variable must be \(batch=2, dstate=16, seqlen=9\)"),
+        (_bad(B=torch.zeros(8, 15)), ValueError, r"B fixed must be \(dim=8, dstate=16\)"),
+        (_bad(B=torch.zeros(16)), ValueError, "B must be .dim, dstate."),
+        (_bad(D=torch.zeros(7)), ValueError, r"D must have shape \(8,\)"),
+        (_bad(u=torch.zeros(2, 8, 9, dtype=torch.int32)), TypeError, "u must be one of"),
+        (_bad(B=torch.zeros(2, 16, 9, device="meta")), ValueError, "B is on meta, expected cpu"),
+        (_bad(u=[1.0]), TypeError, "u must be a torch.Tensor, got list"),
+    ],
+)  # fmt: skip
+def test_bad_inputs_are_named(args, error, message):
+    with pytest.raises(error, match=message):
+        selective_scan_fn(**args)
+
+
+def test_kernel_backend_refuses_with_the_reason(backend):
+    backend("kernel")
+    with pytest.raises(NotImplementedError, match="selective_scan_fn has no GPU kernel yet"):
+        selective_scan_fn(**_inputs(seeded("ss-k")))
+
+
+def test_eager_tier_is_the_ground_truth(backend):
+    backend("eager")
+    a = _inputs(seeded("ss-eager"), L=20)
+    torch.testing.assert_close(selective_scan_fn(**a), selective_scan_ref(**a).float())
