@@ -179,3 +179,30 @@ struct SsdParams {
   float dt_min, dt_max;
   int32_t reserved;
 };
+
+// Mamba1's selective scan (mamba_ssm's selective_scan_fn), forward, real A:
+//   delta' = softplus(delta + delta_bias) if delta_softplus else delta + delta_bias
+//   h[n] = exp(delta'[t] * A[d, n]) * h[n] + delta'[t] * B[n, t] * u[t]      (h starts at 0)
+//   out[t] = (sum_n C[n, t] * h[n] + D[d] * u[t]) * silu(z[t])
+// Every tensor is contiguous (the host copies any other layout, as mamba_ssm does): u, delta,
+// z, out (batch, dim, seqlen); A (dim, dstate); B / C fixed (dim, dstate) when *_groups is 0,
+// else (batch, groups, dstate, seqlen) with channel d reading group d / (dim / groups).
+// Strides follow from the sizes, which keeps the struct small: AMD's compiler loads the whole
+// argument struct into scalar registers, and a larger one spilled them on gfx90a.
+struct SelectiveScanParams {
+  const void* u;           // dtype of the kernel
+  const void* delta;       // dtype of the kernel
+  const float* A;
+  const float* B;
+  const float* C;
+  const void* D;           // (dim,), dtype d_dtype, or null
+  const void* z;           // dtype of the kernel, or null
+  const void* delta_bias;  // (dim,), dtype delta_bias_dtype, or null
+  void* out;               // dtype of the kernel
+  float* last_state;       // (batch, dim, dstate), or null
+  int32_t batch, dim, seqlen, dstate;
+  int32_t b_groups, c_groups;  // 0: fixed (dim, dstate)
+  int32_t delta_softplus;
+  int32_t d_dtype, delta_bias_dtype;
+  int32_t reserved;  // explicit tail padding: the size is a multiple of 8 on every ABI
+};

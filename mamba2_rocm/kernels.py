@@ -13,6 +13,7 @@ from mamba2_rocm.params import (
     ConvFwdParams,
     ConvUpdateParams,
     RmsNormParams,
+    SelectiveScanParams,
     SsdParams,
     SsuParams,
     StateRowsParams,
@@ -28,6 +29,7 @@ SSU_CONTIG_MAX_DSTATE = 128  # csrc/state_update.hip: no contiguous-layout kerne
 SSD_SCAN_ROWS = (64, 128)  # csrc/ssd.hip: positions per chunk_scan tile
 RMSNORM_VECS = (1, 2, 3, 4)  # csrc/rmsnorm.hip: 8-element runs per thread, register-resident form
 RMSNORM_VEC_DTYPES = ("f16", "bf16")
+SELECTIVE_SCAN_DSTATE_TIERS = (16, 32, 64, 128, 256)  # csrc/selective_scan.hip: 16 lanes each
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,15 @@ SOURCES: dict[str, KernelSource] = {
             ),
         ),
         KernelSource("state_rows", StateRowsParams, ("m2r_state_rows",)),
+        KernelSource(
+            "selective_scan",
+            SelectiveScanParams,
+            tuple(
+                f"m2r_selective_scan_{dt}_n{n}"
+                for dt in KERNEL_DTYPES
+                for n in SELECTIVE_SCAN_DSTATE_TIERS
+            ),
+        ),
         KernelSource(
             "ssd",
             SsdParams,

@@ -15,6 +15,7 @@ __all__ = [
     "ConvFwdParams",
     "ConvUpdateParams",
     "RmsNormParams",
+    "SelectiveScanParams",
     "SsdParams",
     "SsuParams",
     "StateRowsParams",
@@ -143,3 +144,11 @@ def explain_pack_error(params: type[ctypes.Structure], values: tuple) -> ValueEr
             f"{params.__name__} takes {len(params._fields_)} values, got {len(values)}"
         )
     return ValueError(f"{params.__name__}: cannot pack {values!r}")
+
+
+class SelectiveScanParams(ctypes.Structure):
+    _fields_ = _fields(
+        "u delta A B C D z delta_bias out last_state",
+        "",
+        "batch dim seqlen dstate b_groups c_groups delta_softplus d_dtype delta_bias_dtype reserved",
+    )

@@ -13,13 +13,15 @@ from mamba2_rocm.params import (
     ConvFwdParams,
     ConvUpdateParams,
     RmsNormParams,
+    SelectiveScanParams,
     SsdParams,
     SsuParams,
     packer,
 )
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
-STRUCTS = [ConvFwdParams, ConvUpdateParams, SsuParams, RmsNormParams, SsdParams]
+STRUCTS = [ConvFwdParams, ConvUpdateParams, SsuParams, RmsNormParams, SsdParams,
+           SelectiveScanParams]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

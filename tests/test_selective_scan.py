@@ -89,22 +89,30 @@ def test_gradcheck_every_input():
     assert torch.autograd.gradcheck(fn, tuple(leaves.values()))
 
 
-def test_public_gradients_match_the_ground_truth():
-    """Training through selective_scan_fn (the torch tier, float32) against float64 autograd."""
-    g = seeded("ss-train")
-    a = _inputs(g, L=50, bmode="var", cmode="grouped")
-    extra = dict(D=torch.randn(8, generator=g), z=torch.randn(2, 8, 50, generator=g),
+def _train_against_ground_truth(key, L, bmode, cmode, check_forward=False):
+    """Gradients of selective_scan_fn (every input, through out and the last state) against
+    float64 autograd through the ground truth."""
+    g = seeded(key)
+    a = _inputs(g, L=L, bmode=bmode, cmode=cmode)
+    extra = dict(D=torch.randn(8, generator=g), z=torch.randn(2, 8, L, generator=g),
                  delta_bias=torch.randn(8, generator=g))  # fmt: skip
     ours = {k: v.clone().requires_grad_() for k, v in {**a, **extra}.items()}
     ref = {k: v.double().requires_grad_() for k, v in {**a, **extra}.items()}
     out, last = selective_scan_fn(**ours, delta_softplus=True, return_last_state=True)
     rout, rlast = selective_scan_ref(**ref, delta_softplus=True, return_last_state=True)
+    if check_forward:
+        torch.testing.assert_close(out, rout.float(), rtol=1e-5, atol=1e-5)
     cot = (torch.randn(out.shape, generator=g), torch.randn(last.shape, generator=g))
     torch.autograd.backward((out, last), cot)
     torch.autograd.backward((rout, rlast), tuple(c.double() for c in cot))
     for k in ours:
         torch.testing.assert_close(ours[k].grad, ref[k].grad.float(), rtol=1e-4, atol=1e-4,
                                    msg=lambda m, k=k: f"d{k}: {m}")  # fmt: skip
+
+
+def test_public_gradients_match_the_ground_truth():
+    """Training through selective_scan_fn (the torch tier, float32) against float64 autograd."""
+    _train_against_ground_truth("ss-train", 50, "var", "grouped")
 
 
 def test_a_nonfinite_value_stays_in_its_row_and_after_its_token():
@@ -160,7 +168,11 @@ def test_bad_inputs_are_named(args, error, message):
 
 def test_kernel_backend_refuses_with_the_reason(backend):
     backend("kernel")
-    with pytest.raises(NotImplementedError, match="selective_scan_fn has no GPU kernel yet"):
+    with pytest.raises(
+        NotImplementedError,
+        match="kernel is not verified on a GPU yet and runs "
+        "only with MAMBA2_ROCM_EXPERIMENTAL=selective_scan",
+    ):
         selective_scan_fn(**_inputs(seeded("ss-k")))
 
 
@@ -168,3 +180,65 @@ def test_eager_tier_is_the_ground_truth(backend):
     backend("eager")
     a = _inputs(seeded("ss-eager"), L=20)
     torch.testing.assert_close(selective_scan_fn(**a), selective_scan_ref(**a).float())
+
+
+# --- the kernel path (opt-in until verified on a GPU), on the CPU with the launch stood in for
+
+
+@pytest.fixture
+def opted_in_kernel(monkeypatch):
+    from helpers import RecordingKernels
+
+    from mamba2_rocm.ops import _launch
+    from mamba2_rocm.ops import selective_scan as ops
+
+    kset = RecordingKernels()
+    monkeypatch.setenv("MAMBA2_ROCM_EXPERIMENTAL", "selective_scan")
+    for mod in (ops, _launch):
+        monkeypatch.setattr(mod, "choose", lambda device: ("kernel", kset))
+    monkeypatch.setattr(
+        ops, "launch", lambda launcher, x, p, grid, threads: launcher(p, grid, None, 0)
+    )
+    return kset
+
+
+@pytest.mark.parametrize(("n", "tier", "channels"), [(16, 16, 8), (5, 16, 8), (100, 128, 8),
+                                                     (129, 256, 4)])  # fmt: skip
+@pytest.mark.parametrize("bmode", ["fixed", "var", "grouped"])
+def test_kernel_launch_fields(opted_in_kernel, n, tier, channels, bmode):
+    from mamba2_rocm.params import SelectiveScanParams
+
+    a = _inputs(seeded("ss-launch", n, bmode), d=20, n=n, bmode=bmode, cmode="var",
+                dtype=torch.bfloat16)  # fmt: skip
+    D = torch.randn(20, dtype=torch.float64)  # float64: a float32 copy goes to the kernel
+    out, last = selective_scan_fn(**a, D=D, delta_softplus=True, return_last_state=True)
+    assert out.dtype == torch.bfloat16 and last.shape == (2, 20, n) and last.dtype == torch.float32
+    (name, params, grid), = opted_in_kernel.launches  # fmt: skip
+    assert name == f"m2r_selective_scan_bf16_n{tier}" and grid == (-(-20 // channels), 2, 1)
+    f = dict(zip((k for k, _ in SelectiveScanParams._fields_), params, strict=True))
+    assert f["u"] == a["u"].data_ptr() and f["delta"] == a["delta"].data_ptr()  # no copies
+    assert f["out"] == out.data_ptr() and f["last_state"] == last.data_ptr()
+    assert f["B"] == a["B"].data_ptr() and f["C"] == a["C"].data_ptr()  # float32: as they are
+    assert (f["batch"], f["dim"], f["seqlen"], f["dstate"]) == (2, 20, 37, n)
+    assert f["b_groups"] == {"fixed": 0, "var": 1, "grouped": 2}[bmode] and f["c_groups"] == 1
+    assert f["delta_softplus"] == 1 and f["d_dtype"] == 0 and f["z"] == 0 and f["reserved"] == 0
+
+
+def test_kernel_path_trains_by_recomputation(opted_in_kernel, monkeypatch):
+    """With the launch stood in for by the float64 ground truth, the public function takes the
+    registered op and its backward (recomputation through the torch tier) gives the ground
+    truth's gradients for every input."""
+    from mamba2_rocm.ops import selective_scan as ops
+
+    ran = []
+
+    def stand_in(kset, u, delta, A, B, C, D, z, delta_bias, softplus, dims, out, last):
+        ran.append(1)
+        res = selective_scan_ref(u, delta, A, B, C, D, z, delta_bias, softplus, True)
+        out.copy_(res[0])
+        if last is not None:
+            last.copy_(res[1])
+
+    monkeypatch.setattr(ops, "_kernel", stand_in)
+    _train_against_ground_truth("ss-kernel-train", 30, "grouped", "fixed", check_forward=True)
+    assert ran == [1]
