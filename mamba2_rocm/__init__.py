@@ -15,7 +15,7 @@ except ImportError:  # a source tree that was never built or installed
 
 __all__ = [
     "LayerNorm", "RMSNorm", "__version__", "causal_conv1d_fn", "causal_conv1d_update",
-    "causal_conv1d_varlen_states", "layernorm_fn", "mamba_chunk_scan_combined",
+    "causal_conv1d_varlen_states", "layernorm_fn", "mamba_chunk_scan_combined", "mamba_inner_fn",
     "mamba_split_conv1d_scan_combined", "rmsnorm_fn", "selective_scan_fn", "selective_state_update",
 ]  # fmt: skip
 
@@ -31,6 +31,7 @@ _LAZY = {
     "RMSNorm": "mamba2_rocm.ops.rmsnorm",
     "mamba_chunk_scan_combined": "mamba2_rocm.ops.ssd",
     "mamba_split_conv1d_scan_combined": "mamba2_rocm.ops.mamba2",
+    "mamba_inner_fn": "mamba2_rocm.ops.mamba1",
 }
 
 

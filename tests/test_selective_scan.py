@@ -242,3 +242,77 @@ def test_kernel_path_trains_by_recomputation(opted_in_kernel, monkeypatch):
     monkeypatch.setattr(ops, "_kernel", stand_in)
     _train_against_ground_truth("ss-kernel-train", 30, "grouped", "fixed", check_forward=True)
     assert ran == [1]
+
+
+# --- mamba_inner_fn: the Mamba1 block, against a float64 composition of the references ------
+
+
+def _inner_ref(xz, conv_w, conv_b, x_proj, dt_proj, out_w, out_b, A, D, dt_bias, rms, eps):
+    from mamba2_rocm.reference.conv1d import causal_conv1d_eager
+    from mamba2_rocm.reference.ssd import rmsnorm_ref
+
+    b, _, L = xz.shape
+    d, n, r = A.shape[0], A.shape[1], dt_proj.shape[1]
+    x, z = xz[:, :d], xz[:, d:]
+    x = causal_conv1d_eager(x, conv_w, conv_b, silu=True, compute_dtype=torch.float64)[0]
+    rows = x.transpose(1, 2).reshape(b * L, d) @ x_proj.t()
+    dt, Bv, Cv = rows[:, :r] @ dt_proj.t(), rows[:, r : r + n], rows[:, r + n :]
+    if rms is not None:
+        Bv, Cv, dt = (
+            rmsnorm_ref(v, w, None, eps=eps) for v, w in zip((Bv, Cv, dt), rms, strict=True)
+        )
+    to_bdl = lambda v: v.reshape(b, L, -1).transpose(1, 2)  # noqa: E731
+    y = selective_scan_ref(x, to_bdl(dt), A, to_bdl(Bv), to_bdl(Cv), D, z, dt_bias, True)
+    return y.transpose(1, 2) @ out_w.t() + out_b
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_mamba_inner_fn_forward_and_gradients(rms):
+    from mamba2_rocm import mamba_inner_fn
+
+    g = seeded("inner", rms)
+    b, d, L, n, r, width = 2, 12, 33, 8, 3, 4
+    t = dict(xz=torch.randn(b, 2 * d, L, generator=g), conv_w=torch.randn(d, 1, width, generator=g) * 0.5,
+             conv_b=torch.randn(d, generator=g), x_proj=torch.randn(r + 2 * n, d, generator=g) * 0.3,
+             dt_proj=torch.randn(d, r, generator=g) * 0.3, out_w=torch.randn(10, d, generator=g),
+             out_b=torch.randn(10, generator=g), A=-torch.rand(d, n, generator=g) - 0.2,
+             D=torch.randn(d, generator=g), dt_bias=torch.randn(d, generator=g) * 0.1)  # fmt: skip
+    rms_w = (torch.randn(n, generator=g) + 2, torch.randn(n, generator=g) + 2,
+             torch.randn(d, generator=g) + 2) if rms else None  # fmt: skip
+    ours = {k: v.clone().requires_grad_() for k, v in t.items()}
+    ref = {k: v.double().requires_grad_() for k, v in t.items()}
+    kw = dict(b_rms_weight=rms_w[0], c_rms_weight=rms_w[1], dt_rms_weight=rms_w[2]) if rms else {}
+    out = mamba_inner_fn(ours["xz"], ours["conv_w"], ours["conv_b"], ours["x_proj"], ours["dt_proj"],
+                         ours["out_w"], ours["out_b"], ours["A"], D=ours["D"],
+                         delta_bias=ours["dt_bias"], **kw)  # fmt: skip
+    want = _inner_ref(ref["xz"], ref["conv_w"].squeeze(1), ref["conv_b"], ref["x_proj"],
+                      ref["dt_proj"], ref["out_w"], ref["out_b"], ref["A"], ref["D"],
+                      ref["dt_bias"], None if not rms else tuple(w.double() for w in rms_w), 1e-6)  # fmt: skip
+    assert out.shape == (b, L, 10)
+    torch.testing.assert_close(out, want.float(), rtol=1e-4, atol=1e-4)
+    cot = torch.randn(out.shape, generator=g)
+    out.backward(cot)
+    want.backward(cot.double())
+    for k in ours:
+        torch.testing.assert_close(ours[k].grad, ref[k].grad.float(), rtol=2e-4, atol=2e-4,
+                                   msg=lambda m, k=k: f"d{k}: {m}")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"checkpoint_lvl": 2}, ValueError, "checkpoint_lvl must be 0 or 1"),
+        ({"x_proj_weight": torch.zeros(5, 4)}, ValueError, r"x_proj_weight must be \(dt_rank \+ dstate \+ dstate = 2, dim = 4\)"),
+        ({"A": torch.zeros(4, 0, dtype=torch.complex64)}, NotImplementedError, "complex A"),
+        ({"xz": torch.zeros(1, 7, 5)}, ValueError, r"xz must be \(batch, 2 \* dim, seqlen\)"),
+    ],
+)  # fmt: skip
+def test_mamba_inner_fn_bad_inputs(change, error, message):
+    from mamba2_rocm import mamba_inner_fn
+
+    args = dict(xz=torch.zeros(1, 8, 5), conv1d_weight=torch.zeros(4, 4), conv1d_bias=None,
+                x_proj_weight=torch.zeros(2, 4), delta_proj_weight=torch.zeros(4, 2),
+                out_proj_weight=torch.zeros(3, 4), out_proj_bias=None, A=torch.zeros(4, 0))  # fmt: skip
+    args.update(change)
+    with pytest.raises(error, match=message):
+        mamba_inner_fn(**args)

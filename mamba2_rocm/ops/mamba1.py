@@ -1,0 +1,96 @@
+"""``mamba_inner_fn``: the Mamba1 block after the input projection, mamba_ssm's argument list.
+
+xz (batch, 2 * dim, seqlen) splits into x and the gate z; x goes through the causal conv (SiLU),
+``x_proj`` gives dt's low-rank input and, unless B / C are given, the per-token B and C
+(plus ``B_proj_bias`` / ``C_proj_bias``); ``delta_proj_weight`` lifts dt to dim; the optional
+RMSNorms ``b_rms_weight`` / ``c_rms_weight`` / ``dt_rms_weight`` (FalconMamba) normalize B, C
+and delta over their last dim; then the selective scan with D, z and delta_bias, and
+``out_proj``. Built from this package's ops (``causal_conv1d_fn``, ``rmsnorm_fn``,
+``selective_scan_fn``) and ``F.linear``, so it runs and differentiates wherever they do; each of
+those ops saves only its inputs for the backward. ``checkpoint_lvl`` (0 or 1) is accepted for
+mamba_ssm's signature; what is kept for the backward is decided by the ops.
+"""
+
+from __future__ import annotations
+
+from mamba2_rocm._torch import require_torch
+from mamba2_rocm.ops.conv1d import causal_conv1d_fn
+from mamba2_rocm.ops.rmsnorm import rmsnorm_fn
+from mamba2_rocm.ops.selective_scan import selective_scan_fn
+
+torch = require_torch()
+F = torch.nn.functional
+Tensor = torch.Tensor
+
+__all__ = ["mamba_inner_fn"]
+
+
+def _tensor(name: str, t, dims: tuple[int, ...]) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() not in dims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dimensions, "
+                         f"got shape {tuple(t.shape)}")  # fmt: skip
+
+
+def mamba_inner_fn(
+    xz: Tensor, conv1d_weight: Tensor, conv1d_bias: Tensor | None, x_proj_weight: Tensor,
+    delta_proj_weight: Tensor, out_proj_weight: Tensor, out_proj_bias: Tensor | None, A: Tensor,
+    B: Tensor | None = None, C: Tensor | None = None, D: Tensor | None = None,
+    delta_bias: Tensor | None = None, B_proj_bias: Tensor | None = None,
+    C_proj_bias: Tensor | None = None, delta_softplus: bool = True, checkpoint_lvl: int = 1,
+    b_rms_weight: Tensor | None = None, c_rms_weight: Tensor | None = None,
+    dt_rms_weight: Tensor | None = None, b_c_dt_rms_eps: float = 1e-6,
+) -> Tensor:  # fmt: skip
+    """Returns out (batch, seqlen, out_proj's output size)."""
+    if checkpoint_lvl not in (0, 1):
+        raise ValueError(f"checkpoint_lvl must be 0 or 1, got {checkpoint_lvl!r}")
+    _tensor("xz", xz, (3,))
+    _tensor("conv1d_weight", conv1d_weight, (2, 3))
+    _tensor("x_proj_weight", x_proj_weight, (2,))
+    _tensor("delta_proj_weight", delta_proj_weight, (2,))
+    _tensor("A", A, (2,))
+    if A.is_complex():
+        raise NotImplementedError("complex A is not supported yet (mamba2-rocm's selective scan "
+                                  "takes real A)")  # fmt: skip
+    batch, two_dim, seqlen = xz.shape
+    if two_dim % 2:
+        raise ValueError(f"xz must be (batch, 2 * dim, seqlen), got shape {tuple(xz.shape)}")
+    dim, dstate = two_dim // 2, A.shape[-1]
+    rank = delta_proj_weight.shape[1]
+    want = rank + (0 if B is not None else dstate) + (0 if C is not None else dstate)
+    if x_proj_weight.shape != (want, dim):
+        raise ValueError(
+            f"x_proj_weight must be (dt_rank{' + dstate' * (B is None)}{' + dstate' * (C is None)}"
+            f" = {want}, dim = {dim}), got {tuple(x_proj_weight.shape)}"
+        )
+    if delta_proj_weight.shape[0] != dim:
+        raise ValueError(f"delta_proj_weight must be (dim = {dim}, dt_rank), got "
+                         f"{tuple(delta_proj_weight.shape)}")  # fmt: skip
+    if conv1d_weight.dim() == 3:  # mamba_ssm's (dim, 1, width)
+        conv1d_weight = conv1d_weight.squeeze(1)
+    x, z = xz.chunk(2, dim=1)
+    x = causal_conv1d_fn(x, conv1d_weight, conv1d_bias, activation="silu")
+    rows = x.transpose(1, 2).reshape(batch * seqlen, dim)  # (b l, d)
+    x_dbl = F.linear(rows, x_proj_weight)  # (b l, dt_rank [+ dstate] [+ dstate])
+    delta = F.linear(x_dbl[:, :rank], delta_proj_weight)  # (b l, d)
+    at = rank
+
+    def per_token(proj_bias, rms_weight):
+        nonlocal at
+        v = x_dbl[:, at : at + dstate]
+        at += dstate
+        if proj_bias is not None:
+            v = v + proj_bias.to(v.dtype)
+        if rms_weight is not None:
+            v = rmsnorm_fn(v, rms_weight, None, eps=b_c_dt_rms_eps)
+        return v.reshape(batch, seqlen, dstate).transpose(1, 2)  # (b, dstate, l)
+
+    B = per_token(B_proj_bias, b_rms_weight) if B is None else B
+    C = per_token(C_proj_bias, c_rms_weight) if C is None else C
+    if dt_rms_weight is not None:
+        delta = rmsnorm_fn(delta, dt_rms_weight, None, eps=b_c_dt_rms_eps)
+    delta = delta.reshape(batch, seqlen, dim).transpose(1, 2)  # (b, d, l)
+    y = selective_scan_fn(x, delta, A, B, C, D, z=z, delta_bias=delta_bias,
+                          delta_softplus=delta_softplus)  # fmt: skip
+    return F.linear(y.transpose(1, 2), out_proj_weight, out_proj_bias)
