@@ -12,7 +12,9 @@
 //   M2R_MMA 3  AMD RDNA3/3.5 (gfx11), wave32: v_wmma_f32_16x16x16_{f16,bf16}, the two half-waves
 //              holding the same operand rows
 //   M2R_MMA 4  AMD RDNA4 (gfx12), wave32: v_wmma_f32_16x16x16_{f16,bf16} (gfx12 layout)
-//   M2R_MMA 0  no matrix cores (gfx10.3): kernels keep their fp32 FMA path
+//   M2R_MMA 0  no matrix cores (gfx10.3): kernels keep their fp32 FMA path; also an NVIDIA
+//              build with M2R_EMULATE_GFX1030 (`build --emulate gfx1030`: never shipped), so
+//              the gfx10.3 path runs and is tested on the NVIDIA machine
 //
 // The AMD layouts follow the ISA documents; they are compiled and statically verified here but
 // executed only by the GPU test gate on AMD runners (no AMD GPU is reachable from CI).
@@ -22,7 +24,9 @@
 
 #include "platform.h"
 
-#if M2R_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if M2R_CUDA && defined(M2R_EMULATE_GFX1030)
+#define M2R_MMA 0  // an NVIDIA build of gfx10.3's world: the FMA path, run on real silicon
+#elif M2R_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define M2R_MMA 1
 #elif M2R_AMD && (defined(__gfx90a__) || defined(__gfx942__) || defined(__gfx950__) || \
                   defined(__gfx9_4_generic__))

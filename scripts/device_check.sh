@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the kernels for the local NVIDIA GPU, run the GPU tests and the benchmark.
 # Used through the device tool (the NVIDIA machine); wheels it lacks travel in .whl/.
-# Results go to $OUT (or ./device-out).
+# Results go to $OUT (or ./device-out). EMULATE=gfx1030 builds that AMD target's code paths for
+# this GPU (build --emulate) and runs everything on them.
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
@@ -26,7 +27,7 @@ for sdist in .whl/mamba_ssm-*.tar.gz; do
 done
 nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' | tee -a "$OUT/gpu.txt"
-python3 -m mamba2_rocm build --arch native --out "$work/kernels" 2>&1 | tee "$OUT/build.txt" || exit 1
+python3 -m mamba2_rocm build --arch native ${EMULATE:+--emulate "$EMULATE"} --out "$work/kernels" 2>&1 | tee "$OUT/build.txt" || exit 1
 export MAMBA2_ROCM_KERNEL_PATH=$work/kernels
 python3 -m pytest -m gpu -q -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
 echo "--- just-in-time path (empty kernel path, fresh cache) ---"

@@ -11,7 +11,7 @@ work=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/site" .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:$work/site PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpu.txt"
-python3 -m mamba2_rocm build --arch native --out "$work/kernels" >"$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
+python3 -m mamba2_rocm build --arch native ${EMULATE:+--emulate "$EMULATE"} --out "$work/kernels" >"$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
 export MAMBA2_ROCM_KERNEL_PATH=$work/kernels
 # the drop-in wheel: built here when hatchling is there, else carried in .dev/dist/
 dist=.dev/dist

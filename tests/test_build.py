@@ -553,3 +553,46 @@ def test_parse_ptxas_resource_usage():
         "spilly": dict(stack=48, spill_stores=24, spill_loads=16, registers=255, smem=2048),
     }
     assert parse_ptxas_resource_usage("") == {}
+
+
+# --- emulation builds (build --emulate): an AMD target's code paths built for the NVIDIA GPU -
+
+
+_PROBE = """#include "mma.h"
+static_assert(M2R_MMA == EXPECTED, "matrix-core path of this build");
+static_assert(m2r::kWavefront == 32, "wave32");
+extern "C" __global__ void probe(int* out) { *out = M2R_MMA; }
+"""
+
+
+@pytest.mark.parametrize(("emulate", "expected"), [(None, 1), ("gfx1030", 0)])
+def test_emulation_selects_the_targets_code_path(emulate, expected, tmp_path):
+    """The preprocessor world of each variant, checked by the compiler: the gfx1030 emulation
+    takes the FMA path (M2R_MMA 0, wave32) where the plain sm_90 build takes mma.sync."""
+    tc = _need_nvcc()
+    src = tmp_path / "probe.cu"
+    src.write_text(_PROBE)
+    flags = [f"-DEXPECTED={expected}"] + ([driver.EMULATIONS[emulate]] if emulate else [])
+    cmd = tc.command(src, tmp_path / "probe.cubin", arch_info("sm_90"), driver.csrc_dir(),
+                     extra_flags=flags)  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_emulation_is_for_nvidia_archs_and_known_targets(tmp_path):
+    with pytest.raises(BuildError, match="builds for NVIDIA GPUs only, not \\['gfx1100'\\]"):
+        build(["gfx1100"], tmp_path, emulate="gfx1030")
+    with pytest.raises(BuildError, match="known emulations are \\['gfx1030'\\]"):
+        build(["sm_90"], tmp_path, emulate="gfx9000")
+
+
+def test_an_emulation_build_never_goes_into_a_wheel(tmp_path):
+    from mamba2_rocm.pipeline.package import PackageError, build_target_wheel
+    from mamba2_rocm.pipeline.recipes import get_recipe
+
+    recipe = get_recipe("gfx1030")
+    kdir = tmp_path / "kernels" / "gfx1030"
+    kdir.mkdir(parents=True)
+    (kdir / "manifest.json").write_text(json.dumps({"target": "gfx1030", "emulates": "gfx1030"}))
+    with pytest.raises(PackageError, match="is an emulation build \\(of gfx1030\\): never shipped"):
+        build_target_wheel(recipe, tmp_path / "kernels", "1.0", tmp_path / "dist", "1700000000")

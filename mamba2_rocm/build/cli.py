@@ -9,7 +9,8 @@ def _run(args: argparse.Namespace) -> int:
     from mamba2_rocm.build.driver import build
 
     result = build(args.arch, args.out, sources=args.source or None, jobs=args.jobs,
-                   code_object_version=args.code_object_version, extra_flags=args.extra_flag or ())  # fmt: skip
+                   code_object_version=args.code_object_version, extra_flags=args.extra_flag or (),
+                   emulate=args.emulate)  # fmt: skip
     for target, path in result.targets.items():
         manifest = result.manifest(target)
         kernels = [k for co in manifest["code_objects"] for k in co["kernels"]]
@@ -18,6 +19,7 @@ def _run(args: argparse.Namespace) -> int:
         print(
             f"{target}: {len(manifest['code_objects'])} code objects, {len(kernels)} kernels, "
             f"max {worst_regs} VGPRs, max {worst_lds} B LDS, 0 spills -> {path}"
+            + (f" (emulates {args.emulate}: never shipped)" if args.emulate else "")
         )
     return 0
 
@@ -33,4 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="AMD code-object version (default: 6 for generic targets, else 5)")  # fmt: skip
     p.add_argument("--extra-flag", action="append", metavar="FLAG",
                    help="extra compiler flag, e.g. --extra-flag=-O3 (repeatable)")  # fmt: skip
+    p.add_argument("--emulate", metavar="TARGET", default=None,
+                   help="NVIDIA archs only: build an AMD target's code paths (gfx1030: the FMA "
+                        "path) to run them on the NVIDIA GPU; never shipped")  # fmt: skip
     p.set_defaults(func=_run)

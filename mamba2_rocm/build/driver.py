@@ -30,6 +30,7 @@ from mamba2_rocm.build.codeobject import (
 from mamba2_rocm.kernels import SOURCES, KernelSource
 
 __all__ = [
+    "EMULATIONS",
     "MANIFEST_FORMAT",
     "BuildError",
     "BuildResult",
@@ -277,8 +278,14 @@ def verify_kernels(co: CodeObject, info: ArchInfo) -> list[str]:
     return problems
 
 
+#: ``build --emulate``: AMD targets whose code paths an NVIDIA build can take, and the define
+#: that selects them (csrc/mma.h). Such builds are for running those paths on the NVIDIA
+#: machine; their manifests say ``emulates`` and no wheel takes them.
+EMULATIONS = {"gfx1030": "-DM2R_EMULATE_GFX1030=1"}
+
+
 def _finish_target(info: ArchInfo, tc: Toolchain, objects: list[CodeObject], target_dir: Path,
-                   extra_flags: Sequence[str]) -> Path:  # fmt: skip
+                   extra_flags: Sequence[str], emulate: str | None = None) -> Path:  # fmt: skip
     """Verify one target's code objects; write its manifest only when all of them pass."""
     from mamba2_rocm import __version__
 
@@ -297,6 +304,8 @@ def _finish_target(info: ArchInfo, tc: Toolchain, objects: list[CodeObject], tar
         "compile_flags": list(extra_flags),
         "code_objects": [co.to_json() for co in objects],
     }
+    if emulate is not None:
+        manifest["emulates"] = emulate
     (target_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return target_dir
 
@@ -308,11 +317,13 @@ def build(
     jobs: int | None = None,
     code_object_version: int | None = None,
     extra_flags: Sequence[str] = (),
+    emulate: str | None = None,
 ) -> BuildResult:
     """Compile ``sources`` (default: all) for each arch into ``out_dir``; raise BuildError on failure.
 
     ``code_object_version`` (AMD) defaults to 6 for generic targets and 5 otherwise;
-    ``extra_flags`` go to every compile (a recipe's ``compile_flags``).
+    ``extra_flags`` go to every compile (a recipe's ``compile_flags``). ``emulate`` (NVIDIA
+    archs only, see :data:`EMULATIONS`) builds an AMD target's code paths for the NVIDIA GPU.
     """
     archs = list(archs)
     if "native" in archs:
@@ -320,6 +331,13 @@ def build(
     if not archs:
         raise BuildError("no target given: pass --arch gfx1030 (repeatable), or --arch native")
     infos = [arch_info(a) for a in archs]  # unknown names fail here, before any compile
+    if emulate is not None:
+        if emulate not in EMULATIONS:
+            raise BuildError(f"--emulate {emulate!r}: known emulations are {sorted(EMULATIONS)}")
+        amd = [i.name for i in infos if i.vendor != "nvidia"]
+        if amd:
+            raise BuildError(f"--emulate {emulate} builds for NVIDIA GPUs only, not {amd}")
+        extra_flags = (*extra_flags, EMULATIONS[emulate])
     names = list(sources) if sources is not None else list(SOURCES)
     unknown = [n for n in names if n not in SOURCES]
     if unknown:
@@ -342,6 +360,6 @@ def build(
     for info in infos:
         mine = [co for (i, _), co in zip(pairs, objects, strict=True) if i is info]
         result.targets[info.name] = _finish_target(
-            info, toolchains[info.vendor], mine, out / info.name, extra_flags
+            info, toolchains[info.vendor], mine, out / info.name, extra_flags, emulate
         )
     return result

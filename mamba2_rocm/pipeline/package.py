@@ -10,6 +10,7 @@ and registers itself in the ``mamba2_rocm.kernels`` entry-point group.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -166,6 +167,9 @@ def build_target_wheel(recipe: Recipe, kernels: Path, version: str, out: Path, e
                 raise PackageError(
                     f"{src} has no manifest.json: the build of {arch} did not verify"
                 )
+            emulates = json.loads((src / "manifest.json").read_text()).get("emulates")
+            if emulates is not None:
+                raise PackageError(f"{src} is an emulation build (of {emulates}): never shipped")
             shutil.copytree(src, pkg / "kernels" / arch)
         fmt = {
             "package": recipe.package_name, "version": version, "target": recipe.target,
