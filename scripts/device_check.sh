@@ -29,7 +29,12 @@ nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' | tee -a "$OUT/gpu.txt"
 python3 -m mamba2_rocm build --arch native ${EMULATE:+--emulate "$EMULATE"} --out "$work/kernels" 2>&1 | tee "$OUT/build.txt" || exit 1
 export MAMBA2_ROCM_KERNEL_PATH=$work/kernels
-python3 -m pytest -m gpu -q -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
+python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml "$OUT/junit-gpu.xml" tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
+if [ -n "${EMULATE:-}" ]; then  # the run's record for the truth table (commit it under records/emulation/)
+  python3 -m mamba2_rocm.pipeline emulation-record --variant "$EMULATE" --junit "$OUT/junit-gpu.xml" \
+    --commit "${COMMIT:-$(git rev-parse HEAD)}" --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+    --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --out "$OUT/emulation-record-$EMULATE.json"
+fi
 echo "--- just-in-time path (empty kernel path, fresh cache) ---"
 MAMBA2_ROCM_KERNEL_PATH= MAMBA2_ROCM_CACHE=$work/jit python3 - <<'PY' 2>&1 | tee "$OUT/jit.txt"
 import torch, warnings

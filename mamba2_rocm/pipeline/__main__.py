@@ -2,7 +2,8 @@
 
 Commands: ``targets`` | ``toolchain [--refresh] [TARGET...]`` | ``build TARGET... [--out wheels]``
 | ``reproducibility TARGET`` | ``matrix [--github-output FILE]`` | ``publish [TARGET...]
-(--repository-url URL | --check-only)`` | ``pull TARGET --index-url URL`` | ``gpu-tests TARGET``.
+(--repository-url URL | --check-only)`` | ``pull TARGET --index-url URL`` | ``gpu-tests TARGET``
+| ``truth [--gates DIR]`` | ``emulation-record --variant V --junit FILE --commit SHA``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("target")
     p.add_argument("--base-image", default=None, help="ROCm PyTorch image to test on")
     p.add_argument("--wheels", default="wheels")
+    p = sub.add_parser("truth", help="the hardware-truth table: each target's deepest verification")
+    p.add_argument("--records", default="records/emulation", help="emulation records folder")
+    p.add_argument("--gates", action="append", default=[],
+                   help="folder of GPU gate records from the runners (repeatable)")  # fmt: skip
+    p.add_argument("--wheels", default="wheels", help="folder of <target>/ build outputs")
+    p = sub.add_parser("emulation-record",
+                       help="write the record of a GPU-suite run on an emulation build")  # fmt: skip
+    p.add_argument("--variant", required=True)
+    p.add_argument("--junit", required=True, help="pytest's --junitxml report of the run")
+    p.add_argument("--commit", required=True, help="the git sha the build and tests came from")
+    p.add_argument("--device", required=True, help="the GPU it ran on")
+    p.add_argument("--date", required=True, help="when it ran (ISO 8601)")
+    p.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
     from mamba2_rocm.pipeline.stages import PipelineError, build_targets
@@ -102,6 +116,19 @@ def main(argv: list[str] | None = None) -> int:
             manifest = Path(args.manifest or Path("wheels", args.target, "build-manifest.json"))
             pull(get_recipe(args.target), args.index_url, manifest, args.torch,
                  args.torch_index_url, Path(args.venv) if args.venv else None)  # fmt: skip
+        elif args.cmd == "truth":
+            from mamba2_rocm.pipeline.truth import format_table, truth_table
+
+            rows = truth_table(list(load_recipes().values()), Path(args.records),
+                               [Path(g) for g in args.gates], Path(args.wheels))  # fmt: skip
+            print(format_table(rows))
+        elif args.cmd == "emulation-record":
+            from mamba2_rocm.pipeline.truth import emulation_record
+
+            rec = emulation_record(Path(args.junit), args.variant, args.commit, args.device,
+                                   args.date)  # fmt: skip
+            Path(args.out).write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+            print(f"{args.variant}: {rec['passed']} passed, {rec['failed']} failed -> {args.out}")
         elif args.cmd == "gpu-tests":
             from mamba2_rocm.pipeline.gputest import DEFAULT_BASE_IMAGE, run_gpu_tests
 

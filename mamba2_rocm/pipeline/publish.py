@@ -173,6 +173,8 @@ def check_gate(gate: dict[str, Any], manifest: dict[str, Any], path: Path) -> No
         problems.append(f"format {gate.get('format')!r}, expected {GATE_FORMAT}")
     if gate.get("target") != target:
         problems.append(f"it is for target {gate.get('target')!r}")
+    if "emulates" in gate or "variant" in gate:
+        problems.append("it records an emulation run, which never stands for the AMD GPU")
     if gate.get("result") != "passed":
         problems.append(f"result is {gate.get('result')!r}, not 'passed'")
     tests = gate.get("tests") or {}

@@ -1,0 +1,188 @@
+"""The hardware-truth table: for every recipe target, the deepest verification it has had.
+
+Levels, each only from a record that says so (never written by hand into the table):
+
+1. **compiled + statically verified**: every recipe is built by ``ci.yml``'s build matrix
+   (arch, spills, LDS and kernel ABI checked on every code object); a local
+   ``wheels/<target>/build-manifest.json`` whose static verification passed names the commit.
+2. **executed in emulation**: ``records/emulation/<variant>.json``, written on the NVIDIA machine
+   by ``python -m mamba2_rocm.pipeline emulation-record`` from the junit report of a GPU-suite
+   run on a ``build --emulate <variant>`` build (``EMULATE=<variant> scripts/device_check.sh``)
+   and committed. A variant stands for the targets whose code paths it builds
+   (:data:`EMULATED_TARGETS`).
+3. **executed on the AMD GPU**: only a GPU gate record (``gpu-gate.json``) that a self-hosted
+   runner's ``nox -s gpu-tests-<target>`` wrote and the GPU workflow uploaded; passed with
+   ``--gates DIR`` (the downloaded artifacts). A record that does not hold together (not this
+   target, a device arch the recipe does not have, a pass with failures, no commit, other wheels
+   than the local build's) is shown as invalid and never counts.
+
+Emulation is never a GPU gate: publish takes only gate records, and refuses an emulation
+record presented as one (``publish.check_gate``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mamba2_rocm.pipeline.publish import GATE_FILE, GATE_FORMAT
+from mamba2_rocm.pipeline.recipes import Recipe
+
+__all__ = [
+    "EMULATED_TARGETS",
+    "EMULATION_FORMAT",
+    "TruthRow",
+    "emulation_record",
+    "format_table",
+    "gate_problems",
+    "truth_table",
+]
+
+EMULATION_FORMAT = 1
+#: emulation variant -> the recipe targets whose code paths (matrix-core path, wavefront) it
+#: builds for the NVIDIA GPU (mamba2_rocm.build.driver.EMULATIONS)
+EMULATED_TARGETS = {"gfx1030": ("gfx1030", "gfx10-3-generic")}
+_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class TruthRow:
+    target: str
+    archs: tuple[str, ...]
+    static: str
+    emulation: str
+    hardware: str
+
+
+def emulation_record(junit: Path, variant: str, commit: str, device: str, date: str) -> dict:
+    """The record of one GPU-suite run on an emulation build, from pytest's junit report."""
+    if variant not in EMULATED_TARGETS:
+        raise ValueError(
+            f"unknown emulation variant {variant!r}; known: {sorted(EMULATED_TARGETS)}"
+        )
+    if not _SHA.fullmatch(commit):
+        raise ValueError(f"commit must be a 40-hex git sha, got {commit!r}")
+    root = ET.parse(junit).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    counts = {
+        k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")
+    }
+    return {
+        "format": EMULATION_FORMAT, "variant": variant, "suite": "pytest -m gpu tests",
+        "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+        "failed": counts["failures"], "errors": counts["errors"], "skipped": counts["skipped"],
+        "commit": commit, "device": device, "date": date,
+    }  # fmt: skip
+
+
+def _emulation_problems(rec: Any) -> list[str]:
+    if not isinstance(rec, dict):
+        return ["not a JSON object"]
+    problems = []
+    if rec.get("format") != EMULATION_FORMAT:
+        problems.append(f"format {rec.get('format')!r}, expected {EMULATION_FORMAT}")
+    if rec.get("variant") not in EMULATED_TARGETS:
+        problems.append(f"unknown variant {rec.get('variant')!r}")
+    for key in ("passed", "failed", "errors", "skipped"):
+        if not isinstance(rec.get(key), int) or rec[key] < 0:
+            problems.append(f"{key} must be a count, got {rec.get(key)!r}")
+    if not _SHA.fullmatch(str(rec.get("commit", ""))):
+        problems.append(f"commit {rec.get('commit')!r} is not a git sha")
+    return problems
+
+
+def gate_problems(gate: Any, recipe: Recipe, manifest: dict | None = None) -> list[str]:
+    """Why a GPU gate record cannot count for ``recipe`` (empty: it counts)."""
+    if not isinstance(gate, dict):
+        return ["not a JSON object"]
+    problems = []
+    if gate.get("format") != GATE_FORMAT:
+        problems.append(f"format {gate.get('format')!r}, expected {GATE_FORMAT}")
+    if gate.get("target") != recipe.target:
+        problems.append(f"it is for target {gate.get('target')!r}")
+    if "emulates" in gate:
+        problems.append("it records an emulation run, not the AMD GPU")
+    tests = gate.get("tests") if isinstance(gate.get("tests"), dict) else {}
+    if gate.get("result") != "passed" or not tests.get("passed"):
+        problems.append(f"result {gate.get('result')!r} with {tests.get('passed')!r} passed")
+    if tests.get("failed") or tests.get("errors"):
+        problems.append(f"a pass with {tests.get('failed')} failed, {tests.get('errors')} errors")
+    archs = gate.get("device_archs")
+    if not isinstance(archs, list) or not archs or any(a not in recipe.archs for a in archs):
+        problems.append(f"device archs {archs!r} are not the recipe's {list(recipe.archs)}")
+    if not _SHA.fullmatch(str(gate.get("commit", ""))):
+        problems.append(f"commit {gate.get('commit')!r} is not a git sha")
+    if manifest is not None and gate.get("wheels") != manifest.get("wheels"):
+        problems.append("it tested other wheels than the local build's")
+    return problems
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"unreadable ({exc})"
+
+
+def truth_table(recipes: list[Recipe], records: Path, gate_roots: list[Path],
+                wheels: Path) -> list[TruthRow]:  # fmt: skip
+    emulations: dict[str, tuple[dict | None, str]] = {}  # target -> (record, problem)
+    for path in sorted(records.glob("*.json")) if records.is_dir() else []:
+        rec = _read(path)
+        problems = [rec] if isinstance(rec, str) else _emulation_problems(rec)
+        variant = rec.get("variant") if isinstance(rec, dict) else None
+        for target in EMULATED_TARGETS.get(variant, ()):
+            emulations[target] = (None if problems else rec, "; ".join(problems))
+    gates: dict[str, list[tuple[Path, Any]]] = {}
+    for root in gate_roots:
+        for path in sorted(root.rglob(GATE_FILE)):
+            rec = _read(path)
+            target = rec.get("target") if isinstance(rec, dict) else None
+            gates.setdefault(str(target), []).append((path, rec))
+    rows = []
+    for recipe in recipes:
+        manifest_path = wheels / recipe.target / "build-manifest.json"
+        manifest = _read(manifest_path) if manifest_path.is_file() else None
+        manifest = manifest if isinstance(manifest, dict) else None
+        static = "yes (ci.yml builds every recipe)"
+        if manifest and (manifest.get("verification") or {}).get("static") == "passed":
+            static = f"yes; local build of {str(manifest.get('source_commit'))[:12]}"
+        rec, problem = emulations.get(recipe.target, (None, ""))
+        if rec is not None:
+            emulation = (f"{rec['variant']} on {rec.get('device')}: {rec['passed']} passed, "
+                         f"{rec['failed']} failed, {rec['errors']} errors ({rec.get('date')}, "
+                         f"{rec['commit'][:12]})")  # fmt: skip
+        elif problem:
+            emulation = f"invalid record: {problem}"
+        elif recipe.target in {t for ts in EMULATED_TARGETS.values() for t in ts}:
+            emulation = "variant exists, no recorded run yet"
+        else:
+            emulation = "not emulated (no variant yet)"
+        hardware = "no runner record"
+        for path, gate in gates.get(recipe.target, []):
+            problems = [gate] if isinstance(gate, str) else gate_problems(gate, recipe, manifest)
+            if problems:
+                hardware = f"invalid record {path.name}: {'; '.join(problems)}"
+                continue
+            tests = gate["tests"]
+            hardware = (f"{tests['passed']} passed on {', '.join(gate['device_archs'])} "
+                        f"({str(gate['commit'])[:12]}, run {gate.get('run_id')})")  # fmt: skip
+            break
+        rows.append(TruthRow(recipe.target, tuple(recipe.archs), static, emulation, hardware))
+    return rows
+
+
+def format_table(rows: list[TruthRow]) -> str:
+    lines = [
+        "| target | archs | compiled + statically verified | executed in emulation | executed on the AMD GPU |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.target} | {', '.join(r.archs)} | {r.static} | {r.emulation} | {r.hardware} |"
+        )
+    return "\n".join(lines)

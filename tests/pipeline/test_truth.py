@@ -1,0 +1,119 @@
+"""The hardware-truth table from sample records: emulation runs, runner gate records (valid,
+tampered, for another target, missing), and the README's copy of the table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mamba2_rocm.pipeline import publish
+from mamba2_rocm.pipeline.recipes import get_recipe, load_recipes
+from mamba2_rocm.pipeline.truth import emulation_record, format_table, truth_table
+
+REPO = Path(__file__).resolve().parents[2]
+SHA = "ab" * 20
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
+failures="2" skipped="3" tests="40" time="1.0"></testsuite></testsuites>"""
+
+
+def _gate(target, **change):
+    gate = {"format": publish.GATE_FORMAT, "target": target, "result": "passed",
+            "tests": {"tests": 12, "passed": 12, "failed": 0, "errors": 0, "skipped": 0},
+            "wheels": {"w.whl": "0" * 64}, "device_archs": [target], "commit": SHA,
+            "run_id": "77"}  # fmt: skip
+    gate.update(change)
+    return gate
+
+
+@pytest.fixture
+def records(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(JUNIT)
+    rec = emulation_record(junit, "gfx1030", SHA, "NVIDIA H100", "2026-11-23T17:00:00Z")
+    assert (rec["passed"], rec["failed"], rec["skipped"]) == (35, 2, 3)
+    d = tmp_path / "records"
+    d.mkdir()
+    (d / "gfx1030.json").write_text(json.dumps(rec))
+    return d
+
+
+def _rows(records, gates_root, wheels):
+    recipes = [get_recipe(t) for t in ("gfx1030", "gfx10-3-generic", "gfx1100", "gfx1101",
+                                        "gfx1102", "gfx90a")]  # fmt: skip
+    return {r.target: r for r in truth_table(recipes, records, [gates_root], wheels)}
+
+
+def test_every_level_comes_from_a_record(records, tmp_path):
+    gates = tmp_path / "artifacts"
+    for name, gate in {
+        "gpu-gate-gfx1100": _gate("gfx1100"),
+        "gpu-gate-gfx1101": _gate("gfx1101", tests={"passed": 12, "failed": 2, "errors": 0}),
+        "gpu-gate-gfx1102": _gate("gfx1102", device_archs=["gfx1100"]),
+        "gpu-gate-gfx90a": _gate("gfx90a", emulates="gfx1030"),
+    }.items():
+        (gates / name).mkdir(parents=True)
+        (gates / name / "gpu-gate.json").write_text(json.dumps(gate))
+    rows = _rows(records, gates, tmp_path / "no-wheels")
+    # emulation: the gfx1030 variant stands for both gfx10.3 targets, with its counts
+    for t in ("gfx1030", "gfx10-3-generic"):
+        assert rows[t].emulation.startswith("gfx1030 on NVIDIA H100: 35 passed, 2 failed")
+    assert rows["gfx1100"].emulation == "not emulated (no variant yet)"
+    # hardware: only a record that holds together counts
+    assert rows["gfx1100"].hardware == f"12 passed on gfx1100 ({SHA[:12]}, run 77)"
+    assert rows["gfx1101"].hardware.startswith("invalid record gpu-gate.json: a pass with 2 failed")
+    assert "device archs ['gfx1100'] are not the recipe's ['gfx1102']" in rows["gfx1102"].hardware
+    assert "records an emulation run" in rows["gfx90a"].hardware
+    assert rows["gfx1030"].hardware == "no runner record"
+    assert all(r.static.startswith("yes") for r in rows.values())
+    assert "| gfx1100 | gfx1100 | yes" in format_table(list(rows.values()))
+
+
+def test_a_record_for_other_wheels_or_unreadable_is_invalid(records, tmp_path):
+    gates = tmp_path / "artifacts"
+    (gates / "a").mkdir(parents=True)
+    (gates / "a" / "gpu-gate.json").write_text(json.dumps(_gate("gfx1100")))
+    wheels = tmp_path / "wheels"
+    (wheels / "gfx1100").mkdir(parents=True)
+    manifest = {"wheels": {"other.whl": "1" * 64}, "source_commit": SHA,
+                "verification": {"static": "passed"}}  # fmt: skip
+    (wheels / "gfx1100" / "build-manifest.json").write_text(json.dumps(manifest))
+    (records / "broken.json").write_text("{not json")
+    rows = _rows(records, gates, wheels)
+    assert rows["gfx1100"].hardware.endswith("it tested other wheels than the local build's")
+    assert rows["gfx1100"].static == f"yes; local build of {SHA[:12]}"
+
+
+def test_an_invalid_emulation_record_is_shown_as_such(tmp_path):
+    d = tmp_path / "records"
+    d.mkdir()
+    (d / "gfx1030.json").write_text(json.dumps({"format": 1, "variant": "gfx1030", "passed": -1,
+                                                "failed": 0, "errors": 0, "skipped": 0,
+                                                "commit": "nope"}))  # fmt: skip
+    rows = _rows(d, tmp_path / "none", tmp_path / "none")
+    assert rows["gfx1030"].emulation == ("invalid record: passed must be a count, got -1; "
+                                         "commit 'nope' is not a git sha")  # fmt: skip
+
+
+def test_emulation_record_refuses_unknown_variants_and_bad_commits(tmp_path):
+    junit = tmp_path / "j.xml"
+    junit.write_text(JUNIT)
+    with pytest.raises(ValueError, match="unknown emulation variant 'gfx9000'"):
+        emulation_record(junit, "gfx9000", SHA, "x", "d")
+    with pytest.raises(ValueError, match="commit must be a 40-hex git sha"):
+        emulation_record(junit, "gfx1030", "HEAD", "x", "d")
+
+
+def test_publish_never_takes_an_emulation_record_as_a_gpu_gate(tmp_path):
+    manifest = {"target": "gfx1030", "wheels": {"w.whl": "0" * 64}, "source_commit": SHA}
+    gate = _gate("gfx1030", variant="gfx1030")
+    with pytest.raises(publish.PublishError, match="records an emulation run"):
+        publish.check_gate(gate, manifest, tmp_path / "gpu-gate.json")
+
+
+def test_the_readme_table_is_the_commands_output(tmp_path):
+    rows = truth_table(list(load_recipes().values()), REPO / "records" / "emulation", [],
+                       tmp_path / "no-wheels")  # fmt: skip
+    assert format_table(rows) in (REPO / "README.md").read_text()
