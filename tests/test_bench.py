@@ -91,3 +91,17 @@ def test_sides_hide_a_real_mamba_ssm_except_the_triton_one():
         assert sys.path == ["/keep"]
     finally:
         sys.path[:] = saved
+
+
+def test_bench_model_takes_chosen_shapes(monkeypatch, capsys):
+    """``bench model --shape 1.3b`` runs only that shape (a whole run can outlast one device
+    call); --shape on another op is refused."""
+    from mamba2_rocm import cli
+    from mamba2_rocm.bench import model
+
+    seen = []
+    monkeypatch.setattr(model, "run", lambda dtype, shapes=None: seen.append(shapes) or [])
+    assert cli.main(["bench", "model", "--shape", "1.3b", "--json"]) == 0
+    assert seen == [("1.3b",)]
+    assert cli.main(["bench", "ssd", "--shape", "1.3b"]) == 1
+    assert "--shape applies to `bench model` only" in capsys.readouterr().err

@@ -10,7 +10,12 @@ def _run(args: argparse.Namespace) -> int:
     import importlib
 
     bench = importlib.import_module(f"mamba2_rocm.bench.{args.op}")
-    rows = bench.run(dtype=args.dtype)
+    extra = {}
+    if args.shape:
+        if args.op != "model":
+            raise ValueError("--shape applies to `bench model` only")
+        extra["shapes"] = tuple(args.shape)
+    rows = bench.run(dtype=args.dtype, **extra)
     print(json.dumps(rows, indent=1) if args.json else bench.format_table(rows))
     return 0
 
@@ -24,4 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--json", action="store_true", help="machine-readable rows instead of the table")
+    p.add_argument("--shape", action="append", choices=["130m", "1.3b"],
+                   help="bench model: only these checkpoint shapes (repeatable; default: all)")  # fmt: skip
     p.set_defaults(func=_run)
