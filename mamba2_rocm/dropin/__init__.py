@@ -56,11 +56,13 @@ FACADES = {"mamba_ssm": "2.3.2", "causal_conv1d": "1.6.1"}
 FACADE_DIR = Path(__file__).resolve().parent / "facades"
 
 
-def facade_version(name: str) -> str:
-    """``2.3.2+mamba2rocm.0.4.0``: the mirrored API version, with ours as the local label."""
-    from mamba2_rocm import __version__
+def facade_version(name: str, version: str | None = None) -> str:
+    """``2.3.2+mamba2rocm.0.4.0``: the mirrored API version, with ours (``version``, default
+    the installed one) as the local label."""
+    if version is None:
+        from mamba2_rocm import __version__ as version
 
-    return f"{FACADES[name]}+mamba2rocm.{re.sub(r'[^A-Za-z0-9]+', '.', __version__).strip('.')}"
+    return f"{FACADES[name]}+mamba2rocm.{re.sub(r'[^A-Za-z0-9]+', '.', version).strip('.')}"
 
 
 def _real_spec(name: str):

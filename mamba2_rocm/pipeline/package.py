@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from mamba2_rocm.dropin import FACADES
+from mamba2_rocm.dropin import FACADES, facade_version
 from mamba2_rocm.pipeline.recipes import Recipe
 
 __all__ = [
@@ -244,8 +243,8 @@ def dropin_problems(rows: list[dict], version: str) -> list[str]:
     served by our facade, with the version transformers' checks read (``<api>+mamba2rocm.<v>``)."""
     problems = []
     by_name = {r.get("name"): r for r in rows if isinstance(r, dict)}
-    local = re.sub(r"[^A-Za-z0-9]+", ".", version).strip(".")
-    for name, api in FACADES.items():
+    for name in FACADES:
+        expected = facade_version(name, version)
         row = by_name.get(name)
         if row is None:
             problems.append(f"import {name}: not reported")
@@ -253,8 +252,6 @@ def dropin_problems(rows: list[dict], version: str) -> list[str]:
             problems.append(
                 f"import {name} is {row.get('owner')} ({row.get('path')}), not mamba2-rocm's drop-in"
             )
-        elif row.get("version") != f"{api}+mamba2rocm.{local}":
-            problems.append(
-                f"{name}'s version reads {row.get('version')!r}, expected {api}+mamba2rocm.{local}"
-            )
+        elif row.get("version") != expected:
+            problems.append(f"{name}'s version reads {row.get('version')!r}, expected {expected}")
     return problems

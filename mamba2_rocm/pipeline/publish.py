@@ -53,6 +53,7 @@ __all__ = [
     "TargetRelease",
     "check_release",
     "check_target",
+    "gate_record_problems",
     "publish",
     "twine_check",
     "twine_upload",
@@ -165,9 +166,9 @@ def check_dropin_contents(target: str, wheel: Path) -> None:
                            "with this pipeline")  # fmt: skip
 
 
-def check_gate(gate: dict[str, Any], manifest: dict[str, Any], path: Path) -> None:
-    """A gate result counts only if it passed, for this target and for these exact wheels."""
-    target = manifest["target"]
+def gate_record_problems(gate: dict[str, Any], target: str) -> list[str]:
+    """What makes a GPU gate record not a pass for ``target`` on its own terms (format, target,
+    an emulation run, result, counts); ``check_gate`` adds what binds it to the wheels."""
     problems = []
     if gate.get("format") != GATE_FORMAT:
         problems.append(f"format {gate.get('format')!r}, expected {GATE_FORMAT}")
@@ -177,11 +178,19 @@ def check_gate(gate: dict[str, Any], manifest: dict[str, Any], path: Path) -> No
         problems.append("it records an emulation run, which never stands for the AMD GPU")
     if gate.get("result") != "passed":
         problems.append(f"result is {gate.get('result')!r}, not 'passed'")
-    tests = gate.get("tests") or {}
+    tests = gate.get("tests") if isinstance(gate.get("tests"), dict) else {}
     if not tests.get("passed"):
         problems.append("no GPU test passed (a run of skips is not a pass)")
     if tests.get("failed") or tests.get("errors"):
-        problems.append(f"{tests.get('failed')} failed, {tests.get('errors')} errors")
+        claim = "a pass with " if gate.get("result") == "passed" else ""
+        problems.append(f"{claim}{tests.get('failed')} failed, {tests.get('errors')} errors")
+    return problems
+
+
+def check_gate(gate: dict[str, Any], manifest: dict[str, Any], path: Path) -> None:
+    """A gate result counts only if it passed, for this target and for these exact wheels."""
+    target = manifest["target"]
+    problems = gate_record_problems(gate, target)
     # bound to what was tested: the commit the wheels were built from and, in CI, this
     # workflow run (the release calls the GPU workflow; its jobs share the run id)
     if not manifest.get("source_commit") or gate.get("commit") != manifest.get("source_commit"):

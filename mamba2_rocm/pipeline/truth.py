@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import json
 import re
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mamba2_rocm.pipeline.publish import GATE_FILE, GATE_FORMAT
+from mamba2_rocm.pipeline.gputest import junit_counts
+from mamba2_rocm.pipeline.publish import GATE_FILE, gate_record_problems
 from mamba2_rocm.pipeline.recipes import Recipe
 
 __all__ = [
@@ -66,15 +66,10 @@ def emulation_record(junit: Path, variant: str, commit: str, device: str, date: 
         )
     if not _SHA.fullmatch(commit):
         raise ValueError(f"commit must be a 40-hex git sha, got {commit!r}")
-    root = ET.parse(junit).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    counts = {
-        k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")
-    }
+    counts = junit_counts(junit)
     return {
         "format": EMULATION_FORMAT, "variant": variant, "suite": "pytest -m gpu tests",
-        "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
-        "failed": counts["failures"], "errors": counts["errors"], "skipped": counts["skipped"],
+        **{k: counts[k] for k in ("passed", "failed", "errors", "skipped")},
         "commit": commit, "device": device, "date": date,
     }  # fmt: skip
 
@@ -99,18 +94,7 @@ def gate_problems(gate: Any, recipe: Recipe, manifest: dict | None = None) -> li
     """Why a GPU gate record cannot count for ``recipe`` (empty: it counts)."""
     if not isinstance(gate, dict):
         return ["not a JSON object"]
-    problems = []
-    if gate.get("format") != GATE_FORMAT:
-        problems.append(f"format {gate.get('format')!r}, expected {GATE_FORMAT}")
-    if gate.get("target") != recipe.target:
-        problems.append(f"it is for target {gate.get('target')!r}")
-    if "emulates" in gate:
-        problems.append("it records an emulation run, not the AMD GPU")
-    tests = gate.get("tests") if isinstance(gate.get("tests"), dict) else {}
-    if gate.get("result") != "passed" or not tests.get("passed"):
-        problems.append(f"result {gate.get('result')!r} with {tests.get('passed')!r} passed")
-    if tests.get("failed") or tests.get("errors"):
-        problems.append(f"a pass with {tests.get('failed')} failed, {tests.get('errors')} errors")
+    problems = gate_record_problems(gate, recipe.target)
     archs = gate.get("device_archs")
     if not isinstance(archs, list) or not archs or any(a not in recipe.archs for a in archs):
         problems.append(f"device archs {archs!r} are not the recipe's {list(recipe.archs)}")
