@@ -198,3 +198,16 @@ def check_conv(case: ConvCase, device) -> None:
     reach = reach.to(device)
     assert torch.equal(out[~reach], clean[~reach]), f"{case}: outputs outside the reach changed"
     assert not torch.isfinite(out[0, c, t]), f"{case}: the bad value vanished"
+
+
+def check_scan_nan_locality(scan, inputs: dict, b: int, d: int, t: int) -> None:
+    """Mamba1's selective scan: a NaN in u at (b, d, t) makes exactly that channel's outputs
+    from t on NaN; every other output equals the clean run's."""
+    clean = scan(**inputs)
+    u = inputs["u"].clone()
+    u[b, d, t] = float("nan")
+    out = scan(**{**inputs, "u": u})
+    bad = torch.zeros_like(out, dtype=torch.bool)
+    bad[b, d, t:] = True
+    assert torch.isnan(out[bad]).all()
+    assert torch.equal(out[~bad], clean[~bad])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import seeded
+from nonfinite import check_scan_nan_locality
 
 from mamba2_rocm import selective_scan_fn
 from mamba2_rocm.reference.selective_scan import selective_scan_ref, selective_scan_torch
@@ -116,16 +117,7 @@ def test_public_gradients_match_the_ground_truth():
 
 
 def test_a_nonfinite_value_stays_in_its_row_and_after_its_token():
-    g = seeded("ss-nan")
-    a = _inputs(g, L=40)
-    clean = selective_scan_fn(**a)
-    a["u"] = a["u"].clone()
-    a["u"][0, 3, 10] = float("nan")
-    out = selective_scan_fn(**a)
-    bad = torch.zeros_like(out, dtype=torch.bool)
-    bad[0, 3, 10:] = True
-    assert torch.isnan(out[bad]).all()
-    assert torch.equal(out[~bad], clean[~bad])
+    check_scan_nan_locality(selective_scan_fn, _inputs(seeded("ss-nan"), L=40), 0, 3, 10)
 
 
 def test_empty_inputs():

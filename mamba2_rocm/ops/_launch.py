@@ -59,6 +59,20 @@ def checked_state_rows(kset, indices, num_states: int):
     return rows
 
 
+def layout(t) -> tuple | None:
+    """What argument checks and a launch's static fields depend on for a tensor: its type,
+    shape, strides, dtype and device (not its address, which changes every call)."""
+    return None if t is None else (type(t), t.shape, t.stride(), t.dtype, t.device)
+
+
+def remember(plans: dict, key, plan, size: int) -> None:
+    """Store a validated argument layout's plan; a full cache starts over (a decode loop
+    reuses a handful of layouts)."""
+    if len(plans) >= size:
+        plans.clear()
+    plans[key] = plan
+
+
 def ptr(t) -> int:
     """A tensor's address for a parameter struct; 0 (null) for an absent optional tensor."""
     return 0 if t is None else t.data_ptr()

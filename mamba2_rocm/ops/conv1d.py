@@ -20,9 +20,11 @@ from mamba2_rocm.ops._launch import (
     checked_state_rows,
     inference_only,
     launch,
+    layout,
     needs_autograd,
     ptr,
     recompute_backward,
+    remember,
     strides,
     use_registered_op,
 )
@@ -227,14 +229,10 @@ def _update_static(x, conv_state, weight, bias, silu, out) -> tuple[str, tuple, 
 
 
 def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indices, out,
-                   plan=None) -> None:  # fmt: skip
-    if plan is None or plan.static is None:
-        static = _update_static(x, conv_state, weight, bias, silu, out)
-        if plan is not None:
-            plan.static = static
-    else:
-        static = plan.static
-    name, grid, tail = static
+                   plan) -> None:  # fmt: skip
+    if plan.static is None:
+        plan.static = _update_static(x, conv_state, weight, bias, silu, out)
+    name, grid, tail = plan.static
     p = (
         x.data_ptr(), conv_state.data_ptr(), weight.data_ptr(), ptr(bias), out.data_ptr(),
         ptr(cache_seqlens), ptr(indices), *tail,
@@ -260,14 +258,10 @@ _UPDATE_PLANS: dict[tuple, _UpdatePlan] = {}
 UPDATE_PLAN_CACHE_SIZE = 256
 
 
-def _layout(t) -> tuple | None:
-    return None if t is None else (type(t), t.shape, t.stride(), t.dtype, t.device)
-
-
 def _update_plan(x, conv_state, weight, bias, silu, cache_seqlens, indices) -> _UpdatePlan:
     try:
-        key = (_layout(x), _layout(conv_state), _layout(weight), _layout(bias), silu,
-               _layout(cache_seqlens), _layout(indices))  # fmt: skip
+        key = (layout(x), layout(conv_state), layout(weight), layout(bias), silu,
+               layout(cache_seqlens), layout(indices))  # fmt: skip
         plan = _UPDATE_PLANS.get(key)
     except Exception:  # not tensors (or unhashable): the checks below name the argument
         key = plan = None
@@ -275,9 +269,7 @@ def _update_plan(x, conv_state, weight, bias, silu, cache_seqlens, indices) -> _
         _check_update(x, conv_state, weight, bias, cache_seqlens, indices)
         plan = _UpdatePlan()
         if key is not None:
-            if len(_UPDATE_PLANS) >= UPDATE_PLAN_CACHE_SIZE:
-                _UPDATE_PLANS.clear()
-            _UPDATE_PLANS[key] = plan
+            remember(_UPDATE_PLANS, key, plan, UPDATE_PLAN_CACHE_SIZE)
     return plan
 
 
@@ -294,6 +286,11 @@ def _fwd_impl(
     silu: bool,
 ) -> Tensor:
     _check_fwd(x, weight, bias, seq_idx, initial_states, final_states_out)
+    return _fwd_run(x, weight, bias, seq_idx, initial_states, final_states_out, silu)
+
+
+def _fwd_run(x, weight, bias, seq_idx, initial_states, final_states_out, silu) -> Tensor:
+    """``_fwd_impl`` on checked arguments."""
     if x.numel() == 0:  # batch 0 or seqlen 0: the final states are the entering ones
         if final_states_out is not None:
             if initial_states is not None:
@@ -344,17 +341,16 @@ def _fwd_func_impl(
     argument, as ``causal_conv1d_fwd`` writes ``final_states_out``, takes no formula)."""
     width = _check_fwd(x, weight, bias, seq_idx, initial_states, None)
     if not return_final_states:
-        return _fwd_impl(x, weight, bias, seq_idx, initial_states, None, silu), x.new_empty(0)
+        return _fwd_run(x, weight, bias, seq_idx, initial_states, None, silu), x.new_empty(0)
     fin = torch.empty(x.shape[0], x.shape[1], width - 1, dtype=x.dtype, device=x.device)
-    return _fwd_impl(x, weight, bias, seq_idx, initial_states, fin, silu), fin
+    return _fwd_run(x, weight, bias, seq_idx, initial_states, fin, silu), fin
 
 
 def _fwd_torch_tier(x, weight, bias, seq_idx, initial_states, silu, return_final_states):
-    """What the torch tier computes for ``_fwd_func_impl``'s arguments (the backward's
-    recomputation)."""
+    """What the torch tier computes for ``_fwd_func_impl``'s (checked) arguments: the
+    backward's recomputation."""
     from mamba2_rocm.reference.conv1d import causal_conv1d_torch
 
-    _check_fwd(x, weight, bias, seq_idx, initial_states, None)
     out, fin = causal_conv1d_torch(x, weight, bias, seq_idx, initial_states, silu)
     return out, fin if return_final_states else x.new_empty(0)
 

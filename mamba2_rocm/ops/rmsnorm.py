@@ -131,8 +131,9 @@ def _impl(
 
 def _torch_tier(x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm) -> Tensor:
     """What the torch tier computes for ``_impl``'s arguments (the backward's recomputation)."""
-    _, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size, allow_empty=True)
-    return rmsnorm_ref(x, weight, bias, z, eps, gs, norm_before_gate, is_rms_norm=is_rms_norm)
+    return rmsnorm_ref(
+        x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm=is_rms_norm
+    )
 
 
 rmsnorm_fwd = torch.library.custom_op("mamba2_rocm::rmsnorm_fwd", _impl, mutates_args=())

@@ -34,6 +34,7 @@ from mamba2_rocm.ops._launch import (
 )
 from mamba2_rocm.reference.selective_scan import (
     check_selective_scan_args,
+    last_state_dtype,
     selective_scan_ref,
     selective_scan_torch,
 )
@@ -133,27 +134,31 @@ def _impl(
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """``(out, last_state)``, last_state empty unless asked for."""
     dims = check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias)
-    state_dtype = torch.promote_types(A.dtype, torch.float32)
-    shape = (dims.batch, dims.dim, dims.dstate) if return_last_state else (0,)
+    shape = _last_shape(dims, return_last_state)
     if dims.batch == 0 or dims.seqlen == 0:  # empty input: empty output, zero state
         return (torch.empty(u.shape, dtype=u.dtype, device=u.device),
-                torch.zeros(shape, dtype=state_dtype, device=u.device))  # fmt: skip
+                torch.zeros(shape, dtype=last_state_dtype(A), device=u.device))  # fmt: skip
     tier, kset = _tier(u.device)
-    if tier == "kernel" and u.dtype in KERNEL_DTYPE and state_dtype == torch.float32:
+    if tier == "kernel" and u.dtype in KERNEL_DTYPE and last_state_dtype(A) == torch.float32:
         out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
-        last = torch.empty(shape, dtype=state_dtype, device=u.device)
+        last = torch.empty(shape, dtype=torch.float32, device=u.device)
         _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out,
                 last if return_last_state else None)  # fmt: skip
         return out, last
     fn = selective_scan_ref if tier == "eager" else selective_scan_torch
-    res = fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus, True)
-    return res[0].contiguous(), res[1] if return_last_state else res[1].new_empty(0)
+    return _torch_tier(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, fn)
 
 
-def _torch_tier(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state):
-    """What the torch tier computes for ``_impl``'s arguments (the backward's recomputation)."""
-    out, last = selective_scan_torch(u, delta, A, B, C, D, z, delta_bias, delta_softplus, True)
-    return out, last if return_last_state else last.new_empty(0)
+def _last_shape(dims, return_last_state: bool) -> tuple[int, ...]:
+    return (dims.batch, dims.dim, dims.dstate) if return_last_state else (0,)
+
+
+def _torch_tier(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state,
+                fn=selective_scan_torch):  # fmt: skip
+    """What the torch tier computes for ``_impl``'s arguments (also the backward's
+    recomputation); ``fn`` the eager tier's ground truth instead."""
+    out, last = fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus, True)
+    return out.contiguous(), last if return_last_state else last.new_empty(0)
 
 
 selective_scan_op = torch.library.custom_op("mamba2_rocm::selective_scan", _impl, mutates_args=())
@@ -164,9 +169,9 @@ recompute_backward(selective_scan_op, _torch_tier, (0, 1, 2, 3, 4, 5, 6, 7))
 @selective_scan_op.register_fake
 def _(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state):
     dims = check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias)
-    shape = (dims.batch, dims.dim, dims.dstate) if return_last_state else (0,)
     return (torch.empty(u.shape, dtype=u.dtype, device=u.device),
-            torch.empty(shape, dtype=torch.promote_types(A.dtype, torch.float32), device=u.device))  # fmt: skip
+            torch.empty(_last_shape(dims, return_last_state), dtype=last_state_dtype(A),
+                        device=u.device))  # fmt: skip
 
 
 def selective_scan_fn(

@@ -201,6 +201,16 @@ def _impl(
     if x.device.type == "meta":  # shapes only, as torch ops do on meta (values cannot be read)
         return _fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                      cu_seqlens, dt_softplus, dt_limit, return_varlen_states, state_dtype)  # fmt: skip
+    return _scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                 dt_softplus, dt_limit, return_varlen_states, state_dtype)  # fmt: skip
+
+
+def _scan(
+    x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+    dt_limit, return_varlen_states, state_dtype, torch_tier=False,
+):  # fmt: skip
+    """``_impl``'s work; ``torch_tier`` runs the torch tier whatever the backend (the backward's
+    recomputation, see ``_launch.recompute_backward``)."""
     dims = check_chunk_scan_args(
         x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
@@ -208,7 +218,7 @@ def _impl(
     )  # fmt: skip
     if x.shape[0] == 0 or x.shape[1] == 0:  # no tokens: nothing runs, states are the entering ones
         return _empty_scan(x, initial_states, cu_seqlens, dims, return_varlen_states)
-    tier, kset = choose(x.device)
+    tier, kset = ("torch", None) if torch_tier else choose(x.device)
     args = (D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dims.dt_limit)
     if tier == "kernel" and x.dtype in KERNEL_DTYPE and dims.state_dtype in KERNEL_DTYPE:
         b, _, h, p = x.shape
@@ -253,20 +263,9 @@ def _reference(x, dt, A, B, C, chunk_size, args, dims, return_varlen_states, eag
     return out, final, varlen
 
 
-def _torch_tier(
-    x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
-    dt_limit, return_varlen_states, state_dtype,
-):  # fmt: skip
+def _torch_tier(*args):
     """What the torch tier computes for ``_impl``'s arguments (the backward's recomputation)."""
-    dims = check_chunk_scan_args(
-        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-        chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
-        return_varlen_states=return_varlen_states, state_dtype=state_dtype, allow_empty=True,
-    )  # fmt: skip
-    if x.shape[0] == 0 or x.shape[1] == 0:
-        return _empty_scan(x, initial_states, cu_seqlens, dims, return_varlen_states)
-    args = (D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dims.dt_limit)
-    return _reference(x, dt, A, B, C, chunk_size, args, dims, return_varlen_states, eager=False)
+    return _scan(*args, torch_tier=True)
 
 
 mamba_chunk_scan_combined_op = torch.library.custom_op(

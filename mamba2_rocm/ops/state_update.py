@@ -26,6 +26,7 @@ from mamba2_rocm.ops._launch import (
     inference_only,
     launch,
     like,
+    remember,
     strides,
     use_registered_op,
 )
@@ -193,9 +194,7 @@ def _plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx) -> _Plan:
     dims = check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, idx, allow_empty=True)
     plan = _Plan(dims, x.device)
     if key is not None:
-        if len(_PLANS) >= PLAN_CACHE_SIZE:
-            _PLANS.clear()
-        _PLANS[key] = plan
+        remember(_PLANS, key, plan, PLAN_CACHE_SIZE)
         _last = (key, plan)
     return plan
 

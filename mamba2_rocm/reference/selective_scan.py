@@ -27,12 +27,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mamba2_rocm.reference.ssd_checks import REFERENCE_FLOATS
+from mamba2_rocm.reference.ssd_checks import REFERENCE_FLOATS, _dtype_name
 
 __all__ = [
     "MAX_SCAN_DSTATE",
     "ScanDims",
     "check_selective_scan_args",
+    "last_state_dtype",
     "selective_scan_ref",
     "selective_scan_torch",
 ]
@@ -50,21 +51,17 @@ class ScanDims:
     c_groups: int
 
 
-def _name(dt) -> str:
-    return str(dt).removeprefix("torch.")
-
-
 def _check_tensor(name, t, device, dtypes=REFERENCE_FLOATS) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
         if t.is_complex() and name == "A":
             raise NotImplementedError(
-                f"complex A ({_name(t.dtype)}) is not supported yet: mamba2-rocm's selective scan "
+                f"complex A ({_dtype_name(t.dtype)}) is not supported yet: mamba2-rocm's selective scan "
                 "takes real A (dim, dstate), as Mamba1 checkpoints use"
             )
-        names = ", ".join(_name(d) for d in dtypes)
-        raise TypeError(f"{name} must be one of {names}, got {_name(t.dtype)}")
+        names = ", ".join(_dtype_name(d) for d in dtypes)
+        raise TypeError(f"{name} must be one of {names}, got {_dtype_name(t.dtype)}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device}, expected {device} (the device of u)")
 
@@ -144,7 +141,7 @@ def _bc_at(t: torch.Tensor, groups: int, dim: int, step: int) -> torch.Tensor:
     )
 
 
-def _state_dtype(A: torch.Tensor) -> torch.dtype:
+def last_state_dtype(A: torch.Tensor) -> torch.dtype:
     """The last state's dtype: A's (float32 for the fp32 A mamba_ssm takes; float64 stays)."""
     return torch.promote_types(A.dtype, torch.float32)
 
@@ -183,7 +180,7 @@ def selective_scan_torch(u, delta, A, B, C, D=None, z=None, delta_bias=None,
         ys.append((h * _bc_at(Cc, dims.c_groups, dim, t)).sum(-1))
     y = torch.stack(ys, dim=-1) if ys else uc.new_zeros(batch, dim, 0)
     out = _finish(y, u, uc, D, z, cd, u.dtype)
-    return (out, h.to(_state_dtype(A))) if return_last_state else out
+    return (out, h.to(last_state_dtype(A))) if return_last_state else out
 
 
 def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
@@ -212,4 +209,4 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta
         h = decay[:, :, t] * h + drive[:, :, t]
         y[:, :, t] = (h * Cf[:, :, t]).sum(-1)
     out = _finish(y, u, uc, D, z, cd, u.dtype)
-    return (out, h.to(_state_dtype(A))) if return_last_state else out
+    return (out, h.to(last_state_dtype(A))) if return_last_state else out
