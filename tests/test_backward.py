@@ -254,3 +254,15 @@ def test_decode_steps_are_inference_only_and_say_so(kernel_tier, monkeypatch):
         out.sum().backward()
     with torch.no_grad():  # under no_grad nothing is recorded: plain outputs
         assert causal_conv1d_update(torch.randn(2, 8), torch.zeros(2, 8, 3), w).grad_fn is None
+
+
+def test_empty_inputs_backward_to_empty_gradients(kernel_tier):
+    """No rows / no tokens: the backward gives empty gradients (the recomputation is skipped:
+    there is nothing to differentiate) instead of raising."""
+    x = torch.randn(0, 64, requires_grad=True)
+    w = torch.randn(64, requires_grad=True)
+    rmsnorm_fn(x, w, None).sum().backward()
+    assert x.grad.shape == (0, 64) and torch.equal(w.grad, torch.zeros(64))
+    xs = torch.randn(2, 16, 0, requires_grad=True)
+    causal_conv1d_fn(xs, torch.randn(16, 4), activation="silu").sum().backward()
+    assert xs.grad.shape == (2, 16, 0)

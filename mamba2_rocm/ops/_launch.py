@@ -133,6 +133,10 @@ def recompute_backward(op, reference, differentiable: tuple[int, ...]) -> None:
         result: list = [None] * len(inputs)
         if not want:
             return tuple(result)
+        if all(g is None or g.numel() == 0 for g in grads):  # empty outputs: nothing flows back
+            for i in want:  # (and the reference may refuse empty inputs)
+                result[i] = torch.zeros_like(inputs[i])
+            return tuple(result)
         with torch.enable_grad():
             for i in want:
                 inputs[i] = inputs[i].detach().requires_grad_()
