@@ -158,13 +158,9 @@ def test_bad_inputs_are_named(args, error, message):
         selective_scan_fn(**args)
 
 
-def test_kernel_backend_refuses_with_the_reason(backend):
+def test_kernel_backend_refuses_cpu_tensors(backend):
     backend("kernel")
-    with pytest.raises(
-        NotImplementedError,
-        match="kernel is not verified on a GPU yet and runs "
-        "only with MAMBA2_ROCM_EXPERIMENTAL=selective_scan",
-    ):
+    with pytest.raises(ValueError, match="MAMBA2_ROCM_BACKEND=kernel needs GPU tensors"):
         selective_scan_fn(**_inputs(seeded("ss-k")))
 
 
@@ -174,18 +170,17 @@ def test_eager_tier_is_the_ground_truth(backend):
     torch.testing.assert_close(selective_scan_fn(**a), selective_scan_ref(**a).float())
 
 
-# --- the kernel path (opt-in until verified on a GPU), on the CPU with the launch stood in for
+# --- the kernel path, on the CPU with the launch stood in for
 
 
 @pytest.fixture
-def opted_in_kernel(monkeypatch):
+def kernel_stand_in(monkeypatch):
     from helpers import RecordingKernels
 
     from mamba2_rocm.ops import _launch
     from mamba2_rocm.ops import selective_scan as ops
 
     kset = RecordingKernels()
-    monkeypatch.setenv("MAMBA2_ROCM_EXPERIMENTAL", "selective_scan")
     for mod in (ops, _launch):
         monkeypatch.setattr(mod, "choose", lambda device: ("kernel", kset))
     monkeypatch.setattr(
@@ -197,7 +192,7 @@ def opted_in_kernel(monkeypatch):
 @pytest.mark.parametrize(("n", "tier", "channels"), [(16, 16, 8), (5, 16, 8), (100, 128, 8),
                                                      (129, 256, 4)])  # fmt: skip
 @pytest.mark.parametrize("bmode", ["fixed", "var", "grouped"])
-def test_kernel_launch_fields(opted_in_kernel, n, tier, channels, bmode):
+def test_kernel_launch_fields(kernel_stand_in, n, tier, channels, bmode):
     from mamba2_rocm.params import SelectiveScanParams
 
     a = _inputs(seeded("ss-launch", n, bmode), d=20, n=n, bmode=bmode, cmode="var",
@@ -205,7 +200,7 @@ def test_kernel_launch_fields(opted_in_kernel, n, tier, channels, bmode):
     D = torch.randn(20, dtype=torch.float64)  # float64: a float32 copy goes to the kernel
     out, last = selective_scan_fn(**a, D=D, delta_softplus=True, return_last_state=True)
     assert out.dtype == torch.bfloat16 and last.shape == (2, 20, n) and last.dtype == torch.float32
-    (name, params, grid), = opted_in_kernel.launches  # fmt: skip
+    (name, params, grid), = kernel_stand_in.launches  # fmt: skip
     assert name == f"m2r_selective_scan_bf16_n{tier}" and grid == (-(-20 // channels), 2, 1)
     f = dict(zip((k for k, _ in SelectiveScanParams._fields_), params, strict=True))
     assert f["u"] == a["u"].data_ptr() and f["delta"] == a["delta"].data_ptr()  # no copies
@@ -216,7 +211,7 @@ def test_kernel_launch_fields(opted_in_kernel, n, tier, channels, bmode):
     assert f["delta_softplus"] == 1 and f["d_dtype"] == 0 and f["z"] == 0 and f["reserved"] == 0
 
 
-def test_kernel_path_trains_by_recomputation(opted_in_kernel, monkeypatch):
+def test_kernel_path_trains_by_recomputation(kernel_stand_in, monkeypatch):
     """With the launch stood in for by the float64 ground truth, the public function takes the
     registered op and its backward (recomputation through the torch tier) gives the ground
     truth's gradients for every input."""
@@ -261,6 +256,7 @@ def _inner_ref(xz, conv_w, conv_b, x_proj, dt_proj, out_w, out_b, A, D, dt_bias,
 @pytest.mark.parametrize("rms", [False, True])
 def test_mamba_inner_fn_forward_and_gradients(rms):
     from mamba2_rocm import mamba_inner_fn
+    from mamba2_rocm.ops.mamba1 import mamba_inner_ref
 
     g = seeded("inner", rms)
     b, d, L, n, r, width = 2, 12, 33, 8, 3, 4
@@ -282,6 +278,12 @@ def test_mamba_inner_fn_forward_and_gradients(rms):
                       ref["dt_bias"], None if not rms else tuple(w.double() for w in rms_w), 1e-6)  # fmt: skip
     assert out.shape == (b, L, 10)
     torch.testing.assert_close(out, want.float(), rtol=1e-4, atol=1e-4)
+    # mamba_ssm's name for the block's reference (its tests import it): the same composition
+    given = mamba_inner_ref(ref["xz"], ref["conv_w"], ref["conv_b"], ref["x_proj"], ref["dt_proj"],
+                            ref["out_w"], ref["out_b"], ref["A"], D=ref["D"],
+                            delta_bias=ref["dt_bias"], **kw)  # fmt: skip
+    assert given.dtype == torch.float64
+    torch.testing.assert_close(given, want, rtol=5e-5, atol=5e-5)  # its norms compute in fp32
     cot = torch.randn(out.shape, generator=g)
     out.backward(cot)
     want.backward(cot.double())

@@ -1,26 +1,19 @@
 """``selective_scan_fn``: Mamba1's selective scan, mamba_ssm's signature and semantics.
 
-Semantics and the references: :mod:`mamba2_rocm.reference.selective_scan`. The GPU kernel
-(``csrc/selective_scan.hip``) is compiled and statically verified for every target but has not
-been run on a GPU yet, so it runs only when asked for: ``MAMBA2_ROCM_EXPERIMENTAL=selective_scan``
-(the GPU tests set it). Otherwise every call runs the PyTorch tier, which steps through time
-with all (batch, dim, dstate) elements at once in float32 and differentiates as plain PyTorch
-code. ``MAMBA2_ROCM_BACKEND=kernel`` without the opt-in refuses with that reason, and on a GPU
-``auto`` says once (a warning) that no kernel runs, so nobody mistakes the fallback for a
-kernel; the drop-in ``mamba_ssm`` name keeps raising ImportError for it until the kernel is the
-default. ``eager`` runs the float64 ground truth (cast back), as the other ops' eager tier does.
-On the kernel tier the op is ``torch.ops.mamba2_rocm.selective_scan`` and its backward
-recomputes through the PyTorch tier (``_launch.recompute_backward``).
+Semantics and the references: :mod:`mamba2_rocm.reference.selective_scan`. Tiers as for the
+other ops (``MAMBA2_ROCM_BACKEND``): the GPU kernel (``csrc/selective_scan.hip``: B / C / A in
+float32, the host converts) where code objects serve the device; the PyTorch tier elsewhere,
+which steps through time with all (batch, dim, dstate) elements at once in float32 and
+differentiates as plain PyTorch code; ``eager`` runs the float64 ground truth (cast back). On
+the kernel tier the op is ``torch.ops.mamba2_rocm.selective_scan`` and its backward recomputes
+through the PyTorch tier (``_launch.recompute_backward``). Complex A is refused by name.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
-
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.kernels import SELECTIVE_SCAN_DSTATE_TIERS
-from mamba2_rocm.ops._backend import choose, requested_backend
+from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import (
     DTYPE_CODE,
     GRID_YZ_MAX,
@@ -44,45 +37,7 @@ Tensor = torch.Tensor
 
 __all__ = ["selective_scan_fn"]
 
-_warned: set[str] = set()
-
-
-#: ``MAMBA2_ROCM_EXPERIMENTAL``: comma-separated kernels that run although not yet verified on
-#: a GPU ("selective_scan").
-EXPERIMENTAL_ENV = "MAMBA2_ROCM_EXPERIMENTAL"
 _THREADS = 128  # csrc/selective_scan.hip: kThreads
-
-
-def kernel_opted_in(environ=None) -> bool:
-    value = (os.environ if environ is None else environ).get(EXPERIMENTAL_ENV, "")
-    return "selective_scan" in {v.strip() for v in value.split(",")}
-
-
-def _tier(device) -> tuple[str, object]:
-    wanted = requested_backend()
-    if wanted == "eager":
-        return "eager", None
-    if wanted == "torch":
-        return "torch", None
-    if kernel_opted_in():
-        tier, kset = choose(device)  # raises for an unusable kernel request, as the others do
-        if tier == "kernel":
-            return tier, kset
-    elif wanted == "kernel":
-        raise NotImplementedError(
-            "MAMBA2_ROCM_BACKEND=kernel, but selective_scan_fn's GPU kernel is not verified on a "
-            f"GPU yet and runs only with {EXPERIMENTAL_ENV}=selective_scan; unset the backend or "
-            "use MAMBA2_ROCM_BACKEND=torch"
-        )
-    if device.type != "cpu" and "gpu" not in _warned:
-        _warned.add("gpu")
-        warnings.warn(
-            "mamba2-rocm: selective_scan_fn runs the PyTorch tier (a step per token) on the GPU: "
-            f"its kernel is not verified yet ({EXPERIMENTAL_ENV}=selective_scan runs it)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return "torch", None
 
 
 def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out, last) -> None:
@@ -138,7 +93,7 @@ def _impl(
     if dims.batch == 0 or dims.seqlen == 0:  # empty input: empty output, zero state
         return (torch.empty(u.shape, dtype=u.dtype, device=u.device),
                 torch.zeros(shape, dtype=last_state_dtype(A), device=u.device))  # fmt: skip
-    tier, kset = _tier(u.device)
+    tier, kset = choose(u.device)
     if tier == "kernel" and u.dtype in KERNEL_DTYPE and last_state_dtype(A) == torch.float32:
         out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
         last = torch.empty(shape, dtype=torch.float32, device=u.device)
@@ -185,8 +140,7 @@ def selective_scan_fn(
     grads = (u, delta, A, B, C, D, z, delta_bias)
     # the registered op (autograd by recomputation) where the kernel would run, or compiling;
     # else plain PyTorch code, which autograd differentiates directly
-    registered = use_registered_op(*grads) and (kernel_opted_in() or torch.compiler.is_compiling())
-    op = selective_scan_op if registered else _impl
+    op = selective_scan_op if use_registered_op(*grads) else _impl
     out, last = op(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus),
                    bool(return_last_state))  # fmt: skip
     return (out, last) if return_last_state else out

@@ -1,16 +1,10 @@
-"""``mamba_ssm.ops.selective_scan_interface`` (mamba2-rocm drop-in facade).
+"""``mamba_ssm.ops.selective_scan_interface`` (mamba2-rocm drop-in facade: re-exports).
 
-The Mamba1 selective scan has no kernel yet: its names raise ImportError saying so, and
-transformers' lookup takes its own fallback rather than a stand-in dressed as a kernel.
+Mamba1's selective scan and block, and the references mamba_ssm's tests compare them with.
 """
 
-from mamba2_rocm.dropin import missing
+from mamba2_rocm.ops.mamba1 import mamba_inner_fn, mamba_inner_ref
+from mamba2_rocm.ops.selective_scan import selective_scan_fn
+from mamba2_rocm.reference.selective_scan import selective_scan_ref
 
-__all__: list[str] = []
-__getattr__ = missing(
-    "mamba_ssm.ops.selective_scan_interface",
-    {
-        name: "the Mamba1 selective scan has no kernel yet"
-        for name in ("selective_scan_fn", "mamba_inner_fn", "selective_scan_ref", "mamba_inner_ref")
-    },
-)
+__all__ = ["mamba_inner_fn", "mamba_inner_ref", "selective_scan_fn", "selective_scan_ref"]
