@@ -119,6 +119,24 @@ def test_conv1d_final_states_out_buffer_is_on_the_graph(kernel_tier):
     assert torch.equal(x.grad[..., -2:], torch.ones(2, 8, 2)) and not x.grad[..., :-2].any()
 
 
+@pytest.mark.parametrize("channel_last", [False, True])
+def test_conv1d_outputs_can_be_modified_in_place(kernel_tier, channel_last):
+    """causal-conv1d's tests add to ``out`` before the backward: the training op's outputs are
+    tensors of their own (a returned view may not be modified in place), in x's layout."""
+    g = seeded("bwd conv inplace", channel_last)
+    x = torch.randn(2, 13, 8, generator=g).transpose(1, 2)  # (batch, dim 8, seqlen 13)
+    x = (x if channel_last else x.contiguous()).requires_grad_()
+    w = torch.randn(8, 4, generator=g, requires_grad=True)
+    out, fin = causal_conv1d_fn(x, w, return_final_states=True, activation="silu")
+    assert out._base is None and out.stride() == x.stride()
+    out += fin.sigmoid().sum(-1, keepdim=True)
+    out.sum().backward()
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    o, f = causal_conv1d_eager(xr, wr, None, None, None, True, compute_dtype=torch.float64)
+    (o + f.sigmoid().sum(-1, keepdim=True)).sum().backward()
+    _close({"x": x.grad, "w": w.grad}, {"x": xr.grad, "w": wr.grad}, 1e-5)
+
+
 @pytest.mark.parametrize("is_rms", [True, False])
 @pytest.mark.parametrize("gate", ["none", "before", "after"])
 @pytest.mark.parametrize("group", [None, 16])

@@ -1,6 +1,7 @@
 """The benchmark helpers that need no GPU."""
 
 import os
+import sys
 
 import pytest
 
@@ -105,3 +106,43 @@ def test_bench_model_takes_chosen_shapes(monkeypatch, capsys):
     assert seen == [("1.3b",)]
     assert cli.main(["bench", "ssd", "--shape", "1.3b"]) == 1
     assert "--shape applies to `bench model` only" in capsys.readouterr().err
+
+
+# --- bench selective-scan: the table and the peer lookup ----------------------------------
+
+
+def test_selective_scan_table_prints_ratios_and_the_worst(monkeypatch):
+    import mamba2_rocm.bench.timing as timing
+    from mamba2_rocm.bench.selective_scan import REF, format_table
+
+    monkeypatch.setattr(timing, "require_torch", lambda: type("T", (), {"cuda": type(
+        "C", (), {"get_device_name": staticmethod(lambda: "GPU")})}))  # fmt: skip
+    row = dict(mbytes=1.0, us=1.0, graph_us=None, gbs=1.0, copy_frac=0.5, copy_gbs=2.0, tflops=1.0)
+    rows = [
+        {**row, "case": "a", "impl": "kernel", "best_us": 10.0},
+        {**row, "case": "a", "impl": "torch", "best_us": 400.0},
+        {**row, "case": "a", "impl": REF, "best_us": 1000.0},
+        {**row, "case": "b", "impl": "kernel", "best_us": 20.0},
+        {**row, "case": "b", "impl": "torch", "best_us": 60.0},
+    ]
+    table = format_table(rows)
+    assert f"a: kernel is 40.0x faster than torch, 100.0x faster than {REF}" in table
+    assert "b: kernel is 3.0x faster than torch" in table
+    assert table.endswith("worst ratio over all cases: 3.0x")
+
+
+def test_selective_scan_peer_is_never_the_drop_in():
+    """Under the drop-in, mamba_ssm's selective_scan_ref is ours: no peer column then."""
+    import mamba2_rocm.dropin as dropin
+    from mamba2_rocm.bench.selective_scan import _mamba_ssm_ref
+
+    was, before = dropin.is_active(), set(sys.modules)
+    dropin.activate()
+    try:
+        assert _mamba_ssm_ref() is None
+    finally:
+        if not was:
+            dropin.deactivate()
+        for name in set(sys.modules) - before:
+            if name.split(".")[0] in dropin.FACADES:
+                del sys.modules[name]

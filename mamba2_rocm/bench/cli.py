@@ -1,4 +1,4 @@
-"""``python -m mamba2_rocm bench conv1d|decode|ssd|rmsnorm|model``."""
+"""``python -m mamba2_rocm bench conv1d|decode|ssd|rmsnorm|selective-scan|model``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 def _run(args: argparse.Namespace) -> int:
     import importlib
 
-    bench = importlib.import_module(f"mamba2_rocm.bench.{args.op}")
+    bench = importlib.import_module(f"mamba2_rocm.bench.{args.op.replace('-', '_')}")
     extra = {}
     if args.shape:
         if args.op != "model":
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark an op family on the local GPU")
     p.add_argument(
         "op",
-        choices=["conv1d", "decode", "ssd", "rmsnorm", "model"],
+        choices=["conv1d", "decode", "ssd", "rmsnorm", "selective-scan", "model"],
         help="which op family, or model: a transformers Mamba2 end to end (mamba2_rocm.bench.model)",
     )
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])

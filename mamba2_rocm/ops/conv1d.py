@@ -135,10 +135,13 @@ def _check_update(
 
 
 def _alloc_out(x: Tensor) -> Tensor:
-    """Output in x's layout: channel-last stays channel-last, everything else is contiguous."""
+    """Output in x's layout: channel-last stays channel-last, everything else is contiguous.
+    A tensor of its own, not a transposed view: a view returned by an op with autograd may not
+    be modified in place, and callers do (causal-conv1d's tests add to ``out``)."""
     batch, dim, seqlen = x.shape
     if x.stride(1) == 1 and x.stride(2) != 1 and seqlen > 1:
-        return torch.empty(batch, seqlen, dim, dtype=x.dtype, device=x.device).transpose(1, 2)
+        return torch.empty_strided((batch, dim, seqlen), (seqlen * dim, 1, dim), dtype=x.dtype,
+                                   device=x.device)  # fmt: skip
     return torch.empty(batch, dim, seqlen, dtype=x.dtype, device=x.device)
 
 

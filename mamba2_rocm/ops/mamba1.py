@@ -10,9 +10,11 @@ and delta over their last dim; then the selective scan with D, z and delta_bias,
 those ops saves only its inputs for the backward. ``checkpoint_lvl`` (0 or 1) is accepted for
 mamba_ssm's signature; what is kept for the backward is decided by the ops.
 
-``mamba_inner_ref`` is the same block built from the references (``causal_conv1d_ref``,
-``rmsnorm_ref``, ``selective_scan_ref``: the scan in float64, the norms in float32 as their
-reference computes them), mamba_ssm's name for the comparison its tests make.
+``mamba_inner_ref`` is mamba_ssm's name for the unfused block its tests compare the fused one
+with; there it is built from the same kernels (``causal_conv1d_fn``, ``selective_scan_fn``).
+Ours is unfused already, so the two agree by construction: mamba_ssm's ``test_mamba_inner_fn``
+proves nothing about us. Our own tests compare the block with a float64 composition of the
+references instead.
 """
 
 from __future__ import annotations
@@ -21,9 +23,6 @@ from mamba2_rocm._torch import require_torch
 from mamba2_rocm.ops.conv1d import causal_conv1d_fn
 from mamba2_rocm.ops.rmsnorm import rmsnorm_fn
 from mamba2_rocm.ops.selective_scan import selective_scan_fn
-from mamba2_rocm.reference.conv1d import causal_conv1d_ref
-from mamba2_rocm.reference.selective_scan import selective_scan_ref
-from mamba2_rocm.reference.ssd import rmsnorm_ref
 
 torch = require_torch()
 F = torch.nn.functional
@@ -52,40 +51,6 @@ def mamba_inner_fn(
     """Returns out (batch, seqlen, out_proj's output size)."""
     if checkpoint_lvl not in (0, 1):
         raise ValueError(f"checkpoint_lvl must be 0 or 1, got {checkpoint_lvl!r}")
-    norm = lambda v, w, eps: rmsnorm_fn(v, w, None, eps=eps)  # noqa: E731
-    return _block(
-        (causal_conv1d_fn, norm, selective_scan_fn), xz, conv1d_weight, conv1d_bias,
-        x_proj_weight, delta_proj_weight, out_proj_weight, out_proj_bias, A, B, C, D, delta_bias,
-        B_proj_bias, C_proj_bias, delta_softplus, b_rms_weight, c_rms_weight, dt_rms_weight,
-        b_c_dt_rms_eps,
-    )  # fmt: skip
-
-
-def mamba_inner_ref(
-    xz: Tensor, conv1d_weight: Tensor, conv1d_bias: Tensor | None, x_proj_weight: Tensor,
-    delta_proj_weight: Tensor, out_proj_weight: Tensor, out_proj_bias: Tensor | None, A: Tensor,
-    B: Tensor | None = None, C: Tensor | None = None, D: Tensor | None = None,
-    delta_bias: Tensor | None = None, B_proj_bias: Tensor | None = None,
-    C_proj_bias: Tensor | None = None, delta_softplus: bool = True,
-    b_rms_weight: Tensor | None = None, c_rms_weight: Tensor | None = None,
-    dt_rms_weight: Tensor | None = None, b_c_dt_rms_eps: float = 1e-6,
-) -> Tensor:  # fmt: skip
-    """``mamba_inner_fn`` through the references (see the module doc)."""
-    norm = lambda v, w, eps: rmsnorm_ref(v, w, None, eps=eps)  # noqa: E731
-    return _block(
-        (causal_conv1d_ref, norm, selective_scan_ref), xz, conv1d_weight, conv1d_bias,
-        x_proj_weight, delta_proj_weight, out_proj_weight, out_proj_bias, A, B, C, D, delta_bias,
-        B_proj_bias, C_proj_bias, delta_softplus, b_rms_weight, c_rms_weight, dt_rms_weight,
-        b_c_dt_rms_eps,
-    )  # fmt: skip
-
-
-def _block(
-    ops, xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
-    out_proj_bias, A, B, C, D, delta_bias, B_proj_bias, C_proj_bias, delta_softplus,
-    b_rms_weight, c_rms_weight, dt_rms_weight, b_c_dt_rms_eps,
-) -> Tensor:  # fmt: skip
-    conv, norm, scan = ops
     _tensor("xz", xz, (3,))
     _tensor("conv1d_weight", conv1d_weight, (2, 3))
     _tensor("x_proj_weight", x_proj_weight, (2,))
@@ -111,7 +76,7 @@ def _block(
     if conv1d_weight.dim() == 3:  # mamba_ssm's (dim, 1, width)
         conv1d_weight = conv1d_weight.squeeze(1)
     x, z = xz.chunk(2, dim=1)
-    x = conv(x, conv1d_weight, conv1d_bias, activation="silu")
+    x = causal_conv1d_fn(x, conv1d_weight, conv1d_bias, activation="silu")
     rows = x.transpose(1, 2).reshape(batch * seqlen, dim)  # (b l, d)
     x_dbl = F.linear(rows, x_proj_weight)  # (b l, dt_rank [+ dstate] [+ dstate])
     delta = F.linear(x_dbl[:, :rank], delta_proj_weight)  # (b l, d)
@@ -124,13 +89,27 @@ def _block(
         if proj_bias is not None:
             v = v + proj_bias.to(v.dtype)
         if rms_weight is not None:
-            v = norm(v, rms_weight, eps=b_c_dt_rms_eps)
+            v = rmsnorm_fn(v, rms_weight, None, eps=b_c_dt_rms_eps)
         return v.reshape(batch, seqlen, dstate).transpose(1, 2)  # (b, dstate, l)
 
     B = per_token(B_proj_bias, b_rms_weight) if B is None else B
     C = per_token(C_proj_bias, c_rms_weight) if C is None else C
     if dt_rms_weight is not None:
-        delta = norm(delta, dt_rms_weight, eps=b_c_dt_rms_eps)
+        delta = rmsnorm_fn(delta, dt_rms_weight, None, eps=b_c_dt_rms_eps)
     delta = delta.reshape(batch, seqlen, dim).transpose(1, 2)  # (b, d, l)
-    y = scan(x, delta, A, B, C, D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
+    y = selective_scan_fn(x, delta, A, B, C, D, z=z, delta_bias=delta_bias,
+                          delta_softplus=delta_softplus)  # fmt: skip
     return F.linear(y.transpose(1, 2), out_proj_weight, out_proj_bias)
+
+
+def mamba_inner_ref(
+    xz: Tensor, conv1d_weight: Tensor, conv1d_bias: Tensor | None, x_proj_weight: Tensor,
+    delta_proj_weight: Tensor, out_proj_weight: Tensor, out_proj_bias: Tensor | None, A: Tensor,
+    B: Tensor | None = None, C: Tensor | None = None, D: Tensor | None = None,
+    delta_bias: Tensor | None = None, B_proj_bias: Tensor | None = None,
+    C_proj_bias: Tensor | None = None, delta_softplus: bool = True,
+) -> Tensor:  # fmt: skip
+    """mamba_ssm's ``mamba_inner_ref`` (its argument list): the unfused block (module doc)."""
+    return mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight,
+                          out_proj_weight, out_proj_bias, A, B, C, D, delta_bias, B_proj_bias,
+                          C_proj_bias, delta_softplus)  # fmt: skip

@@ -1,0 +1,98 @@
+"""Mamba1 selective-scan benchmark: ``selective_scan_fn``'s kernel vs its PyTorch tier, and
+mamba_ssm's ``selective_scan_ref`` (pure PyTorch, when ``mamba_ssm`` is importable: its CUDA
+``selective_scan_cuda`` does not build on ROCm, so the reference is what an AMD user of
+mamba_ssm runs).
+
+Shapes: the Mamba1 checkpoints' (d_inner 1536 for mamba-130m, 5120 for mamba-2.8b, 8192 for
+FalconMamba-7B; dstate 16), variable B / C (b, 16, l) as the models pass them, D, z and
+delta_bias with softplus: the call a Mamba1 layer makes in prefill. Reports the per-call
+device-event median, the CUDA-graph time, the bytes that must move at least (u, delta, z read
+once, out written once, B / C once) against the measured copy bandwidth, and the scan's
+arithmetic rate over 6 FLOPs per (batch, dim, token, state) element (decay, exp, input, output
+product and sum).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from mamba2_rocm._torch import require_torch
+from mamba2_rocm.bench.timing import (
+    backend,
+    bandwidth_row,
+    copy_bandwidth_gbs,
+    format_rows,
+    time_calls,
+    time_graph,
+)
+
+#: (batch, dim, seqlen, dstate)
+SHAPES = ((1, 1536, 2048, 16), (4, 5120, 2048, 16), (1, 8192, 4096, 16))
+REF = "mamba_ssm selective_scan_ref"
+
+
+def _mamba_ssm_ref():
+    try:
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_ref
+    except Exception:  # not importable here
+        return None
+    if selective_scan_ref.__module__.startswith("mamba2_rocm"):
+        return None  # the drop-in's name is ours, not a peer
+    return selective_scan_ref
+
+
+def run(shapes=SHAPES, dtype="bfloat16") -> list[dict]:
+    torch = require_torch()
+    from mamba2_rocm import selective_scan_fn
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench selective-scan needs a GPU")
+    dt_ = getattr(torch, dtype)
+    copy = copy_bandwidth_gbs()
+    peer = _mamba_ssm_ref()
+    rows = []
+    for b, d, L, n in shapes:
+        g = torch.Generator(device="cuda").manual_seed(d + L)
+        r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+        u, z = r(b, d, L).to(dt_), r(b, d, L).to(dt_)
+        delta = (torch.rand(b, d, L, device="cuda", generator=g) * 0.5).to(dt_)
+        A = -torch.rand(d, n, device="cuda", generator=g) - 0.1
+        B, C = r(b, n, L), r(b, n, L)
+        D, delta_bias = r(d), torch.rand(d, device="cuda", generator=g) * 0.5
+        args = (u, delta, A, B, C, D, z, delta_bias, True)
+        elt = u.element_size()
+        nbytes = 4 * u.numel() * elt + (B.numel() + C.numel() + A.numel()) * 4
+        flops = 6 * b * d * L * n
+        case = f"sscan b{b} d{d} l{L} n{n} {dtype}"
+        impls = [("kernel", selective_scan_fn, dict(warmup=3, iters=30), True),
+                 ("torch", selective_scan_fn, dict(warmup=1, iters=3), False)]  # fmt: skip
+        if peer is not None:
+            impls.append((REF, peer, dict(warmup=1, iters=3), False))
+        for impl, fn, calls, graph in impls:
+            call = functools.partial(fn, *args)
+            with backend("torch" if impl == REF else impl):
+                t = time_calls(call, **calls)
+                gr = time_graph(call, replays=5, per_graph=5) if graph else None
+            row = bandwidth_row(case, impl, t, gr, nbytes, copy)
+            row["tflops"] = flops / (row["best_us"] * 1e-6) / 1e12
+            rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [format_rows(rows, 34, 28, extra=[("TFLOP/s", "tflops", ".2f")])]
+    by_case: dict[str, dict[str, float]] = {}
+    for r in rows:
+        by_case.setdefault(r["case"], {})[r["impl"]] = r["best_us"]
+    worst = None
+    for case, impls in by_case.items():
+        ours = impls["kernel"]
+        ratios = {k: v / ours for k, v in impls.items() if k != "kernel"}
+        lines.append(f"{case}: kernel is " + ", ".join(f"{v:.1f}x faster than {k}"
+                                                        for k, v in ratios.items()))  # fmt: skip
+        if ratios:
+            low = min(ratios.values())
+            worst = low if worst is None else min(worst, low)
+    if worst is not None:
+        lines.append(f"worst ratio over all cases: {worst:.1f}x")
+    return "\n".join(lines)
