@@ -22,7 +22,10 @@ REPO = Path(__file__).resolve().parents[1]
 #: module -> names that transformers (5.x), the upstream test suites and mamba_ssm's own modules
 #: import from it. Every one must resolve to mamba2-rocm's object.
 PUBLIC = {
-    "mamba_ssm": ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "selective_state_update"],
+    "mamba_ssm": ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "selective_state_update",
+                  "selective_scan_fn", "mamba_inner_fn"],
+    "mamba_ssm.ops.selective_scan_interface": ["selective_scan_fn", "mamba_inner_fn", "selective_scan_ref",
+                                               "mamba_inner_ref"],
     "mamba_ssm.ops.triton.ssd_combined": ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined"],
     "mamba_ssm.ops.triton.selective_state_update": ["selective_state_update", "selective_state_update_ref"],
     "mamba_ssm.ops.triton.layernorm_gated": ["RMSNorm", "LayerNorm", "rmsnorm_fn", "layernorm_fn", "rms_norm_ref"],
@@ -48,6 +51,10 @@ OURS = {
     "causal_conv1d_ref": "mamba2_rocm.reference.conv1d",
     "causal_conv1d_update_ref": "mamba2_rocm.reference.conv1d",
     "causal_conv1d_varlen_states_ref": "mamba2_rocm.reference.conv1d",
+    "selective_scan_fn": "mamba2_rocm.ops.selective_scan",
+    "selective_scan_ref": "mamba2_rocm.reference.selective_scan",
+    "mamba_inner_fn": "mamba2_rocm.ops.mamba1",
+    "mamba_inner_ref": "mamba2_rocm.ops.mamba1",
 }
 
 
@@ -90,23 +97,6 @@ def test_transformers_lookup_paths():
         "import mamba_ssm.ops.triton.selective_state_update as s\n"
         "assert s.selective_state_update is state_update.selective_state_update\n"
         "assert m.mamba_split_conv1d_scan_combined is mamba2.mamba_split_conv1d_scan_combined\n"
-    )
-    proc = _run(sys.executable, code)
-    assert proc.returncode == 0, proc.stderr
-
-
-def test_mamba1_names_are_ours():
-    """Mamba1's scan and block (and the references mamba_ssm's tests import) at both paths."""
-    code = (
-        "import mamba2_rocm.dropin as d; d.activate()\n"
-        "import mamba_ssm\n"
-        "from mamba_ssm.ops import selective_scan_interface as s\n"
-        "from mamba2_rocm.ops import mamba1, selective_scan\n"
-        "from mamba2_rocm.reference import selective_scan as ref\n"
-        "assert mamba_ssm.selective_scan_fn is s.selective_scan_fn is selective_scan.selective_scan_fn\n"
-        "assert mamba_ssm.mamba_inner_fn is s.mamba_inner_fn is mamba1.mamba_inner_fn\n"
-        "assert s.selective_scan_ref is ref.selective_scan_ref\n"
-        "assert s.mamba_inner_ref is mamba1.mamba_inner_ref\n"
     )
     proc = _run(sys.executable, code)
     assert proc.returncode == 0, proc.stderr
@@ -274,6 +264,9 @@ _FAMILY = {"mamba2_rocm.ops.conv1d", "mamba2_rocm.ops.mamba2", "mamba2_rocm.ops.
 _MODELS = {name: _FAMILY for name in ("mamba2", "bamba", "falcon_h1", "zamba2", "nemotron_h",
                                       "granitemoehybrid")}  # fmt: skip
 _MODELS["lfm2"] = {"mamba2_rocm.ops.conv1d"}
+#: Mamba1 models: the conv ops, the scan, the block (training) and the decode step
+_MODELS.update({name: {"mamba2_rocm.ops.conv1d", "mamba2_rocm.ops.selective_scan", "mamba2_rocm.ops.mamba1",
+                       "mamba2_rocm.ops.state_update"} for name in ("mamba", "falcon_mamba")})  # fmt: skip
 _PROBE = """
 import importlib, json, sys
 import mamba2_rocm.dropin as d

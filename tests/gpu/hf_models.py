@@ -1,4 +1,4 @@
-"""Tiny random-init transformers models of the Mamba2 family, run in a subprocess so that the
+"""Tiny random-init transformers models of the Mamba2 family (and Mamba1's), run in a subprocess so that the
 drop-in names can be on (our kernels) or off (transformers' own torch path) per process.
 
 ``python -m tests.gpu.hf_models NAME WEIGHTS OUT``: builds NAME's tiny config, loads WEIGHTS
@@ -45,6 +45,15 @@ MODELS = {
         num_local_experts=2, num_experts_per_tok=1, shared_intermediate_size=128,
         mamba_n_heads=8, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16,
         mamba_chunk_size=64,
+    )),
+    # Mamba1: intermediate 256, state 16, dt rank 8 (FalconMamba adds the B / C / dt RMSNorms)
+    "mamba": ("MambaConfig", dict(
+        vocab_size=96, hidden_size=128, num_hidden_layers=2, state_size=16, expand=2,
+        conv_kernel=4, time_step_rank=8,
+    )),
+    "falcon_mamba": ("FalconMambaConfig", dict(
+        vocab_size=96, hidden_size=128, num_hidden_layers=2, state_size=16, expand=2,
+        conv_kernel=4, time_step_rank=8,
     )),
     "lfm2": ("Lfm2Config", dict(
         vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=2,

@@ -1,4 +1,4 @@
-"""transformers end to end: tiny random-init Mamba2-family models resolve to our kernels through
+"""transformers end to end: tiny random-init Mamba2-family (and Mamba1) models resolve to our kernels through
 the drop-in names and agree with transformers' own torch path (fp32), full forward and cached
 decode. Each side runs in its own process (the names are resolved at model-module import)."""
 
@@ -23,6 +23,7 @@ RTOL, ATOL = 1e-3, 1e-3
 #: which kernel families each model must reach (causal_conv1d only for LFM2)
 NEEDS = {name: ("m2r_conv1d", "m2r_ssd", "m2r_ssu") for name in MODELS}
 NEEDS["lfm2"] = ("m2r_conv1d",)
+NEEDS["mamba"] = NEEDS["falcon_mamba"] = ("m2r_conv1d", "m2r_selective_scan", "m2r_ssu")
 
 
 def _side(name: str, weights: Path, out: Path, dropin: bool) -> dict:
