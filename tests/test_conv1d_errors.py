@@ -281,3 +281,18 @@ def test_import_without_torch_says_how_to_install(tmp_path):
     assert proc.returncode != 0
     assert "mamba2-rocm needs PyTorch" in proc.stderr
     assert "--index-url https://download.pytorch.org/whl/rocm" in proc.stderr
+
+
+def test_opcheck_training_op():
+    """The functional op training runs through (autograd by recomputation), with inputs that
+    ask for gradients: schema, fake tensor, autograd registration, AOT dispatch."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 33, 8, generator=g).transpose(1, 2).requires_grad_()  # channel-last
+    w = torch.randn(8, 4, generator=g, requires_grad=True)
+    b = torch.randn(8, generator=g, requires_grad=True)
+    init = torch.randn(2, 8, 3, generator=g, requires_grad=True)
+    for args in [
+        (x, w, b, None, init, True, True),
+        (x.detach().contiguous(), w, None, None, None, False, False),
+    ]:
+        torch.library.opcheck(ops.causal_conv1d_fwd_func, args)

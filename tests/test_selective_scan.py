@@ -303,3 +303,19 @@ def test_mamba_inner_fn_bad_inputs(change, error, message):
     args.update(change)
     with pytest.raises(error, match=message):
         mamba_inner_fn(**args)
+
+
+def test_opcheck_with_gradients():
+    """The registered op (autograd by recomputation): schema, fake tensor, autograd
+    registration, AOT dispatch; with and without the last state and the optional inputs."""
+    from mamba2_rocm.ops.selective_scan import selective_scan_op
+
+    g = seeded("ss-opcheck")
+    a = _inputs(g, L=21, bmode="fixed", cmode="grouped")
+    a.update(D=torch.randn(8, generator=g), z=torch.randn(2, 8, 21, generator=g),
+             delta_bias=torch.rand(8, generator=g))  # fmt: skip
+    args = tuple(
+        a[k].requires_grad_() for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+    )
+    torch.library.opcheck(selective_scan_op, (*args, True, True))
+    torch.library.opcheck(selective_scan_op, (*args[:5], None, None, None, False, False))
