@@ -16,6 +16,10 @@
 //              build with M2R_EMULATE_GFX1030 (`build --emulate gfx1030`: never shipped), so
 //              the gfx10.3 path runs and is tested on the NVIDIA machine
 //
+// Emulation builds of the WMMA paths (`build --emulate gfx11|gfx12`, clang for sm_90, never
+// shipped) take M2R_MMA 3 / 4 with everything below compiled as for AMD; only the
+// `__builtin_amdgcn_wmma_*` calls become wmma_emu.h's exact emulation (warp shuffles).
+//
 // The AMD layouts follow the ISA documents; they are compiled and statically verified here but
 // executed only by the GPU test gate on AMD runners (no AMD GPU is reachable from CI).
 //
@@ -26,6 +30,12 @@
 
 #if M2R_CUDA && defined(M2R_EMULATE_GFX1030)
 #define M2R_MMA 0  // an NVIDIA build of gfx10.3's world: the FMA path, run on real silicon
+#elif M2R_CUDA && defined(M2R_EMULATE_GFX11)
+#define M2R_MMA 3
+#define M2R_WMMA_EMULATED 1
+#elif M2R_CUDA && defined(M2R_EMULATE_GFX12)
+#define M2R_MMA 4
+#define M2R_WMMA_EMULATED 1
 #elif M2R_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define M2R_MMA 1
 #elif M2R_AMD && (defined(__gfx90a__) || defined(__gfx942__) || defined(__gfx950__) || \
@@ -45,6 +55,12 @@
 #if (M2R_MMA == 3 || M2R_MMA == 4) && M2R_WAVEFRONT_SIZE != 32
 #error "WMMA fragments assume wave32"
 #endif
+#if defined(M2R_WMMA_EMULATED) && !defined(__clang__)
+#error "the WMMA emulation builds need clang (AMD vector types on NVPTX); nvcc drops them"
+#endif
+#ifdef M2R_WMMA_EMULATED
+#include "wmma_emu.h"
+#endif
 
 namespace m2r {
 namespace mma {
@@ -57,7 +73,7 @@ constexpr bool kEnabled = kAvailable && T::kDType != M2R_DTYPE_F32;
 
 M2R_DEVICE int lane() { return static_cast<int>(threadIdx.x % kWavefront); }
 
-#if M2R_AMD
+#if M2R_AMD || defined(M2R_WMMA_EMULATED)
 // kN 16-bit values p[0], p[ld], p[2 ld], ...: a fragment row read down a k-major LDS tile.
 template <typename V, int kN>
 M2R_DEVICE V gather(const uint16_t* p, int ld) {
@@ -183,12 +199,17 @@ M2R_DEVICE Frag load_lane_t(const uint16_t* p, int ld) { return Frag{gather<s16x
 
 template <typename T>
 M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
+#ifdef M2R_WMMA_EMULATED
+  c.v = emu::wmma_gfx11<T::kDType == M2R_DTYPE_BF16>(__builtin_bit_cast(emu::u32x8, a.r),
+                                                      __builtin_bit_cast(emu::u32x8, b.r), c.v);
+#else
   if constexpr (T::kDType == M2R_DTYPE_BF16) {
     c.v = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a.r, b.r, c.v);
   } else {
     c.v = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(__builtin_bit_cast(h16x16, a.r),
                                                      __builtin_bit_cast(h16x16, b.r), c.v);
   }
+#endif
 }
 
 M2R_DEVICE int acc_row(int r) { return 2 * r + lane() / 16; }
@@ -213,12 +234,17 @@ M2R_DEVICE Frag load_lane_t(const uint16_t* p, int ld) { return Frag{gather<s16x
 
 template <typename T>
 M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
+#ifdef M2R_WMMA_EMULATED
+  c.v = emu::wmma_gfx12<T::kDType == M2R_DTYPE_BF16>(__builtin_bit_cast(emu::u32x4, a.r),
+                                                      __builtin_bit_cast(emu::u32x4, b.r), c.v);
+#else
   if constexpr (T::kDType == M2R_DTYPE_BF16) {
     c.v = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12(a.r, b.r, c.v);
   } else {
     c.v = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(__builtin_bit_cast(h16x8, a.r),
                                                            __builtin_bit_cast(h16x8, b.r), c.v);
   }
+#endif
 }
 
 M2R_DEVICE int acc_row(int r) { return r + 8 * (lane() / 16); }

@@ -2,7 +2,9 @@
 # Build the kernels for the local NVIDIA GPU, run the GPU tests and the benchmark.
 # Used through the device tool (the NVIDIA machine); wheels it lacks travel in .whl/.
 # Results go to $OUT (or ./device-out). EMULATE=gfx1030 builds that AMD target's code paths for
-# this GPU (build --emulate) and runs everything on them.
+# this GPU (build --emulate) and runs everything on them. KERNELS=DIR uses a kernel folder built
+# elsewhere instead (the gfx11 / gfx12 emulations need clang: build them in the toolchain image
+# and carry the folder here), with EMULATE naming its variant for the record.
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
@@ -27,8 +29,21 @@ for sdist in .whl/mamba_ssm-*.tar.gz; do
 done
 nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' | tee -a "$OUT/gpu.txt"
-python3 -m mamba2_rocm build --arch native ${EMULATE:+--emulate "$EMULATE"} --out "$work/kernels" 2>&1 | tee "$OUT/build.txt" || exit 1
-export MAMBA2_ROCM_KERNEL_PATH=$work/kernels
+if [ -n "${KERNELS:-}" ]; then
+  kernels=$(cd "$KERNELS" && pwd) || exit 1
+  python3 - "$kernels" "${EMULATE:-}" <<'PY' | tee "$OUT/build.txt" || exit 1
+import json, sys
+from pathlib import Path
+m = json.loads(next(Path(sys.argv[1]).glob("*/manifest.json")).read_text())
+if m.get("emulates", "") != sys.argv[2]:
+    sys.exit(f"KERNELS holds a build of {m.get('emulates') or 'no emulation'}, EMULATE says {sys.argv[2] or 'none'}")
+print(f"prebuilt {m['target']} kernels ({m['compiler']}; emulates {m.get('emulates')})")
+PY
+else
+  kernels=$work/kernels
+  python3 -m mamba2_rocm build --arch native ${EMULATE:+--emulate "$EMULATE"} --out "$kernels" 2>&1 | tee "$OUT/build.txt" || exit 1
+fi
+export MAMBA2_ROCM_KERNEL_PATH=$kernels
 python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml "$OUT/junit-gpu.xml" tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
 if [ -n "${EMULATE:-}" ]; then  # the run's record for the truth table (commit it under records/emulation/)
   python3 -m mamba2_rocm.pipeline emulation-record --variant "$EMULATE" --junit "$OUT/junit-gpu.xml" \

@@ -582,8 +582,56 @@ def test_emulation_selects_the_targets_code_path(emulate, expected, tmp_path):
 def test_emulation_is_for_nvidia_archs_and_known_targets(tmp_path):
     with pytest.raises(BuildError, match="builds for NVIDIA GPUs only, not \\['gfx1100'\\]"):
         build(["gfx1100"], tmp_path, emulate="gfx1030")
-    with pytest.raises(BuildError, match="known emulations are \\['gfx1030'\\]"):
+    with pytest.raises(BuildError, match="known emulations are \\['gfx1030', 'gfx11', 'gfx12'\\]"):
         build(["sm_90"], tmp_path, emulate="gfx9000")
+
+
+def test_wmma_emulations_are_built_by_clang_in_cuda_mode(tmp_path, monkeypatch):
+    """gfx11 / gfx12 need clang (the AMD vector types on NVPTX): its CUDA-mode command, with the
+    toolkit and the stand-in headers; clear errors when clang or the toolkit is missing."""
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "ptxas").write_text("")
+    clang = tmp_path / "clang++"
+    clang.write_text("#!/bin/sh\necho 'clang version 21.1.8'\n")
+    clang.chmod(0o755)
+    monkeypatch.setenv("CLANG_CUDA", str(clang))
+    monkeypatch.setenv("CUDA_HOME", str(cuda))
+    tc = driver.find_clang_cuda(tmp_path / "stubs")
+    assert tc.compiler == str(clang) and tc.cuda_path == str(cuda) and "21.1.8" in tc.version
+    assert sorted(p.name for p in (tmp_path / "stubs").iterdir()) == sorted(driver.CLANG_CUDA_STUBS)
+    cmd = tc.command(Path("/s/ssd.hip"), Path("/o/ssd.cubin"), arch_info("sm_90"), Path("/s"),
+                     extra_flags=[driver.EMULATIONS["gfx11"]])  # fmt: skip
+    assert cmd[:3] == [str(clang), "-x", "cuda"]
+    for flag in ("--cuda-gpu-arch=sm_90", f"--cuda-path={cuda}", "--cuda-device-only", "-c",
+                 "-DM2R_EMULATE_GFX11=1", "-DM2R_WAVEFRONT_SIZE=32"):  # fmt: skip
+        assert flag in cmd
+    assert cmd[cmd.index("-Xcuda-ptxas") + 1] == "-v"  # the resource report the verifier reads
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(driver, "DEFAULT_CUDA", str(tmp_path / "nor-here"))
+    with pytest.raises(BuildError, match="no CUDA toolkit with bin/ptxas"):
+        driver.find_clang_cuda(tmp_path / "stubs")
+    monkeypatch.setenv("CLANG_CUDA", str(tmp_path / "missing"))
+    with pytest.raises(BuildError, match="CLANG_CUDA=.* is not an executable file"):
+        driver.find_clang_cuda(tmp_path / "stubs")
+    monkeypatch.delenv("CLANG_CUDA")
+    monkeypatch.setattr(driver.shutil, "which", lambda name: None)
+    with pytest.raises(BuildError, match="need clang\\+\\+ \\(21 or newer\\)"):
+        driver.find_clang_cuda(tmp_path / "stubs")
+
+
+def test_emulation_spills_are_recorded_not_refused():
+    """A kernel that spills fails a shipped build; in a WMMA emulation build it only says
+    something about the NVIDIA GPU, so it is allowed there."""
+    src = SOURCES["conv1d_update"]
+    kernels = [KernelInfo(name=n, target="sm_90", arg_size=ctypes.sizeof(src.params), vgpr=255,
+                          sgpr=0, agpr=0, vgpr_spill=8, sgpr_spill=8, lds_bytes=0,
+                          scratch_bytes=8, wavefront_size=32, max_workgroup_size=0)
+               for n in src.kernels]  # fmt: skip
+    co = CodeObject(src, Path("x.cubin"), kernels, None)
+    assert any("spills registers" in p for p in verify_kernels(co, arch_info("sm_90")))
+    assert verify_kernels(co, arch_info("sm_90"), allow_spills=True) == []
 
 
 def test_an_emulation_build_never_goes_into_a_wheel(tmp_path):
@@ -596,3 +644,62 @@ def test_an_emulation_build_never_goes_into_a_wheel(tmp_path):
     (kdir / "manifest.json").write_text(json.dumps({"target": "gfx1030", "emulates": "gfx1030"}))
     with pytest.raises(PackageError, match="is an emulation build \\(of gfx1030\\): never shipped"):
         build_target_wheel(recipe, tmp_path / "kernels", "1.0", tmp_path / "dist", "1700000000")
+
+
+# --- the WMMA emulation builds (clang, in the toolchain image, with the host's CUDA toolkit) ---
+
+
+def _cuda_toolkit_or_skip() -> Path:
+    cuda = Path(os.path.realpath(os.environ.get("CUDA_HOME") or driver.DEFAULT_CUDA))
+    if not (cuda / "bin" / "ptxas").is_file():
+        require_tool(f"CUDA toolkit with bin/ptxas not found at {cuda}")
+    return cuda
+
+
+_PROBE_RUN = """
+import subprocess, sys, tempfile
+from pathlib import Path
+from mamba2_rocm.arch import arch_info
+from mamba2_rocm.build import driver
+variant, mma = sys.argv[1], sys.argv[2]
+with tempfile.TemporaryDirectory() as d:
+    tc = driver.find_clang_cuda(Path(d) / "stubs")
+    cmd = tc.command(Path("/probe/probe.cu"), Path(d) / "probe.cubin", arch_info("sm_90"),
+                     driver.csrc_dir(), extra_flags=[f"-DEXPECTED={mma}", driver.EMULATIONS[variant]])
+    sys.exit(subprocess.run(cmd).returncode)
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.parametrize(("variant", "mma"), [("gfx11", 3), ("gfx12", 4)])
+def test_wmma_emulation_builds_in_toolchain_image(variant, mma, tmp_path):
+    """The gfx11 / gfx12 emulation variants: their preprocessor world (the target's WMMA path,
+    M2R_MMA 3 / 4, wave32, checked by the compiler) and a whole verified build for sm_90 whose
+    manifest says what it emulates; running it is the NVIDIA machine's job."""
+    _docker_image_or_skip()
+    cuda = _cuda_toolkit_or_skip()
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "probe.cu").write_text(_PROBE)
+    (tmp_path / "out").mkdir()
+    base = [
+        "docker", "run", "--rm", "--network", "none", "--user", f"{os.getuid()}:{os.getgid()}",
+        "-v", f"{REPO}:/src:ro", "-v", f"{cuda}:/cuda:ro", "-v", f"{tmp_path / 'probe'}:/probe:ro",
+        "-v", f"{tmp_path / 'out'}:/out", "-e", "CUDA_HOME=/cuda", "-e", "PYTHONDONTWRITEBYTECODE=1",
+        "-w", "/src", IMAGE, "python3",
+    ]  # fmt: skip
+    proc = subprocess.run([*base, "-c", _PROBE_RUN, variant, str(mma)], capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = subprocess.run([*base, "-m", "mamba2_rocm", "build", "--arch", "sm_90", "--emulate",
+                           variant, "--out", "/out"], capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"(emulates {variant}: never shipped)" in proc.stdout
+    manifest = json.loads((tmp_path / "out" / "sm_90" / "manifest.json").read_text())
+    assert manifest["emulates"] == variant and manifest["target"] == "sm_90"
+    assert (
+        "clang" in manifest["compiler"] and driver.EMULATIONS[variant] in manifest["compile_flags"]
+    )
+    for name, src in SOURCES.items():
+        co = next(c for c in manifest["code_objects"] if c["source"] == name)
+        assert {k["name"] for k in co["kernels"]} == set(src.kernels), name

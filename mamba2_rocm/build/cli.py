@@ -16,9 +16,11 @@ def _run(args: argparse.Namespace) -> int:
         kernels = [k for co in manifest["code_objects"] for k in co["kernels"]]
         worst_regs = max(k["vgpr"] for k in kernels)
         worst_lds = max(k["lds_bytes"] for k in kernels)
+        spilling = sum(1 for k in kernels if k["vgpr_spill"] or k["sgpr_spill"])
+        spills = f"{spilling} kernels spill (allowed: emulation)" if spilling else "0 spills"
         print(
             f"{target}: {len(manifest['code_objects'])} code objects, {len(kernels)} kernels, "
-            f"max {worst_regs} VGPRs, max {worst_lds} B LDS, 0 spills -> {path}"
+            f"max {worst_regs} VGPRs, max {worst_lds} B LDS, {spills} -> {path}"
             + (f" (emulates {args.emulate}: never shipped)" if args.emulate else "")
         )
     return 0
@@ -36,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--extra-flag", action="append", metavar="FLAG",
                    help="extra compiler flag, e.g. --extra-flag=-O3 (repeatable)")  # fmt: skip
     p.add_argument("--emulate", metavar="TARGET", default=None,
-                   help="NVIDIA archs only: build an AMD target's code paths (gfx1030: the FMA "
-                        "path) to run them on the NVIDIA GPU; never shipped")  # fmt: skip
+                   help="NVIDIA archs only: build an AMD target's code paths to run them on the "
+                        "NVIDIA GPU (gfx1030: the FMA path; gfx11 / gfx12: the WMMA layouts, "
+                        "emulated, built with clang); never shipped")  # fmt: skip
     p.set_defaults(func=_run)

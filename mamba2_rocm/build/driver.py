@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from mamba2_rocm.build.codeobject import (
 from mamba2_rocm.kernels import SOURCES, KernelSource
 
 __all__ = [
+    "CLANG_EMULATIONS",
     "EMULATIONS",
     "MANIFEST_FORMAT",
     "BuildError",
@@ -38,6 +40,7 @@ __all__ = [
     "build",
     "csrc_dir",
     "detect_native_archs",
+    "find_clang_cuda",
     "find_toolchain",
     "verify_kernels",
 ]
@@ -53,8 +56,10 @@ class BuildError(RuntimeError):
 @dataclass(frozen=True)
 class Toolchain:
     vendor: str  # "amd" or "nvidia"
-    compiler: str  # path to hipcc / nvcc
+    compiler: str  # path to hipcc / nvcc, or clang++ for the WMMA emulation builds
     version: str  # first line(s) of `--version`, recorded in the manifest
+    cuda_path: str = ""  # clang only: the CUDA toolkit (headers, libdevice, ptxas)
+    stubs: str = ""  # clang only: the folder of empty stand-ins (see CLANG_CUDA_STUBS)
 
     def command(
         self, src: Path, out: Path, info: ArchInfo, include: Path,
@@ -79,6 +84,13 @@ class Toolchain:
                 *common, "-o", str(out), str(src),
             ]  # fmt: skip
         sm = info.name.removeprefix("sm_")
+        if self.cuda_path:  # clang's CUDA mode: a cubin through the toolkit's ptxas
+            return [
+                self.compiler, "-x", "cuda", f"--cuda-gpu-arch=sm_{sm}",
+                f"--cuda-path={self.cuda_path}", "--cuda-device-only", "-c", "-I", self.stubs,
+                "-Wno-unknown-cuda-version", "-Xcuda-ptxas", "-v", *common, "-o", str(out),
+                str(src),
+            ]  # fmt: skip
         return [
             self.compiler, "-x", "cu", "-cubin", f"-gencode=arch=compute_{sm},code=sm_{sm}",
             "--resource-usage", *common, "-o", str(out), str(src),
@@ -145,6 +157,43 @@ def find_toolchain(vendor: str) -> Toolchain:
         f"no {name} found for {vendor.upper()} targets (tried ${env_var}, PATH, "
         f"{', '.join(tried) or 'nothing'}); install it or set {env_var}=/path/to/{name}"
     )
+
+
+#: Headers clang's CUDA wrapper includes that CUDA 13 no longer ships (texture and curand
+#: internals, which no kernel here uses): empty stand-ins let clang 21 take CUDA 13.
+CLANG_CUDA_STUBS = ("texture_fetch_functions.h", "texture_indirect_functions.h",
+                    "curand_mtgp32_kernel.h")  # fmt: skip
+
+
+DEFAULT_CUDA = "/usr/local/cuda"
+
+
+def find_clang_cuda(stubs: Path) -> Toolchain:
+    """clang++ in CUDA mode for the WMMA emulation builds (nvcc drops the AMD vector types
+    their fragments use): ``$CLANG_CUDA``, then clang++-21 / clang++ on PATH; the CUDA toolkit
+    from ``$CUDA_HOME`` / ``$CUDA_PATH`` / /usr/local/cuda (it must hold bin/ptxas). The stand-in
+    headers are written to ``stubs``."""
+    override = os.environ.get("CLANG_CUDA", "")
+    if override and not (Path(override).is_file() and os.access(override, os.X_OK)):
+        raise BuildError(f"CLANG_CUDA={override} is not an executable file; point it at clang++")
+    compiler = override or shutil.which("clang++-21") or shutil.which("clang++") or ""
+    if not compiler:
+        raise BuildError(
+            "the gfx11 / gfx12 emulation builds need clang++ (21 or newer) with the NVPTX "
+            "target; none found (set CLANG_CUDA=/path/to/clang++). The toolchain image has it: "
+            "run the build there with the CUDA toolkit mounted"
+        )
+    roots = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), DEFAULT_CUDA]
+    cuda = next((r for r in roots if r and (Path(r) / "bin" / "ptxas").is_file()), "")
+    if not cuda:
+        raise BuildError(
+            f"no CUDA toolkit with bin/ptxas in {', '.join(r for r in roots if r)}; clang needs "
+            "one for sm_90 (set CUDA_HOME)"
+        )
+    stubs.mkdir(parents=True, exist_ok=True)
+    for name in CLANG_CUDA_STUBS:
+        (stubs / name).write_text("/* empty: see mamba2_rocm.build.driver.CLANG_CUDA_STUBS */\n")
+    return Toolchain("nvidia", compiler, _version_of(compiler), cuda, str(stubs))
 
 
 def detect_native_archs() -> list[str]:
@@ -247,8 +296,9 @@ def _compile(
     return CodeObject(src, out, kernels, cov)
 
 
-def verify_kernels(co: CodeObject, info: ArchInfo) -> list[str]:
-    """Every reason this code object must not ship; empty when it is fine."""
+def verify_kernels(co: CodeObject, info: ArchInfo, allow_spills: bool = False) -> list[str]:
+    """Every reason this code object must not ship; empty when it is fine. ``allow_spills``:
+    an emulation build, whose spills on the NVIDIA GPU say nothing about an AMD target."""
     problems = []
     expected = ctypes.sizeof(co.source.params)
     by_name = {k.name: k for k in co.kernels}
@@ -263,7 +313,7 @@ def verify_kernels(co: CodeObject, info: ArchInfo) -> list[str]:
                 f"{where} takes {k.arg_size} argument bytes but {co.source.params.__name__} "
                 f"is {expected} (csrc/params.h and mamba2_rocm/params.py disagree)"
             )
-        if k.spills:
+        if k.spills and not allow_spills:
             problems.append(f"{where} spills registers ({k.vgpr_spill} vgpr / {k.sgpr_spill} sgpr)")
         if k.lds_bytes > info.lds_limit_bytes:
             problems.append(
@@ -281,7 +331,13 @@ def verify_kernels(co: CodeObject, info: ArchInfo) -> list[str]:
 #: ``build --emulate``: AMD targets whose code paths an NVIDIA build can take, and the define
 #: that selects them (csrc/mma.h). Such builds are for running those paths on the NVIDIA
 #: machine; their manifests say ``emulates`` and no wheel takes them.
-EMULATIONS = {"gfx1030": "-DM2R_EMULATE_GFX1030=1"}
+EMULATIONS = {
+    "gfx1030": "-DM2R_EMULATE_GFX1030=1",  # the FMA path (M2R_MMA 0), built by nvcc
+    "gfx11": "-DM2R_EMULATE_GFX11=1",  # RDNA3/3.5 WMMA layout (M2R_MMA 3), emulated: clang
+    "gfx12": "-DM2R_EMULATE_GFX12=1",  # RDNA4 WMMA layout (M2R_MMA 4), emulated: clang
+}
+#: Emulations whose sources need clang (csrc/wmma_emu.h); their spills are recorded, not refused.
+CLANG_EMULATIONS = frozenset({"gfx11", "gfx12"})
 
 
 def _finish_target(info: ArchInfo, tc: Toolchain, objects: list[CodeObject], target_dir: Path,
@@ -289,7 +345,8 @@ def _finish_target(info: ArchInfo, tc: Toolchain, objects: list[CodeObject], tar
     """Verify one target's code objects; write its manifest only when all of them pass."""
     from mamba2_rocm import __version__
 
-    problems = [p for co in objects for p in verify_kernels(co, info)]
+    problems = [p for co in objects
+                for p in verify_kernels(co, info, allow_spills=emulate in CLANG_EMULATIONS)]  # fmt: skip
     if problems:
         raise BuildError(
             f"{len(problems)} verification failure(s) for {info.name}:\n  " + "\n  ".join(problems)
@@ -344,9 +401,18 @@ def build(
         raise BuildError(f"unknown source(s) {unknown}; known: {sorted(SOURCES)}")
     srcs = [SOURCES[n] for n in names]
     include = csrc_dir()
-    toolchains = {v: find_toolchain(v) for v in {i.vendor for i in infos}}
+    with tempfile.TemporaryDirectory(prefix="m2r-clang-stubs-") as stubs:
+        if emulate in CLANG_EMULATIONS:
+            toolchains = {"nvidia": find_clang_cuda(Path(stubs))}
+        else:
+            toolchains = {v: find_toolchain(v) for v in {i.vendor for i in infos}}
+        return _build_all(infos, srcs, include, toolchains, Path(out_dir), jobs,
+                          code_object_version, extra_flags, emulate)  # fmt: skip
+
+
+def _build_all(infos, srcs, include, toolchains, out, jobs, code_object_version, extra_flags,
+               emulate) -> BuildResult:  # fmt: skip
     jobs = jobs or os.cpu_count() or 1
-    out = Path(out_dir)
     for info in infos:
         (out / info.name).mkdir(parents=True, exist_ok=True)
         (out / info.name / "manifest.json").unlink(missing_ok=True)  # unverified until proven
