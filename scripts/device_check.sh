@@ -62,7 +62,7 @@ k = kernels_for_device(0)
 print("jit kernel dir:", k.kdir.path, "origin:", k.kdir.origin)
 PY
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  for b in ${BENCHES:-conv1d decode ssd rmsnorm selective-scan}; do
+  for b in ${BENCHES:-conv1d decode ssd rmsnorm selective-scan host}; do
     PYTHONPATH=$PYTHONPATH${peers:+:$peers} python3 -m mamba2_rocm bench "$b" 2>&1 | tee "$OUT/bench-$b.txt"
   done
 fi

@@ -146,3 +146,35 @@ def test_selective_scan_peer_is_never_the_drop_in():
         for name in set(sys.modules) - before:
             if name.split(".")[0] in dropin.FACADES:
                 del sys.modules[name]
+
+
+# --- bench host: the launch switch and the table ------------------------------------------
+
+
+def test_launches_disabled_counts_and_restores():
+    import mamba2_rocm.ops.conv1d as conv
+    import mamba2_rocm.ops.state_update as su
+    from mamba2_rocm.bench.host import launches_disabled
+    from mamba2_rocm.ops import _launch
+
+    before = (conv.launch, su.launch, _launch.launch)
+    with launches_disabled() as count:
+        assert conv.launch is not before[0] and su.launch is not before[1]
+        conv.launch("launcher", None, (), (1, 1, 1), 32)
+        _launch.launch("launcher", None, (), (1, 1, 1), 32)
+        assert count == [2]
+    assert (conv.launch, su.launch, _launch.launch) == before
+
+
+def test_host_table_names_the_ops_over_the_target():
+    from mamba2_rocm.bench.host import format_table
+
+    row = dict(python_us=5.0, launch_us=3.0, launches_per_call=1.0, kernel_us=2.0)
+    rows = [{**row, "case": "selective_state_update b1", "host_us": 14.5},
+            {**row, "case": "rmsnorm_fn gated", "host_us": 8.0}]  # fmt: skip
+    table = format_table(rows)
+    assert "selective_state_update b1" in table and "14.5" in table
+    assert table.endswith("worst host time per call: 14.5 us (selective_state_update); "
+                          "over the 10 us target: selective_state_update")  # fmt: skip
+    rows[0]["host_us"] = 9.0
+    assert format_table(rows).endswith("every op within the 10 us target")

@@ -1,4 +1,4 @@
-"""``python -m mamba2_rocm bench conv1d|decode|ssd|rmsnorm|selective-scan|model``."""
+"""``python -m mamba2_rocm bench conv1d|decode|ssd|rmsnorm|selective-scan|host|model``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.op != "model":
             raise ValueError("--shape applies to `bench model` only")
         extra["shapes"] = tuple(args.shape)
-    rows = bench.run(dtype=args.dtype, **extra)
+    rows = bench.run(dtype=args.dtype, **extra)  # host: bf16 always (the dtype is not its subject)
     print(json.dumps(rows, indent=1) if args.json else bench.format_table(rows))
     return 0
 
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark an op family on the local GPU")
     p.add_argument(
         "op",
-        choices=["conv1d", "decode", "ssd", "rmsnorm", "selective-scan", "model"],
+        choices=["conv1d", "decode", "ssd", "rmsnorm", "selective-scan", "host", "model"],
         help="which op family, or model: a transformers Mamba2 end to end (mamba2_rocm.bench.model)",
     )
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
