@@ -16,9 +16,10 @@
 //              build with M2R_EMULATE_GFX1030 (`build --emulate gfx1030`: never shipped), so
 //              the gfx10.3 path runs and is tested on the NVIDIA machine
 //
-// Emulation builds of the WMMA paths (`build --emulate gfx11|gfx12`, clang for sm_90, never
-// shipped) take M2R_MMA 3 / 4 with everything below compiled as for AMD; only the
-// `__builtin_amdgcn_wmma_*` calls become wmma_emu.h's exact emulation (warp shuffles).
+// Emulation builds of the matrix-core paths (`build --emulate gfx11|gfx12|gfx9`, clang for
+// sm_90, never shipped) take M2R_MMA 3 / 4 / 2 with everything below compiled as for AMD; only
+// the `__builtin_amdgcn_wmma_*` / `_mfma_*` calls become mma_emu.h's exact emulation (warp
+// shuffles; for wave64, two warps exchanging through shared memory, platform.h).
 //
 // The AMD layouts follow the ISA documents; they are compiled and statically verified here but
 // executed only by the GPU test gate on AMD runners (no AMD GPU is reachable from CI).
@@ -36,6 +37,9 @@
 #elif M2R_CUDA && defined(M2R_EMULATE_GFX12)
 #define M2R_MMA 4
 #define M2R_WMMA_EMULATED 1
+#elif M2R_CUDA && defined(M2R_EMULATE_GFX9)
+#define M2R_MMA 2
+#define M2R_MFMA_EMULATED 1
 #elif M2R_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define M2R_MMA 1
 #elif M2R_AMD && (defined(__gfx90a__) || defined(__gfx942__) || defined(__gfx950__) || \
@@ -55,11 +59,12 @@
 #if (M2R_MMA == 3 || M2R_MMA == 4) && M2R_WAVEFRONT_SIZE != 32
 #error "WMMA fragments assume wave32"
 #endif
-#if defined(M2R_WMMA_EMULATED) && !defined(__clang__)
-#error "the WMMA emulation builds need clang (AMD vector types on NVPTX); nvcc drops them"
+#if defined(M2R_WMMA_EMULATED) || defined(M2R_MFMA_EMULATED)
+#define M2R_MMA_EMULATED 1
+#ifndef __clang__
+#error "the matrix-core emulation builds need clang (AMD vector types on NVPTX); nvcc drops them"
 #endif
-#ifdef M2R_WMMA_EMULATED
-#include "wmma_emu.h"
+#include "mma_emu.h"
 #endif
 
 namespace m2r {
@@ -73,7 +78,7 @@ constexpr bool kEnabled = kAvailable && T::kDType != M2R_DTYPE_F32;
 
 M2R_DEVICE int lane() { return static_cast<int>(threadIdx.x % kWavefront); }
 
-#if M2R_AMD || defined(M2R_WMMA_EMULATED)
+#if M2R_AMD || defined(M2R_MMA_EMULATED)
 // kN 16-bit values p[0], p[ld], p[2 ld], ...: a fragment row read down a k-major LDS tile.
 template <typename V, int kN>
 M2R_DEVICE V gather(const uint16_t* p, int ld) {
@@ -165,12 +170,17 @@ M2R_DEVICE Frag load_lane_t(const uint16_t* p, int ld) { return Frag{gather<s16x
 
 template <typename T>
 M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
+#ifdef M2R_MFMA_EMULATED
+  c.v = emu::mfma_gfx9<T::kDType == M2R_DTYPE_BF16>(__builtin_bit_cast(emu::u32x2, a.r),
+                                                     __builtin_bit_cast(emu::u32x2, b.r), c.v);
+#else
   if constexpr (T::kDType == M2R_DTYPE_BF16) {
     c.v = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a.r, b.r, c.v, 0, 0, 0);
   } else {
     c.v = __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(h16x4, a.r),
                                                 __builtin_bit_cast(h16x4, b.r), c.v, 0, 0, 0);
   }
+#endif
 }
 
 M2R_DEVICE int acc_row(int r) { return 4 * (lane() / 16) + r; }

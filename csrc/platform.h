@@ -63,9 +63,41 @@ M2R_DEVICE void store_stream(T* p, T v) {
 #endif
 }
 
+#if M2R_CUDA && defined(M2R_EMULATE_GFX9) && !defined(M2R_EMULATE_WAVE64)
+#define M2R_EMULATE_WAVE64 1  // the gfx9 emulation is a wave64 world
+#endif
+#if M2R_CUDA && defined(M2R_EMULATE_WAVE64)
+// ---- wave64 on NVIDIA (the gfx9 emulation build, never shipped) ----------------------------
+// Two warps (threads 64 w .. 64 w + 63 of the block) act as AMD wave w. Every cross-lane
+// primitive below gives what the wave64 instruction gives: within one warp it is the warp's
+// own shuffle (the same lanes, the same result); across the two warps the values go through
+// shared memory between two 64-thread named barriers (barrier 1 + w), so both warps see the
+// whole wave. As on AMD, all 64 lanes must take part (kernels call these in converged code).
+#if M2R_WAVEFRONT_SIZE != 64
+#error "M2R_EMULATE_WAVE64 needs M2R_WAVEFRONT_SIZE=64"
+#endif
+namespace wave64 {
+constexpr int kMaxWaves = 4;  // blocks of up to 256 threads (every kernel's kThreads)
+M2R_DEVICE int wave() { return static_cast<int>(threadIdx.x) / 64; }
+M2R_DEVICE int lane() { return static_cast<int>(threadIdx.x) % 64; }
+M2R_DEVICE void sync() { asm volatile("bar.sync %0, 64;" ::"r"(1 + wave()) : "memory"); }
+// lane src's value (0 <= src < 64) of this wave
+M2R_DEVICE float from_lane(float v, int src) {
+  __shared__ float slot[kMaxWaves][64];
+  sync();  // the previous exchange's readers are done
+  slot[wave()][lane()] = v;
+  sync();
+  return slot[wave()][src];
+}
+}  // namespace wave64
+#endif
+
 M2R_DEVICE float shfl_xor(float v, int lane_mask) {
 #if M2R_AMD
   return __shfl_xor(v, lane_mask, kWavefront);
+#elif defined(M2R_EMULATE_WAVE64)
+  if (lane_mask < 32) return __shfl_xor_sync(0xffffffffu, v, lane_mask, 32);
+  return wave64::from_lane(v, wave64::lane() ^ lane_mask);
 #else
   return __shfl_xor_sync(0xffffffffu, v, lane_mask, kWavefront);
 #endif
@@ -75,14 +107,21 @@ M2R_DEVICE float shfl_xor(float v, int lane_mask) {
 M2R_DEVICE float shfl_xor_width(float v, int lane_mask, int width) {
 #if M2R_AMD
   return __shfl_xor(v, lane_mask, width);
+#elif defined(M2R_EMULATE_WAVE64)
+  if (width <= 32) return __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
+  return shfl_xor(v, lane_mask);
 #else
   return __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
 #endif
 }
 
+// v of the lane delta below (a lane below delta keeps its own v).
 M2R_DEVICE float shfl_up(float v, unsigned delta) {
 #if M2R_AMD
   return __shfl_up(v, delta, kWavefront);
+#elif defined(M2R_EMULATE_WAVE64)
+  const int l = wave64::lane();
+  return wave64::from_lane(v, l >= static_cast<int>(delta) ? l - static_cast<int>(delta) : l);
 #else
   return __shfl_up_sync(0xffffffffu, v, delta, kWavefront);
 #endif
@@ -91,6 +130,13 @@ M2R_DEVICE float shfl_up(float v, unsigned delta) {
 M2R_DEVICE lane_mask_t ballot(bool pred) {
 #if M2R_AMD
   return static_cast<lane_mask_t>(__ballot(pred));
+#elif defined(M2R_EMULATE_WAVE64)
+  const unsigned mine = __ballot_sync(0xffffffffu, pred);  // this warp's 32 lanes
+  const unsigned other = __float_as_uint(wave64::from_lane(__uint_as_float(mine),
+                                                           wave64::lane() ^ 32));
+  const bool low = wave64::lane() < 32;
+  return static_cast<lane_mask_t>(low ? mine : other) |
+         (static_cast<lane_mask_t>(low ? other : mine) << 32);
 #else
   return static_cast<lane_mask_t>(__ballot_sync(0xffffffffu, pred));
 #endif

@@ -560,7 +560,7 @@ def test_parse_ptxas_resource_usage():
 
 _PROBE = """#include "mma.h"
 static_assert(M2R_MMA == EXPECTED, "matrix-core path of this build");
-static_assert(m2r::kWavefront == 32, "wave32");
+static_assert(m2r::kWavefront == WAVE, "the target's wavefront");
 extern "C" __global__ void probe(int* out) { *out = M2R_MMA; }
 """
 
@@ -572,7 +572,9 @@ def test_emulation_selects_the_targets_code_path(emulate, expected, tmp_path):
     tc = _need_nvcc()
     src = tmp_path / "probe.cu"
     src.write_text(_PROBE)
-    flags = [f"-DEXPECTED={expected}"] + ([driver.EMULATIONS[emulate]] if emulate else [])
+    flags = [f"-DEXPECTED={expected}", "-DWAVE=32"] + (
+        [driver.EMULATIONS[emulate]] if emulate else []
+    )
     cmd = tc.command(src, tmp_path / "probe.cubin", arch_info("sm_90"), driver.csrc_dir(),
                      extra_flags=flags)  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -582,7 +584,9 @@ def test_emulation_selects_the_targets_code_path(emulate, expected, tmp_path):
 def test_emulation_is_for_nvidia_archs_and_known_targets(tmp_path):
     with pytest.raises(BuildError, match="builds for NVIDIA GPUs only, not \\['gfx1100'\\]"):
         build(["gfx1100"], tmp_path, emulate="gfx1030")
-    with pytest.raises(BuildError, match="known emulations are \\['gfx1030', 'gfx11', 'gfx12'\\]"):
+    with pytest.raises(
+        BuildError, match="known emulations are \\['gfx1030', 'gfx11', 'gfx12', 'gfx9'\\]"
+    ):
         build(["sm_90"], tmp_path, emulate="gfx9000")
 
 
@@ -662,21 +666,24 @@ from pathlib import Path
 from mamba2_rocm.arch import arch_info
 from mamba2_rocm.build import driver
 variant, mma = sys.argv[1], sys.argv[2]
+wave = driver.EMULATED_WAVEFRONT.get(variant, 32)
 with tempfile.TemporaryDirectory() as d:
     tc = driver.find_clang_cuda(Path(d) / "stubs")
     cmd = tc.command(Path("/probe/probe.cu"), Path(d) / "probe.cubin", arch_info("sm_90"),
-                     driver.csrc_dir(), extra_flags=[f"-DEXPECTED={mma}", driver.EMULATIONS[variant]])
+                     driver.csrc_dir(), extra_flags=[f"-DEXPECTED={mma}", f"-DWAVE={wave}",
+                                                     driver.EMULATIONS[variant]], wavefront=wave)
     sys.exit(subprocess.run(cmd).returncode)
 """
 
 
 @pytest.mark.docker
 @pytest.mark.slow
-@pytest.mark.parametrize(("variant", "mma"), [("gfx11", 3), ("gfx12", 4)])
-def test_wmma_emulation_builds_in_toolchain_image(variant, mma, tmp_path):
-    """The gfx11 / gfx12 emulation variants: their preprocessor world (the target's WMMA path,
-    M2R_MMA 3 / 4, wave32, checked by the compiler) and a whole verified build for sm_90 whose
-    manifest says what it emulates; running it is the NVIDIA machine's job."""
+@pytest.mark.parametrize(("variant", "mma"), [("gfx11", 3), ("gfx12", 4), ("gfx9", 2)])
+def test_matrix_core_emulation_builds_in_toolchain_image(variant, mma, tmp_path):
+    """The gfx11 / gfx12 / gfx9 emulation variants: their preprocessor world (the target's
+    matrix-core path, M2R_MMA 3 / 4 / 2, and its wavefront: 32, or 64 emulated by two warps;
+    checked by the compiler) and a whole verified build for sm_90 whose manifest says what it
+    emulates; running it is the NVIDIA machine's job."""
     _docker_image_or_skip()
     cuda = _cuda_toolkit_or_skip()
     (tmp_path / "probe").mkdir()

@@ -32,6 +32,7 @@ from mamba2_rocm.kernels import SOURCES, KernelSource
 
 __all__ = [
     "CLANG_EMULATIONS",
+    "EMULATED_WAVEFRONT",
     "EMULATIONS",
     "MANIFEST_FORMAT",
     "BuildError",
@@ -64,11 +65,13 @@ class Toolchain:
     def command(
         self, src: Path, out: Path, info: ArchInfo, include: Path,
         code_object_version: int | None = None, extra_flags: Sequence[str] = (),
+        wavefront: int | None = None,
     ) -> list[str]:  # fmt: skip
+        """``wavefront`` overrides the target's (the wave64 emulation on a 32-lane GPU)."""
         common = [
             "-O3",
             "-std=c++17",
-            f"-DM2R_WAVEFRONT_SIZE={info.wavefront_size}",
+            f"-DM2R_WAVEFRONT_SIZE={wavefront or info.wavefront_size}",
             "-I",
             str(include),
         ]
@@ -265,11 +268,11 @@ def _tail(text: str) -> str:
 
 def _compile(
     tc: Toolchain, src: KernelSource, info: ArchInfo, target_dir: Path, include: Path,
-    cov: int | None = None, extra_flags: Sequence[str] = (),
+    cov: int | None = None, extra_flags: Sequence[str] = (), wavefront: int | None = None,
 ) -> CodeObject:  # fmt: skip
     suffix = "hsaco" if tc.vendor == "amd" else "cubin"
     out = target_dir / f"{src.name}.{suffix}"
-    cmd = tc.command(include / src.filename, out, info, include, cov, extra_flags)
+    cmd = tc.command(include / src.filename, out, info, include, cov, extra_flags, wavefront)
     try:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, env=_compiler_env(), timeout=1800
@@ -335,9 +338,13 @@ EMULATIONS = {
     "gfx1030": "-DM2R_EMULATE_GFX1030=1",  # the FMA path (M2R_MMA 0), built by nvcc
     "gfx11": "-DM2R_EMULATE_GFX11=1",  # RDNA3/3.5 WMMA layout (M2R_MMA 3), emulated: clang
     "gfx12": "-DM2R_EMULATE_GFX12=1",  # RDNA4 WMMA layout (M2R_MMA 4), emulated: clang
+    # CDNA2/3/4 (gfx90a, gfx94x, gfx950): wave64 as two warps, MFMA (M2R_MMA 2) emulated: clang
+    "gfx9": "-DM2R_EMULATE_GFX9=1",
 }
-#: Emulations whose sources need clang (csrc/wmma_emu.h); their spills are recorded, not refused.
-CLANG_EMULATIONS = frozenset({"gfx11", "gfx12"})
+#: Emulations whose sources need clang (csrc/mma_emu.h); their spills are recorded, not refused.
+CLANG_EMULATIONS = frozenset({"gfx11", "gfx12", "gfx9"})
+#: Emulations that compile for another wavefront than the GPU's (platform.h: wave64 emulated).
+EMULATED_WAVEFRONT = {"gfx9": 64}
 
 
 def _finish_target(info: ArchInfo, tc: Toolchain, objects: list[CodeObject], target_dir: Path,
@@ -412,6 +419,7 @@ def build(
 
 def _build_all(infos, srcs, include, toolchains, out, jobs, code_object_version, extra_flags,
                emulate) -> BuildResult:  # fmt: skip
+    wavefront = EMULATED_WAVEFRONT.get(emulate or "")
     jobs = jobs or os.cpu_count() or 1
     for info in infos:
         (out / info.name).mkdir(parents=True, exist_ok=True)
@@ -421,7 +429,8 @@ def _build_all(infos, srcs, include, toolchains, out, jobs, code_object_version,
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         objects = list(pool.map(
             lambda pair: _compile(toolchains[pair[0].vendor], pair[1], pair[0], out / pair[0].name,
-                                  include, code_object_version, extra_flags), pairs))  # fmt: skip
+                                  include, code_object_version, extra_flags, wavefront),
+            pairs))  # fmt: skip
     result = BuildResult(out)
     for info in infos:
         mine = [co for (i, _), co in zip(pairs, objects, strict=True) if i is info]

@@ -1,5 +1,6 @@
-// Exact emulation of RDNA's 16x16x16 WMMA instructions on an NVIDIA warp, for the emulation
-// builds `build --emulate gfx11|gfx12` (never shipped). mma.h compiles its AMD fragment types,
+// Exact emulation of AMD's 16x16x16 matrix instructions on NVIDIA warps, for the emulation
+// builds `build --emulate gfx11|gfx12|gfx9` (never shipped): RDNA's WMMA (wave32, one warp)
+// and CDNA's MFMA (wave64: two warps acting as one wave, platform.h's M2R_EMULATE_WAVE64). mma.h compiles its AMD fragment types,
 // `load_lane` / `load_lane_t`, `acc_row` / `acc_col` unchanged for such a build (clang, which
 // keeps ext_vector_type on NVPTX); only the `__builtin_amdgcn_wmma_*` calls are replaced by the
 // functions below. Each computes, from the registers every lane holds, what the instruction
@@ -27,8 +28,9 @@
 // fails with an illegal-instruction error instead of returning a plausible number).
 #pragma once
 
-#if !(M2R_CUDA && (defined(M2R_EMULATE_GFX11) || defined(M2R_EMULATE_GFX12)))
-#error "wmma_emu.h is for the NVIDIA emulation builds of gfx11 / gfx12 only"
+#if !(M2R_CUDA && (defined(M2R_EMULATE_GFX11) || defined(M2R_EMULATE_GFX12) || \
+                   defined(M2R_EMULATE_GFX9)))
+#error "mma_emu.h is for the NVIDIA emulation builds of gfx11 / gfx12 / gfx9 only"
 #endif
 
 namespace m2r {
@@ -112,6 +114,48 @@ M2R_DEVICE F wmma_gfx12(u32x4 a, u32x4 b, F c) {
   }
   return c;
 }
+
+#ifdef M2R_EMULATE_GFX9
+// gfx9 (CDNA2/3/4) v_mfma_f32_16x16x16f16 / v_mfma_f32_16x16x16bf16_1k, wave64 (AMD, "AMD
+// Instinct MI200 / MI300 Instruction Set Architecture", the MFMA chapter's register layouts;
+// `--register-layout` of the Matrix Instruction Calculator): lane l holds A row l % 16 and
+// B column l % 16, k 4 (l / 16) .. + 3 in 2 VGPRs; D/C VGPR r of lane l: row 4 (l / 16) + r,
+// column l % 16. The 64 lanes span two warps, so the operands are exchanged through shared
+// memory between the wave's two barriers (platform.h: wave64::sync).
+typedef unsigned int u32x2 __attribute__((ext_vector_type(2)));
+
+template <bool kBf16, typename F>
+M2R_DEVICE F mfma_gfx9(u32x2 a, u32x2 b, F c) {
+  __shared__ u32x2 s_a[wave64::kMaxWaves][64], s_b[wave64::kMaxWaves][64];
+  const int l = wave64::lane(), w = wave64::wave(), n = l % 16;
+  wave64::sync();  // the previous step's readers are done
+  s_a[w][l] = a;
+  s_b[w][l] = b;
+  wave64::sync();
+  float bn[16];  // B column n: k 4 q .. 4 q + 3 from lane n + 16 q
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const u32x2 v = s_b[w][n + 16 * q];
+    bn[4 * q] = widen<kBf16>(v[0], 0), bn[4 * q + 1] = widen<kBf16>(v[0], 1);
+    bn[4 * q + 2] = widen<kBf16>(v[1], 0), bn[4 * q + 3] = widen<kBf16>(v[1], 1);
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int m = 4 * (l / 16) + r;
+    float acc = c[r];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const u32x2 v = s_a[w][m + 16 * q];
+      acc = fmaf(widen<kBf16>(v[0], 0), bn[4 * q], acc);
+      acc = fmaf(widen<kBf16>(v[0], 1), bn[4 * q + 1], acc);
+      acc = fmaf(widen<kBf16>(v[1], 0), bn[4 * q + 2], acc);
+      acc = fmaf(widen<kBf16>(v[1], 1), bn[4 * q + 3], acc);
+    }
+    c[r] = acc;
+  }
+  return c;
+}
+#endif
 
 }  // namespace emu
 }  // namespace mma
