@@ -15,6 +15,15 @@
 // no per-chunk state to combine). B / C (float32: the host converts any other type, a copy the
 // size of B, tiny next to u) of variable (per token) kind are read from global memory per
 // token; the block's channels share a group's row, so those reads hit the caches.
+//
+// Two forms of the per-token sum over dstate (both exported; the host picks one):
+//   m2r_selective_scan_<dt>_n<N>     a butterfly over the channel's lanes at every token (the
+//                                    shuffles sit in the token loop);
+//   m2r_selective_scan_<dt>_n<N>_dr  deferred: each lane writes its partial sum of the token to
+//                                    LDS and the sums are done once per chunk, after the loop,
+//                                    so the loop carries only the recurrence h = a h + b (one
+//                                    FMA per state element and token on its critical path) and
+//                                    is unrolled to issue the next tokens' loads and exps early.
 #include "platform.h"
 
 namespace m2r {
@@ -26,14 +35,17 @@ constexpr int kChunk = 64;  // tokens staged per step
 // 256 (16 per lane spilled on gfx10.3); channels per block = kThreads / lanes
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <typename T, int kN>
+template <typename T, int kN, bool kDeferred>
 M2R_DEVICE void scan(const SelectiveScanParams& p) {
   constexpr int kLanes = kN <= 128 ? 16 : 32;
   constexpr int kPer = kN / kLanes;
   constexpr int kCh = kThreads / kLanes;
   __shared__ float s_u[kCh][kChunk];
   __shared__ float s_dt[kCh][kChunk];
-  __shared__ float s_y[kCh][kChunk];
+  __shared__ float s_y[kCh][kDeferred ? 1 : kChunk];
+  // deferred sums: every lane's partial of every token of the chunk; the row is padded by one
+  // so that the per-chunk sums (threads on consecutive tokens) read distinct banks
+  __shared__ float s_part[kDeferred ? kChunk : 1][kThreads + 1];
   const int lane = threadIdx.x % kLanes;
   const int ch = threadIdx.x / kLanes;
   const int64_t b = blockIdx.y;
@@ -117,26 +129,49 @@ M2R_DEVICE void scan(const SelectiveScanParams& p) {
     __syncthreads();
     const float* bq = bp + t0 * b_ls;
     const float* cq = cp + t0 * c_ls;
-#pragma unroll 1
-    for (int t = 0; t < len; ++t, bq += b_ls, cq += c_ls) {
-      const float dt = s_dt[ch][t];
-      const float dtu = dt * s_u[ch][t];
-      float acc = 0.f;
+    if constexpr (kDeferred) {
+#pragma unroll 4
+      for (int t = 0; t < len; ++t) {
+        const float dt = s_dt[ch][t];
+        const float dtu = dt * s_u[ch][t];
+        float acc = 0.f;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        h[i] = fmaf(fast_exp2(dt * a2[i]), h[i], dtu * keep[i] * bq[b_off[i]]);
-        acc = fmaf(h[i], keep[i] * cq[c_off[i]], acc);
+        for (int i = 0; i < kPer; ++i) {
+          h[i] = fmaf(fast_exp2(dt * a2[i]), h[i], dtu * keep[i] * bq[t * b_ls + b_off[i]]);
+          acc = fmaf(h[i], keep[i] * cq[t * c_ls + c_off[i]], acc);
+        }
+        s_part[t][threadIdx.x] = acc;
       }
+    } else {
+#pragma unroll 1
+      for (int t = 0; t < len; ++t, bq += b_ls, cq += c_ls) {
+        const float dt = s_dt[ch][t];
+        const float dtu = dt * s_u[ch][t];
+        float acc = 0.f;
 #pragma unroll
-      for (int off = kLanes / 2; off > 0; off /= 2) acc += shfl_xor_width(acc, off, kLanes);
-      if (lane == 0) s_y[ch][t] = acc;
+        for (int i = 0; i < kPer; ++i) {
+          h[i] = fmaf(fast_exp2(dt * a2[i]), h[i], dtu * keep[i] * bq[b_off[i]]);
+          acc = fmaf(h[i], keep[i] * cq[c_off[i]], acc);
+        }
+#pragma unroll
+        for (int off = kLanes / 2; off > 0; off /= 2) acc += shfl_xor_width(acc, off, kLanes);
+        if (lane == 0) s_y[ch][t] = acc;
+      }
     }
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       const int c = threadIdx.x / kChunk + j * (kThreads / kChunk);
       if (!ok[j] || !in) continue;
-      float y = fmaf(dcoef[j], s_u[c][st], s_y[c][st]);
+      float sum;
+      if constexpr (kDeferred) {  // channel c's lanes' partials of token st, in lane order
+        sum = 0.f;
+#pragma unroll
+        for (int l = 0; l < kLanes; ++l) sum += s_part[st][c * kLanes + l];
+      } else {
+        sum = s_y[c][st];
+      }
+      float y = fmaf(dcoef[j], s_u[c][st], sum);
       if (z_row[j]) y *= silu(T::to_float(z_row[j][t0 + st]));
       o_row[j][t0 + st] = T::from_float(y);
     }
@@ -153,10 +188,13 @@ M2R_DEVICE void scan(const SelectiveScanParams& p) {
 }  // namespace sscan
 }  // namespace m2r
 
-// m2r_selective_scan_<dtype>_n<max dstate>: dstate tiers 16, 32, 64, 128, 256
-#define M2R_SSCAN(DT, T, N)                                                                \
-  M2R_KERNEL(m2r::sscan::kThreads) m2r_selective_scan_##DT##_n##N(SelectiveScanParams p) { \
-    m2r::sscan::scan<m2r::T, N>(p);                                                        \
+// m2r_selective_scan_<dtype>_n<max dstate>[_dr]: dstate tiers 16, 32, 64, 128, 256
+#define M2R_SSCAN(DT, T, N)                                                                      \
+  M2R_KERNEL(m2r::sscan::kThreads) m2r_selective_scan_##DT##_n##N(SelectiveScanParams p) {       \
+    m2r::sscan::scan<m2r::T, N, false>(p);                                                       \
+  }                                                                                              \
+  M2R_KERNEL(m2r::sscan::kThreads) m2r_selective_scan_##DT##_n##N##_dr(SelectiveScanParams p) {  \
+    m2r::sscan::scan<m2r::T, N, true>(p);                                                        \
   }
 #define M2R_SSCAN_N(DT, T) \
   M2R_SSCAN(DT, T, 16) M2R_SSCAN(DT, T, 32) M2R_SSCAN(DT, T, 64) M2R_SSCAN(DT, T, 128) M2R_SSCAN(DT, T, 256)

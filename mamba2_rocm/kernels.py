@@ -83,9 +83,10 @@ SOURCES: dict[str, KernelSource] = {
             "selective_scan",
             SelectiveScanParams,
             tuple(
-                f"m2r_selective_scan_{dt}_n{n}"
+                f"m2r_selective_scan_{dt}_n{n}{form}"
                 for dt in KERNEL_DTYPES
                 for n in SELECTIVE_SCAN_DSTATE_TIERS
+                for form in ("", "_dr")  # the per-token butterfly; the deferred sums
             ),
         ),
         KernelSource(

@@ -192,16 +192,20 @@ def kernel_stand_in(monkeypatch):
 @pytest.mark.parametrize(("n", "tier", "channels"), [(16, 16, 8), (5, 16, 8), (100, 128, 8),
                                                      (129, 256, 4)])  # fmt: skip
 @pytest.mark.parametrize("bmode", ["fixed", "var", "grouped"])
-def test_kernel_launch_fields(kernel_stand_in, n, tier, channels, bmode):
+@pytest.mark.parametrize("form", ["butterfly", "deferred"])
+def test_kernel_launch_fields(kernel_stand_in, n, tier, channels, bmode, form, monkeypatch):
+    from mamba2_rocm.ops import selective_scan as ops
     from mamba2_rocm.params import SelectiveScanParams
 
+    monkeypatch.setattr(ops, "kernel_form", form)
     a = _inputs(seeded("ss-launch", n, bmode), d=20, n=n, bmode=bmode, cmode="var",
                 dtype=torch.bfloat16)  # fmt: skip
     D = torch.randn(20, dtype=torch.float64)  # float64: a float32 copy goes to the kernel
     out, last = selective_scan_fn(**a, D=D, delta_softplus=True, return_last_state=True)
     assert out.dtype == torch.bfloat16 and last.shape == (2, 20, n) and last.dtype == torch.float32
     (name, params, grid), = kernel_stand_in.launches  # fmt: skip
-    assert name == f"m2r_selective_scan_bf16_n{tier}" and grid == (-(-20 // channels), 2, 1)
+    suffix = "_dr" if form == "deferred" else ""
+    assert name == f"m2r_selective_scan_bf16_n{tier}{suffix}" and grid == (-(-20 // channels), 2, 1)
     f = dict(zip((k for k, _ in SelectiveScanParams._fields_), params, strict=True))
     assert f["u"] == a["u"].data_ptr() and f["delta"] == a["delta"].data_ptr()  # no copies
     assert f["out"] == out.data_ptr() and f["last_state"] == last.data_ptr()

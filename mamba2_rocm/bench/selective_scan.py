@@ -3,7 +3,8 @@ mamba_ssm's ``selective_scan_ref`` (pure PyTorch, when ``mamba_ssm`` is importab
 ``selective_scan_cuda`` does not build on ROCm, so the reference is what an AMD user of
 mamba_ssm runs).
 
-Shapes: the Mamba1 checkpoints' (d_inner 1536 for mamba-130m, 5120 for mamba-2.8b, 8192 for
+Both forms of the kernel are timed (csrc/selective_scan.hip: the per-token butterfly, the
+default, and the deferred per-chunk sums). Shapes: the Mamba1 checkpoints' (d_inner 1536 for mamba-130m, 5120 for mamba-2.8b, 8192 for
 FalconMamba-7B; dstate 16), variable B / C (b, 16, l) as the models pass them, D, z and
 delta_bias with softplus: the call a Mamba1 layer makes in prefill. Reports the per-call
 device-event median, the CUDA-graph time, the bytes that must move at least (u, delta, z read
@@ -15,6 +16,7 @@ product and sum).
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench.timing import (
@@ -29,6 +31,19 @@ from mamba2_rocm.bench.timing import (
 #: (batch, dim, seqlen, dstate)
 SHAPES = ((1, 1536, 2048, 16), (4, 5120, 2048, 16), (1, 8192, 4096, 16))
 REF = "mamba_ssm selective_scan_ref"
+DEFERRED = "kernel, deferred sums"
+
+
+@contextmanager
+def kernel_form(form: str):
+    """Run the kernel in ``form`` (mamba2_rocm.ops.selective_scan.KERNEL_FORMS) in the block."""
+    from mamba2_rocm.ops import selective_scan as ops
+
+    before, ops.kernel_form = ops.kernel_form, form
+    try:
+        yield
+    finally:
+        ops.kernel_form = before
 
 
 def _mamba_ssm_ref():
@@ -65,12 +80,15 @@ def run(shapes=SHAPES, dtype="bfloat16") -> list[dict]:
         flops = 6 * b * d * L * n
         case = f"sscan b{b} d{d} l{L} n{n} {dtype}"
         impls = [("kernel", selective_scan_fn, dict(warmup=3, iters=30), True),
+                 (DEFERRED, selective_scan_fn, dict(warmup=3, iters=30), True),
                  ("torch", selective_scan_fn, dict(warmup=1, iters=3), False)]  # fmt: skip
         if peer is not None:
             impls.append((REF, peer, dict(warmup=1, iters=3), False))
         for impl, fn, calls, graph in impls:
             call = functools.partial(fn, *args)
-            with backend("torch" if impl == REF else impl):
+            tier = {REF: "torch", DEFERRED: "kernel"}.get(impl, impl)
+            form = "deferred" if impl == DEFERRED else "butterfly"
+            with backend(tier), kernel_form(form):
                 t = time_calls(call, **calls)
                 gr = time_graph(call, replays=5, per_graph=5) if graph else None
             row = bandwidth_row(case, impl, t, gr, nbytes, copy)
@@ -87,7 +105,10 @@ def format_table(rows: list[dict]) -> str:
     worst = None
     for case, impls in by_case.items():
         ours = impls["kernel"]
-        ratios = {k: v / ours for k, v in impls.items() if k != "kernel"}
+        if DEFERRED in impls:
+            lines.append(f"{case}: deferred sums run at {ours / impls[DEFERRED]:.2f}x the "
+                         "per-token butterfly's speed")  # fmt: skip
+        ratios = {k: v / ours for k, v in impls.items() if k not in ("kernel", DEFERRED)}
         lines.append(f"{case}: kernel is " + ", ".join(f"{v:.1f}x faster than {k}"
                                                         for k, v in ratios.items()))  # fmt: skip
         if ratios:

@@ -38,6 +38,12 @@ Tensor = torch.Tensor
 __all__ = ["selective_scan_fn"]
 
 _THREADS = 128  # csrc/selective_scan.hip: kThreads
+#: Which form of the kernel runs (csrc/selective_scan.hip's header): "butterfly" (the per-token
+#: cross-lane sum; verified on the GPU, the default) or "deferred" (the sums once per chunk,
+#: after the token loop; built and statically verified, to be measured against the first and
+#: verified by the GPU tests before it may become the default). Tests and the benchmark set it.
+KERNEL_FORMS = {"butterfly": "", "deferred": "_dr"}
+kernel_form = "butterfly"
 
 
 def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out, last) -> None:
@@ -79,8 +85,8 @@ def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out
         0,
     )  # fmt: skip  (SelectiveScanParams, field order)
     grid = (-(-dims.dim // channels), dims.batch, 1)
-    launch(kset.launcher(f"m2r_selective_scan_{KERNEL_DTYPE[u.dtype]}_n{tier}"), u, params, grid,
-           _THREADS)  # fmt: skip
+    name = f"m2r_selective_scan_{KERNEL_DTYPE[u.dtype]}_n{tier}{KERNEL_FORMS[kernel_form]}"
+    launch(kset.launcher(name), u, params, grid, _THREADS)
 
 
 def _impl(

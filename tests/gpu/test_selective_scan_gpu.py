@@ -20,9 +20,13 @@ DEV = "cuda"
 TOL = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 
 
-@pytest.fixture(autouse=True)
-def kernel_on(monkeypatch):
+@pytest.fixture(autouse=True, params=["butterfly", "deferred"])
+def kernel_on(monkeypatch, request):
+    """Both forms of the kernel (csrc/selective_scan.hip's header) on every test."""
+    from mamba2_rocm.ops import selective_scan as ops
+
     monkeypatch.setenv("MAMBA2_ROCM_BACKEND", "kernel")  # never a silent torch fallback here
+    monkeypatch.setattr(ops, "kernel_form", request.param)
 
 
 def _inputs(g, b, d, L, n, bmode, cmode, dtype, groups=3):
