@@ -92,3 +92,18 @@ class RecordingKernels:
 
     def launcher(self, name):
         return lambda params, grid, block, stream: self.launches.append((name, params, grid))
+
+
+def stand_in_kernels(monkeypatch, ops) -> RecordingKernels:
+    """Put the ops module ``ops`` on the kernel tier on the CPU: ``choose`` (there and in
+    ``_launch``) answers with a :class:`RecordingKernels`, and ``launch`` records instead of
+    launching. Returns the kernel set, whose ``launches`` the test reads."""
+    from mamba2_rocm.ops import _launch
+
+    kset = RecordingKernels()
+    for mod in (ops, _launch):
+        monkeypatch.setattr(mod, "choose", lambda device: ("kernel", kset))
+    monkeypatch.setattr(
+        ops, "launch", lambda launcher, x, p, grid, threads: launcher(p, grid, None, 0)
+    )
+    return kset

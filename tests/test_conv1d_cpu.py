@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import DTYPES, TOL, RecordingKernels, make_seq_idx, make_x, seeded
+from helpers import DTYPES, TOL, make_seq_idx, make_x, seeded, stand_in_kernels
 
 from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
 from mamba2_rocm.reference.conv1d import (
@@ -239,15 +239,9 @@ def test_update_vectorized_matches_eager_long_circular():
 
 @pytest.fixture
 def update_kernels(monkeypatch):
-    from mamba2_rocm.ops import _launch
     from mamba2_rocm.ops import conv1d as ops
 
-    kset = RecordingKernels()
-    for mod in (ops, _launch):
-        monkeypatch.setattr(mod, "choose", lambda device: ("kernel", kset))
-    monkeypatch.setattr(
-        ops, "launch", lambda launcher, x, p, grid, threads: launcher(p, grid, None, 0)
-    )
+    kset = stand_in_kernels(monkeypatch, ops)
     monkeypatch.setattr(ops, "checked_state_rows", lambda kset, idx, pool: idx)
     ops._UPDATE_PLANS.clear()
     yield kset

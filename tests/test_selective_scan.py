@@ -175,18 +175,11 @@ def test_eager_tier_is_the_ground_truth(backend):
 
 @pytest.fixture
 def kernel_stand_in(monkeypatch):
-    from helpers import RecordingKernels
+    from helpers import stand_in_kernels
 
-    from mamba2_rocm.ops import _launch
     from mamba2_rocm.ops import selective_scan as ops
 
-    kset = RecordingKernels()
-    for mod in (ops, _launch):
-        monkeypatch.setattr(mod, "choose", lambda device: ("kernel", kset))
-    monkeypatch.setattr(
-        ops, "launch", lambda launcher, x, p, grid, threads: launcher(p, grid, None, 0)
-    )
-    return kset
+    return stand_in_kernels(monkeypatch, ops)
 
 
 @pytest.mark.parametrize(("n", "tier", "channels"), [(16, 16, 8), (5, 16, 8), (100, 128, 8),

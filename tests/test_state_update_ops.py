@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import RecordingKernels, seeded
+from helpers import RecordingKernels, seeded, stand_in_kernels
 
 from mamba2_rocm import selective_state_update
 from mamba2_rocm.ops import state_update as ops
@@ -93,11 +93,7 @@ def fresh_plans():
 
 @pytest.fixture
 def fake_kernels(monkeypatch, fresh_plans):
-    kset = RecordingKernels()
-    monkeypatch.setattr(ops, "choose", lambda device: ("kernel", kset))
-    monkeypatch.setattr(
-        ops, "launch", lambda launcher, x, params, grid, threads: launcher(params, grid, None, 0)
-    )
+    kset = stand_in_kernels(monkeypatch, ops)
     # the device-side index check (m2r_state_rows) is a separate launch with its own tests;
     # here the indices pass through as they are, so the expected struct holds their address
     monkeypatch.setattr(ops, "checked_state_rows", lambda kset, idx, pool: idx)

@@ -408,13 +408,12 @@ def build(
         raise BuildError(f"unknown source(s) {unknown}; known: {sorted(SOURCES)}")
     srcs = [SOURCES[n] for n in names]
     include = csrc_dir()
-    with tempfile.TemporaryDirectory(prefix="m2r-clang-stubs-") as stubs:
-        if emulate in CLANG_EMULATIONS:
-            toolchains = {"nvidia": find_clang_cuda(Path(stubs))}
-        else:
-            toolchains = {v: find_toolchain(v) for v in {i.vendor for i in infos}}
-        return _build_all(infos, srcs, include, toolchains, Path(out_dir), jobs,
-                          code_object_version, extra_flags, emulate)  # fmt: skip
+    args = (Path(out_dir), jobs, code_object_version, extra_flags, emulate)
+    if emulate in CLANG_EMULATIONS:  # clang's stand-in headers live as long as the build
+        with tempfile.TemporaryDirectory(prefix="m2r-clang-stubs-") as stubs:
+            return _build_all(infos, srcs, include, {"nvidia": find_clang_cuda(Path(stubs))}, *args)
+    toolchains = {v: find_toolchain(v) for v in {i.vendor for i in infos}}
+    return _build_all(infos, srcs, include, toolchains, *args)
 
 
 def _build_all(infos, srcs, include, toolchains, out, jobs, code_object_version, extra_flags,
