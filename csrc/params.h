@@ -113,6 +113,23 @@ struct StateRowsParams {
   int32_t reserved;  // explicit tail padding: the size is a multiple of 8 on every ABI
 };
 
+// The matrix-core self-test (csrc/mma_probe.hip): one 16x16x16 step D = C + A B^T through
+// mma.h on one wave. a, b: (16, 16) 16-bit values of the kernel's dtype, rows of 16 k (A is
+// M x K, B is N x K); c, d: (16, 16) fp32; hits: (16, 16) int32, zeros in, +1 per accumulator
+// register written to the cell; info: (3,) int32 out: M2R_MMA of the build, the wavefront
+// size, 1 if the matrix instruction is emulated. A build without matrix cores (M2R_MMA 0)
+// writes only info.
+struct MmaProbeParams {
+  const uint16_t* a;
+  const uint16_t* b;
+  const float* c;
+  float* d;
+  int32_t* hits;
+  int32_t* info;
+  int32_t mode;      // bit 0: A staged k-major and read with load_lane_t; bit 1: the same for B
+  int32_t reserved;  // explicit tail padding: the size is a multiple of 8 on every ABI
+};
+
 // Gated RMSNorm / LayerNorm over the last dim, in groups of group_size: with norm_before_gate,
 // out = (x - mean) * rstd * weight + bias, then * silu(z); otherwise x * silu(z) is normalized.
 // mean = 0 for RMSNorm (layer_norm 0), the group's mean for LayerNorm;

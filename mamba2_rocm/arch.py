@@ -11,9 +11,12 @@ import re
 from dataclasses import dataclass
 
 __all__ = [
+    "EMULATION_PATHS",
     "GENERIC_FAMILIES",
+    "MMA_PATHS",
     "ArchInfo",
     "arch_info",
+    "expected_mma_path",
     "generic_family",
     "is_amd_arch",
     "is_cuda_arch",
@@ -129,3 +132,31 @@ def arch_info(arch: str) -> ArchInfo:
             f"a generic target such as gfx11-generic, or a CUDA target such as sm_90"
         )
     return ArchInfo(base, "amd", _wavefront(base), 64 * 1024, generic_family(base))
+
+
+#: ``M2R_MMA`` values (csrc/mma.h) -> what they are.
+MMA_PATHS = {
+    0: "no matrix cores: the fp32 FMA path (gfx10.3)",
+    1: "NVIDIA mma.sync m16n8k16",
+    2: "AMD MFMA 16x16x16, wave64 (CDNA2/3/4)",
+    3: "AMD WMMA 16x16x16, wave32, gfx11 layout (RDNA3/3.5)",
+    4: "AMD WMMA 16x16x16, wave32, gfx12 layout (RDNA4)",
+}
+#: ``build --emulate`` variant -> the path its build takes (csrc/mma.h's M2R_EMULATE_*).
+EMULATION_PATHS = {"gfx1030": 0, "gfx11": 3, "gfx12": 4, "gfx9": 2}
+_MFMA_TARGETS = frozenset({"gfx90a", "gfx942", "gfx950", "gfx9-4-generic"})
+
+
+def expected_mma_path(target: str, emulates: str | None = None) -> int:
+    """The ``M2R_MMA`` path csrc/mma.h selects for a kernel dir's target (or emulation)."""
+    if emulates:
+        return EMULATION_PATHS[emulates]
+    if target.startswith("sm_"):
+        return 1 if int(re.sub(r"\D", "", target)) >= 80 else 0
+    if target in _MFMA_TARGETS:
+        return 2
+    if target.startswith("gfx11"):
+        return 3
+    if target.startswith("gfx12"):
+        return 4
+    return 0

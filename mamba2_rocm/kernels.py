@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from mamba2_rocm.params import (
     ConvFwdParams,
     ConvUpdateParams,
+    MmaProbeParams,
     RmsNormParams,
     SelectiveScanParams,
     SsdParams,
@@ -79,6 +80,10 @@ SOURCES: dict[str, KernelSource] = {
             ),
         ),
         KernelSource("state_rows", StateRowsParams, ("m2r_state_rows",)),
+        # the matrix-core interface's self-test (tests/gpu/test_mma_probe_gpu.py)
+        KernelSource(
+            "mma_probe", MmaProbeParams, tuple(f"m2r_mma_probe_{dt}" for dt in ("f16", "bf16"))
+        ),
         KernelSource(
             "selective_scan",
             SelectiveScanParams,

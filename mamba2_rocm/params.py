@@ -14,6 +14,7 @@ __all__ = [
     "DTYPE_CODES",
     "ConvFwdParams",
     "ConvUpdateParams",
+    "MmaProbeParams",
     "RmsNormParams",
     "SelectiveScanParams",
     "SsdParams",
@@ -71,6 +72,10 @@ class SsuParams(ctypes.Structure):
         "batch nheads headdim dstate heads_per_group num_states dt_softplus "
         "dt_dtype a_dtype d_dtype dt_bias_dtype reserved",
     )
+
+
+class MmaProbeParams(ctypes.Structure):
+    _fields_ = _fields("a b c d hits info", "", "mode reserved")
 
 
 class StateRowsParams(ctypes.Structure):

@@ -8,6 +8,9 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
+if [ -n "${EMULATE:-}" ] && [ -n "${COMMIT:-}" ] && ! [[ $COMMIT =~ ^[0-9a-f]{40}$ ]]; then
+  echo "COMMIT must be the full 40-hex sha the run's record names, got '$COMMIT'" >&2; exit 2
+fi
 work=$(mktemp -d)  # fresh per run: nothing left by an earlier run lands on PYTHONPATH
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$work/site" .whl/*.whl || exit 1
