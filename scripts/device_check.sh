@@ -34,14 +34,7 @@ nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' | tee -a "$OUT/gpu.txt"
 if [ -n "${KERNELS:-}" ]; then
   kernels=$(cd "$KERNELS" && pwd) || exit 1
-  python3 - "$kernels" "${EMULATE:-}" <<'PY' | tee "$OUT/build.txt" || exit 1
-import json, sys
-from pathlib import Path
-m = json.loads(next(Path(sys.argv[1]).glob("*/manifest.json")).read_text())
-if m.get("emulates", "") != sys.argv[2]:
-    sys.exit(f"KERNELS holds a build of {m.get('emulates') or 'no emulation'}, EMULATE says {sys.argv[2] or 'none'}")
-print(f"prebuilt {m['target']} kernels ({m['compiler']}; emulates {m.get('emulates')})")
-PY
+  python3 -m mamba2_rocm.pipeline emulation-kernels --variant "${EMULATE:-}" "$kernels" | tee "$OUT/build.txt" || exit 1
 else
   kernels=$work/kernels
   python3 -m mamba2_rocm build --arch native ${EMULATE:+--emulate "$EMULATE"} --out "$kernels" 2>&1 | tee "$OUT/build.txt" || exit 1

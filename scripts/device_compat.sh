@@ -4,15 +4,26 @@
 # start). Then, in order of importance: the upstream suites (fetched copies under
 # .dev/upstream/, never committed) run unmodified against the import names; transformers end
 # to end; our GPU tests. Wheels the machine lacks travel in .whl/. Results under $OUT.
+# EMULATE=<variant> runs all of it on an AMD target's code paths (gfx1030 is built here; the
+# clang variants come prebuilt: KERNELS=.dev/emu/<variant>, see build_emulations.sh).
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
+if [ -n "${EMULATE:-}" ] && [ -n "${COMMIT:-}" ] && ! [[ $COMMIT =~ ^[0-9a-f]{40}$ ]]; then
+  echo "COMMIT must be the full 40-hex sha the run's record names, got '$COMMIT'" >&2; exit 2
+fi
 work=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/site" .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:$work/site PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpu.txt"
-python3 -m mamba2_rocm build --arch native ${EMULATE:+--emulate "$EMULATE"} --out "$work/kernels" >"$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
-export MAMBA2_ROCM_KERNEL_PATH=$work/kernels
+if [ -n "${KERNELS:-}" ]; then  # a kernel folder built elsewhere (the clang emulations: build_emulations.sh)
+  kernels=$(cd "$KERNELS" && pwd) || exit 1
+  python3 -m mamba2_rocm.pipeline emulation-kernels --variant "${EMULATE:-}" "$kernels" | tee "$OUT/build.txt" || exit 1
+else
+  kernels=$work/kernels
+  python3 -m mamba2_rocm build --arch native ${EMULATE:+--emulate "$EMULATE"} --out "$kernels" >"$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
+fi
+export MAMBA2_ROCM_KERNEL_PATH=$kernels
 # the drop-in wheel: built here when hatchling is there, else carried in .dev/dist/
 dist=.dev/dist
 if ! ls $dist/mamba2_rocm_dropin-*.whl >/dev/null 2>&1; then
@@ -26,8 +37,15 @@ repo=$PWD
 export MAMBA2_ROCM_BACKEND=kernel  # the upstream suites must never meet a silent torch fallback
 for suite in ${SUITES:-mamba causal-conv1d}; do
   cd "$repo/.dev/upstream/$suite" || continue
-  timeout "${SUITE_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -rfE ${UPSTREAM_ARGS:-} tests >"$OUT/upstream-$suite.txt" 2>&1
+  timeout "${SUITE_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml "$OUT/junit-upstream-$suite.xml" \
+    ${UPSTREAM_ARGS:-} tests >"$OUT/upstream-$suite.txt" 2>&1
   echo "== upstream $suite"; tail -1 "$OUT/upstream-$suite.txt"
+  if [ -n "${EMULATE:-}" ] && [ -s "$OUT/junit-upstream-$suite.xml" ]; then  # the run's record for the truth table
+    (cd "$repo" && python3 -m mamba2_rocm.pipeline emulation-record --variant "$EMULATE" --suite "upstream-$suite" \
+      --junit "$OUT/junit-upstream-$suite.xml" --commit "${COMMIT:-$(git rev-parse HEAD)}" \
+      --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+      --out "$OUT/emulation-record-$EMULATE-upstream-$suite.json")
+  fi
 done
 cd "$repo" || exit 1
 unset MAMBA2_ROCM_BACKEND

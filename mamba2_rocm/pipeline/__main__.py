@@ -3,7 +3,8 @@
 Commands: ``targets`` | ``toolchain [--refresh] [TARGET...]`` | ``build TARGET... [--out wheels]``
 | ``reproducibility TARGET`` | ``matrix [--github-output FILE]`` | ``publish [TARGET...]
 (--repository-url URL | --check-only)`` | ``pull TARGET --index-url URL`` | ``gpu-tests TARGET``
-| ``truth [--gates DIR]`` | ``emulation-record --variant V --junit FILE --commit SHA``.
+| ``truth [--gates DIR]`` | ``emulation-record --variant V [--suite S] --junit FILE --commit SHA``
+| ``emulation-kernels --variant V DIR``.
 """
 
 from __future__ import annotations
@@ -62,11 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("emulation-record",
                        help="write the record of a GPU-suite run on an emulation build")  # fmt: skip
     p.add_argument("--variant", required=True)
+    p.add_argument("--suite", default="gpu", help="which suite ran (truth.EMULATION_SUITES)")
     p.add_argument("--junit", required=True, help="pytest's --junitxml report of the run")
     p.add_argument("--commit", required=True, help="the git sha the build and tests came from")
     p.add_argument("--device", required=True, help="the GPU it ran on")
     p.add_argument("--date", required=True, help="when it ran (ISO 8601)")
     p.add_argument("--out", required=True)
+    p = sub.add_parser("emulation-kernels",
+                       help="check that a prebuilt kernel folder is the named emulation's build")  # fmt: skip
+    p.add_argument("--variant", default="", help="the variant it must be ('' = no emulation)")
+    p.add_argument("kernels", help="the folder build --out wrote (<arch>/manifest.json)")
     args = parser.parse_args(argv)
 
     from mamba2_rocm.pipeline.stages import PipelineError, build_targets
@@ -126,9 +132,14 @@ def main(argv: list[str] | None = None) -> int:
             from mamba2_rocm.pipeline.truth import emulation_record
 
             rec = emulation_record(Path(args.junit), args.variant, args.commit, args.device,
-                                   args.date)  # fmt: skip
+                                   args.date, args.suite)  # fmt: skip
             Path(args.out).write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
-            print(f"{args.variant}: {rec['passed']} passed, {rec['failed']} failed -> {args.out}")
+            print(f"{args.variant} {args.suite}: {rec['passed']} passed, {rec['failed']} failed "
+                  f"-> {args.out}")  # fmt: skip
+        elif args.cmd == "emulation-kernels":
+            from mamba2_rocm.pipeline.truth import check_emulation_kernels
+
+            print(check_emulation_kernels(Path(args.kernels), args.variant))
         elif args.cmd == "gpu-tests":
             from mamba2_rocm.pipeline.gputest import DEFAULT_BASE_IMAGE, run_gpu_tests
 

@@ -5,10 +5,12 @@ Levels, each only from a record that says so (never written by hand into the tab
 1. **compiled + statically verified**: every recipe is built by ``ci.yml``'s build matrix
    (arch, spills, LDS and kernel ABI checked on every code object); a local
    ``wheels/<target>/build-manifest.json`` whose static verification passed names the commit.
-2. **executed in emulation**: ``records/emulation/<variant>.json``, written on the NVIDIA machine
-   by ``python -m mamba2_rocm.pipeline emulation-record`` from the junit report of a GPU-suite
-   run on a ``build --emulate <variant>`` build (``EMULATE=<variant> scripts/device_check.sh``)
-   and committed. A variant stands for the targets whose code paths it builds
+2. **executed in emulation**: ``records/emulation/<variant>[-<suite>].json``, written on the
+   NVIDIA machine by ``python -m mamba2_rocm.pipeline emulation-record`` from the junit report of
+   a run on a ``build --emulate <variant>`` build and committed: our GPU suite
+   (``EMULATE=<variant> scripts/device_check.sh``) and the upstream suites through the drop-in
+   names (``EMULATE=<variant> scripts/device_compat.sh``), one record per suite
+   (:data:`EMULATION_SUITES`). A variant stands for the targets whose code paths it builds
    (:data:`EMULATED_TARGETS`).
 3. **executed on the AMD GPU**: only a GPU gate record (``gpu-gate.json``) that a self-hosted
    runner's ``nox -s gpu-tests-<target>`` wrote and the GPU workflow uploaded; passed with
@@ -35,7 +37,9 @@ from mamba2_rocm.pipeline.recipes import Recipe
 __all__ = [
     "EMULATED_TARGETS",
     "EMULATION_FORMAT",
+    "EMULATION_SUITES",
     "TruthRow",
+    "check_emulation_kernels",
     "emulation_record",
     "format_table",
     "gate_problems",
@@ -52,6 +56,13 @@ EMULATED_TARGETS = {
     # wave64 as two warps exchanging through shared memory (csrc/platform.h), MFMA emulated
     "gfx9": ("gfx90a", "gfx942", "gfx950", "gfx9-4-generic"),
 }
+#: suite key (``emulation-record --suite``) -> what ran; the table lists them in this order
+EMULATION_SUITES = {
+    "gpu": "pytest -m gpu tests",
+    "upstream-mamba": "state-spaces/mamba tests (drop-in names)",
+    "upstream-causal-conv1d": "Dao-AILab/causal-conv1d tests (drop-in names)",
+}
+_SUITE_NAMES = {v: k for k, v in EMULATION_SUITES.items()}
 _SHA = re.compile(r"[0-9a-f]{40}")
 
 
@@ -64,20 +75,39 @@ class TruthRow:
     hardware: str
 
 
-def emulation_record(junit: Path, variant: str, commit: str, device: str, date: str) -> dict:
-    """The record of one GPU-suite run on an emulation build, from pytest's junit report."""
+def emulation_record(junit: Path, variant: str, commit: str, device: str, date: str,
+                     suite: str = "gpu") -> dict:  # fmt: skip
+    """The record of one suite's run on an emulation build, from pytest's junit report."""
     if variant not in EMULATED_TARGETS:
         raise ValueError(
             f"unknown emulation variant {variant!r}; known: {sorted(EMULATED_TARGETS)}"
         )
+    if suite not in EMULATION_SUITES:
+        raise ValueError(f"unknown suite {suite!r}; known: {sorted(EMULATION_SUITES)}")
     if not _SHA.fullmatch(commit):
         raise ValueError(f"commit must be a 40-hex git sha, got {commit!r}")
     counts = junit_counts(junit)
     return {
-        "format": EMULATION_FORMAT, "variant": variant, "suite": "pytest -m gpu tests",
+        "format": EMULATION_FORMAT, "variant": variant, "suite": EMULATION_SUITES[suite],
         **{k: counts[k] for k in ("passed", "failed", "errors", "skipped")},
         "commit": commit, "device": device, "date": date,
     }  # fmt: skip
+
+
+def check_emulation_kernels(kernels: Path, variant: str) -> str:
+    """Refuse a prebuilt kernel folder that is not ``variant``'s emulation build (``""``: a
+    native build), so a run's record never names the wrong code paths. Returns a summary line."""
+    manifests = sorted(kernels.glob("*/manifest.json"))
+    if len(manifests) != 1:
+        raise ValueError(f"{kernels}: expected one <arch>/manifest.json, found {len(manifests)}")
+    m = _read(manifests[0])
+    if not isinstance(m, dict):
+        raise ValueError(f"{manifests[0]}: {m}")
+    built = m.get("emulates") or ""
+    if built != variant:
+        raise ValueError(f"{kernels} holds a build of {built or 'no emulation'}, "
+                         f"the run says {variant or 'none'}")  # fmt: skip
+    return f"prebuilt {m.get('target')} kernels ({m.get('compiler')}; emulates {built or 'none'})"
 
 
 def _emulation_problems(rec: Any) -> list[str]:
@@ -88,6 +118,8 @@ def _emulation_problems(rec: Any) -> list[str]:
         problems.append(f"format {rec.get('format')!r}, expected {EMULATION_FORMAT}")
     if rec.get("variant") not in EMULATED_TARGETS:
         problems.append(f"unknown variant {rec.get('variant')!r}")
+    if rec.get("suite") not in _SUITE_NAMES:
+        problems.append(f"unknown suite {rec.get('suite')!r}")
     for key in ("passed", "failed", "errors", "skipped"):
         if not isinstance(rec.get(key), int) or rec[key] < 0:
             problems.append(f"{key} must be a count, got {rec.get(key)!r}")
@@ -120,13 +152,23 @@ def _read(path: Path) -> Any:
 
 def truth_table(recipes: list[Recipe], records: Path, gate_roots: list[Path],
                 wheels: Path) -> list[TruthRow]:  # fmt: skip
-    emulations: dict[str, tuple[dict | None, str]] = {}  # target -> (record, problem)
+    emulations: dict[str, list[tuple[int, str, dict]]] = {}  # target -> (suite order, run, rec)
+    invalid: dict[str, list[str]] = {}
     for path in sorted(records.glob("*.json")) if records.is_dir() else []:
         rec = _read(path)
         problems = [rec] if isinstance(rec, str) else _emulation_problems(rec)
         variant = rec.get("variant") if isinstance(rec, dict) else None
-        for target in EMULATED_TARGETS.get(variant, ()):
-            emulations[target] = (None if problems else rec, "; ".join(problems))
+        targets = EMULATED_TARGETS.get(variant, ())
+        if problems:
+            for target in targets or (path.stem,):
+                invalid.setdefault(target, []).append(f"{path.name}: {'; '.join(problems)}")
+            continue
+        run = (f"{_SUITE_NAMES[rec['suite']]} {rec['passed']} passed, {rec['failed']} failed, "
+               f"{rec['errors']} errors ({rec.get('date')}, {rec['commit'][:12]})")  # fmt: skip
+        for target in targets:
+            emulations.setdefault(target, []).append(
+                (list(EMULATION_SUITES).index(_SUITE_NAMES[rec["suite"]]), run, rec)
+            )
     gates: dict[str, list[tuple[Path, Any]]] = {}
     for root in gate_roots:
         for path in sorted(root.rglob(GATE_FILE)):
@@ -141,13 +183,13 @@ def truth_table(recipes: list[Recipe], records: Path, gate_roots: list[Path],
         static = "yes (ci.yml builds every recipe)"
         if manifest and (manifest.get("verification") or {}).get("static") == "passed":
             static = f"yes; local build of {str(manifest.get('source_commit'))[:12]}"
-        rec, problem = emulations.get(recipe.target, (None, ""))
-        if rec is not None:
-            emulation = (f"{rec['variant']} on {rec.get('device')}: {rec['passed']} passed, "
-                         f"{rec['failed']} failed, {rec['errors']} errors ({rec.get('date')}, "
-                         f"{rec['commit'][:12]})")  # fmt: skip
-        elif problem:
-            emulation = f"invalid record: {problem}"
+        runs = sorted(emulations.get(recipe.target, []), key=lambda r: r[0])
+        problems = invalid.get(recipe.target, [])
+        if problems:
+            emulation = "invalid record " + "; ".join(problems)
+        elif runs:
+            rec = runs[0][2]
+            emulation = f"{rec['variant']} on {rec.get('device')}: " + "; ".join(r[1] for r in runs)
         elif recipe.target in {t for ts in EMULATED_TARGETS.values() for t in ts}:
             emulation = "variant exists, no recorded run yet"
         else:

@@ -10,7 +10,12 @@ import pytest
 
 from mamba2_rocm.pipeline import publish
 from mamba2_rocm.pipeline.recipes import get_recipe, load_recipes
-from mamba2_rocm.pipeline.truth import emulation_record, format_table, truth_table
+from mamba2_rocm.pipeline.truth import (
+    check_emulation_kernels,
+    emulation_record,
+    format_table,
+    truth_table,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SHA = "ab" * 20
@@ -59,7 +64,7 @@ def test_every_level_comes_from_a_record(records, tmp_path):
     rows = _rows(records, gates, tmp_path / "no-wheels")
     # emulation: the gfx1030 variant stands for both gfx10.3 targets, with its counts
     for t in ("gfx1030", "gfx10-3-generic"):
-        assert rows[t].emulation.startswith("gfx1030 on NVIDIA H100: 35 passed, 2 failed")
+        assert rows[t].emulation.startswith("gfx1030 on NVIDIA H100: gpu 35 passed, 2 failed")
     assert rows["gfx1100"].emulation == "variant exists, no recorded run yet"  # gfx11's
     assert rows["gfx90a"].emulation == "variant exists, no recorded run yet"  # gfx9's (wave64)
     # hardware: only a record that holds together counts
@@ -94,8 +99,49 @@ def test_an_invalid_emulation_record_is_shown_as_such(tmp_path):
                                                 "failed": 0, "errors": 0, "skipped": 0,
                                                 "commit": "nope"}))  # fmt: skip
     rows = _rows(d, tmp_path / "none", tmp_path / "none")
-    assert rows["gfx1030"].emulation == ("invalid record: passed must be a count, got -1; "
-                                         "commit 'nope' is not a git sha")  # fmt: skip
+    assert rows["gfx1030"].emulation == ("invalid record gfx1030.json: unknown suite None; passed "
+                                         "must be a count, got -1; commit 'nope' is not a git sha")  # fmt: skip
+
+
+def test_a_variants_suites_are_listed_in_order_and_one_bad_record_taints_the_row(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(JUNIT)
+    d = tmp_path / "records"
+    d.mkdir()
+    for suite in ("upstream-causal-conv1d", "gpu", "upstream-mamba"):  # written out of order
+        rec = emulation_record(junit, "gfx11", SHA, "H100", "2026-11-24T01:00:00Z", suite)
+        (d / f"gfx11-{suite}.json").write_text(json.dumps(rec))
+    rows = _rows(d, tmp_path / "none", tmp_path / "none")
+    run = f"35 passed, 2 failed, 0 errors (2026-11-24T01:00:00Z, {SHA[:12]})"
+    assert rows["gfx1100"].emulation == (f"gfx11 on H100: gpu {run}; upstream-mamba {run}; "
+                                         f"upstream-causal-conv1d {run}")  # fmt: skip
+    assert rows["gfx1030"].emulation == "variant exists, no recorded run yet"
+    bad = json.loads((d / "gfx11-upstream-mamba.json").read_text()) | {"suite": "my own tests"}
+    (d / "gfx11-upstream-mamba.json").write_text(json.dumps(bad))
+    rows = _rows(d, tmp_path / "none", tmp_path / "none")
+    assert rows["gfx1101"].emulation == (
+        "invalid record gfx11-upstream-mamba.json: unknown suite 'my own tests'"
+    )
+    with pytest.raises(ValueError, match="unknown suite 'bench'"):
+        emulation_record(junit, "gfx11", SHA, "H100", "d", "bench")
+
+
+def test_a_prebuilt_kernel_folder_must_be_the_named_emulation(tmp_path):
+    (tmp_path / "k" / "sm_90").mkdir(parents=True)
+    manifest = tmp_path / "k" / "sm_90" / "manifest.json"
+    manifest.write_text(json.dumps({"target": "sm_90", "compiler": "clang", "emulates": "gfx12"}))
+    assert check_emulation_kernels(tmp_path / "k", "gfx12") == (
+        "prebuilt sm_90 kernels (clang; emulates gfx12)"
+    )
+    with pytest.raises(ValueError, match="holds a build of gfx12, the run says gfx11"):
+        check_emulation_kernels(tmp_path / "k", "gfx11")
+    with pytest.raises(ValueError, match="holds a build of gfx12, the run says none"):
+        check_emulation_kernels(tmp_path / "k", "")
+    manifest.write_text(json.dumps({"target": "sm_90", "compiler": "nvcc"}))
+    with pytest.raises(ValueError, match="holds a build of no emulation, the run says gfx1030"):
+        check_emulation_kernels(tmp_path / "k", "gfx1030")
+    with pytest.raises(ValueError, match="expected one <arch>/manifest.json, found 0"):
+        check_emulation_kernels(tmp_path / "none", "gfx12")
 
 
 def test_emulation_record_refuses_unknown_variants_and_bad_commits(tmp_path):
