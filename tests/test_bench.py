@@ -108,6 +108,32 @@ def test_bench_model_takes_chosen_shapes(monkeypatch, capsys):
     assert "--shape applies to `bench model` only" in capsys.readouterr().err
 
 
+def test_the_table_says_when_the_kernels_are_an_emulation_build(monkeypatch, tmp_path):
+    """A gfx1030-emulation timing on the NVIDIA GPU must never read as a Radeon timing."""
+    import types
+
+    import torch
+
+    from mamba2_rocm.bench import timing
+    from mamba2_rocm.runtime import loader
+
+    kdir = types.SimpleNamespace(path=tmp_path, origin="MAMBA2_ROCM_KERNEL_PATH",
+                                 manifest={"emulates": "gfx1030"})  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(loader, "kernels_for_device",
+                        lambda i: types.SimpleNamespace(target="sm_90", kdir=kdir))  # fmt: skip
+    note = timing.kernel_build_note()
+    assert note.startswith(f"kernels: sm_90 from {tmp_path} (MAMBA2_ROCM_KERNEL_PATH); EMULATION")
+    assert "gfx1030's code paths" in note and "not of an AMD GPU" in note
+    kdir.manifest = {}
+    assert "EMULATION" not in timing.kernel_build_note()
+    monkeypatch.setattr(loader, "kernels_for_device", lambda i: None)
+    assert timing.kernel_build_note() == "kernels: none (torch fallback)"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert timing.kernel_build_note() == "kernels: none (no GPU)"
+
+
 # --- bench selective-scan: the table and the peer lookup ----------------------------------
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -16,6 +17,10 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError("--shape applies to `bench model` only")
         extra["shapes"] = tuple(args.shape)
     rows = bench.run(dtype=args.dtype, **extra)  # host: bf16 always (the dtype is not its subject)
+    from mamba2_rocm.bench.timing import kernel_build_note
+
+    note = kernel_build_note()
+    print(note, file=sys.stderr if args.json else sys.stdout)
     print(json.dumps(rows, indent=1) if args.json else bench.format_table(rows))
     return 0
 

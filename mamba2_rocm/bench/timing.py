@@ -19,6 +19,30 @@ class Timing:
     calls: int
 
 
+def kernel_build_note(device_index: int | None = None) -> str:
+    """Which kernel build the timings are of: an emulation build (``build --emulate``) runs an
+    AMD target's code paths on this GPU, and its timings must never be read as that AMD GPU's."""
+    from mamba2_rocm.runtime.loader import LoaderError, kernels_for_device
+
+    torch = require_torch()
+    if not torch.cuda.is_available():
+        return "kernels: none (no GPU)"
+    try:
+        kset = kernels_for_device(
+            torch.cuda.current_device() if device_index is None else device_index
+        )
+    except LoaderError as exc:
+        return f"kernels: none ({exc})"
+    if kset is None:
+        return "kernels: none (torch fallback)"
+    note = f"kernels: {kset.target} from {kset.kdir.path} ({kset.kdir.origin})"
+    emulates = kset.kdir.manifest.get("emulates")
+    if emulates:
+        note += (f"; EMULATION build of {emulates}'s code paths: these are timings of that code "
+                 f"on this GPU, not of an AMD GPU")  # fmt: skip
+    return note
+
+
 def time_calls(fn: Callable[[], object], warmup: int = 10, iters: int = 100) -> Timing:
     """Median of per-call device-event timings; each call is timed alone, launch included."""
     torch = require_torch()
