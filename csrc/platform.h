@@ -127,6 +127,23 @@ M2R_DEVICE float shfl_up(float v, unsigned delta) {
 #endif
 }
 
+// Within aligned groups of `width` lanes (width <= 32: one warp even where wave64 is emulated):
+// v of the lane delta below (a lane below delta keeps its own v), and v of lane src of the group.
+M2R_DEVICE float shfl_up_width(float v, unsigned delta, int width) {
+#if M2R_AMD
+  return __shfl_up(v, delta, width);
+#else
+  return __shfl_up_sync(0xffffffffu, v, delta, width);
+#endif
+}
+M2R_DEVICE float shfl_width(float v, int src, int width) {
+#if M2R_AMD
+  return __shfl(v, src, width);
+#else
+  return __shfl_sync(0xffffffffu, v, src, width);
+#endif
+}
+
 M2R_DEVICE lane_mask_t ballot(bool pred) {
 #if M2R_AMD
   return static_cast<lane_mask_t>(__ballot(pred));

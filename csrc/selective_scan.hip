@@ -189,6 +189,209 @@ M2R_DEVICE void scan(const SelectiveScanParams& p) {
   }
 }
 
+
+// ---- the segment form (m2r_selective_scan_<dt>_n<16|32|64>_sp) -----------------------------
+// The forms above walk each channel's tokens one by one: the whole sequence is one dependency
+// chain per channel, and a channel's lanes share one state element each, so at Mamba1's dstate
+// 16 the chain (a load, an exp, an FMA, a cross-lane sum per token) is all a lane does and the
+// kernel runs at the latency of that chain, a few percent of the memory bandwidth. The segment
+// form parallelises along the sequence instead: a channel takes a group of kSeg = 32 lanes
+// (one warp, half a wave64: a group never spans two waves), and in every chunk of
+// kSeg * kTok tokens lane j owns the kTok consecutive tokens from j * kTok. The state elements
+// are independent recurrences (only the outputs sum over them), so the lane takes them one at a
+// time, and for each:
+//   1. runs the recurrence over its tokens from a zero state: the segment's affine map
+//      h -> P h + hl (P the product of its tokens' decays exp(A delta), hl the state from zero);
+//   2. an inclusive scan over the group's lanes (Hillis-Steele, shuffles; products, no exps)
+//      composes the maps; the exclusive map applied to the carry from the previous chunk is the
+//      state at the lane's first token, lane 31's inclusive map the carry into the next chunk
+//      (LDS, per lane and element; nothing is written to memory between chunks);
+//   3. runs its tokens again from that state with the decays and B it kept, summing C h into
+//      the lane's outputs.
+// One exp, one B and one C load per token and element, as the sequential forms. The outputs
+// get D u and the silu(z) gate and are written once per chunk.
+// Every load is a lane's kTok consecutive elements of a row: one or two 16-byte loads where the
+// row is 16-byte aligned and the segment lies inside the sequence, element loads otherwise; a
+// warp's loads are contiguous. Tokens past seqlen (the last chunk's tail) take delta 0 and u 0:
+// the identity step, so the carry and the last state are untouched by them.
+
+// 32-bit word i of a run of 16-byte words (i a compile-time constant after unrolling: no
+// indexed register arrays, which AMD's compiler would put in scratch memory)
+template <int kWords>
+M2R_DEVICE uint32_t word(const uint4 (&w)[kWords], int i) {
+  const uint4 q = w[i / 4];
+  return (i & 3) == 0 ? q.x : (i & 3) == 1 ? q.y : (i & 3) == 2 ? q.z : q.w;
+}
+
+// element k of a run of 16-byte words holding kTok elements of T's storage, as float
+template <typename T, int kWords>
+M2R_DEVICE float element(const uint4 (&w)[kWords], int k) {
+  if constexpr (sizeof(typename T::storage) == 4) {
+    return __uint_as_float(word(w, k));
+  } else {
+    return T::to_float(static_cast<typename T::storage>((word(w, k / 2) >> (16 * (k & 1))) & 0xffffu));
+  }
+}
+
+// kTok consecutive elements of a row from token t on, as float (0 past len)
+template <typename T, int kTok>
+M2R_DEVICE void load_seg(const typename T::storage* row, int64_t t, int64_t len, bool vec,
+                         float* out) {
+  constexpr int kWords = kTok * static_cast<int>(sizeof(typename T::storage)) / 16;
+  static_assert(kWords * 16 == kTok * static_cast<int>(sizeof(typename T::storage)),
+                "whole 16-byte loads");
+  if (vec && t + kTok <= len) {
+    uint4 w[kWords];
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = reinterpret_cast<const uint4*>(row + t)[i];
+#pragma unroll
+    for (int k = 0; k < kTok; ++k) out[k] = element<T>(w, k);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kTok; ++k) out[k] = t + k < len ? T::to_float(row[t + k]) : 0.f;
+  }
+}
+
+M2R_DEVICE bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
+
+template <typename T, int kN>
+M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
+  constexpr int kSeg = 32;  // lanes (segments) per channel
+  constexpr int kTok = 8;   // tokens per lane and chunk
+  constexpr int kCh = kThreads / kSeg;
+  typedef typename T::storage S;
+  // the carry between chunks per state element, in LDS (the loop over state elements stays
+  // rolled: unrolled, AMD's compiler kept every element's loads and exps live at once and
+  // spilled); the same in every lane of a channel, each lane keeps its own copy, so no lane
+  // waits for another's write
+  __shared__ float s_carry[kN][kThreads];
+  const int tid = threadIdx.x;
+  const int j = tid % kSeg;
+  const int64_t b = blockIdx.y;
+  const int64_t d0 = static_cast<int64_t>(blockIdx.x) * kCh;
+  const int64_t d = d0 + tid / kSeg;
+  const bool live = d < p.dim;
+  const int64_t dd = live ? d : d0;  // a channel past dim computes on channel d0, writes nothing
+  const int64_t L = p.seqlen;
+  const int nst = p.dstate;  // <= kN
+  const float* a_row = p.A + dd * nst;
+  for (int n = 0; n < nst; ++n) s_carry[n][tid] = 0.f;  // only this thread reads its column
+  const int64_t row = (b * p.dim + dd) * L;
+  const S* u_row = static_cast<const S*>(p.u) + row;
+  const S* dl_row = static_cast<const S*>(p.delta) + row;
+  const S* z_row = p.z ? static_cast<const S*>(p.z) + row : nullptr;
+  S* o_row = static_cast<S*>(p.out) + row;
+  // B / C: a group's (dstate, seqlen) block (row n at n * L) or fixed (dim, dstate) values
+  const float* bp = p.B + (p.b_groups ? (b * p.b_groups + dd / (p.dim / p.b_groups)) * nst * L
+                                       : dd * nst);
+  const float* cp = p.C + (p.c_groups ? (b * p.c_groups + dd / (p.dim / p.c_groups)) * nst * L
+                                       : dd * nst);
+  const bool vec_x = aligned16(u_row) && aligned16(dl_row) && (!z_row || aligned16(z_row)) &&
+                     aligned16(o_row);
+  // every row of a B / C block starts 16-byte aligned when the block does and L is a multiple of 4
+  const bool vec_b = p.b_groups && aligned16(bp) && L % 4 == 0;
+  const bool vec_c = p.c_groups && aligned16(cp) && L % 4 == 0;
+  const float dbias = p.delta_bias ? load_as_float(p.delta_bias, p.delta_bias_dtype, dd) : 0.f;
+  const float dcoef = p.D ? load_as_float(p.D, p.d_dtype, dd) : 0.f;
+  const bool softplus_on = p.delta_softplus != 0;
+
+#pragma unroll 1
+  for (int64_t c0 = 0; c0 < L; c0 += kSeg * kTok) {
+    const int64_t t = c0 + j * kTok;  // this lane's first token
+    float u[kTok], dt[kTok], dtu[kTok], bv[kTok], cv[kTok], y[kTok];
+    load_seg<T, kTok>(u_row, t, L, vec_x, u);
+    load_seg<T, kTok>(dl_row, t, L, vec_x, dt);
+#pragma unroll
+    for (int k = 0; k < kTok; ++k) {
+      float v = dt[k] + dbias;
+      if (softplus_on) v = softplus(v);
+      dt[k] = t + k < L ? v : 0.f;  // past the sequence: the identity step
+      dtu[k] = dt[k] * u[k];
+      y[k] = 0.f;
+    }
+    // per state element (independent recurrences; only the outputs sum over them):
+#pragma unroll 1
+    for (int n = 0; n < nst; ++n) {
+      const float a2 = a_row[n] * kLog2e;
+      if (p.b_groups) {
+        load_seg<F32, kTok>(bp + n * L, t, L, vec_b, bv);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) bv[k] = bp[n];
+      }
+      // 1. the segment's map h -> P h + hl: its decays' product and its state from zero
+      float decay[kTok], h = 0.f, P = 1.f;
+#pragma unroll
+      for (int k = 0; k < kTok; ++k) {
+        decay[k] = fast_exp2(a2 * dt[k]);
+        h = fmaf(decay[k], h, dtu[k] * bv[k]);
+        P *= decay[k];
+      }
+      // 2. inclusive scan of the maps over the channel's lanes (Hillis-Steele: the lane's range
+      // composed with the range before it); the exclusive map applied to the carry is the state
+      // at the lane's first token, lane 31's inclusive map the carry into the next chunk
+#pragma unroll
+      for (int i = 0; i < 5; ++i) {
+        const float hp = shfl_up_width(h, 1 << i, kSeg);
+        const float Pp = shfl_up_width(P, 1 << i, kSeg);
+        if (j >= (1 << i)) h = fmaf(P, hp, h), P *= Pp;
+      }
+      static_assert(kSeg == 32, "five scan steps");
+      const float h_ex = shfl_up_width(h, 1, kSeg);  // every lane shuffles; lane 0 drops them
+      const float P_ex = shfl_up_width(P, 1, kSeg);
+      const float h_all = shfl_width(h, kSeg - 1, kSeg);
+      const float P_all = shfl_width(P, kSeg - 1, kSeg);
+      const float carry = s_carry[n][tid];
+      s_carry[n][tid] = fmaf(P_all, carry, h_all);
+      h = j > 0 ? fmaf(P_ex, carry, h_ex) : carry;
+      // 3. the lane's tokens again from that state (the decays and B kept), with the outputs
+      if (p.c_groups) {
+        load_seg<F32, kTok>(cp + n * L, t, L, vec_c, cv);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) cv[k] = cp[n];
+      }
+#pragma unroll
+      for (int k = 0; k < kTok; ++k) {
+        h = fmaf(decay[k], h, dtu[k] * bv[k]);
+        y[k] = fmaf(h, cv[k], y[k]);
+      }
+    }
+    if (!live) continue;
+    float zv[kTok];
+    if (z_row) load_seg<T, kTok>(z_row, t, L, vec_x, zv);
+#pragma unroll
+    for (int k = 0; k < kTok; ++k) {
+      y[k] = fmaf(dcoef, u[k], y[k]);
+      if (z_row) y[k] *= silu(zv[k]);
+    }
+    if (vec_x && t + kTok <= L) {
+      constexpr int kWords = kTok * static_cast<int>(sizeof(S)) / 16;
+      uint32_t v[4 * kWords];
+#pragma unroll
+      for (int i = 0; i < 4 * kWords; ++i) {
+        if constexpr (sizeof(S) == 4) {
+          v[i] = __float_as_uint(y[i]);
+        } else {
+          v[i] = static_cast<uint32_t>(T::from_float(y[2 * i])) |
+                 (static_cast<uint32_t>(T::from_float(y[2 * i + 1])) << 16);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kWords; ++i)
+        reinterpret_cast<uint4*>(o_row + t)[i] =
+            make_uint4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kTok; ++k)
+        if (t + k < L) o_row[t + k] = T::from_float(y[k]);
+    }
+  }
+  if (p.last_state != nullptr && live && j == 0) {
+    for (int n = 0; n < nst; ++n) p.last_state[(b * p.dim + d) * nst + n] = s_carry[n][tid];
+  }
+}
+
 }  // namespace sscan
 }  // namespace m2r
 
@@ -200,8 +403,14 @@ M2R_DEVICE void scan(const SelectiveScanParams& p) {
   M2R_KERNEL(m2r::sscan::kThreads) m2r_selective_scan_##DT##_n##N##_dr(SelectiveScanParams p) {  \
     m2r::sscan::scan<m2r::T, N, true>(p);                                                        \
   }
-#define M2R_SSCAN_N(DT, T) \
-  M2R_SSCAN(DT, T, 16) M2R_SSCAN(DT, T, 32) M2R_SSCAN(DT, T, 64) M2R_SSCAN(DT, T, 128) M2R_SSCAN(DT, T, 256)
+// the segment form for the small dstate tiers (all of a channel's state in one lane's registers)
+#define M2R_SSCAN_SEG(DT, T, N)                                                                  \
+  M2R_KERNEL(m2r::sscan::kThreads) m2r_selective_scan_##DT##_n##N##_sp(SelectiveScanParams p) {  \
+    m2r::sscan::scan_segments<m2r::T, N>(p);                                                     \
+  }
+#define M2R_SSCAN_N(DT, T)                                                                        \
+  M2R_SSCAN(DT, T, 16) M2R_SSCAN(DT, T, 32) M2R_SSCAN(DT, T, 64) M2R_SSCAN(DT, T, 128)            \
+  M2R_SSCAN(DT, T, 256) M2R_SSCAN_SEG(DT, T, 16) M2R_SSCAN_SEG(DT, T, 32) M2R_SSCAN_SEG(DT, T, 64)
 
 M2R_SSCAN_N(f32, F32)
 M2R_SSCAN_N(f16, F16)

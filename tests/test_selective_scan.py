@@ -185,7 +185,7 @@ def kernel_stand_in(monkeypatch):
 @pytest.mark.parametrize(("n", "tier", "channels"), [(16, 16, 8), (5, 16, 8), (100, 128, 8),
                                                      (129, 256, 4)])  # fmt: skip
 @pytest.mark.parametrize("bmode", ["fixed", "var", "grouped"])
-@pytest.mark.parametrize("form", ["butterfly", "deferred"])
+@pytest.mark.parametrize("form", ["butterfly", "deferred", "segments"])
 def test_kernel_launch_fields(kernel_stand_in, n, tier, channels, bmode, form, monkeypatch):
     from mamba2_rocm.ops import selective_scan as ops
     from mamba2_rocm.params import SelectiveScanParams
@@ -197,7 +197,9 @@ def test_kernel_launch_fields(kernel_stand_in, n, tier, channels, bmode, form, m
     out, last = selective_scan_fn(**a, D=D, delta_softplus=True, return_last_state=True)
     assert out.dtype == torch.bfloat16 and last.shape == (2, 20, n) and last.dtype == torch.float32
     (name, params, grid), = kernel_stand_in.launches  # fmt: skip
-    suffix = "_dr" if form == "deferred" else ""
+    suffix = {"butterfly": "", "deferred": "_dr", "segments": "_sp"}[form]
+    if form == "segments":  # a lane group of 32 per channel; dstate <= 64, else the butterfly
+        suffix, channels = ("_sp", 4) if tier <= 64 else ("", channels)
     assert name == f"m2r_selective_scan_bf16_n{tier}{suffix}" and grid == (-(-20 // channels), 2, 1)
     f = dict(zip((k for k, _ in SelectiveScanParams._fields_), params, strict=True))
     assert f["u"] == a["u"].data_ptr() and f["delta"] == a["delta"].data_ptr()  # no copies

@@ -12,7 +12,7 @@ through the PyTorch tier (``_launch.recompute_backward``). Complex A is refused 
 from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.kernels import SELECTIVE_SCAN_DSTATE_TIERS
+from mamba2_rocm.kernels import SELECTIVE_SCAN_DSTATE_TIERS, SELECTIVE_SCAN_SEGMENT_TIERS
 from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import (
     DTYPE_CODE,
@@ -38,12 +38,21 @@ Tensor = torch.Tensor
 __all__ = ["selective_scan_fn"]
 
 _THREADS = 128  # csrc/selective_scan.hip: kThreads
-#: Which form of the kernel runs (csrc/selective_scan.hip's header): "butterfly" (the per-token
-#: cross-lane sum; verified on the GPU, the default) or "deferred" (the sums once per chunk,
-#: after the token loop; built and statically verified, to be measured against the first and
-#: verified by the GPU tests before it may become the default). Tests and the benchmark set it.
-KERNEL_FORMS = {"butterfly": "", "deferred": "_dr"}
+#: Which form of the kernel runs (csrc/selective_scan.hip): "butterfly" (the per-token
+#: cross-lane sum; verified on the GPU, the default), "deferred" (the sums once per chunk, after
+#: the token loop) or "segments" (parallel along the sequence: a lane per run of tokens, the
+#: state carried by a scan over the lanes; dstate <= 64, the butterfly above that). Tests
+#: and the benchmark set it.
+KERNEL_FORMS = {"butterfly": "", "deferred": "_dr", "segments": "_sp"}
 kernel_form = "butterfly"
+_SEGMENT_LANES = 32  # csrc/selective_scan.hip: kSeg, lanes per channel in the segment form
+
+
+def _form(tier: int) -> str:
+    """The form that runs at ``tier``: kernel_form where the kernel has it."""
+    if kernel_form == "segments" and tier not in SELECTIVE_SCAN_SEGMENT_TIERS:
+        return "butterfly"
+    return kernel_form
 
 
 def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out, last) -> None:
@@ -61,7 +70,9 @@ def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out
         None if t is None else as_kernel_float(t).contiguous() for t in (D, delta_bias)
     )
     tier = next(n for n in SELECTIVE_SCAN_DSTATE_TIERS if dims.dstate <= n)
-    channels = _THREADS // (16 if tier <= 128 else 32)  # channels per block, as the kernel has
+    form = _form(tier)
+    # channels per block, as the kernel has them: a lane group per channel
+    channels = _THREADS // (_SEGMENT_LANES if form == "segments" else 16 if tier <= 128 else 32)
     params = (
         u.data_ptr(),
         delta.data_ptr(),
@@ -85,7 +96,7 @@ def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out
         0,
     )  # fmt: skip  (SelectiveScanParams, field order)
     grid = (-(-dims.dim // channels), dims.batch, 1)
-    name = f"m2r_selective_scan_{KERNEL_DTYPE[u.dtype]}_n{tier}{KERNEL_FORMS[kernel_form]}"
+    name = f"m2r_selective_scan_{KERNEL_DTYPE[u.dtype]}_n{tier}{KERNEL_FORMS[form]}"
     launch(kset.launcher(name), u, params, grid, _THREADS)
 
 

@@ -20,9 +20,9 @@ DEV = "cuda"
 TOL = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 
 
-@pytest.fixture(autouse=True, params=["butterfly", "deferred"])
+@pytest.fixture(autouse=True, params=["butterfly", "deferred", "segments"])
 def kernel_on(monkeypatch, request):
-    """Both forms of the kernel (csrc/selective_scan.hip's header) on every test."""
+    """Every form of the kernel (csrc/selective_scan.hip) on every test."""
     from mamba2_rocm.ops import selective_scan as ops
 
     monkeypatch.setenv("MAMBA2_ROCM_BACKEND", "kernel")  # never a silent torch fallback here
@@ -53,9 +53,10 @@ def _check(out, ref, dtype):
 @pytest.mark.parametrize(
     "bmode, cmode", [("var", "var"), ("fixed", "grouped"), ("grouped", "fixed")]
 )
-def test_kernel_matches_ground_truth(dtype, n, bmode, cmode):
-    g = seeded("gpu ss", dtype, n, bmode, cmode, device=DEV)
-    a = _inputs(g, 2, 39, 301, n, bmode, cmode, dtype)
+@pytest.mark.parametrize("L", [301, 512])  # odd: element loads; 512: the 16-byte loads
+def test_kernel_matches_ground_truth(dtype, n, bmode, cmode, L):
+    g = seeded("gpu ss", dtype, n, bmode, cmode, L, device=DEV)
+    a = _inputs(g, 2, 39, L, n, bmode, cmode, dtype)
     poison_allocator(1 << 24)
     out, last = selective_scan_fn(**a, delta_softplus=True, return_last_state=True)
     ref, rlast = selective_scan_ref(**a, delta_softplus=True, return_last_state=True)
@@ -64,10 +65,11 @@ def test_kernel_matches_ground_truth(dtype, n, bmode, cmode):
     _check(last, rlast, torch.float32 if dtype == torch.float32 else dtype)
 
 
-@pytest.mark.parametrize("L", [1, 63, 64, 65, 16384])
+@pytest.mark.parametrize("L", [1, 7, 8, 9, 63, 64, 65, 255, 256, 257, 1000, 2048, 16384])
 def test_long_sequences_carry_the_state_across_chunks(L):
-    """The state crosses a chunk boundary every 64 tokens: a wrong carry shows at the first
-    token after one (the port bug class this kernel is built against)."""
+    """The state crosses a chunk boundary every 64 tokens (every 8 between the segment form's
+    lanes, every 256 between its chunks): a wrong carry shows at the first token after one (the
+    port bug class this kernel is built against)."""
     g = seeded("gpu ss long", L, device=DEV)
     a = _inputs(g, 1, 24, L, 16, "var", "var", torch.float32)
     a["delta"] = a["delta"].abs() * 0.05  # slow decay: the state remembers across chunks
@@ -75,6 +77,27 @@ def test_long_sequences_carry_the_state_across_chunks(L):
     ref, rlast = selective_scan_ref(**a, return_last_state=True)
     _check(out, ref, torch.float32)
     _check(last, rlast, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rows_off_16_byte_alignment_take_the_element_loads(dtype):
+    """Operands that are contiguous views starting one element into their storage (a caller's
+    slice): the 16-byte loads must not be taken (misaligned) and the result stays right."""
+    g = seeded("gpu ss misaligned", dtype, device=DEV)
+    a = _inputs(g, 2, 13, 512, 16, "var", "var", dtype)
+
+    def shifted(t):
+        base = torch.empty(t.numel() + 1, dtype=t.dtype, device=DEV)
+        v = base[1:].view(t.shape)
+        v.copy_(t)
+        return v
+
+    s = {k: shifted(v) if v.dim() == 3 else v for k, v in a.items()}
+    assert s["u"].is_contiguous() and s["u"].data_ptr() % 16 != 0
+    out, last = selective_scan_fn(**s, delta_softplus=True, return_last_state=True)
+    ref, rlast = selective_scan_ref(**a, delta_softplus=True, return_last_state=True)
+    _check(out, ref, dtype)
+    _check(last, rlast, torch.float32 if dtype == torch.float32 else dtype)
 
 
 def test_a_nonfinite_value_stays_in_its_channel():
