@@ -309,16 +309,31 @@ M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
       dtu[k] = dt[k] * u[k];
       y[k] = 0.f;
     }
-    // per state element (independent recurrences; only the outputs sum over them):
+    // B / C of state element n (fixed ones broadcast over the tokens)
+    auto load_bc = [&](int n, float* bq, float* cq) {
+      if (p.b_groups) {
+        load_seg<F32, kTok>(bp + n * L, t, L, vec_b, bq);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) bq[k] = bp[n];
+      }
+      if (p.c_groups) {
+        load_seg<F32, kTok>(cp + n * L, t, L, vec_c, cq);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) cq[k] = cp[n];
+      }
+    };
+    // per state element (independent recurrences; only the outputs sum over them), the next
+    // element's B / C loads in flight while this one computes (its scan is a chain of shuffles)
+    float nb[kTok], nc[kTok];
+    load_bc(0, nb, nc);  // dstate >= 1
 #pragma unroll 1
     for (int n = 0; n < nst; ++n) {
       const float a2 = a_row[n] * kLog2e;
-      if (p.b_groups) {
-        load_seg<F32, kTok>(bp + n * L, t, L, vec_b, bv);
-      } else {
 #pragma unroll
-        for (int k = 0; k < kTok; ++k) bv[k] = bp[n];
-      }
+      for (int k = 0; k < kTok; ++k) bv[k] = nb[k], cv[k] = nc[k];
+      if (n + 1 < nst) load_bc(n + 1, nb, nc);
       // 1. the segment's map h -> P h + hl: its decays' product and its state from zero
       float decay[kTok], h = 0.f, P = 1.f;
 #pragma unroll
@@ -345,12 +360,6 @@ M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
       s_carry[n][tid] = fmaf(P_all, carry, h_all);
       h = j > 0 ? fmaf(P_ex, carry, h_ex) : carry;
       // 3. the lane's tokens again from that state (the decays and B kept), with the outputs
-      if (p.c_groups) {
-        load_seg<F32, kTok>(cp + n * L, t, L, vec_c, cv);
-      } else {
-#pragma unroll
-        for (int k = 0; k < kTok; ++k) cv[k] = cp[n];
-      }
 #pragma unroll
       for (int k = 0; k < kTok; ++k) {
         h = fmaf(decay[k], h, dtu[k] * bv[k]);
