@@ -30,6 +30,15 @@ namespace m2r {
 namespace sscan {
 
 constexpr int kThreads = 128;
+// the segment form's tokens per lane and chunk (8: 16-byte loads of half-precision rows) and
+// state elements in flight per lane; build-time knobs for measuring, the defaults are the
+// measured best
+#ifndef M2R_SSCAN_TOK
+#define M2R_SSCAN_TOK 8
+#endif
+#ifndef M2R_SSCAN_INTER
+#define M2R_SSCAN_INTER 1
+#endif
 constexpr int kChunk = 64;  // tokens staged per step
 // lanes per channel for a dstate tier: 16 up to 128 (8 state elements per lane at most), 32 at
 // 256 (16 per lane spilled on gfx10.3); channels per block = kThreads / lanes
@@ -257,7 +266,8 @@ M2R_DEVICE bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q
 template <typename T, int kN>
 M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
   constexpr int kSeg = 32;  // lanes (segments) per channel
-  constexpr int kTok = 8;   // tokens per lane and chunk
+  constexpr int kTok = M2R_SSCAN_TOK;      // tokens per lane and chunk
+  constexpr int kInter = M2R_SSCAN_INTER;  // state elements in flight per lane (1 or 2)
   constexpr int kCh = kThreads / kSeg;
   typedef typename T::storage S;
   // the carry between chunks per state element, in LDS (the loop over state elements stays
@@ -275,7 +285,9 @@ M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
   const int64_t L = p.seqlen;
   const int nst = p.dstate;  // <= kN
   const float* a_row = p.A + dd * nst;
-  for (int n = 0; n < nst; ++n) s_carry[n][tid] = 0.f;  // only this thread reads its column
+  // only this thread reads its column; every row, also past dstate: an element in flight past
+  // dstate (odd dstate, kInter 2) computes on a zero carry with B = C = 0
+  for (int n = 0; n < kN; ++n) s_carry[n][tid] = 0.f;
   const int64_t row = (b * p.dim + dd) * L;
   const S* u_row = static_cast<const S*>(p.u) + row;
   const S* dl_row = static_cast<const S*>(p.delta) + row;
@@ -298,7 +310,7 @@ M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
 #pragma unroll 1
   for (int64_t c0 = 0; c0 < L; c0 += kSeg * kTok) {
     const int64_t t = c0 + j * kTok;  // this lane's first token
-    float u[kTok], dt[kTok], dtu[kTok], bv[kTok], cv[kTok], y[kTok];
+    float u[kTok], dt[kTok], dtu[kTok], y[kTok];
     load_seg<T, kTok>(u_row, t, L, vec_x, u);
     load_seg<T, kTok>(dl_row, t, L, vec_x, dt);
 #pragma unroll
@@ -309,8 +321,13 @@ M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
       dtu[k] = dt[k] * u[k];
       y[k] = 0.f;
     }
-    // B / C of state element n (fixed ones broadcast over the tokens)
+    // B / C of state element n (fixed ones broadcast over the tokens; 0 past dstate)
     auto load_bc = [&](int n, float* bq, float* cq) {
+      if (n >= nst) {
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) bq[k] = 0.f, cq[k] = 0.f;
+        return;
+      }
       if (p.b_groups) {
         load_seg<F32, kTok>(bp + n * L, t, L, vec_b, bq);
       } else {
@@ -324,46 +341,68 @@ M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
         for (int k = 0; k < kTok; ++k) cq[k] = cp[n];
       }
     };
-    // per state element (independent recurrences; only the outputs sum over them), the next
-    // element's B / C loads in flight while this one computes (its scan is a chain of shuffles)
-    float nb[kTok], nc[kTok];
-    load_bc(0, nb, nc);  // dstate >= 1
+    // kInter state elements at a time (independent recurrences; only the outputs sum over
+    // them), the next ones' B / C loads in flight while these compute (the scan is a chain of
+    // shuffles)
+    float nb[kInter][kTok], nc[kInter][kTok];
+#pragma unroll
+    for (int i = 0; i < kInter; ++i) load_bc(i, nb[i], nc[i]);
 #pragma unroll 1
-    for (int n = 0; n < nst; ++n) {
-      const float a2 = a_row[n] * kLog2e;
+    for (int n = 0; n < nst; n += kInter) {
+      float bv[kInter][kTok], cv[kInter][kTok], a2[kInter];
 #pragma unroll
-      for (int k = 0; k < kTok; ++k) bv[k] = nb[k], cv[k] = nc[k];
-      if (n + 1 < nst) load_bc(n + 1, nb, nc);
+      for (int i = 0; i < kInter; ++i) {
+        a2[i] = n + i < nst ? a_row[n + i] * kLog2e : 0.f;
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) bv[i][k] = nb[i][k], cv[i][k] = nc[i][k];
+      }
+      if (n + kInter < nst) {
+#pragma unroll
+        for (int i = 0; i < kInter; ++i) load_bc(n + kInter + i, nb[i], nc[i]);
+      }
       // 1. the segment's map h -> P h + hl: its decays' product and its state from zero
-      float decay[kTok], h = 0.f, P = 1.f;
+      float decay[kInter][kTok], h[kInter], P[kInter];
 #pragma unroll
-      for (int k = 0; k < kTok; ++k) {
-        decay[k] = fast_exp2(a2 * dt[k]);
-        h = fmaf(decay[k], h, dtu[k] * bv[k]);
-        P *= decay[k];
+      for (int i = 0; i < kInter; ++i) {
+        h[i] = 0.f, P[i] = 1.f;
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) {
+          decay[i][k] = fast_exp2(a2[i] * dt[k]);
+          h[i] = fmaf(decay[i][k], h[i], dtu[k] * bv[i][k]);
+          P[i] *= decay[i][k];
+        }
       }
       // 2. inclusive scan of the maps over the channel's lanes (Hillis-Steele: the lane's range
       // composed with the range before it); the exclusive map applied to the carry is the state
       // at the lane's first token, lane 31's inclusive map the carry into the next chunk
 #pragma unroll
-      for (int i = 0; i < 5; ++i) {
-        const float hp = shfl_up_width(h, 1 << i, kSeg);
-        const float Pp = shfl_up_width(P, 1 << i, kSeg);
-        if (j >= (1 << i)) h = fmaf(P, hp, h), P *= Pp;
+      for (int s = 0; s < 5; ++s) {
+#pragma unroll
+        for (int i = 0; i < kInter; ++i) {
+          const float hp = shfl_up_width(h[i], 1 << s, kSeg);
+          const float Pp = shfl_up_width(P[i], 1 << s, kSeg);
+          if (j >= (1 << s)) h[i] = fmaf(P[i], hp, h[i]), P[i] *= Pp;
+        }
       }
       static_assert(kSeg == 32, "five scan steps");
-      const float h_ex = shfl_up_width(h, 1, kSeg);  // every lane shuffles; lane 0 drops them
-      const float P_ex = shfl_up_width(P, 1, kSeg);
-      const float h_all = shfl_width(h, kSeg - 1, kSeg);
-      const float P_all = shfl_width(P, kSeg - 1, kSeg);
-      const float carry = s_carry[n][tid];
-      s_carry[n][tid] = fmaf(P_all, carry, h_all);
-      h = j > 0 ? fmaf(P_ex, carry, h_ex) : carry;
+#pragma unroll
+      for (int i = 0; i < kInter; ++i) {
+        const float h_ex = shfl_up_width(h[i], 1, kSeg);  // every lane shuffles; lane 0 drops
+        const float P_ex = shfl_up_width(P[i], 1, kSeg);
+        const float h_all = shfl_width(h[i], kSeg - 1, kSeg);
+        const float P_all = shfl_width(P[i], kSeg - 1, kSeg);
+        const float carry = s_carry[n + i][tid];
+        s_carry[n + i][tid] = fmaf(P_all, carry, h_all);
+        h[i] = j > 0 ? fmaf(P_ex, carry, h_ex) : carry;
+      }
       // 3. the lane's tokens again from that state (the decays and B kept), with the outputs
 #pragma unroll
-      for (int k = 0; k < kTok; ++k) {
-        h = fmaf(decay[k], h, dtu[k] * bv[k]);
-        y[k] = fmaf(h, cv[k], y[k]);
+      for (int i = 0; i < kInter; ++i) {
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) {
+          h[i] = fmaf(decay[i][k], h[i], dtu[k] * bv[i][k]);
+          y[k] = fmaf(h[i], cv[i][k], y[k]);
+        }
       }
     }
     if (!live) continue;
