@@ -40,7 +40,7 @@ __all__ = ["selective_scan_fn"]
 _THREADS = 128  # csrc/selective_scan.hip: kThreads
 #: Which form of the kernel runs (csrc/selective_scan.hip): "segments" (parallel along the
 #: sequence: a lane per run of tokens, the state carried by a scan over the lanes; dstate <= 64,
-#: the butterfly above that; the default: 3.2-6.9x the others on the H100 at Mamba1's shapes),
+#: the butterfly above that; the default: 3.1-6.3x the others on the H100 at Mamba1's shapes),
 #: "butterfly" (one channel per 16 lanes walking the tokens, the per-token cross-lane sum) or
 #: "deferred" (the butterfly's sums once per chunk). All pass the GPU tests; tests and the
 #: benchmark set it.
