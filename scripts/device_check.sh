@@ -8,9 +8,8 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
-if [ -n "${EMULATE:-}" ] && [ -n "${COMMIT:-}" ] && ! [[ $COMMIT =~ ^[0-9a-f]{40}$ ]]; then
-  echo "COMMIT must be the full 40-hex sha the run's record names, got '$COMMIT'" >&2; exit 2
-fi
+source "$(dirname "$0")/device_lib.sh"
+check_commit
 work=$(mktemp -d)  # fresh per run: nothing left by an earlier run lands on PYTHONPATH
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$work/site" .whl/*.whl || exit 1
@@ -32,19 +31,12 @@ for sdist in .whl/mamba_ssm-*.tar.gz; do
 done
 nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' | tee -a "$OUT/gpu.txt"
-if [ -n "${KERNELS:-}" ]; then
-  kernels=$(cd "$KERNELS" && pwd) || exit 1
-  python3 -m mamba2_rocm.pipeline emulation-kernels --variant "${EMULATE:-}" "$kernels" | tee "$OUT/build.txt" || exit 1
-else
-  kernels=$work/kernels
-  python3 -m mamba2_rocm build --arch native ${EMULATE:+--emulate "$EMULATE"} --out "$kernels" 2>&1 | tee "$OUT/build.txt" || exit 1
-fi
+select_kernels "$work/kernels"
+cat "$OUT/build.txt"
 export MAMBA2_ROCM_KERNEL_PATH=$kernels
 python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml "$OUT/junit-gpu.xml" tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
 if [ -n "${EMULATE:-}" ]; then  # the run's record for the truth table (commit it under records/emulation/)
-  python3 -m mamba2_rocm.pipeline emulation-record --variant "$EMULATE" --junit "$OUT/junit-gpu.xml" \
-    --commit "${COMMIT:-$(git rev-parse HEAD)}" --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
-    --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --out "$OUT/emulation-record-$EMULATE.json"
+  write_record gpu "$OUT/junit-gpu.xml" "$OUT/emulation-record-$EMULATE.json"
 fi
 echo "--- just-in-time path (empty kernel path, fresh cache) ---"
 MAMBA2_ROCM_KERNEL_PATH= MAMBA2_ROCM_CACHE=$work/jit python3 - <<'PY' 2>&1 | tee "$OUT/jit.txt"

@@ -9,20 +9,13 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
-if [ -n "${EMULATE:-}" ] && [ -n "${COMMIT:-}" ] && ! [[ $COMMIT =~ ^[0-9a-f]{40}$ ]]; then
-  echo "COMMIT must be the full 40-hex sha the run's record names, got '$COMMIT'" >&2; exit 2
-fi
+source "$(dirname "$0")/device_lib.sh"
+check_commit
 work=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/site" .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:$work/site PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$OUT/gpu.txt"
-if [ -n "${KERNELS:-}" ]; then  # a kernel folder built elsewhere (the clang emulations: build_emulations.sh)
-  kernels=$(cd "$KERNELS" && pwd) || exit 1
-  python3 -m mamba2_rocm.pipeline emulation-kernels --variant "${EMULATE:-}" "$kernels" | tee "$OUT/build.txt" || exit 1
-else
-  kernels=$work/kernels
-  python3 -m mamba2_rocm build --arch native ${EMULATE:+--emulate "$EMULATE"} --out "$kernels" >"$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
-fi
+select_kernels "$work/kernels"
 export MAMBA2_ROCM_KERNEL_PATH=$kernels
 # the drop-in wheel: built here when hatchling is there, else carried in .dev/dist/
 dist=.dev/dist
@@ -41,10 +34,7 @@ for suite in ${SUITES:-mamba causal-conv1d}; do
     ${UPSTREAM_ARGS:-} tests >"$OUT/upstream-$suite.txt" 2>&1
   echo "== upstream $suite"; tail -1 "$OUT/upstream-$suite.txt"
   if [ -n "${EMULATE:-}" ] && [ -s "$OUT/junit-upstream-$suite.xml" ]; then  # the run's record for the truth table
-    (cd "$repo" && python3 -m mamba2_rocm.pipeline emulation-record --variant "$EMULATE" --suite "upstream-$suite" \
-      --junit "$OUT/junit-upstream-$suite.xml" --commit "${COMMIT:-$(git rev-parse HEAD)}" \
-      --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-      --out "$OUT/emulation-record-$EMULATE-upstream-$suite.json")
+    (cd "$repo" && write_record "upstream-$suite" "$OUT/junit-upstream-$suite.xml" "$OUT/emulation-record-$EMULATE-upstream-$suite.json")
   fi
 done
 cd "$repo" || exit 1
