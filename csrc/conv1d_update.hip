@@ -1,15 +1,18 @@
 // Causal depthwise conv1d, decode step: new tokens against a rolling conv_state, in place.
 // One thread per (batch, channel); grid (ceil(dim / kThreads), batch). Semantics in params.h.
 #include "platform.h"
+#include "state_rows.h"
 
 namespace m2r {
 namespace conv1d {
 
 constexpr int kUpdateThreads = 128;
 
-M2R_DEVICE int64_t wrap(int64_t i, int64_t n) {
-  const int64_t r = i % n;
-  return r < 0 ? r + n : r;
+// i mod n in [0, n), in 32-bit arithmetic (a 64-bit remainder is a subroutine call on NVIDIA,
+// whose saved registers showed up as spills): i = h + t with h in [0, n) and t >= 0, both
+// below 2^31, so the unsigned sum cannot wrap.
+M2R_DEVICE int wrap(int h, int t, int n) {
+  return static_cast<int>((static_cast<uint32_t>(h) + static_cast<uint32_t>(t)) % static_cast<uint32_t>(n));
 }
 
 template <typename T, int kW>
@@ -17,13 +20,14 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
   typedef typename T::storage S;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kUpdateThreads + threadIdx.x;
   const int64_t b = blockIdx.y;
+  // (before any lane leaves: the duplicate search is wave-wide)
+  const int64_t row = checked_state_row(p.state_indices, p.indices_stride, p.indices_int64, p.batch, p.num_states, b);
   if (c >= p.dim) return;
 
   const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + c * p.x_c_stride;
   S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + c * p.out_c_stride;
-  const int64_t row = p.state_indices ? p.state_indices[b] : b;
-  if (row < 0 || row >= p.num_states) {
-    // -1 is a padding slot: zeros out, state untouched. Anything else is out of range.
+  if (row < 0) {
+    // -1 is a padding slot: zeros out, state untouched. -2: out of range or duplicated.
     const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
     for (int t = 0; t < p.seqlen; ++t) out[t * p.out_l_stride] = T::from_float(fill);
     return;
@@ -38,7 +42,8 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
 
   const int64_t L = p.state_len;
   const bool circular = p.cache_seqlens != nullptr;
-  const int64_t head = circular ? p.cache_seqlens[b] : 0;  // next write slot (circular)
+  // next write slot (circular), in [0, L); the kW - 1 slots before it hold the window
+  const int head = circular ? ((p.cache_seqlens[b] % p.state_len) + p.state_len) % p.state_len : 0;
 
   // win[k]: input at step t - (kW-1) + k; the first kW-1 come from the state (kept as stored,
   // so the shift below can write them back bit for bit without reading the state again).
@@ -46,7 +51,7 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
   float win[kW];
 #pragma unroll
   for (int k = 0; k < kW - 1; ++k) {
-    const int64_t slot = circular ? wrap(head - (kW - 1) + k, L) : L - (kW - 1) + k;
+    const int64_t slot = circular ? wrap(head, p.state_len - (kW - 1) + k, p.state_len) : L - (kW - 1) + k;
     hist[k] = state[slot * p.state_l_stride];
     win[k] = T::to_float(hist[k]);
   }
@@ -63,7 +68,7 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
   if (circular) {
     // Later tokens win when seqlen > state_len, as a sequential write would.
     for (int t = 0; t < p.seqlen; ++t)
-      state[wrap(head + t, L) * p.state_l_stride] = x[t * p.x_l_stride];
+      state[static_cast<int64_t>(wrap(head, t, p.state_len)) * p.state_l_stride] = x[t * p.x_l_stride];
   } else if (L == kW - 1) {
     // The common case: the whole state is in hist.
 #pragma unroll

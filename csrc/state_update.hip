@@ -2,6 +2,7 @@
 // Semantics in params.h (SsuParams). 32 lanes per (batch, head, headdim row), lane l owning dstate elements l, l + 32, ...: every
 // state load and store is coalesced, and the C-weighted sum is a 32-lane butterfly.
 #include "platform.h"
+#include "state_rows.h"
 
 namespace m2r {
 namespace ssu {
@@ -89,9 +90,9 @@ M2R_DEVICE void update_head(const SsuParams& p) {
   const int lane = threadIdx.x % kLanes;
   const int group = threadIdx.x / kLanes;
   const int64_t h = blockIdx.x, b = blockIdx.y;
-  const int64_t row = p.state_indices ? p.state_indices[b] : b;
+  const int64_t row = checked_state_row(p.state_indices, p.indices_stride, p.indices_int64, p.batch, p.num_states, b);
   SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * p.out_h_stride;
-  if (row < 0 || row >= p.num_states) {  // -1: padding, zeros; beyond the pool: NaN, loudly
+  if (row < 0) {  // -1: padding, zeros; -2 (beyond the pool, or duplicated): NaN, loudly
     const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
     for (int64_t pr = group; pr < p.headdim; pr += kGroups)
       if (lane == 0) out[pr * p.out_p_stride] = TI::from_float(fill);
@@ -172,14 +173,13 @@ M2R_DEVICE void update_head(const SsuParams& p) {
 // elements l, l+32, ...; grid (ceil(headdim / kGroups), nheads, batch). No row loop: with
 // one, AMD's compiler hoisted the per-element offsets into scalar registers and spilled them.
 template <typename TS, typename TI, typename TB, int kN, bool kContig>  // state, x, B/C/z types
-M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr, int lane) {
+M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr, int lane, int64_t row) {
   typedef typename TS::storage SS;
   typedef typename TI::storage SI;
   typedef typename TB::storage SB;
   constexpr int kPer = kN >= kLanes ? kN / kLanes : 1;
   SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * p.out_h_stride + pr * p.out_p_stride;
-  const int64_t row = p.state_indices ? p.state_indices[b] : b;
-  if (row < 0 || row >= p.num_states) {
+  if (row < 0) {  // (checked_state_row: -1 padding, -2 out of the pool or duplicated)
     if (lane == 0) *out = TI::from_float(row == -1 ? 0.f : __int_as_float(0x7fc00000));
     return;
   }
@@ -246,7 +246,9 @@ M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr,
 template <typename TS, typename TI, typename TB, int kN, bool kContig>
 M2R_DEVICE void update_rows(const SsuParams& p) {
   const int64_t pr = static_cast<int64_t>(blockIdx.x) * kGroups + threadIdx.x / kLanes;
-  if (pr < p.headdim) update_row<TS, TI, TB, kN, kContig>(p, blockIdx.z, blockIdx.y, pr, threadIdx.x % kLanes);
+  const int64_t b = blockIdx.z;
+  const int64_t row = checked_state_row(p.state_indices, p.indices_stride, p.indices_int64, p.batch, p.num_states, b);
+  if (pr < p.headdim) update_row<TS, TI, TB, kN, kContig>(p, b, blockIdx.y, pr, threadIdx.x % kLanes, row);
 }
 
 }  // namespace ssu

@@ -19,7 +19,6 @@ __all__ = [
     "SelectiveScanParams",
     "SsdParams",
     "SsuParams",
-    "StateRowsParams",
     "explain_pack_error",
     "packer",
 ]
@@ -55,8 +54,9 @@ class ConvUpdateParams(ctypes.Structure):
     _fields_ = _fields(
         "x conv_state weight bias out cache_seqlens state_indices",
         "x_batch_stride x_c_stride x_l_stride out_batch_stride out_c_stride out_l_stride "
-        "state_batch_stride state_c_stride state_l_stride weight_c_stride weight_w_stride",
-        "batch dim seqlen state_len num_states silu weight_dtype bias_dtype",
+        "state_batch_stride state_c_stride state_l_stride weight_c_stride weight_w_stride "
+        "indices_stride",
+        "batch dim seqlen state_len num_states silu weight_dtype bias_dtype indices_int64 reserved",
     )
 
 
@@ -68,18 +68,14 @@ class SsuParams(ctypes.Structure):
         "A_h_stride A_p_stride A_n_stride B_batch_stride B_g_stride B_n_stride "
         "C_batch_stride C_g_stride C_n_stride D_h_stride D_p_stride "
         "z_batch_stride z_h_stride z_p_stride dt_bias_h_stride dt_bias_p_stride "
-        "out_batch_stride out_h_stride out_p_stride",
+        "out_batch_stride out_h_stride out_p_stride indices_stride",
         "batch nheads headdim dstate heads_per_group num_states dt_softplus "
-        "dt_dtype a_dtype d_dtype dt_bias_dtype reserved",
+        "dt_dtype a_dtype d_dtype dt_bias_dtype indices_int64",
     )
 
 
 class MmaProbeParams(ctypes.Structure):
     _fields_ = _fields("a b c d hits info", "", "mode reserved")
-
-
-class StateRowsParams(ctypes.Structure):
-    _fields_ = _fields("in out", "in_stride", "batch num_states in_int64 reserved")
 
 
 class SsdParams(ctypes.Structure):

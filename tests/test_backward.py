@@ -62,8 +62,11 @@ def kernel_tier(monkeypatch):
 
     monkeypatch.setattr(conv_ops, "_fwd_kernel", conv)
     monkeypatch.setattr(norm_ops, "_kernel", norm)
+    monkeypatch.setattr(norm_ops, "_fast_plan", lambda *args: False)  # always through _kernel
     monkeypatch.setattr(ssd_ops, "_kernel", scan)
-    return ran
+    norm_ops.clear_plan_cache()
+    yield ran
+    norm_ops.clear_plan_cache()
 
 
 def _leaves(tensors: dict) -> dict:
@@ -257,7 +260,6 @@ def test_decode_steps_are_inference_only_and_say_so(kernel_tier, monkeypatch):
             return None
 
     monkeypatch.setattr(ssu_ops, "choose", lambda device: ("kernel", Kernels()))
-    monkeypatch.setattr(ssu_ops, "checked_state_rows", lambda kset, idx, pool: idx)
     monkeypatch.setattr(ssu_ops, "launch", lambda *a: None)
     monkeypatch.setattr(conv_ops, "_update_kernel", lambda *a: None)
     x = torch.randn(2, 4, 8, requires_grad=True)

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from helpers import DTYPES, TOL, make_seq_idx, make_x, seeded, stand_in_kernels
 
 from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
+from mamba2_rocm.params import ConvUpdateParams
 from mamba2_rocm.reference.conv1d import (
     causal_conv1d_eager,
     causal_conv1d_torch,
@@ -242,7 +243,6 @@ def update_kernels(monkeypatch):
     from mamba2_rocm.ops import conv1d as ops
 
     kset = stand_in_kernels(monkeypatch, ops)
-    monkeypatch.setattr(ops, "checked_state_rows", lambda kset, idx, pool: idx)
     ops._UPDATE_PLANS.clear()
     yield kset
     ops._UPDATE_PLANS.clear()
@@ -294,3 +294,20 @@ def test_update_repeated_layout_skips_the_checks_but_never_a_bad_call(update_ker
     with pytest.raises(ValueError, match="conv_state has 2 rows for a batch of 3"):
         causal_conv1d_update(x, state[:2], w, b)
     assert len(update_kernels.launches) == 4
+
+
+def test_update_passes_state_indices_as_given_to_the_kernel(update_kernels):
+    """The kernel reads and checks the indices itself: their address, stride and width go into
+    the struct, no copy and no second launch (a strided view stays a view)."""
+    x, _state, w, b = _update_args(_gen("upd-idx"))
+    pool = torch.randn(6, 40, 5, generator=_gen("upd-idx-pool"))
+    holder = torch.tensor([[4, 9], [0, 9], [5, 9]], dtype=torch.int32)
+    idx = holder[:, 0]  # stride 2
+    out = causal_conv1d_update(x, pool, w, b, conv_state_indices=idx)
+    assert len(update_kernels.launches) == 1
+    _name, params, _ = update_kernels.launches[-1]
+    fields = [f for f, _ in ConvUpdateParams._fields_]
+    got = dict(zip(fields, params, strict=True))
+    assert got["state_indices"] == idx.data_ptr() and got["indices_stride"] == 2
+    assert got["indices_int64"] == 0 and got["num_states"] == 6 and got["batch"] == 3
+    assert got["out"] == out.data_ptr()

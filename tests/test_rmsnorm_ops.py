@@ -93,3 +93,77 @@ def test_vec_plan(group_size, plan):
 )
 def test_vec_plan_needs_16_bit_elements_and_16_byte_alignment(elem_size, addresses):
     assert ops.vec_plan(1024, elem_size, addresses) is None
+
+
+# --- the cached launch plan (decode calls repeat one layout every step) -----------------------
+
+
+def _norm_case(kind, g):
+    """(x, weight, bias, z, group_size) of one layout."""
+    bf = torch.bfloat16
+    if kind == "bf16 z":
+        return torch.randn(3, 64, generator=g).to(bf), torch.randn(64, generator=g), None, \
+            torch.randn(3, 64, generator=g).to(bf), 32  # fmt: skip
+    if kind == "3d bias":
+        return torch.randn(2, 5, 48, generator=g).to(bf), torch.randn(48, generator=g), \
+            torch.randn(48, generator=g), None, None  # fmt: skip
+    if kind == "row stride":  # rows 16-byte aligned, a view of every other row
+        x = torch.randn(6, 64, generator=g).to(bf)[::2]
+        return x, torch.randn(64, generator=g).to(bf), None, None, 64
+    if kind == "misaligned":  # x starts 2 bytes into a 16-byte run: the general kernel
+        x = torch.randn(3, 65, generator=g).to(bf)[:, 1:]
+        return x, torch.randn(64, generator=g), None, None, 16
+    if kind == "float32 z copy":  # float32 z for bf16 x: converted, so the uncached path
+        return torch.randn(4, 32, generator=g).to(bf), torch.randn(32, generator=g), None, \
+            torch.randn(4, 32, generator=g), None  # fmt: skip
+    if kind == "transposed":  # rows not unit-stride: copied, the uncached path
+        x = torch.randn(40, 3, generator=g).t()
+        return x, torch.randn(40, generator=g), None, None, 8
+    raise AssertionError(kind)
+
+
+_KINDS = ["bf16 z", "3d bias", "row stride", "misaligned", "float32 z copy", "transposed"]
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+@pytest.mark.parametrize("nbg", [True, False])
+def test_cached_launch_equals_the_uncached_one(kind, nbg, monkeypatch):
+    """Every call of a cached layout launches what ``_kernel`` (no cache) computes for it."""
+    from helpers import stand_in_kernels
+
+    kset = stand_in_kernels(monkeypatch, ops)
+    ops.clear_plan_cache()
+    try:
+        for step in range(3):
+            x, w, b, z, gs = _norm_case(kind, seeded("norm-plan", kind, step))
+            out = rmsnorm_fn(x, w, b, z=z, group_size=gs, norm_before_gate=nbg)
+            got = kset.launches[-1]
+            ops._kernel(kset, x, w, b, z, 1e-6, gs or x.shape[-1], nbg, False, out)
+            want = kset.launches[-1]
+            if kind in ("float32 z copy", "transposed"):  # copies: new addresses each time
+                got, want = [(n, (0, 0, *p[2:]), g) for n, p, g in (got, want)]
+            assert got == want
+        assert len(ops._PLANS) == 1
+        assert (ops._PLANS.popitem()[1].fast is False) == (kind in ("float32 z copy", "transposed"))
+    finally:
+        ops.clear_plan_cache()
+
+
+def test_cached_layout_skips_the_checks_but_never_a_bad_call(monkeypatch):
+    from helpers import stand_in_kernels
+
+    kset = stand_in_kernels(monkeypatch, ops)
+    ops.clear_plan_cache()
+    calls = []
+    real = ops.check_rmsnorm_args
+    monkeypatch.setattr(ops, "check_rmsnorm_args", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x, w = torch.randn(3, 64), torch.randn(64)
+    for _ in range(4):
+        rmsnorm_fn(x, w, None)
+    assert len(calls) == 1 and len(kset.launches) == 4
+    with pytest.raises(ValueError, match="group_size must divide hidden"):  # another key: checked
+        rmsnorm_fn(x, w, None, group_size=24)
+    with pytest.raises(ValueError, match="weight"):
+        rmsnorm_fn(x, w[:32], None)
+    assert len(kset.launches) == 4
+    ops.clear_plan_cache()

@@ -460,7 +460,7 @@ def test_launcher_loads_each_module_once_and_caches(tmp_path, no_cuda_device):
 def test_launch_packs_the_params_struct(tmp_path, no_cuda_device):
     drv = FakeDriver()
     launcher = _kset(tmp_path, drv=drv).launcher(UPDATE_KERNEL)
-    n_ptr, n_i64, n_i32 = 7, 11, 8
+    n_ptr, n_i64, n_i32 = 7, 12, 10
     values = (
         *(0x7F00_0000_0000 + 0x100 * i for i in range(n_ptr - 1)), 0,  # and a null pointer
         *(-(2**40) + i for i in range(n_i64)),  # negative strides survive

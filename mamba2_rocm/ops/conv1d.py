@@ -17,7 +17,6 @@ from mamba2_rocm.ops._launch import (
     DTYPE_CODE,
     GRID_YZ_MAX,
     KERNEL_DTYPE,
-    checked_state_rows,
     inference_only,
     launch,
     layout,
@@ -207,7 +206,9 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
     _launch(launcher, x, p, grid)
 
 
-def _update_static(x, conv_state, weight, bias, silu, out) -> tuple[str, tuple, tuple]:
+def _update_static(
+    x, conv_state, weight, bias, silu, out, indices=None
+) -> tuple[str, tuple, tuple]:
     """The launch's parts that depend only on the arguments' layouts: kernel name, grid and
     the ConvUpdateParams fields after the pointers."""
     batch, dim, seqlen = x.shape
@@ -218,6 +219,7 @@ def _update_static(x, conv_state, weight, bias, silu, out) -> tuple[str, tuple, 
         *out.stride(),
         *conv_state.stride(),
         *weight.stride(),
+        0 if indices is None else indices.stride(0),
         batch,
         dim,
         seqlen,
@@ -226,6 +228,8 @@ def _update_static(x, conv_state, weight, bias, silu, out) -> tuple[str, tuple, 
         int(silu),
         DTYPE_CODE[weight.dtype],
         DTYPE_CODE[bias.dtype] if bias is not None else 0,
+        int(indices is not None and indices.dtype == torch.int64),
+        0,
     )  # fmt: skip  (ConvUpdateParams after the pointers, field order)
     name = f"m2r_conv1d_update_{KERNEL_DTYPE[x.dtype]}_w{weight.shape[1]}"
     return name, (-(-dim // _THREADS), batch, 1), tail
@@ -234,7 +238,7 @@ def _update_static(x, conv_state, weight, bias, silu, out) -> tuple[str, tuple, 
 def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indices, out,
                    plan) -> None:  # fmt: skip
     if plan.static is None:
-        plan.static = _update_static(x, conv_state, weight, bias, silu, out)
+        plan.static = _update_static(x, conv_state, weight, bias, silu, out, indices)
     name, grid, tail = plan.static
     p = (
         x.data_ptr(), conv_state.data_ptr(), weight.data_ptr(), ptr(bias), out.data_ptr(),
@@ -386,10 +390,9 @@ def _update_impl(
     tier, kset = choose(x.device)
     if tier == "kernel":
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        rows = conv_state_indices
-        if rows is not None:  # range and duplicates checked on the device
-            rows = checked_state_rows(kset, rows, conv_state.shape[0])
-        _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, rows, out, plan)
+        # conv_state_indices: int32 or int64, range and duplicates checked by the kernel
+        _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens,
+                       conv_state_indices, out, plan)  # fmt: skip
         return out
     from mamba2_rocm.reference import conv1d as ref
 

@@ -18,8 +18,10 @@ from mamba2_rocm.ops._launch import (
     KERNEL_DTYPE,
     as_kernel_float,
     launch,
+    layout,
     like,
     recompute_backward,
+    remember,
     use_registered_op,
 )
 from mamba2_rocm.reference.ssd import rmsnorm_ref
@@ -114,19 +116,113 @@ def _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2, grid,
     launch(kset.launcher(name), x2, p, (*grid, 1), _THREADS)
 
 
+class _NormPlan:
+    """A validated argument layout: its group size, and once the kernel ran, the launch's static
+    part for calls that need no copy (see ``_fast_plan``), or False when they do."""
+
+    __slots__ = ("fast", "gs")
+
+    def __init__(self, gs: int) -> None:
+        self.gs = gs
+        self.fast: tuple | bool | None = None
+
+
+#: (layouts of x, weight, bias, z; eps, group_size, flags) -> its plan. Decode calls the norm
+#: with the same layouts every step: after the first call the checks are one dict lookup. Only
+#: layouts that passed ``check_rmsnorm_args`` are stored.
+_PLANS: dict[tuple, _NormPlan] = {}
+PLAN_CACHE_SIZE = 256
+
+
+def _fast_plan(x, weight, bias, z, eps, gs, norm_before_gate, layer_norm) -> tuple | bool:
+    """The launch's static part, when a call with this layout needs no copy (x and z rows are
+    views with unit stride, z in x's dtype, weight and bias in kernel dtypes) and one launch:
+    ``(vec, general)``, each ``(kernel name, grid, RmsNormParams after the pointers)``, vec
+    None when the strides rule the register-resident kernel out (the data pointers' 16-byte
+    alignment is checked per call). False when the call must take ``_kernel``'s general path."""
+    hidden = x.shape[-1]
+    x2, z2 = x.reshape(-1, hidden), None if z is None else z.reshape(-1, hidden)
+    rows, groups = x2.shape[0], hidden // gs
+    if (
+        x2.data_ptr() != x.data_ptr() or x2.stride(-1) != 1  # reshape copied, or not unit-stride
+        or (z2 is not None and (z2.data_ptr() != z.data_ptr() or z2.stride(-1) != 1 or z.dtype != x.dtype))
+        or weight.dtype not in KERNEL_DTYPE or (bias is not None and bias.dtype not in KERNEL_DTYPE)
+        or rows > GRID_YZ_MAX or rows * groups >= 2**31
+    ):  # fmt: skip
+        return False
+    el = x2.element_size()
+    dtypes = (DTYPE_CODE[weight.dtype], DTYPE_CODE[bias.dtype] if bias is not None else 0)
+
+    def tail(item_threads: int) -> tuple:
+        return (
+            x2.stride(0),
+            0 if z2 is None else z2.stride(0),
+            hidden,
+            rows,
+            hidden,
+            gs,
+            int(norm_before_gate),
+            float(eps),
+            *dtypes,
+            item_threads,
+            int(layer_norm),
+            0,
+        )  # fmt: skip  (RmsNormParams after the pointers; out is contiguous: row stride hidden)
+
+    name = f"m2r_rmsnorm_fwd_{KERNEL_DTYPE[x.dtype]}"
+    general = (name, (groups, rows, 1), tail(0))
+    strides = (x2.stride(0) * el, hidden * el) + (() if z2 is None else (z2.stride(0) * el,))
+    plan = vec_plan(gs, el, strides)
+    vec = None
+    if plan is not None and weight.stride(0) == 1 and (bias is None or bias.stride(0) == 1):
+        threads, vecs = plan
+        vec = (f"{name}_v{vecs}", (-(-rows * groups // (_THREADS // threads)), 1, 1), tail(threads))
+    return vec, general
+
+
 def _impl(
     x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor | None, eps: float,
     group_size: int | None, norm_before_gate: bool, is_rms_norm: bool,
 ) -> Tensor:  # fmt: skip
-    _, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size, allow_empty=True)
+    try:
+        key = (layout(x), layout(weight), layout(bias), layout(z), eps, group_size,
+               norm_before_gate, is_rms_norm)  # fmt: skip
+        plan = _PLANS.get(key)
+    except Exception:  # not tensors (or unhashable): the checks below name the argument
+        key = plan = None
+    if plan is None:
+        _, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size, allow_empty=True)
+        plan = _NormPlan(gs)
+        if key is not None:
+            remember(_PLANS, key, plan, PLAN_CACHE_SIZE)
+    gs = plan.gs
     if x.numel() == 0:  # no rows: an empty output
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     tier, kset = choose(x.device)
     if tier != "kernel" or x.dtype not in KERNEL_DTYPE:
         return rmsnorm_ref(x, weight, bias, z, eps, gs, norm_before_gate, is_rms_norm=is_rms_norm)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, not is_rms_norm, out)
+    if plan.fast is None:
+        plan.fast = _fast_plan(x, weight, bias, z, eps, gs, norm_before_gate, not is_rms_norm)
+    if type(x) is Tensor:  # same shape, dtype, device and (contiguous) strides, cheaper to get
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    else:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if plan.fast is False:
+        _kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, not is_rms_norm, out)
+        return out
+    vec, general = plan.fast
+    ptrs = (x.data_ptr(), 0 if z is None else z.data_ptr(), weight.data_ptr(),
+            0 if bias is None else bias.data_ptr(), out.data_ptr())  # fmt: skip
+    name, grid, tail = general
+    if vec is not None and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+        name, grid, tail = vec
+    launch(kset.launcher(name), x, ptrs + tail, grid, _THREADS)
     return out
+
+
+def clear_plan_cache() -> None:
+    """Forget every validated layout (tests; the cache never needs it for correctness)."""
+    _PLANS.clear()
 
 
 def _torch_tier(x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm) -> Tensor:

@@ -22,7 +22,6 @@ from mamba2_rocm.ops._launch import (
     GRID_YZ_MAX,
     KERNEL_DTYPE,
     as_kernel_float,
-    checked_state_rows,
     inference_only,
     launch,
     like,
@@ -61,8 +60,9 @@ class _KernelPlan(NamedTuple):
     contiguous_out: bool  # out can be allocated as empty_like(x, contiguous_format)
 
 
-def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -> _KernelPlan:
-    """The static part of a launch, from one call's tensors (multi-head views; out as passed)."""
+def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, dims, out) -> _KernelPlan:
+    """The static part of a launch, from one call's tensors (multi-head views; out as passed;
+    idx: the state rows as the caller passed them, read and checked by the kernel itself)."""
     batch, nheads, headdim, dstate = dims.batch, dims.nheads, dims.headdim, dims.dstate
     tier = next(n for n in SSU_DSTATE_TIERS if dstate <= n)
     if batch > GRID_YZ_MAX or nheads > GRID_YZ_MAX:
@@ -80,6 +80,7 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
         *strides(z, 3),
         *strides(dt_bias, 2),
         *out.stride(),
+        0 if idx is None else idx.stride(0),
         batch,
         nheads,
         headdim,
@@ -91,7 +92,7 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
         DTYPE_CODE[A.dtype],
         DTYPE_CODE[D.dtype] if D is not None else 0,
         DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0,
-        0,
+        int(idx is not None and idx.dtype == torch.int64),
     )  # fmt: skip  (SsuParams after the pointers, field order)
     per = max(1, tier // 32)  # elements per lane in the contiguous variant
     contig_layout = (
@@ -140,11 +141,12 @@ def _as_heads(state, x, dt, A, B, C, D, z, dt_bias):
 class _Plan:
     """One validated argument signature: its sizes, and its kernel plan once the kernel ran."""
 
-    __slots__ = ("device", "dims", "kernel")
+    __slots__ = ("device", "dims", "direct", "kernel")
 
     def __init__(self, dims: StateUpdateDims, device) -> None:
         self.dims, self.device = dims, device
         self.kernel: _KernelPlan | None = None
+        self.direct = False  # the kernels read every operand as given: no dtype conversion
 
 
 #: Validated signatures (see ``_signature``) -> their plan. Decode calls the op with the same
@@ -226,19 +228,22 @@ def _impl(
     # mamba_ssm's dtype rules: B, C, z, dt, A, D, dt_bias may each differ from x; dt, A, D,
     # dt_bias are read in their own dtype (float64 ones become float32 copies), B / C / z as
     # bcz_operands says
-    B, C, z = bcz_operands(x, B, C, z)
-    if idx is not None:  # int32 or int64, duplicates and range checked on the device
-        idx = checked_state_rows(kset, idx, plan.dims.pool)
-    dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
+    # idx: int32 or int64, range and duplicates checked by the kernel (csrc/state_rows.h)
     kp = plan.kernel
+    if kp is None or not plan.direct:
+        given = (B, C, z, dt, A, D, dt_bias)
+        B, C, z = bcz_operands(x, B, C, z)
+        dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
+        # the dtypes are part of the signature: whether anything is converted is too
+        plan.direct = all(a is b for a, b in zip(given, (B, C, z, dt, A, D, dt_bias), strict=True))
     if kp is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if plan.dims.has_heads:
             views = (state, x, dt, A, B, C, D, z, dt_bias)
-            kp = _kernel_plan(*views, dt_softplus, plan.dims, out)
+            kp = _kernel_plan(*views, dt_softplus, idx, plan.dims, out)
         else:  # dims already describe the Mamba1 form as one head and one group
             views = _as_heads(state, x, dt, A, B, C, D, z, dt_bias)
-            kp = _kernel_plan(*views, dt_softplus, plan.dims, out.unsqueeze(1))
+            kp = _kernel_plan(*views, dt_softplus, idx, plan.dims, out.unsqueeze(1))
         plan.kernel = kp
     elif kp.contiguous_out:  # same strides as torch.empty(x.shape), cheaper to ask for
         out = torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -1,6 +1,8 @@
-"""Decode-state row indices on the kernel tier: int64 is never truncated, a duplicated or
-out-of-range row gives NaN and leaves every state alone, -1 padding gives zeros. Each case is
-compared with the same call on int32 indices and with the float64 reference on the valid rows."""
+"""Decode-state row indices on the kernel tier, checked inside the update kernels
+(csrc/state_rows.h): int64 is never truncated, a duplicated or out-of-range row gives NaN and
+leaves every state alone, -1 padding gives zeros, strided index views are read as views. Each
+case is compared with the same call on int32 indices and with the float64 reference on the
+valid rows."""
 
 import pytest
 import torch
@@ -77,7 +79,8 @@ def test_ssu_int64_index_beyond_int32_is_not_wrapped():
 
 
 def test_ssu_large_batch_duplicates_found_across_tiles():
-    """Duplicates 300 entries apart: the device check compares across its 256-entry tiles."""
+    """Duplicates 300 entries apart: each block's search covers the whole batch, beyond its
+    256 threads."""
     args = _ssu(pool=700, b=600, h=2, p=4, n=32, g=1)
     rows = torch.randperm(700, device=DEV)[:600].to(torch.int32)
     rows[550] = rows[250]
@@ -132,3 +135,46 @@ def test_conv_update_padding_row_is_zero_even_for_nan_input():
     torch.cuda.synchronize()
     assert not out[0].any() and out[1].isfinite().all()
     assert torch.equal(work[[0, 1, 3, 4]], state[[0, 1, 3, 4]])
+
+
+@pytest.mark.parametrize("kernel", ["per-head", "rows", "general"])
+@pytest.mark.parametrize("heads", [True, False])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_ssu_strided_indices_read_as_given(dtype, heads, kernel, monkeypatch):
+    """A strided view of indices (every other entry of a buffer) selects the same rows as its
+    contiguous copy, duplicates included, on each of the three update kernels."""
+    from mamba2_rocm.ops import state_update as ops
+
+    monkeypatch.setattr(ops, "HEAD_KERNEL_MIN_BLOCKS", 0 if kernel == "per-head" else 1 << 40)
+    args = _ssu(pool=9, b=5)
+    if kernel == "general":  # B with a non-unit dstate stride: only the general kernel reads it
+        args["B"] = torch.stack([args["B"], args["B"]], -1)[..., 0]
+    if not heads:  # Mamba1 form
+        args = {k: v[:, 0] if k in ("state", "x", "dt", "z") else v for k, v in args.items()}
+        args.update(A=args["A"][0], B=args["B"][:, 0], C=args["C"][:, 0], D=args["D"][0],
+                    dt_bias=args["dt_bias"][0])  # fmt: skip
+    for rows in ([7, 0, -1, 3, 8], [7, 0, 3, 3, 1]):
+        buf = torch.tensor([[r, 99] for r in rows], dtype=dtype, device=DEV)
+        out_v, st_v = _run_ssu(args, buf[:, 0])
+        out_c, st_c = _run_ssu(args, buf[:, 0].contiguous())
+        assert torch.equal(out_v.nan_to_num(7.0), out_c.nan_to_num(7.0)) and torch.equal(st_v, st_c)
+        assert out_v[3].isnan().all() == (rows[2] == rows[3])
+
+
+def test_conv_update_strided_and_large_batch_indices():
+    """Strided int32 indices, and a batch wider than the update kernel's 128-thread block with
+    one duplicate pair far apart."""
+    x, state, w, bias = _conv(pool=400, b=300, dim=40)
+    rows = torch.randperm(400, device=DEV)[:300].to(torch.int32)
+    rows[290] = rows[10]
+    buf = torch.stack([rows, torch.full_like(rows, 5)], 1)
+    outs = []
+    for idx in (buf[:, 0], rows.clone()):
+        work = state.clone()
+        outs.append((causal_conv1d_update(x, work, w, bias, "silu", conv_state_indices=idx), work))
+    torch.cuda.synchronize()
+    (out_v, st_v), (out_c, st_c) = outs
+    assert torch.equal(out_v.nan_to_num(7.0), out_c.nan_to_num(7.0)) and torch.equal(st_v, st_c)
+    bad = out_v.isnan().all(1)
+    assert bad.nonzero().flatten().tolist() == [10, 290]
+    assert torch.equal(st_v[int(rows[10])], state[int(rows[10])])
