@@ -208,3 +208,22 @@ def test_host_table_names_the_ops_over_the_target():
                           "over the 10 us target: selective_state_update")  # fmt: skip
     rows[0]["host_us"] = 9.0
     assert format_table(rows).endswith("every op within the 10 us target")
+
+
+def test_host_table_lists_the_floors_and_says_when_the_target_is_below_them():
+    from mamba2_rocm.bench.host import format_table
+
+    row = dict(python_us=5.0, launch_us=3.0, launches_per_call=1.0, kernel_us=2.0)
+    rows = [{**row, "case": "rmsnorm_fn gated", "host_us": 30.0},
+            {"case": "floor: driver launch alone (ctypes)", "host_us": 9.6, "floor": True},
+            {"case": "floor: torch y.add_(1), one launch", "host_us": 13.7, "floor": True}]  # fmt: skip
+    lines = format_table(rows).splitlines()
+    assert any(line.startswith("floor: torch y.add_(1)") and "13.7" in line for line in lines)
+    assert lines[-1].startswith("worst host time per call: 30.0 us (rmsnorm_fn)")  # 9.6: fine
+    rows[1]["host_us"] = 10.4
+    lines = format_table(rows).splitlines()
+    assert lines[-2].startswith("worst host time per call: 30.0 us (rmsnorm_fn)")
+    assert lines[-1] == (
+        "this machine's floor for one launch from Python is 10.4 us (the driver call alone): "
+        "the 10 us target is below it"
+    )

@@ -75,9 +75,11 @@ def test_opcheck_and_compile():
         (8, (1, 1)),  # one run: a thread per (row, group), 256 groups per block
         (24, (4, 1)),  # 3 runs: the power of two above
         (1024, (128, 1)),
+        (1536, (64, 3)),  # 192 runs: 64 x 3 leaves no thread idle (256 x 1 would idle 64)
         (2048, (256, 1)),
+        (3072, (128, 3)),  # 384 runs: 128 x 3 (256 x 2 idles 128 thread-runs)
         (4096, (256, 2)),
-        (5120, (256, 3)),  # 2.5 runs per thread round up to the 3-run kernel
+        (5120, (256, 3)),  # 2.5 runs per thread round up to 3 (128 x 5: more than 3 runs each)
         (6152, (256, 4)),
         (8192, (256, 4)),
         (8200, None),  # more than kThreads * 4 runs: the generic kernel

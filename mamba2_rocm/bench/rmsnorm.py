@@ -2,8 +2,10 @@
 Triton ``layernorm_gated.rmsnorm_fn`` when ``mamba_ssm`` is importable).
 
 Shapes: the norm of a Mamba2 block (z gate, norm_before_gate=False, weight in the activation
-dtype) over 16384 tokens, for d_inner 8192 in 8 groups (group 1024) and d_inner 5120 in one
-group, plus a decode step (64 rows, d_inner 8192, 8 groups). Reports the median per-call
+dtype) over 16384 tokens at every Mamba2 checkpoint's width (d_inner 1536 / 2048 / 3072 / 4096
+/ 5120 for 130m / 370m / 780m / 1.3b / 2.7b, ngroups 1: one group per row) and at a grouped
+hybrid's (d_inner 8192 in 8 groups of 1024, Codestral-Mamba-like), plus a decode step (64
+rows, d_inner 8192, 8 groups). Reports the median per-call
 device-event time (launch included), the per-call time inside a CUDA graph, and the bandwidth
 over the bytes that must move (x and z read once, out written once, the weight once) as a
 fraction of the measured copy bandwidth.
@@ -14,7 +16,11 @@ from __future__ import annotations
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench.timing import compare, copy_bandwidth_gbs, format_rows
 
-CASES = ((16384, 8192, 1024), (16384, 5120, 5120), (64, 8192, 1024))  # (rows, hidden, group)
+CASES = (
+    *((16384, d, d) for d in (1536, 2048, 3072, 4096, 5120)),
+    (16384, 8192, 1024),
+    (64, 8192, 1024),
+)  # (rows, hidden, group)
 
 
 def _triton_norm():

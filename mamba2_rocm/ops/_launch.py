@@ -25,10 +25,15 @@ def _current_stream(index: int) -> int:
 raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _current_stream)
 
 
+#: The current device's index (``torch.cuda.current_device()`` without its lazy-init check:
+#: a launch has a GPU tensor in hand, so CUDA is initialized).
+current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
 def launch(launcher, x, params: tuple, grid: tuple[int, int, int], threads: int) -> None:
     """Launch on x's device and torch's current stream there; switch devices only if needed."""
     index = x.get_device()
-    if torch.cuda.current_device() == index:  # the common case: no guard object, no switch
+    if current_device() == index:  # the common case: no guard object, no switch
         launcher(params, grid, (threads, 1, 1), raw_stream(index))
         return
     with torch.cuda.device(index):
