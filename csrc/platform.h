@@ -30,6 +30,14 @@
 #define M2R_DEVICE __device__ __forceinline__
 // Every kernel is extern "C" so the loader finds it by a stable, unmangled name.
 #define M2R_KERNEL(threads) extern "C" __global__ void __launch_bounds__(threads)
+// NVIDIA (nvcc): at least nv_blocks blocks per SM, a register cap chosen against ptxas' spills.
+// AMD reads launch bounds' 2nd argument differently (waves per EU), and clang's CUDA codegen
+// (the emulation builds, never shipped) spills under nvcc's caps: both get the plain bound.
+#if M2R_AMD || defined(__clang__)
+#define M2R_KERNEL_MIN_BLOCKS(threads, nv_blocks) M2R_KERNEL(threads)
+#else
+#define M2R_KERNEL_MIN_BLOCKS(threads, nv_blocks) extern "C" __global__ void __launch_bounds__(threads, nv_blocks)
+#endif
 
 namespace m2r {
 

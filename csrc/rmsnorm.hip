@@ -2,7 +2,7 @@
 // Semantics in params.h; p.layer_norm subtracts each group's mean before the variance.
 //
 // Two forms, chosen by the host (mamba2_rocm/ops/rmsnorm.py):
-//  - register-resident (m2r_rmsnorm_fwd_<dt>_v<kVecs>, kVecs 1-4), when group_size is a multiple of 8,
+//  - register-resident (m2r_rmsnorm_fwd_<dt>_v<kVecs>[_ga], kVecs 1-4), when group_size is a multiple of 8,
 //    at most 8 * kThreads * 4, and every row and the weight/bias are 16-byte aligned: item_threads
 //    threads (a power of two) own one (row, group), each holding kVecs runs of 8 elements of x
 //    (and the raw z) in registers, so x and z are read once, 16 bytes per load. The sum of
@@ -11,6 +11,7 @@
 //  - generic (m2r_rmsnorm_fwd_<dt>): any group size and alignment; one block per (row, group)
 //    reads x twice, element by element. grid (hidden / group_size, rows).
 #include "platform.h"
+
 
 namespace m2r {
 namespace rmsnorm {
@@ -34,15 +35,23 @@ M2R_DEVICE float block_sum(float v, float* partial) {
 
 // The sum of v over one item's tpi threads (aligned runs of tpi lanes; tpi a power of two);
 // partial as in block_sum, used only when an item spans wavefronts (uniform over the block).
+// Both loops run a constant trip count with a uniform predicate instead of a run-time bound:
+// ncu counted the run-time loops' branches and index updates as a third of the kernel's
+// instructions (the same sums, in the same order).
 M2R_DEVICE float item_sum(float v, int tpi, float* partial) {
   // butterflies stay inside aligned runs of min(tpi, wavefront) lanes: one item's
-  for (int off = min(tpi, kWavefront) / 2; off > 0; off /= 2) v += shfl_xor(v, off);
+#pragma unroll
+  for (int off = kWavefront / 2; off > 0; off /= 2)
+    if (off < tpi) v += shfl_xor(v, off);  // (uniform over the wave)
   if (tpi > kWavefront) {
     const int wave = threadIdx.x / kWavefront, per_item = tpi / kWavefront;
     if (threadIdx.x % kWavefront == 0) partial[wave] = v;
     __syncthreads();
+    const int first = wave - wave % per_item;
     v = 0.f;
-    for (int w = wave - wave % per_item, e = w + per_item; w < e; ++w) v += partial[w];
+#pragma unroll
+    for (int w = 0; w < kWaves; ++w)
+      if (w >= first && w < first + per_item) v += partial[w];
     __syncthreads();
   }
   return v;
@@ -104,7 +113,9 @@ M2R_DEVICE void load8_as_float(const void* p, int dtype, int64_t i, float (&v)[8
   }
 }
 
-template <typename T, int kVecs>
+// kGateAfter: the z gate multiplies the output (z given, norm_before_gate): z's raw runs stay
+// in registers until then; the other kernels keep none (Mamba2's gate comes first).
+template <typename T, int kVecs, bool kGateAfter>
 M2R_DEVICE void forward_vec(const RmsNormParams& p) {
   typedef typename T::storage S;
   static_assert(sizeof(S) == 2, "16-bit element types");
@@ -115,32 +126,31 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
   const int groups = p.hidden / gs;
   const int item = static_cast<int>(blockIdx.x) * (kThreads / tpi) + static_cast<int>(threadIdx.x) / tpi;
   const bool active = item < p.rows * groups;
-  const int64_t row = active ? item / groups : 0;
-  const int start = active ? item % groups * gs : 0;
+  // one group per row (every Mamba2 checkpoint): no division at all
+  const int row_i = !active ? 0 : groups == 1 ? item : item / groups;
+  const int64_t row = row_i;
+  const int start = !active || groups == 1 ? 0 : (item - row_i * groups) * gs;
   const S* x = static_cast<const S*>(p.x) + row * p.x_row_stride + start;
   const S* z = p.z ? static_cast<const S*>(p.z) + row * p.z_row_stride + start : nullptr;
   const bool gate_first = z != nullptr && !p.norm_before_gate;
 
-  // Up to 2 runs per thread the weights load with x (one round trip to memory, not two); with
-  // 3 or 4 they load after the reduction instead: holding them took 96 / 117 registers on sm_90
-  // (2 blocks per SM), the late load (L2-resident weights, latency hidden by the other blocks)
-  // frees 24 / 32 of them (H100, rows 16384 d5120 in one group: 61% -> 75% of copy).
-  constexpr bool kEarlyWeights = kVecs <= 2;
-  float v[kVecs][8], w[kEarlyWeights ? kVecs : 1][8];
-  uint4 zq[kVecs];
+  // The weights load after the reduction, from L2 (every item reads them), not with x: held
+  // in registers from the start they took 8 per run (v1 40 registers, v3 96, v4 117 on sm_90),
+  // and the occupancy lost cost more than the second round trip (H100, 16384 rows, bf16, % of
+  // copy: d5120 in one group 61 -> 77.5, d2048 86 -> 96, d8192 in groups of 1024 90.6 -> 98.2).
+  float v[kVecs][8];
+  uint4 zq[kGateAfter ? kVecs : 1];
 #pragma unroll
   for (int k = 0; k < kVecs; ++k) {
     const int i = 8 * (local + k * tpi);
     const bool in = active && i < gs;
     const uint4 xq = in ? *reinterpret_cast<const uint4*>(x + i) : make_uint4(0, 0, 0, 0);
-    zq[k] = in && z ? *reinterpret_cast<const uint4*>(z + i) : make_uint4(0, 0, 0, 0);
-    if constexpr (kEarlyWeights) {
-      if (in) load8_as_float(p.weight, p.weight_dtype, start + i, w[k]);
-    }
+    const uint4 zk = in && z ? *reinterpret_cast<const uint4*>(z + i) : make_uint4(0, 0, 0, 0);
+    if constexpr (kGateAfter) zq[k] = zk;
     unpack8<T>(xq, v[k]);
     if (gate_first) {
       float zv[8];
-      unpack8<T>(zq[k], zv);
+      unpack8<T>(zk, zv);
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[k][e] *= silu(zv[e]);
     }
@@ -173,21 +183,16 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
     const int i = 8 * (local + k * tpi);
     if (!active || i >= gs) continue;
     float y[8];
-    if constexpr (kEarlyWeights) {
+    load8_as_float(p.weight, p.weight_dtype, start + i, y);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) y[e] = v[k][e] * rstd * w[k][e];
-    } else {
-      load8_as_float(p.weight, p.weight_dtype, start + i, w[0]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) y[e] = v[k][e] * rstd * w[0][e];
-    }
+    for (int e = 0; e < 8; ++e) y[e] *= v[k][e] * rstd;
     if (p.bias) {
       float b[8];
       load8_as_float(p.bias, p.bias_dtype, start + i, b);
 #pragma unroll
       for (int e = 0; e < 8; ++e) y[e] += b[e];
     }
-    if (z != nullptr && p.norm_before_gate) {
+    if constexpr (kGateAfter) {
       float zv[8];
       unpack8<T>(zq[k], zv);
 #pragma unroll
@@ -204,15 +209,19 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
   M2R_KERNEL(m2r::rmsnorm::kThreads) m2r_rmsnorm_fwd_##DT(RmsNormParams p) {                \
     m2r::rmsnorm::forward<m2r::T>(p);                                                         \
   }
-#define M2R_RMSNORM_VEC(DT, T, V)                                                            \
-  M2R_KERNEL(m2r::rmsnorm::kThreads) m2r_rmsnorm_fwd_##DT##_v##V(RmsNormParams p) {         \
-    m2r::rmsnorm::forward_vec<m2r::T, V>(p);                                                  \
+// m2r_rmsnorm_fwd_<dt>_v<V>[_ga]: V runs per thread; _ga: the gate after the norm. NB: blocks
+// per SM the NVIDIA build is held to (a register cap; AMD ignores it), the most without spills.
+#define M2R_RMSNORM_VEC(DT, T, V, NB, GA, SUFFIX)                                                          \
+  M2R_KERNEL_MIN_BLOCKS(m2r::rmsnorm::kThreads, NB) m2r_rmsnorm_fwd_##DT##_v##V##SUFFIX(RmsNormParams p) { \
+    m2r::rmsnorm::forward_vec<m2r::T, V, GA>(p);                                                            \
   }
+#define M2R_RMSNORM_VECS(DT, T)                                                            \
+  M2R_RMSNORM_VEC(DT, T, 1, 8, false, ) M2R_RMSNORM_VEC(DT, T, 2, 5, false, )             \
+  M2R_RMSNORM_VEC(DT, T, 3, 5, false, ) M2R_RMSNORM_VEC(DT, T, 4, 4, false, )             \
+  M2R_RMSNORM_VEC(DT, T, 1, 6, true, _ga) M2R_RMSNORM_VEC(DT, T, 2, 5, true, _ga)         \
+  M2R_RMSNORM_VEC(DT, T, 3, 4, true, _ga) M2R_RMSNORM_VEC(DT, T, 4, 3, true, _ga)
 M2R_RMSNORM(f32, F32)
 M2R_RMSNORM(f16, F16)
 M2R_RMSNORM(bf16, BF16)
-#define M2R_RMSNORM_VECS(DT, T)                                                      \
-  M2R_RMSNORM_VEC(DT, T, 1) M2R_RMSNORM_VEC(DT, T, 2) M2R_RMSNORM_VEC(DT, T, 3)            \
-  M2R_RMSNORM_VEC(DT, T, 4)
 M2R_RMSNORM_VECS(f16, F16)
 M2R_RMSNORM_VECS(bf16, BF16)

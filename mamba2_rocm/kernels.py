@@ -122,7 +122,12 @@ SOURCES: dict[str, KernelSource] = {
             RmsNormParams,
             (
                 *(f"m2r_rmsnorm_fwd_{dt}" for dt in KERNEL_DTYPES),
-                *(f"m2r_rmsnorm_fwd_{dt}_v{v}" for dt in RMSNORM_VEC_DTYPES for v in RMSNORM_VECS),
+                *(
+                    f"m2r_rmsnorm_fwd_{dt}_v{v}{ga}"
+                    for dt in RMSNORM_VEC_DTYPES
+                    for v in RMSNORM_VECS
+                    for ga in ("", "_ga")  # the z gate after the norm (norm_before_gate)
+                ),
             ),
         ),
     )

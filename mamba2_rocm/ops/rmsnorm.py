@@ -95,8 +95,9 @@ def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, layer_n
         threads, vecs = plan
         blocks = -(-rows * groups // (_THREADS // threads))
         if rows * groups < 2**31:  # the kernel's 32-bit item index (and grid.x limit)
+            ga = "_ga" if z2 is not None and norm_before_gate else ""  # the gate after the norm
             _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2,
-                    (blocks, 1), f"_v{vecs}", threads)  # fmt: skip
+                    (blocks, 1), f"_v{vecs}{ga}", threads)  # fmt: skip
             return
     if rows > GRID_YZ_MAX:  # grid.y limit: launch in slices of rows
         for start in range(0, rows, GRID_YZ_MAX):
@@ -194,7 +195,12 @@ def _fast_plan(x, weight, bias, z, eps, gs, norm_before_gate, layer_norm) -> tup
     vec = None
     if plan is not None and weight.stride(0) == 1 and (bias is None or bias.stride(0) == 1):
         threads, vecs = plan
-        vec = (f"{name}_v{vecs}", (-(-rows * groups // (_THREADS // threads)), 1, 1), tail(threads))
+        ga = "_ga" if z is not None and norm_before_gate else ""  # the gate after the norm
+        vec = (
+            f"{name}_v{vecs}{ga}",
+            (-(-rows * groups // (_THREADS // threads)), 1, 1),
+            tail(threads),
+        )
     return vec, general
 
 
