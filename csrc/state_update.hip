@@ -119,12 +119,19 @@ M2R_DEVICE void update_head(const SsuParams& p) {
   const bool a_tied = p.A_p_stride == 0 && p.A_n_stride == 0;
   SS* st = static_cast<SS*>(p.state) + row * p.state_batch_stride + h * p.state_h_stride;
 
+  // Everything a row reads is requested at the top of its iteration (state, dt, dt_bias, x, A,
+  // D, z: one memory latency per row, not two), and the next row's state (contiguous layout)
+  // before this row's arithmetic. H100, b64 h64 p64 n128 bf16, graph-timed: 98.0 -> 95.1 us.
+  // (Unrolling two rows instead took 118 registers on sm_90.)
+  Chunk<SS, kPer> s_next;
+  if (kContig && group < p.headdim) s_next.load(st + group * p.state_p_stride + lane * kPer);
 #pragma unroll 1
   for (int64_t pr = group; pr < p.headdim; pr += kGroups) {
     SS* srow = st + pr * p.state_p_stride;
     Chunk<SS, kPer> s_old;
     if constexpr (kContig) {
-      s_old.load(srow + lane * kPer);
+      s_old = s_next;
+      if (pr + kGroups < p.headdim) s_next.load(srow + kGroups * p.state_p_stride + lane * kPer);
     } else {
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
@@ -134,11 +141,14 @@ M2R_DEVICE void update_head(const SsuParams& p) {
     }
     float dt = load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + h * p.dt_h_stride + pr * p.dt_p_stride);
     if (p.dt_bias) dt += load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_h_stride + pr * p.dt_bias_p_stride);
-    if (p.dt_softplus) dt = softplus(dt);
     const float x = TI::to_float(static_cast<const SI*>(p.x)[b * p.x_batch_stride + h * p.x_h_stride + pr * p.x_p_stride]);
-    const float dtx = dt * x;
+    const float d = p.D ? load_as_float(p.D, p.d_dtype, h * p.D_h_stride + pr * p.D_p_stride) : 0.f;
+    const float zg = p.z ? TB::to_float(static_cast<const SB*>(p.z)[b * p.z_batch_stride + h * p.z_h_stride + pr * p.z_p_stride]) : 0.f;
     const int64_t a_row = h * p.A_h_stride + pr * p.A_p_stride;
-    const float da_tied = a_tied ? __expf(load_as_float(p.A, p.a_dtype, a_row) * dt) : 0.f;
+    const float a_tied_v = a_tied ? load_as_float(p.A, p.a_dtype, a_row) : 0.f;
+    if (p.dt_softplus) dt = softplus(dt);
+    const float dtx = dt * x;
+    const float da_tied = a_tied ? __expf(a_tied_v * dt) : 0.f;
 
     float acc = 0.f;
     Chunk<SS, kPer> s_new;
@@ -159,11 +169,8 @@ M2R_DEVICE void update_head(const SsuParams& p) {
     for (int off = kLanes / 2; off > 0; off /= 2) acc += shfl_xor_width(acc, off, kLanes);
     if (lane == 0) {
       float y = acc;
-      if (p.D) y = fmaf(load_as_float(p.D, p.d_dtype, h * p.D_h_stride + pr * p.D_p_stride), x, y);
-      if (p.z) {
-        const SB* z = static_cast<const SB*>(p.z);
-        y *= silu(TB::to_float(z[b * p.z_batch_stride + h * p.z_h_stride + pr * p.z_p_stride]));
-      }
+      if (p.D) y = fmaf(d, x, y);
+      if (p.z) y *= silu(zg);
       out[pr * p.out_p_stride] = TI::from_float(y);
     }
   }
