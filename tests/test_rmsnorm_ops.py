@@ -75,7 +75,7 @@ def test_opcheck_and_compile():
         (8, (1, 1)),  # one run: a thread per (row, group), 256 groups per block
         (24, (4, 1)),  # 3 runs: the power of two above
         (1024, (128, 1)),
-        (1536, (64, 3)),  # 192 runs: 64 x 3 leaves no thread idle (256 x 1 would idle 64)
+        (1536, (256, 1)),  # 192 runs: one each (64 x 3 would idle none, but is slower)
         (2048, (256, 1)),
         (3072, (128, 3)),  # 384 runs: 128 x 3 (256 x 2 idles 128 thread-runs)
         (4096, (256, 2)),

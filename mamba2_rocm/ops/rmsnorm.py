@@ -45,18 +45,19 @@ def vec_plan(group_size: int, elem_size: int, addresses: tuple[int, ...]) -> tup
 
     It needs 16-bit elements, a group made of whole 8-element runs, at most kThreads * 4 runs,
     and 16-byte alignment of every address in ``addresses`` (data pointers, and row strides
-    in bytes). Threads per item: below 32 runs the power of two covering them (one run each);
-    else the power of two in 32..kThreads with at most ``PREFERRED_MAX_RUNS`` runs each if there
-    is one, then the fewest thread-runs left idle, then the fewest runs each. Measured on the
-    H100 (bf16, 16384 rows, one group per row, % of copy bandwidth, every choice): d1536 64 x 3
-    77.8% (256 x 1: 69.0%), d2048 256 x 1 86.0% (128 x 2: 84.8%), d3072 128 x 3 81% (256 x 2:
-    74%), d4096 256 x 2 88.3% (128 x 4: 79.2%), d5120 256 x 3 75.0% (128 x 5: 66.5%), d8192 in
-    groups of 1024 128 x 1 90.5% (64 x 2: 90.2%, 256 x 1: 50.2%).
+    in bytes). Threads per item: up to kThreads runs, the power of two covering them (one run
+    each: the 32-register kernel, 8 blocks per SM, even with up to a quarter of the threads
+    idle); beyond, the power of two in 32..kThreads with at most ``PREFERRED_MAX_RUNS`` runs
+    each if there is one, then the fewest thread-runs left idle, then the fewest runs each.
+    Measured on the H100 (bf16, 16384 rows, one group per row, % of copy bandwidth, every
+    choice): d1536 256 x 1 86.5% (64 x 3: 83.7%), d2048 256 x 1 97.1% (128 x 2: 83.1%),
+    d3072 128 x 3 91.1% (256 x 2: 77.7%), d4096 256 x 2 87.7% (128 x 4: 88.8%), d5120 256 x 3
+    89.5%, d6144 256 x 3 95.6%; d8192 in groups of 1024 128 x 1 100.1% (256 x 1: 59.7%).
     """
     if elem_size != 2 or group_size % _VEC or any(a % 16 for a in addresses):
         return None
     runs = group_size // _VEC
-    if runs <= 32:
+    if runs <= _THREADS:
         return 1 << (runs - 1).bit_length(), 1
     best = None
     for threads in (32, 64, 128, _THREADS):
