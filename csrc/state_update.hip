@@ -76,25 +76,36 @@ struct Chunk {
   }
 };
 
-// One block per (head, batch): grid (nheads, batch). Group g (32 lanes) takes headdim rows
-// g, g + kGroups, ...; B and C of the (batch, group) are read and converted once per block.
-// kContig: dstate == kN, unit dstate stride for state/B/C, aligned: lane l owns elements
-// [l*kPer, (l+1)*kPer), moved in 4..16-byte accesses; otherwise lane l owns l, l+32, ...
+// Lanes per headdim row in the per-head kernel (see update_head); mirrored by the host.
+template <typename SS, int kN>
+struct HeadLanes {
+  static constexpr int value = sizeof(SS) == 2 && kN >= 64 ? kN / 8 : kLanes;
+};
+
+// One block per (head, batch): grid (nheads, batch). Group g (HeadLanes lanes) takes headdim
+// rows g, g + kHeadGroups, ...; B and C of the (batch, group) are read and converted once per
+// block. Contiguous layout only (dstate == kN, unit dstate stride for state/B/C, aligned):
+// lane l owns elements [l*kPer, (l+1)*kPer), moved in 4..16-byte accesses.
 // Tied A (stride 0 over headdim and dstate, the Mamba2 case): exp(A*dt) is one value per row.
 template <typename TS, typename TI, typename TB, int kN, bool kContig>
 M2R_DEVICE void update_head(const SsuParams& p) {
   typedef typename TS::storage SS;
   typedef typename TI::storage SI;
   typedef typename TB::storage SB;
-  constexpr int kPer = kN >= kLanes ? kN / kLanes : 1;
-  const int lane = threadIdx.x % kLanes;
-  const int group = threadIdx.x / kLanes;
+  // Lanes per headdim row: 16-bit states of 64 or 128 elements move 16 bytes per lane (8 or
+  // 16 lanes a row, several rows per wave: twice the bytes in flight per load of 32 lanes x 8
+  // bytes); other states 32 lanes. The host's alignment check follows (ops/state_update.py).
+  constexpr int kHeadLanes = HeadLanes<SS, kN>::value;
+  constexpr int kHeadGroups = kThreads / kHeadLanes;
+  constexpr int kPer = kN >= kHeadLanes ? kN / kHeadLanes : 1;
+  const int lane = threadIdx.x % kHeadLanes;
+  const int group = threadIdx.x / kHeadLanes;
   const int64_t h = blockIdx.x, b = blockIdx.y;
   const int64_t row = checked_state_row(p.state_indices, p.indices_stride, p.indices_int64, p.batch, p.num_states, b);
   SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * p.out_h_stride;
   if (row < 0) {  // -1: padding, zeros; -2 (beyond the pool, or duplicated): NaN, loudly
     const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
-    for (int64_t pr = group; pr < p.headdim; pr += kGroups)
+    for (int64_t pr = group; pr < p.headdim; pr += kHeadGroups)
       if (lane == 0) out[pr * p.out_p_stride] = TI::from_float(fill);
     return;
   }
@@ -111,7 +122,7 @@ M2R_DEVICE void update_head(const SsuParams& p) {
   } else {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      const int n = lane + i * kLanes;
+      const int n = lane + i * kHeadLanes;
       bf[i] = n < p.dstate ? TB::to_float(B[n * p.B_n_stride]) : 0.f;
       cf[i] = n < p.dstate ? TB::to_float(C[n * p.C_n_stride]) : 0.f;
     }
@@ -126,16 +137,16 @@ M2R_DEVICE void update_head(const SsuParams& p) {
   Chunk<SS, kPer> s_next;
   if (kContig && group < p.headdim) s_next.load(st + group * p.state_p_stride + lane * kPer);
 #pragma unroll 1
-  for (int64_t pr = group; pr < p.headdim; pr += kGroups) {
+  for (int64_t pr = group; pr < p.headdim; pr += kHeadGroups) {
     SS* srow = st + pr * p.state_p_stride;
     Chunk<SS, kPer> s_old;
     if constexpr (kContig) {
       s_old = s_next;
-      if (pr + kGroups < p.headdim) s_next.load(srow + kGroups * p.state_p_stride + lane * kPer);
+      if (pr + kHeadGroups < p.headdim) s_next.load(srow + kHeadGroups * p.state_p_stride + lane * kPer);
     } else {
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
-        const int n = lane + i * kLanes;
+        const int n = lane + i * kHeadLanes;
         if (n < p.dstate) s_old.set(i, srow[n * p.state_n_stride]);
       }
     }
@@ -154,7 +165,7 @@ M2R_DEVICE void update_head(const SsuParams& p) {
     Chunk<SS, kPer> s_new;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      const int n = kContig ? lane * kPer + i : lane + i * kLanes;
+      const int n = kContig ? lane * kPer + i : lane + i * kHeadLanes;
       if (!kContig && n >= p.dstate) continue;
       // contiguous variant: A's dstate stride is 1 unless tied (host-checked), so offsets are constants
       const float da = a_tied ? da_tied
@@ -166,7 +177,7 @@ M2R_DEVICE void update_head(const SsuParams& p) {
     }
     if constexpr (kContig) s_new.store(srow + lane * kPer);
 #pragma unroll
-    for (int off = kLanes / 2; off > 0; off /= 2) acc += shfl_xor_width(acc, off, kLanes);
+    for (int off = kHeadLanes / 2; off > 0; off /= 2) acc += shfl_xor_width(acc, off, kHeadLanes);
     if (lane == 0) {
       float y = acc;
       if (p.D) y = fmaf(d, x, y);

@@ -135,7 +135,14 @@ def _expected_launch(state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, out):
         and all(s % per == 0 for s in (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1]))
         and all(t.data_ptr() % (per * t.element_size()) == 0 for t in (state, B, C))
     )  # fmt: skip
-    per_head = layout and b * h >= ops.HEAD_KERNEL_MIN_BLOCKS
+    # the per-head kernel moves 8 elements per lane of a 16-bit state of 64 / 128 elements
+    per_h = 8 if state.element_size() == 2 and tier >= 64 else per
+    head_ok = (
+        layout
+        and all(s % per_h == 0 for s in (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1]))
+        and all(t.data_ptr() % (per_h * t.element_size()) == 0 for t in (state, B, C))
+    )
+    per_head = head_ok and b * h >= ops.HEAD_KERNEL_MIN_BLOCKS
     grid = (h, b, 1) if per_head else (-(-p // 8), h, b)
     name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}_n{tier}"
     return name + ("_contig" if per_head else "_rows" if layout else ""), params, grid
@@ -153,9 +160,9 @@ def _tied(g, b=3, h=4, p=8, n=32, groups=2, dtype=torch.bfloat16):
     )  # fmt: skip
 
 
-def _misaligned(t):
-    """t's values at an address one element past an aligned one (same shape and strides)."""
-    flat = torch.empty(t.numel() + 1, dtype=t.dtype)[1:]
+def _misaligned(t, by=1):
+    """t's values at an address ``by`` elements past an aligned one (same shape and strides)."""
+    flat = torch.empty(t.numel() + by, dtype=t.dtype)[by:]
     return flat.view(t.shape).copy_(t)
 
 
@@ -170,10 +177,15 @@ _LAYOUTS = {
     "pool": lambda g: (_inputs(g, pool=5, n=32), torch.tensor([4, 0, 2], dtype=torch.int32)),
     # dstate 128: 4 elements per lane, so B one element off its alignment rules out the per-head kernel
     "misaligned B": lambda g: ({**(a := _tied(g, n=128)), "B": _misaligned(a["B"])}, None),
+    # B 8 bytes past 16-byte alignment: the _rows kernel's 4 elements per lane read it, the
+    # per-head kernel's 8 per lane (16-byte loads) would not
+    "B 8-byte aligned": lambda g: ({**(a := _tied(g, n=128)), "B": _misaligned(a["B"], 4)}, None),
 }
 #: Which layouts the contiguous-layout kernels take (per-head at block threshold 0, else _rows).
 _PER_HEAD = {"plain": True, "tied": True, "no optionals": False, "mamba1": False, "pool": True,
-             "misaligned B": False}  # fmt: skip
+             "misaligned B": False, "B 8-byte aligned": False}  # fmt: skip
+#: Layouts only the _rows kernel takes, at any block count (aligned for it, not the per-head one).
+_ROWS_ONLY = {"B 8-byte aligned"}
 
 
 @pytest.mark.parametrize("blocks", [0, 1 << 40], ids=["per-head kernel", "per-row kernel"])
@@ -189,7 +201,9 @@ def test_cached_launch_matches_uncached_formula(layout, blocks, fake_kernels, mo
         expected = _expected_launch(*_pos(args, step != 1, idx), out)
         assert fake_kernels.launches[-1] == expected
         assert expected[0].endswith("_contig") == (blocks == 0 and _PER_HEAD[layout])
-        assert expected[0].endswith("_rows") == (blocks != 0 and _PER_HEAD[layout])
+        assert expected[0].endswith("_rows") == (
+            (blocks != 0 and _PER_HEAD[layout]) or layout in _ROWS_ONLY
+        )
     assert len(fake_kernels.launches) == 3
 
 

@@ -54,9 +54,10 @@ class _KernelPlan(NamedTuple):
     tail: tuple  # SsuParams after the 11 pointers: strides, sizes, flags, dtype codes
     general: tuple[str, tuple[int, int, int]]  # kernel name and grid, one block per 8 rows
     contig: tuple[str, tuple[int, int, int]] | None  # the per-head kernel, if the layout allows
-    rows: tuple[str, tuple[int, int, int]] | None  # general's grid, the per-head kernel's layout
+    rows: tuple[str, tuple[int, int, int]] | None  # general's grid, the contiguous layout
     blocks: int  # batch * nheads: the per-head kernel's block count
-    align: tuple[int, int, int]  # byte alignment state, B, C must have for the per-head kernel
+    align: tuple[int, int, int]  # byte alignment state, B, C must have for the _rows kernel
+    align_head: tuple[int, int, int]  # ... and for the per-head kernel (16-byte lanes)
     contiguous_out: bool  # out can be allocated as empty_like(x, contiguous_format)
 
 
@@ -94,26 +95,31 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, dims, o
         DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0,
         int(idx is not None and idx.dtype == torch.int64),
     )  # fmt: skip  (SsuParams after the pointers, field order)
-    per = max(1, tier // 32)  # elements per lane in the contiguous variant
+    per = max(1, tier // 32)  # elements per lane in the contiguous _rows kernel
+    # the per-head kernel: 16-bit states of 64 / 128 elements 8 per lane (csrc HeadLanes)
+    per_head = 8 if state.element_size() == 2 and tier >= 64 else per
+    row_strides = (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1])
     contig_layout = (
         dstate == tier
         and tier <= SSU_CONTIG_MAX_DSTATE
         and state.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
         and (A.stride(-1) == 1 or (A.stride(-1) == 0 and A.stride(-2) == 0))  # unit, or tied per head
-        and all(st % per == 0 for st in (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1]))
+        and all(st % per == 0 for st in row_strides)
     )  # fmt: skip
+    head_layout = contig_layout and all(st % per_head == 0 for st in row_strides)
     bcz = "_f32bcz" if B.dtype != x.dtype else ""  # (bcz_operands: x's dtype or all float32)
     name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}{bcz}_n{tier}"
     # contiguous: one block per (head, batch row); general: one block per 8 headdim rows
     return _KernelPlan(
         tail=tail,
         general=(name, (-(-headdim // (_THREADS // 32)), nheads, batch)),
-        contig=(name + "_contig", (nheads, batch, 1)) if contig_layout else None,
+        contig=(name + "_contig", (nheads, batch, 1)) if head_layout else None,
         rows=(name + "_rows", (-(-headdim // (_THREADS // 32)), nheads, batch))
         if contig_layout
         else None,
         blocks=batch * nheads,
         align=tuple(per * t.element_size() for t in (state, B, C)),
+        align_head=tuple(per_head * t.element_size() for t in (state, B, C)),
         contiguous_out=type(x) is Tensor,
     )
 
@@ -251,10 +257,14 @@ def _impl(
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     sp, bp, cp = state.data_ptr(), B.data_ptr(), C.data_ptr()
     a_s, a_b, a_c = kp.align
-    if kp.contig is None or sp % a_s or bp % a_b or cp % a_c:
+    if kp.rows is None or sp % a_s or bp % a_b or cp % a_c:
         name, grid = kp.general
     else:
-        name, grid = kp.contig if kp.blocks >= HEAD_KERNEL_MIN_BLOCKS else kp.rows
+        name, grid = kp.rows
+        if kp.contig is not None and kp.blocks >= HEAD_KERNEL_MIN_BLOCKS:
+            h_s, h_b, h_c = kp.align_head
+            if not (sp % h_s or bp % h_b or cp % h_c):
+                name, grid = kp.contig
     ptrs = (
         sp,
         x.data_ptr(),
