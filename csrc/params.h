@@ -72,9 +72,8 @@ struct ConvUpdateParams {
 // head with headdim = dim. dt' = softplus?(dt + dt_bias); state = exp(A dt') state + dt' B x;
 // out = sum_n state C + D x, times silu(z). Strides may be 0 ("tied" A/dt/dt_bias/D broadcast
 // over headdim and dstate): the kernel reads them as given, nothing is copied.
-// state_indices (int32 or int64, indices_int64): -1 = padded row (out zeros, state untouched);
-// an index outside [0, num_states), or a row two entries name: out NaN, no state touched
-// (checked in the kernel: csrc/state_rows.h).
+// state_indices: -1 = padded row (out zeros, state untouched); any other index outside
+// [0, num_states): out NaN, state untouched. Passed through m2r_state_rows first.
 struct SsuParams {
   void* state;                   // (num_states, nheads, headdim, dstate), dtype of the kernel
   const void* x;                 // (batch, nheads, headdim), input dtype of the kernel
@@ -86,7 +85,7 @@ struct SsuParams {
   const void* z;                 // (batch, nheads, headdim), input dtype, or null
   const void* dt_bias;           // (nheads, headdim), dtype dt_bias_dtype, or null
   void* out;                     // (batch, nheads, headdim), input dtype
-  const void* state_indices;     // (batch,) int32 or int64, or null
+  const int32_t* state_indices;  // (batch,) or null
   int64_t state_batch_stride, state_h_stride, state_p_stride, state_n_stride;
   int64_t x_batch_stride, x_h_stride, x_p_stride;
   int64_t dt_batch_stride, dt_h_stride, dt_p_stride;
@@ -97,12 +96,25 @@ struct SsuParams {
   int64_t z_batch_stride, z_h_stride, z_p_stride;
   int64_t dt_bias_h_stride, dt_bias_p_stride;
   int64_t out_batch_stride, out_h_stride, out_p_stride;
-  int64_t indices_stride;
   int32_t batch, nheads, headdim, dstate;
   int32_t heads_per_group, num_states;
   int32_t dt_softplus;
   int32_t dt_dtype, a_dtype, d_dtype, dt_bias_dtype;
-  int32_t indices_int64;
+  int32_t reserved;
+};
+
+// The state rows of a decode step (causal_conv1d_update's conv_state_indices,
+// selective_state_update's state_batch_indices), checked on the device before an update reads
+// them: in (batch,) int32 or int64 (in_int64), out (batch,) int32. -1 (a padded row) stays -1;
+// an index outside [0, num_states), or a row that two entries name, becomes -2: the update
+// kernels write NaN for any row < -1 and leave the state alone, so two entries never race on
+// one state row. The kernels cannot raise; checking on the host would cost a device sync.
+struct StateRowsParams {
+  const void* in;
+  int32_t* out;
+  int64_t in_stride;
+  int32_t batch, num_states, in_int64;
+  int32_t reserved;  // explicit tail padding: the size is a multiple of 8 on every ABI
 };
 
 // The matrix-core self-test (csrc/mma_probe.hip): one 16x16x16 step D = C + A B^T through

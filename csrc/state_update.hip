@@ -2,7 +2,6 @@
 // Semantics in params.h (SsuParams). 32 lanes per (batch, head, headdim row), lane l owning dstate elements l, l + 32, ...: every
 // state load and store is coalesced, and the C-weighted sum is a 32-lane butterfly.
 #include "platform.h"
-#include "state_rows.h"
 
 namespace m2r {
 namespace ssu {
@@ -76,36 +75,25 @@ struct Chunk {
   }
 };
 
-// Lanes per headdim row in the per-head kernel (see update_head); mirrored by the host.
-template <typename SS, int kN>
-struct HeadLanes {
-  static constexpr int value = sizeof(SS) == 2 && kN >= 64 ? kN / 8 : kLanes;
-};
-
-// One block per (head, batch): grid (nheads, batch). Group g (HeadLanes lanes) takes headdim
-// rows g, g + kHeadGroups, ...; B and C of the (batch, group) are read and converted once per
-// block. Contiguous layout only (dstate == kN, unit dstate stride for state/B/C, aligned):
-// lane l owns elements [l*kPer, (l+1)*kPer), moved in 4..16-byte accesses.
+// One block per (head, batch): grid (nheads, batch). Group g (32 lanes) takes headdim rows
+// g, g + kGroups, ...; B and C of the (batch, group) are read and converted once per block.
+// kContig: dstate == kN, unit dstate stride for state/B/C, aligned: lane l owns elements
+// [l*kPer, (l+1)*kPer), moved in 4..16-byte accesses; otherwise lane l owns l, l+32, ...
 // Tied A (stride 0 over headdim and dstate, the Mamba2 case): exp(A*dt) is one value per row.
 template <typename TS, typename TI, typename TB, int kN, bool kContig>
 M2R_DEVICE void update_head(const SsuParams& p) {
   typedef typename TS::storage SS;
   typedef typename TI::storage SI;
   typedef typename TB::storage SB;
-  // Lanes per headdim row: 16-bit states of 64 or 128 elements move 16 bytes per lane (8 or
-  // 16 lanes a row, several rows per wave: twice the bytes in flight per load of 32 lanes x 8
-  // bytes); other states 32 lanes. The host's alignment check follows (ops/state_update.py).
-  constexpr int kHeadLanes = HeadLanes<SS, kN>::value;
-  constexpr int kHeadGroups = kThreads / kHeadLanes;
-  constexpr int kPer = kN >= kHeadLanes ? kN / kHeadLanes : 1;
-  const int lane = threadIdx.x % kHeadLanes;
-  const int group = threadIdx.x / kHeadLanes;
+  constexpr int kPer = kN >= kLanes ? kN / kLanes : 1;
+  const int lane = threadIdx.x % kLanes;
+  const int group = threadIdx.x / kLanes;
   const int64_t h = blockIdx.x, b = blockIdx.y;
-  const int64_t row = checked_state_row(p.state_indices, p.indices_stride, p.indices_int64, p.batch, p.num_states, b);
+  const int64_t row = p.state_indices ? p.state_indices[b] : b;
   SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * p.out_h_stride;
-  if (row < 0) {  // -1: padding, zeros; -2 (beyond the pool, or duplicated): NaN, loudly
+  if (row < 0 || row >= p.num_states) {  // -1: padding, zeros; beyond the pool: NaN, loudly
     const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
-    for (int64_t pr = group; pr < p.headdim; pr += kHeadGroups)
+    for (int64_t pr = group; pr < p.headdim; pr += kGroups)
       if (lane == 0) out[pr * p.out_p_stride] = TI::from_float(fill);
     return;
   }
@@ -122,7 +110,7 @@ M2R_DEVICE void update_head(const SsuParams& p) {
   } else {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      const int n = lane + i * kHeadLanes;
+      const int n = lane + i * kLanes;
       bf[i] = n < p.dstate ? TB::to_float(B[n * p.B_n_stride]) : 0.f;
       cf[i] = n < p.dstate ? TB::to_float(C[n * p.C_n_stride]) : 0.f;
     }
@@ -130,42 +118,32 @@ M2R_DEVICE void update_head(const SsuParams& p) {
   const bool a_tied = p.A_p_stride == 0 && p.A_n_stride == 0;
   SS* st = static_cast<SS*>(p.state) + row * p.state_batch_stride + h * p.state_h_stride;
 
-  // Everything a row reads is requested at the top of its iteration (state, dt, dt_bias, x, A,
-  // D, z: one memory latency per row, not two), and the next row's state (contiguous layout)
-  // before this row's arithmetic. H100, b64 h64 p64 n128 bf16, graph-timed: 98.0 -> 95.1 us.
-  // (Unrolling two rows instead took 118 registers on sm_90.)
-  Chunk<SS, kPer> s_next;
-  if (kContig && group < p.headdim) s_next.load(st + group * p.state_p_stride + lane * kPer);
 #pragma unroll 1
-  for (int64_t pr = group; pr < p.headdim; pr += kHeadGroups) {
+  for (int64_t pr = group; pr < p.headdim; pr += kGroups) {
     SS* srow = st + pr * p.state_p_stride;
     Chunk<SS, kPer> s_old;
     if constexpr (kContig) {
-      s_old = s_next;
-      if (pr + kHeadGroups < p.headdim) s_next.load(srow + kHeadGroups * p.state_p_stride + lane * kPer);
+      s_old.load(srow + lane * kPer);
     } else {
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
-        const int n = lane + i * kHeadLanes;
+        const int n = lane + i * kLanes;
         if (n < p.dstate) s_old.set(i, srow[n * p.state_n_stride]);
       }
     }
     float dt = load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + h * p.dt_h_stride + pr * p.dt_p_stride);
     if (p.dt_bias) dt += load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_h_stride + pr * p.dt_bias_p_stride);
-    const float x = TI::to_float(static_cast<const SI*>(p.x)[b * p.x_batch_stride + h * p.x_h_stride + pr * p.x_p_stride]);
-    const float d = p.D ? load_as_float(p.D, p.d_dtype, h * p.D_h_stride + pr * p.D_p_stride) : 0.f;
-    const float zg = p.z ? TB::to_float(static_cast<const SB*>(p.z)[b * p.z_batch_stride + h * p.z_h_stride + pr * p.z_p_stride]) : 0.f;
-    const int64_t a_row = h * p.A_h_stride + pr * p.A_p_stride;
-    const float a_tied_v = a_tied ? load_as_float(p.A, p.a_dtype, a_row) : 0.f;
     if (p.dt_softplus) dt = softplus(dt);
+    const float x = TI::to_float(static_cast<const SI*>(p.x)[b * p.x_batch_stride + h * p.x_h_stride + pr * p.x_p_stride]);
     const float dtx = dt * x;
-    const float da_tied = a_tied ? __expf(a_tied_v * dt) : 0.f;
+    const int64_t a_row = h * p.A_h_stride + pr * p.A_p_stride;
+    const float da_tied = a_tied ? __expf(load_as_float(p.A, p.a_dtype, a_row) * dt) : 0.f;
 
     float acc = 0.f;
     Chunk<SS, kPer> s_new;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      const int n = kContig ? lane * kPer + i : lane + i * kHeadLanes;
+      const int n = kContig ? lane * kPer + i : lane + i * kLanes;
       if (!kContig && n >= p.dstate) continue;
       // contiguous variant: A's dstate stride is 1 unless tied (host-checked), so offsets are constants
       const float da = a_tied ? da_tied
@@ -177,11 +155,14 @@ M2R_DEVICE void update_head(const SsuParams& p) {
     }
     if constexpr (kContig) s_new.store(srow + lane * kPer);
 #pragma unroll
-    for (int off = kHeadLanes / 2; off > 0; off /= 2) acc += shfl_xor_width(acc, off, kHeadLanes);
+    for (int off = kLanes / 2; off > 0; off /= 2) acc += shfl_xor_width(acc, off, kLanes);
     if (lane == 0) {
       float y = acc;
-      if (p.D) y = fmaf(d, x, y);
-      if (p.z) y *= silu(zg);
+      if (p.D) y = fmaf(load_as_float(p.D, p.d_dtype, h * p.D_h_stride + pr * p.D_p_stride), x, y);
+      if (p.z) {
+        const SB* z = static_cast<const SB*>(p.z);
+        y *= silu(TB::to_float(z[b * p.z_batch_stride + h * p.z_h_stride + pr * p.z_p_stride]));
+      }
       out[pr * p.out_p_stride] = TI::from_float(y);
     }
   }
@@ -191,13 +172,14 @@ M2R_DEVICE void update_head(const SsuParams& p) {
 // elements l, l+32, ...; grid (ceil(headdim / kGroups), nheads, batch). No row loop: with
 // one, AMD's compiler hoisted the per-element offsets into scalar registers and spilled them.
 template <typename TS, typename TI, typename TB, int kN, bool kContig>  // state, x, B/C/z types
-M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr, int lane, int64_t row) {
+M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr, int lane) {
   typedef typename TS::storage SS;
   typedef typename TI::storage SI;
   typedef typename TB::storage SB;
   constexpr int kPer = kN >= kLanes ? kN / kLanes : 1;
   SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * p.out_h_stride + pr * p.out_p_stride;
-  if (row < 0) {  // (checked_state_row: -1 padding, -2 out of the pool or duplicated)
+  const int64_t row = p.state_indices ? p.state_indices[b] : b;
+  if (row < 0 || row >= p.num_states) {
     if (lane == 0) *out = TI::from_float(row == -1 ? 0.f : __int_as_float(0x7fc00000));
     return;
   }
@@ -264,9 +246,7 @@ M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr,
 template <typename TS, typename TI, typename TB, int kN, bool kContig>
 M2R_DEVICE void update_rows(const SsuParams& p) {
   const int64_t pr = static_cast<int64_t>(blockIdx.x) * kGroups + threadIdx.x / kLanes;
-  const int64_t b = blockIdx.z;
-  const int64_t row = checked_state_row(p.state_indices, p.indices_stride, p.indices_int64, p.batch, p.num_states, b);
-  if (pr < p.headdim) update_row<TS, TI, TB, kN, kContig>(p, b, blockIdx.y, pr, threadIdx.x % kLanes, row);
+  if (pr < p.headdim) update_row<TS, TI, TB, kN, kContig>(p, blockIdx.z, blockIdx.y, pr, threadIdx.x % kLanes);
 }
 
 }  // namespace ssu

@@ -17,6 +17,7 @@ from mamba2_rocm.params import (
     SelectiveScanParams,
     SsdParams,
     SsuParams,
+    StateRowsParams,
 )
 
 __all__ = ["SOURCES", "KernelSource", "kernel_params", "source_of"]
@@ -79,6 +80,7 @@ SOURCES: dict[str, KernelSource] = {
                 if not (contig and n > SSU_CONTIG_MAX_DSTATE)
             ),
         ),
+        KernelSource("state_rows", StateRowsParams, ("m2r_state_rows",)),
         # the matrix-core interface's self-test (tests/gpu/test_mma_probe_gpu.py)
         KernelSource(
             "mma_probe", MmaProbeParams, tuple(f"m2r_mma_probe_{dt}" for dt in ("f16", "bf16"))

@@ -19,6 +19,7 @@ __all__ = [
     "SelectiveScanParams",
     "SsdParams",
     "SsuParams",
+    "StateRowsParams",
     "explain_pack_error",
     "packer",
 ]
@@ -68,14 +69,18 @@ class SsuParams(ctypes.Structure):
         "A_h_stride A_p_stride A_n_stride B_batch_stride B_g_stride B_n_stride "
         "C_batch_stride C_g_stride C_n_stride D_h_stride D_p_stride "
         "z_batch_stride z_h_stride z_p_stride dt_bias_h_stride dt_bias_p_stride "
-        "out_batch_stride out_h_stride out_p_stride indices_stride",
+        "out_batch_stride out_h_stride out_p_stride",
         "batch nheads headdim dstate heads_per_group num_states dt_softplus "
-        "dt_dtype a_dtype d_dtype dt_bias_dtype indices_int64",
+        "dt_dtype a_dtype d_dtype dt_bias_dtype reserved",
     )
 
 
 class MmaProbeParams(ctypes.Structure):
     _fields_ = _fields("a b c d hits info", "", "mode reserved")
+
+
+class StateRowsParams(ctypes.Structure):
+    _fields_ = _fields("in out", "in_stride", "batch num_states in_int64 reserved")
 
 
 class SsdParams(ctypes.Structure):

@@ -260,6 +260,7 @@ def test_decode_steps_are_inference_only_and_say_so(kernel_tier, monkeypatch):
             return None
 
     monkeypatch.setattr(ssu_ops, "choose", lambda device: ("kernel", Kernels()))
+    monkeypatch.setattr(ssu_ops, "checked_state_rows", lambda kset, idx, pool: idx)
     monkeypatch.setattr(ssu_ops, "launch", lambda *a: None)
     monkeypatch.setattr(conv_ops, "_update_kernel", lambda *a: None)
     x = torch.randn(2, 4, 8, requires_grad=True)

@@ -40,6 +40,30 @@ def launch(launcher, x, params: tuple, grid: tuple[int, int, int], threads: int)
         launcher(params, grid, (threads, 1, 1), raw_stream(index))
 
 
+_STATE_ROWS_THREADS = 256  # csrc/state_rows.hip: kThreads
+
+
+def checked_state_rows(kset, indices, num_states: int):
+    """The state-row indices of a decode step as the update kernels read them: an int32 copy
+    made on the device by ``m2r_state_rows`` (csrc/state_rows.hip), in which -1 (padding) stays
+    and every index that is out of the pool, or names a row another entry also names, is -2
+    (NaN out, state untouched). int64 indices are read as int64: never truncated to another
+    row. No device sync; one small launch per call that passes indices."""
+    rows = torch.empty(indices.shape[0], dtype=torch.int32, device=indices.device)
+    params = (
+        indices.data_ptr(),
+        rows.data_ptr(),
+        indices.stride(0),
+        indices.shape[0],
+        num_states,
+        int(indices.dtype == torch.int64),
+        0,
+    )  # fmt: skip  (StateRowsParams, field order)
+    blocks = -(-indices.shape[0] // _STATE_ROWS_THREADS)
+    launch(kset.launcher("m2r_state_rows"), indices, params, (blocks, 1, 1), _STATE_ROWS_THREADS)
+    return rows
+
+
 def layout(t) -> tuple | None:
     """What argument checks and a launch's static fields depend on for a tensor: its type,
     shape, strides, dtype and device (not its address, which changes every call)."""

@@ -22,6 +22,7 @@ from mamba2_rocm.ops._launch import (
     GRID_YZ_MAX,
     KERNEL_DTYPE,
     as_kernel_float,
+    checked_state_rows,
     inference_only,
     launch,
     like,
@@ -54,16 +55,14 @@ class _KernelPlan(NamedTuple):
     tail: tuple  # SsuParams after the 11 pointers: strides, sizes, flags, dtype codes
     general: tuple[str, tuple[int, int, int]]  # kernel name and grid, one block per 8 rows
     contig: tuple[str, tuple[int, int, int]] | None  # the per-head kernel, if the layout allows
-    rows: tuple[str, tuple[int, int, int]] | None  # general's grid, the contiguous layout
+    rows: tuple[str, tuple[int, int, int]] | None  # general's grid, the per-head kernel's layout
     blocks: int  # batch * nheads: the per-head kernel's block count
-    align: tuple[int, int, int]  # byte alignment state, B, C must have for the _rows kernel
-    align_head: tuple[int, int, int]  # ... and for the per-head kernel (16-byte lanes)
+    align: tuple[int, int, int]  # byte alignment state, B, C must have for the per-head kernel
     contiguous_out: bool  # out can be allocated as empty_like(x, contiguous_format)
 
 
-def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, dims, out) -> _KernelPlan:
-    """The static part of a launch, from one call's tensors (multi-head views; out as passed;
-    idx: the state rows as the caller passed them, read and checked by the kernel itself)."""
+def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -> _KernelPlan:
+    """The static part of a launch, from one call's tensors (multi-head views; out as passed)."""
     batch, nheads, headdim, dstate = dims.batch, dims.nheads, dims.headdim, dims.dstate
     tier = next(n for n in SSU_DSTATE_TIERS if dstate <= n)
     if batch > GRID_YZ_MAX or nheads > GRID_YZ_MAX:
@@ -81,7 +80,6 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, dims, o
         *strides(z, 3),
         *strides(dt_bias, 2),
         *out.stride(),
-        0 if idx is None else idx.stride(0),
         batch,
         nheads,
         headdim,
@@ -93,33 +91,28 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, dims, o
         DTYPE_CODE[A.dtype],
         DTYPE_CODE[D.dtype] if D is not None else 0,
         DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0,
-        int(idx is not None and idx.dtype == torch.int64),
+        0,
     )  # fmt: skip  (SsuParams after the pointers, field order)
-    per = max(1, tier // 32)  # elements per lane in the contiguous _rows kernel
-    # the per-head kernel: 16-bit states of 64 / 128 elements 8 per lane (csrc HeadLanes)
-    per_head = 8 if state.element_size() == 2 and tier >= 64 else per
-    row_strides = (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1])
+    per = max(1, tier // 32)  # elements per lane in the contiguous variant
     contig_layout = (
         dstate == tier
         and tier <= SSU_CONTIG_MAX_DSTATE
         and state.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
         and (A.stride(-1) == 1 or (A.stride(-1) == 0 and A.stride(-2) == 0))  # unit, or tied per head
-        and all(st % per == 0 for st in row_strides)
+        and all(st % per == 0 for st in (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1]))
     )  # fmt: skip
-    head_layout = contig_layout and all(st % per_head == 0 for st in row_strides)
     bcz = "_f32bcz" if B.dtype != x.dtype else ""  # (bcz_operands: x's dtype or all float32)
     name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}{bcz}_n{tier}"
     # contiguous: one block per (head, batch row); general: one block per 8 headdim rows
     return _KernelPlan(
         tail=tail,
         general=(name, (-(-headdim // (_THREADS // 32)), nheads, batch)),
-        contig=(name + "_contig", (nheads, batch, 1)) if head_layout else None,
+        contig=(name + "_contig", (nheads, batch, 1)) if contig_layout else None,
         rows=(name + "_rows", (-(-headdim // (_THREADS // 32)), nheads, batch))
         if contig_layout
         else None,
         blocks=batch * nheads,
         align=tuple(per * t.element_size() for t in (state, B, C)),
-        align_head=tuple(per_head * t.element_size() for t in (state, B, C)),
         contiguous_out=type(x) is Tensor,
     )
 
@@ -147,12 +140,11 @@ def _as_heads(state, x, dt, A, B, C, D, z, dt_bias):
 class _Plan:
     """One validated argument signature: its sizes, and its kernel plan once the kernel ran."""
 
-    __slots__ = ("device", "dims", "direct", "kernel")
+    __slots__ = ("device", "dims", "kernel")
 
     def __init__(self, dims: StateUpdateDims, device) -> None:
         self.dims, self.device = dims, device
         self.kernel: _KernelPlan | None = None
-        self.direct = False  # the kernels read every operand as given: no dtype conversion
 
 
 #: Validated signatures (see ``_signature``) -> their plan. Decode calls the op with the same
@@ -234,22 +226,19 @@ def _impl(
     # mamba_ssm's dtype rules: B, C, z, dt, A, D, dt_bias may each differ from x; dt, A, D,
     # dt_bias are read in their own dtype (float64 ones become float32 copies), B / C / z as
     # bcz_operands says
-    # idx: int32 or int64, range and duplicates checked by the kernel (csrc/state_rows.h)
+    B, C, z = bcz_operands(x, B, C, z)
+    if idx is not None:  # int32 or int64, duplicates and range checked on the device
+        idx = checked_state_rows(kset, idx, plan.dims.pool)
+    dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
     kp = plan.kernel
-    if kp is None or not plan.direct:
-        given = (B, C, z, dt, A, D, dt_bias)
-        B, C, z = bcz_operands(x, B, C, z)
-        dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
-        # the dtypes are part of the signature: whether anything is converted is too
-        plan.direct = all(a is b for a, b in zip(given, (B, C, z, dt, A, D, dt_bias), strict=True))
     if kp is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if plan.dims.has_heads:
             views = (state, x, dt, A, B, C, D, z, dt_bias)
-            kp = _kernel_plan(*views, dt_softplus, idx, plan.dims, out)
+            kp = _kernel_plan(*views, dt_softplus, plan.dims, out)
         else:  # dims already describe the Mamba1 form as one head and one group
             views = _as_heads(state, x, dt, A, B, C, D, z, dt_bias)
-            kp = _kernel_plan(*views, dt_softplus, idx, plan.dims, out.unsqueeze(1))
+            kp = _kernel_plan(*views, dt_softplus, plan.dims, out.unsqueeze(1))
         plan.kernel = kp
     elif kp.contiguous_out:  # same strides as torch.empty(x.shape), cheaper to ask for
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -257,14 +246,10 @@ def _impl(
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     sp, bp, cp = state.data_ptr(), B.data_ptr(), C.data_ptr()
     a_s, a_b, a_c = kp.align
-    if kp.rows is None or sp % a_s or bp % a_b or cp % a_c:
+    if kp.contig is None or sp % a_s or bp % a_b or cp % a_c:
         name, grid = kp.general
     else:
-        name, grid = kp.rows
-        if kp.contig is not None and kp.blocks >= HEAD_KERNEL_MIN_BLOCKS:
-            h_s, h_b, h_c = kp.align_head
-            if not (sp % h_s or bp % h_b or cp % h_c):
-                name, grid = kp.contig
+        name, grid = kp.contig if kp.blocks >= HEAD_KERNEL_MIN_BLOCKS else kp.rows
     ptrs = (
         sp,
         x.data_ptr(),

@@ -1,5 +1,6 @@
-"""Decode-state row indices on the kernel tier, checked inside the update kernels
-(csrc/state_rows.h): int64 is never truncated, a duplicated or out-of-range row gives NaN and
+"""Decode-state row indices on the kernel tier, checked on the device (causal_conv1d_update:
+inside its kernel, csrc/state_rows.h; selective_state_update: by m2r_state_rows before the
+update, csrc/state_rows.hip): int64 is never truncated, a duplicated or out-of-range row gives NaN and
 leaves every state alone, -1 padding gives zeros, strided index views are read as views. Each
 case is compared with the same call on int32 indices and with the float64 reference on the
 valid rows."""
@@ -79,8 +80,7 @@ def test_ssu_int64_index_beyond_int32_is_not_wrapped():
 
 
 def test_ssu_large_batch_duplicates_found_across_tiles():
-    """Duplicates 300 entries apart: each block's search covers the whole batch, beyond its
-    256 threads."""
+    """Duplicates 300 entries apart: the check compares across its 256-entry tiles."""
     args = _ssu(pool=700, b=600, h=2, p=4, n=32, g=1)
     rows = torch.randperm(700, device=DEV)[:600].to(torch.int32)
     rows[550] = rows[250]
