@@ -12,7 +12,6 @@
 //    reads x twice, element by element. grid (hidden / group_size, rows).
 #include "platform.h"
 
-
 namespace m2r {
 namespace rmsnorm {
 

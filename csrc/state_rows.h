@@ -26,7 +26,7 @@ M2R_DEVICE int checked_state_row(const void* indices, int64_t stride, int32_t is
   if (!indices) return b;
   const int64_t row = state_index(indices, stride, is_int64, b);
   if (row == -1) return -1;
-  if (row < 0 || row >= num_states) return -2;  // (block-uniform: no thread reaches the OR)
+  if (row < 0 || row >= num_states) return -2;  // (uniform over the wave: no lane reaches the ballot)
   bool twice = false;
 #pragma unroll 1
   for (int i = static_cast<int>(threadIdx.x) % kWavefront; i < batch; i += kWavefront)

@@ -21,8 +21,8 @@ The same run measures this machine's floor for any op called from Python: the dr
 alone (one of the norm's launches repeated with its arguments packed once), torch's own
 ``y.add_(1)`` on a one-element tensor (a C++ op through torch's dispatcher, one launch), and
 ``torch.empty(1)`` (what allocating an output costs). On the H100 machine the driver call
-alone takes ~10 us and torch's own one-launch op ~14 us: an op that launches from Python cannot
-be below them, whatever its Python does; under a CUDA/HIP graph (the ``kernel us`` column, how
+alone took 6.5-10 us and torch's own one-launch op 7-14 us (run to run): an op that launches
+from Python cannot be below them, whatever its Python does; under a CUDA/HIP graph (the ``kernel us`` column, how
 serving stacks run decode) the host cost is gone.
 """
 
@@ -112,7 +112,8 @@ def run(iters: int = 2000, repeats: int = 5, dtype: str = "bfloat16") -> list[di
         raise RuntimeError("bench host needs a GPU")
     rows = []
     with backend("kernel"):
-        for case, fn in _ops(torch).items():
+        ops = _ops(torch)
+        for case, fn in ops.items():
             for _ in range(20):  # plan caches, lazy loads
                 fn()
             host = _host_us(fn, iters, repeats)
@@ -123,7 +124,7 @@ def run(iters: int = 2000, repeats: int = 5, dtype: str = "bfloat16") -> list[di
             rows.append({"case": case, "host_us": host, "python_us": python,
                          "launch_us": host - python, "launches_per_call": launches,
                          "kernel_us": kernel})  # fmt: skip
-        for case, fn in _floors(torch, _ops(torch)).items():
+        for case, fn in _floors(torch, ops).items():
             rows.append({"case": case, "host_us": _host_us(fn, iters, repeats), "floor": True})
     return rows
 

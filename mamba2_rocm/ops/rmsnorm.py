@@ -92,14 +92,14 @@ def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, layer_n
     if z2 is not None:
         addresses += [z2.data_ptr(), z2.stride(0) * el]
     plan = vec_plan(group_size, el, tuple(addresses))
-    if plan is not None and weight.stride(0) == 1 and (bias is None or bias.stride(0) == 1):
-        threads, vecs = plan
-        blocks = -(-rows * groups // (_THREADS // threads))
-        if rows * groups < 2**31:  # the kernel's 32-bit item index (and grid.x limit)
-            ga = "_ga" if z2 is not None and norm_before_gate else ""  # the gate after the norm
-            _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2,
-                    (blocks, 1), f"_v{vecs}{ga}", threads)  # fmt: skip
-            return
+    if (
+        plan is not None and weight.stride(0) == 1 and (bias is None or bias.stride(0) == 1)
+        and rows * groups < 2**31  # the kernel's 32-bit item index (and grid.x limit)
+    ):  # fmt: skip
+        variant, grid = _vec_variant(plan, rows, groups, z2 is not None and norm_before_gate)
+        _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2, grid[:2], variant,
+                plan[0])  # fmt: skip
+        return
     if rows > GRID_YZ_MAX:  # grid.y limit: launch in slices of rows
         for start in range(0, rows, GRID_YZ_MAX):
             sl = slice(start, start + GRID_YZ_MAX)
@@ -109,18 +109,21 @@ def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, layer_n
     _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2, (groups, rows))
 
 
-def _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2, grid,
-            variant="", item_threads=0) -> None:  # fmt: skip
+def _vec_variant(plan: tuple[int, int], rows: int, groups: int, gate_after: bool):
+    """The register-resident kernel's name suffix and grid for ``vec_plan``'s (threads, runs):
+    ``_v<runs>``, ``_ga`` when the z gate comes after the norm; (row, group) items per block."""
+    threads, vecs = plan
+    suffix = f"_v{vecs}" + ("_ga" if gate_after else "")
+    return suffix, (-(-rows * groups // (_THREADS // threads)), 1, 1)
+
+
+def _tail(x2, z2, out_row_stride, weight, bias, eps, group_size, flags, item_threads) -> tuple:
+    """RmsNormParams after the five pointers, in field order."""
     norm_before_gate, layer_norm = flags
-    p = (
-        x2.data_ptr(),
-        0 if z2 is None else z2.data_ptr(),
-        weight.data_ptr(),
-        0 if bias is None else bias.data_ptr(),
-        out2.data_ptr(),
+    return (
         x2.stride(0),
         0 if z2 is None else z2.stride(0),
-        out2.stride(0),
+        out_row_stride,
         x2.shape[0],
         x2.shape[1],
         group_size,
@@ -131,9 +134,16 @@ def _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2, grid,
         item_threads,
         int(layer_norm),
         0,
-    )  # fmt: skip  (RmsNormParams, field order)
+    )  # fmt: skip
+
+
+def _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2, grid,
+            variant="", item_threads=0) -> None:  # fmt: skip
+    ptrs = (x2.data_ptr(), 0 if z2 is None else z2.data_ptr(), weight.data_ptr(),
+            0 if bias is None else bias.data_ptr(), out2.data_ptr())  # fmt: skip
+    tail = _tail(x2, z2, out2.stride(0), weight, bias, eps, group_size, flags, item_threads)
     name = f"m2r_rmsnorm_fwd_{KERNEL_DTYPE[x2.dtype]}{variant}"
-    launch(kset.launcher(name), x2, p, (*grid, 1), _THREADS)
+    launch(kset.launcher(name), x2, ptrs + tail, (*grid, 1), _THREADS)
 
 
 class _NormPlan:
@@ -171,23 +181,10 @@ def _fast_plan(x, weight, bias, z, eps, gs, norm_before_gate, layer_norm) -> tup
     ):  # fmt: skip
         return False
     el = x2.element_size()
-    dtypes = (DTYPE_CODE[weight.dtype], DTYPE_CODE[bias.dtype] if bias is not None else 0)
+    flags = (norm_before_gate, layer_norm)
 
-    def tail(item_threads: int) -> tuple:
-        return (
-            x2.stride(0),
-            0 if z2 is None else z2.stride(0),
-            hidden,
-            rows,
-            hidden,
-            gs,
-            int(norm_before_gate),
-            float(eps),
-            *dtypes,
-            item_threads,
-            int(layer_norm),
-            0,
-        )  # fmt: skip  (RmsNormParams after the pointers; out is contiguous: row stride hidden)
+    def tail(item_threads: int) -> tuple:  # out is contiguous: its row stride is hidden
+        return _tail(x2, z2, hidden, weight, bias, eps, gs, flags, item_threads)
 
     name = f"m2r_rmsnorm_fwd_{KERNEL_DTYPE[x.dtype]}"
     general = (name, (groups, rows, 1), tail(0))
@@ -195,13 +192,8 @@ def _fast_plan(x, weight, bias, z, eps, gs, norm_before_gate, layer_norm) -> tup
     plan = vec_plan(gs, el, strides)
     vec = None
     if plan is not None and weight.stride(0) == 1 and (bias is None or bias.stride(0) == 1):
-        threads, vecs = plan
-        ga = "_ga" if z is not None and norm_before_gate else ""  # the gate after the norm
-        vec = (
-            f"{name}_v{vecs}{ga}",
-            (-(-rows * groups // (_THREADS // threads)), 1, 1),
-            tail(threads),
-        )
+        variant, grid = _vec_variant(plan, rows, groups, z is not None and norm_before_gate)
+        vec = (name + variant, grid, tail(plan[0]))
     return vec, general
 
 

@@ -64,20 +64,24 @@ class Launcher:
 
     def __call__(self, values: tuple, grid: tuple[int, int, int], block: tuple[int, int, int],
                  stream: int, shared_bytes: int = 0) -> None:  # fmt: skip
+        _buf, args = self._pack(values)  # (_buf: the bytes args points at, alive until return)
+        self._launch(self.func, grid, block, shared_bytes, stream, args)
+
+    def _pack(self, values: tuple):
+        """The parameter struct's bytes and the one-entry kernelParams array pointing at them
+        (the array holds an address: the caller keeps ``buf`` alive until the launch)."""
         try:
             packed = self._packer.pack(*values)
         except struct.error:  # name the field instead of struct's format message
             raise explain_pack_error(self.params_type, values) from None
         buf = ctypes.create_string_buffer(packed, self._packer.size)
-        args = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
-        self._launch(self.func, grid, block, shared_bytes, stream, args)
+        return buf, (ctypes.c_void_p * 1)(ctypes.addressof(buf))
 
     def driver_only(self, values: tuple, grid: tuple[int, int, int], block: tuple[int, int, int],
                     stream: int):  # fmt: skip
         """A callable that repeats this launch with ``values`` packed once: the driver call
         alone, what ``bench host`` reports as the floor of any launch from Python."""
-        buf = ctypes.create_string_buffer(self._packer.pack(*values), self._packer.size)
-        args = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+        buf, args = self._pack(values)
         launch, func = self._launch, self.func
 
         def again() -> None:
