@@ -221,9 +221,10 @@ struct SelectiveScanParams {
   const void* delta_bias;  // (dim,), dtype delta_bias_dtype, or null
   void* out;               // dtype of the kernel
   float* last_state;       // (batch, dim, dstate), or null
+  float* seg_state;        // the channel form's segment maps (csrc/selective_scan.hip), or null
   int32_t batch, dim, seqlen, dstate;
   int32_t b_groups, c_groups;  // 0: fixed (dim, dstate)
   int32_t delta_softplus;
   int32_t d_dtype, delta_bias_dtype;
-  int32_t reserved;  // explicit tail padding: the size is a multiple of 8 on every ABI
+  int32_t seg_len;  // the channel form's tokens per segment (a multiple of its chunk), 0: one
 };

@@ -279,6 +279,45 @@ M2R_DEVICE float fast_exp2(float x) {
 #endif
 }
 
+// x, as a value the compiler must treat as differing between lanes. AMD's compiler moves values
+// it proves uniform (an LDS read at a uniform address) into scalar registers, 102 at most per
+// wave; a kernel whose every lane reads the same LDS row then spills them. No code on NVIDIA.
+M2R_DEVICE int per_lane(int x) {
+#if M2R_AMD
+  asm volatile("" : "+v"(x));
+#endif
+  return x;
+}
+// the same for a pointer: held in vector registers (two per lane) instead of two scalar ones
+template <typename P>
+M2R_DEVICE P* per_lane(P* q) {
+#if M2R_AMD
+  uint64_t v = reinterpret_cast<uint64_t>(q);
+  asm volatile("" : "+v"(v));
+  return reinterpret_cast<P*>(v);
+#else
+  return q;
+#endif
+}
+
+// log2(x), approximate (a few ulp); one instruction (MUFU.LG2 / v_log_f32); denormals flush.
+M2R_DEVICE float fast_log2(float x) {
+#if M2R_AMD
+  return __builtin_amdgcn_logf(x);
+#else
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
+// softplus as above without a branch: both sides computed, one select (two transcendental
+// instructions; for staging loops, where softplus's branches around every element cost more)
+M2R_DEVICE float softplus_select(float x) {
+  const float sp = fast_log2(1.f + fast_exp2(x * 1.4426950408889634f)) * 0.6931471805599453f;
+  return x <= 20.f ? sp : x;
+}
+
 M2R_DEVICE float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 // softplus with torch's threshold, in the form Triton's Mamba kernels use (no libm call).
 M2R_DEVICE float softplus(float x) { return x <= 20.f ? __logf(1.f + __expf(x)) : x; }

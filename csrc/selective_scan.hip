@@ -440,6 +440,333 @@ M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
   }
 }
 
+
+// ---- the channel form (m2r_selective_scan_<dt>_n<16|32|64>_ch, _chs) ------------------------
+// The forms above spend more on moving the state between lanes than on the scan: Mamba1's
+// dstate 16 gives a channel too little work per token to share it among lanes. Here a thread
+// takes a whole channel (kPer = 16 state elements; 2 / 4 lanes per channel at dstate 32 / 64,
+// whose partial output sums meet in LDS, no shuffles) and walks its tokens one by one: per token
+// and state element one exp, four FP32 operations and two LDS reads shared by the block; the
+// exps, one per (token, channel, state element) as in every form, are the bound. Blocks of
+// kChThreads threads take kCh channels of one batch row and one group of B / C (the host
+// checks that a group's channels fill whole blocks). The sequence is walked in chunks of kChT
+// tokens: u, the processed step (bias, softplus) and the chunk's B / C columns are staged in LDS
+// by coalesced 16-byte loads, every channel's outputs meet in an LDS tile and leave coalesced
+// with D u and the silu(z) gate. The state stays in registers across chunks (the carry is the
+// register itself, as in the butterfly form).
+//
+// Few channels (one long sequence) cannot fill the GPU that way, so the sequence may be cut into
+// segments of p.seg_len tokens (blockIdx.z): a first launch (the _chs kernel) runs every segment
+// but the last from a zero state and keeps its end state and its steps' sum in p.seg_state; the
+// output launch starts segment s from the composition of the maps of segments 0..s-1
+// (h -> exp2(A log2e sum(dt)) h + h_end), done once per thread before its first token. That
+// costs the segments' exps twice; the host cuts only when the GPU would otherwise idle.
+// Tokens past the segment's end (the last chunk's tail) take step 0 and input 0: the identity.
+constexpr int kChThreads = 64;
+// tokens per chunk (a build-time knob for measuring). 32 on NVIDIA, the measured best (H100,
+// b8 d4096 l2048 n16 bf16: 536 us vs 563 at 16). 16 on AMD, unmeasured there: the LDS per block
+// (u and step tiles, B / C columns) is 11 KB at 16 and 21 KB at 32, and a CDNA CU's 64 KB then
+// holds 5 one-wave blocks instead of 3 (fewer than its 4 SIMDs)
+#ifndef M2R_SSCAN_CHT
+#if M2R_AMD
+#define M2R_SSCAN_CHT 16
+#else
+#define M2R_SSCAN_CHT 32
+#endif
+#endif
+constexpr int kChT = M2R_SSCAN_CHT;
+// state elements per lane (a channel takes dstate / kPer lanes) and tokens of the recurrence
+// unrolled; build-time knobs for measuring, the defaults the measured best on the H100 at the
+// single-row shapes (16 / 2; 8 lanes-halves won only where few channels fill the GPU, by 4-8%);
+// the host's _CH_PER must match
+#ifndef M2R_SSCAN_PER
+#define M2R_SSCAN_PER 16
+#endif
+#ifndef M2R_SSCAN_UNROLL
+#define M2R_SSCAN_UNROLL 2
+#endif
+#define M2R_STR_(x) #x
+#define M2R_PRAGMA_UNROLL(n) _Pragma(M2R_STR_(unroll n))
+
+template <typename T, int kN, bool kStates>
+M2R_DEVICE void scan_channels(const SelectiveScanParams& p) {
+  constexpr int kPer = kN < M2R_SSCAN_PER ? kN : M2R_SSCAN_PER;  // state elements per lane
+  constexpr int kLanes = kN / kPer;        // lanes per channel
+  constexpr int kCh = kChThreads / kLanes;
+  typedef typename T::storage S;
+  constexpr int kE = 16 / static_cast<int>(sizeof(S));  // elements per 16-byte vector
+  constexpr int kRowVec = kChT / kE;                     // vectors per tile row
+  constexpr int kTot = kCh * kRowVec;                    // vectors in a tile
+  constexpr int kJ = (kTot + kChThreads - 1) / kChThreads;  // tile vectors per thread (at most)
+  constexpr int kQ = kN * kChT / 4 / kChThreads;         // B / C quads per thread
+  static_assert(kRowVec * kE == kChT, "whole vectors");
+  static_assert(kQ * kChThreads * 4 == kN * kChT, "whole B / C quads per thread");
+  // tile rows padded by one word: a warp reading one token of 32 channels hits 32 banks. With
+  // one lane per channel the output tile is the step tile: a thread overwrites its own row's
+  // step with its output after reading it
+  constexpr bool kAlias = kLanes == 1;
+  __shared__ float s_u[kCh][kChT + 1];
+  __shared__ float s_dt[kCh][kChT + 1];
+  __shared__ float s_y_own[kStates || kAlias ? 1 : kLanes][kStates || kAlias ? 1 : kCh][kChT + 1];
+  __shared__ __align__(16) float s_b[kChT][kN];
+  __shared__ __align__(16) float s_c[kStates ? 1 : kChT][kN];
+  __shared__ float s_bias[kCh], s_dcoef[kCh];
+  auto y_at = [&](int l, int r) -> float* {
+    if constexpr (kAlias) return &s_dt[r][0];
+    else return &s_y_own[l][r][0];
+  };
+
+  const int tid = threadIdx.x;
+  const int lane = tid % kLanes, ch = tid / kLanes;
+  const int b = blockIdx.y;
+  const int d0 = blockIdx.x * kCh;
+  const int dim = p.dim;
+  const int last_row = min(kCh, dim - d0) - 1;  // the block's last channel (rows past it read it)
+  const bool live = ch <= last_row;
+  const int L = p.seqlen, nst = p.dstate;
+  const int seg_len = p.seg_len > 0 ? p.seg_len : L;
+  const int nseg = (L + seg_len - 1) / seg_len;
+  const int seg = blockIdx.z;
+  const int t_begin = seg * seg_len;
+  const int t_end = min(t_begin, L - seg_len) + seg_len;  // min(t_begin + seg_len, L), no overflow
+
+  for (int c = tid; c < kCh; c += kChThreads) {
+    const int dc = d0 + min(c, last_row);
+    s_bias[c] = p.delta_bias ? load_as_float(p.delta_bias, p.delta_bias_dtype, dc) : 0.f;
+    s_dcoef[c] = p.D ? load_as_float(p.D, p.d_dtype, dc) : 0.f;
+  }
+  const int dd = d0 + min(ch, last_row);
+  // the lane's first state element, opaque to AMD's uniformity analysis: with one lane per
+  // channel every index below is uniform, and the compiler kept the 16 predicates n < dstate as
+  // 64-bit scalar masks until the last state's stores (and spilled them)
+  const int n0 = per_lane(lane * kPer);
+  // the channel's A (log2 units; 0 past dstate, where B is 0 too: the element stays 0)
+  float a2[kPer], h[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int n = n0 + i;
+    const float a = p.A[static_cast<int64_t>(dd) * nst + min(n, nst - 1)];  // no branch
+    a2[i] = n < nst ? a * kLog2e : 0.f;
+    h[i] = 0.f;
+  }
+  // segment maps: (batch, dim, nseg, kN) end states, then (batch, dim, nseg) step sums
+  const int64_t seg_row = (static_cast<int64_t>(b) * dim + dd) * nseg;
+  float* const seg_h = p.seg_state;
+  float* const seg_dt = p.seg_state + static_cast<int64_t>(p.batch) * dim * nseg * kN;
+  if (!kStates) {  // the composition of the earlier segments' maps
+    for (int s = 0; s < seg; ++s) {
+      const float sum_dt = seg_dt[seg_row + s];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        h[i] = fmaf(fast_exp2(a2[i] * sum_dt), h[i], seg_h[(seg_row + s) * kN + n0 + i]);
+    }
+  }
+
+  // per-block bases and, per thread, the 32-bit offsets of the tile vectors and B / C quads it
+  // moves (the host keeps kCh * seqlen and dstate * seqlen under 2^31): the loop holds few
+  // uniform 64-bit values, which AMD's compiler keeps in scalar registers (102 at most)
+  // (the bases themselves in vector registers on AMD: with them in scalar ones, wave64 targets
+  // ran out of the 102)
+  const int64_t x0 = (static_cast<int64_t>(b) * dim + d0) * L;
+  const S* const u_blk = per_lane(static_cast<const S*>(p.u) + x0);
+  const S* const dl_blk = per_lane(static_cast<const S*>(p.delta) + x0);
+  const S* const z_blk = p.z ? per_lane(static_cast<const S*>(p.z) + x0) : nullptr;
+  S* const o_blk = per_lane(static_cast<S*>(p.out) + x0);
+  const float* const bp = per_lane(
+      p.B + (static_cast<int64_t>(b) * p.b_groups + d0 / (dim / p.b_groups)) * nst * L);
+  const float* const cp = per_lane(
+      p.C + (static_cast<int64_t>(b) * p.c_groups + d0 / (dim / p.c_groups)) * nst * L);
+  // every row starts 16-byte aligned when the block's first does and a row is whole vectors
+  const bool vec_x = ((reinterpret_cast<uintptr_t>(u_blk) | reinterpret_cast<uintptr_t>(dl_blk) |
+                       reinterpret_cast<uintptr_t>(z_blk) | reinterpret_cast<uintptr_t>(o_blk)) &
+                      15) == 0 &&
+                     L % kE == 0;
+  const bool vec_bc =
+      ((reinterpret_cast<uintptr_t>(bp) | reinterpret_cast<uintptr_t>(cp)) & 15) == 0 && L % 4 == 0;
+  // tile vector j of this thread: row q / kRowVec, tokens (q % kRowVec) kE on (q = tid + j
+  // threads; consecutive threads on consecutive 16 bytes of a row); past the tile: none
+  int x_off[kJ];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    const int q = tid + j * kChThreads;
+    x_off[j] = min(q / kRowVec, last_row) * L + (q % kRowVec) * kE;
+  }
+  auto x_slot = [&](int j) { return kTot % kChThreads == 0 || tid + j * kChThreads < kTot; };
+  // B / C quad j: state element q % kN, tokens (q / kN) 4 on (consecutive threads on
+  // consecutive elements: the transposed LDS stores hit distinct banks)
+  int bc_off[kQ];
+#pragma unroll
+  for (int j = 0; j < kQ; ++j) {
+    const int q = tid + j * kChThreads;
+    bc_off[j] = min(q % kN, nst - 1) * L + (q / kN) * 4;
+  }
+  const bool softplus_on = p.delta_softplus != 0;
+  float sum_dt = 0.f;
+
+  // kE elements of a row from token t on, as raw bits in a 16-byte word (0 past t_end): one load
+  // where the chunk is whole and rows aligned, else element loads
+  auto load_x = [&](const S* q, int t, bool whole) -> uint4 {
+    if (whole) return *reinterpret_cast<const uint4*>(q);
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int k = 0; k < kE; ++k) {
+      if (t + k < t_end) {
+        if constexpr (sizeof(S) == 4) {
+          w[k] = __float_as_uint(q[k]);
+        } else {
+          w[k / 2] |= static_cast<uint32_t>(q[k]) << (16 * (k % 2));
+        }
+      }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  };
+  auto load_q = [&](const float* q, int t, bool whole) -> float4 {
+    if (whole) return *reinterpret_cast<const float4*>(q);
+    float v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = t + k < t_end ? q[k] : 0.f;
+    return make_float4(v[0], v[1], v[2], v[3]);
+  };
+
+#pragma unroll 1
+  for (int t0 = t_begin; t0 < t_end; t0 += kChT) {
+    const bool full = t0 + kChT <= t_end;  // uniform
+    const bool whole_x = full && vec_x, whole_bc = full && vec_bc;
+    __syncthreads();  // the previous chunk's tiles are consumed
+    // stage u and the step (bias, softplus; 0 past the end: the identity), B / C transposed;
+    // every load issued before any is used
+    uint4 wu[kJ], wd[kJ];
+    float4 wb[kQ], wc[kQ];
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      if (!x_slot(j)) continue;
+      const int t = t0 + (tid + j * kChThreads) % kRowVec * kE;
+      wu[j] = load_x(u_blk + x_off[j] + t0, t, whole_x);
+      wd[j] = load_x(dl_blk + x_off[j] + t0, t, whole_x);
+    }
+#pragma unroll
+    for (int j = 0; j < kQ; ++j) {
+      const int t = t0 + (tid + j * kChThreads) / kN * 4;
+      wb[j] = load_q(bp + bc_off[j] + t0, t, whole_bc);
+      if (!kStates) wc[j] = load_q(cp + bc_off[j] + t0, t, whole_bc);
+    }
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      if (!x_slot(j)) continue;
+      const int q = tid + j * kChThreads;
+      const int r = q / kRowVec, k0 = (q % kRowVec) * kE;
+      const uint4 w1[1] = {wu[j]}, w2[1] = {wd[j]};
+      const float bias = s_bias[r];
+#pragma unroll
+      for (int k = 0; k < kE; ++k) {
+        const float v = element<T>(w2, k) + bias;
+        const float sv = softplus_on ? softplus_select(v) : v;
+        s_dt[r][k0 + k] = t0 + k0 + k < t_end ? sv : 0.f;
+        s_u[r][k0 + k] = element<T>(w1, k);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kQ; ++j) {
+      const int q = tid + j * kChThreads;
+      const int n = q % kN, k0 = (q / kN) * 4;
+      const float in = n < nst ? 1.f : 0.f;
+      s_b[k0][n] = in * wb[j].x, s_b[k0 + 1][n] = in * wb[j].y;
+      s_b[k0 + 2][n] = in * wb[j].z, s_b[k0 + 3][n] = in * wb[j].w;
+      if (!kStates) {
+        s_c[k0][n] = in * wc[j].x, s_c[k0 + 1][n] = in * wc[j].y;
+        s_c[k0 + 2][n] = in * wc[j].z, s_c[k0 + 3][n] = in * wc[j].w;
+      }
+    }
+    __syncthreads();
+    // the recurrence, token by token (a constant trip count: the tail's tokens are identities)
+    float* const y_row = y_at(lane, ch);
+    M2R_PRAGMA_UNROLL(M2R_SSCAN_UNROLL)
+    for (int t = 0; t < kChT; ++t) {
+      const float dt = s_dt[ch][t];
+      const float du = dt * s_u[ch][t];
+      sum_dt += dt;
+      float bq[kPer], cq[kPer];
+#pragma unroll
+      for (int i = 0; i < kPer; i += 4) {
+        const float4 x = *reinterpret_cast<const float4*>(&s_b[t][n0 + i]);
+        bq[i] = x.x, bq[i + 1] = x.y, bq[i + 2] = x.z, bq[i + 3] = x.w;
+        if (!kStates) {
+          const float4 y = *reinterpret_cast<const float4*>(&s_c[t][n0 + i]);
+          cq[i] = y.x, cq[i + 1] = y.y, cq[i + 2] = y.z, cq[i + 3] = y.w;
+        }
+      }
+      float y0 = 0.f, y1 = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        h[i] = fmaf(fast_exp2(dt * a2[i]), h[i], du * bq[i]);
+        if (!kStates) {
+          if (i % 2) y1 = fmaf(h[i], cq[i], y1); else y0 = fmaf(h[i], cq[i], y0);
+        }
+      }
+      if (!kStates) y_row[t] = y0 + y1;
+    }
+    if (kStates) continue;
+    __syncthreads();
+    // outputs: the lanes' partial sums, D u, the gate; the thread's tile vectors as staged
+    uint4 wz[kJ];
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      if (!x_slot(j) || !z_blk) continue;
+      const int t = t0 + (tid + j * kChThreads) % kRowVec * kE;
+      wz[j] = load_x(z_blk + x_off[j] + t0, t, whole_x);
+    }
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      const int q = tid + j * kChThreads;
+      const int r = q / kRowVec, k0 = (q % kRowVec) * kE;
+      if (!x_slot(j) || r > last_row) continue;
+      const uint4 w1[1] = {z_blk ? wz[j] : make_uint4(0, 0, 0, 0)};
+      float y[kE];
+#pragma unroll
+      for (int k = 0; k < kE; ++k) {
+        float acc = 0.f;
+#pragma unroll
+        for (int l = 0; l < kLanes; ++l) acc += y_at(l, r)[k0 + k];
+        y[k] = fmaf(s_dcoef[r], s_u[r][k0 + k], acc);
+        if (z_blk) y[k] *= silu(element<T>(w1, k));
+      }
+      S* const o = o_blk + x_off[j] + t0;
+      if (whole_x) {
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if constexpr (sizeof(S) == 4) {
+            w[i] = __float_as_uint(y[i]);
+          } else {
+            w[i] = static_cast<uint32_t>(T::from_float(y[2 * i])) |
+                   (static_cast<uint32_t>(T::from_float(y[2 * i + 1])) << 16);
+          }
+        }
+        *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kE; ++k)
+          if (t0 + k0 + k < t_end) o[k] = T::from_float(y[k]);
+      }
+    }
+  }
+  if (!live) return;
+  if (kStates) {  // this segment's map: its end state from zero and its steps' sum
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) seg_h[(seg_row + seg) * kN + n0 + i] = h[i];
+    if (lane == 0) seg_dt[seg_row + seg] = sum_dt;
+  } else if (p.last_state != nullptr && seg == nseg - 1) {
+    // without a predicate per element (AMD's compiler kept those as 64-bit masks from the start
+    // of the kernel): elements past dstate, all 0, go to the lane's last real one, which is
+    // written after them (the stores of a thread land in order)
+    float* const ls = p.last_state + (static_cast<int64_t>(b) * dim + dd) * nst;
+    if (n0 < nst) {
+#pragma unroll
+      for (int i = kPer - 1; i >= 0; --i) ls[min(n0 + i, nst - 1)] = h[i];
+    }
+  }
+}
+
 }  // namespace sscan
 }  // namespace m2r
 
@@ -456,9 +783,19 @@ M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
   M2R_KERNEL(m2r::sscan::kThreads) m2r_selective_scan_##DT##_n##N##_sp(SelectiveScanParams p) {  \
     m2r::sscan::scan_segments<m2r::T, N>(p);                                                     \
   }
+// the channel form (variable B / C) for the same tiers: outputs (_ch) and segment states (_chs)
+#define M2R_SSCAN_CH(DT, T, N)                                                                   \
+  M2R_KERNEL(m2r::sscan::kChThreads) m2r_selective_scan_##DT##_n##N##_ch(SelectiveScanParams p) { \
+    m2r::sscan::scan_channels<m2r::T, N, false>(p);                                              \
+  }                                                                                              \
+  M2R_KERNEL(m2r::sscan::kChThreads)                                                             \
+  m2r_selective_scan_##DT##_n##N##_chs(SelectiveScanParams p) {                                  \
+    m2r::sscan::scan_channels<m2r::T, N, true>(p);                                               \
+  }
 #define M2R_SSCAN_N(DT, T)                                                                        \
   M2R_SSCAN(DT, T, 16) M2R_SSCAN(DT, T, 32) M2R_SSCAN(DT, T, 64) M2R_SSCAN(DT, T, 128)            \
-  M2R_SSCAN(DT, T, 256) M2R_SSCAN_SEG(DT, T, 16) M2R_SSCAN_SEG(DT, T, 32) M2R_SSCAN_SEG(DT, T, 64)
+  M2R_SSCAN(DT, T, 256) M2R_SSCAN_SEG(DT, T, 16) M2R_SSCAN_SEG(DT, T, 32) M2R_SSCAN_SEG(DT, T, 64) \
+  M2R_SSCAN_CH(DT, T, 16) M2R_SSCAN_CH(DT, T, 32) M2R_SSCAN_CH(DT, T, 64)
 
 M2R_SSCAN_N(f32, F32)
 M2R_SSCAN_N(f16, F16)

@@ -31,7 +31,7 @@ SSD_SCAN_ROWS = (64, 128)  # csrc/ssd.hip: positions per chunk_scan tile
 RMSNORM_VECS = (1, 2, 3, 4)  # csrc/rmsnorm.hip: 8-element runs per thread, register-resident form
 RMSNORM_VEC_DTYPES = ("f16", "bf16")
 SELECTIVE_SCAN_DSTATE_TIERS = (16, 32, 64, 128, 256)  # csrc/selective_scan.hip: 16 lanes each
-SELECTIVE_SCAN_SEGMENT_TIERS = (16, 32, 64)  # the segment form (_sp): the carry in LDS
+SELECTIVE_SCAN_SEGMENT_TIERS = (16, 32, 64)  # the segment (_sp) and channel (_ch) forms
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,12 @@ SOURCES: dict[str, KernelSource] = {
                 f"m2r_selective_scan_{dt}_n{n}_sp"  # the segment form
                 for dt in KERNEL_DTYPES
                 for n in SELECTIVE_SCAN_SEGMENT_TIERS
+            )
+            + tuple(
+                f"m2r_selective_scan_{dt}_n{n}{part}"  # the channel form: outputs, segment maps
+                for dt in KERNEL_DTYPES
+                for n in SELECTIVE_SCAN_SEGMENT_TIERS
+                for part in ("_ch", "_chs")
             ),
         ),
         KernelSource(

@@ -154,7 +154,7 @@ def explain_pack_error(params: type[ctypes.Structure], values: tuple) -> ValueEr
 
 class SelectiveScanParams(ctypes.Structure):
     _fields_ = _fields(
-        "u delta A B C D z delta_bias out last_state",
+        "u delta A B C D z delta_bias out last_state seg_state",
         "",
-        "batch dim seqlen dstate b_groups c_groups delta_softplus d_dtype delta_bias_dtype reserved",
+        "batch dim seqlen dstate b_groups c_groups delta_softplus d_dtype delta_bias_dtype seg_len",
     )

@@ -185,7 +185,7 @@ def kernel_stand_in(monkeypatch):
 @pytest.mark.parametrize(("n", "tier", "channels"), [(16, 16, 8), (5, 16, 8), (100, 128, 8),
                                                      (129, 256, 4)])  # fmt: skip
 @pytest.mark.parametrize("bmode", ["fixed", "var", "grouped"])
-@pytest.mark.parametrize("form", ["butterfly", "deferred", "segments"])
+@pytest.mark.parametrize("form", ["butterfly", "deferred", "segments", "channels"])
 def test_kernel_launch_fields(kernel_stand_in, n, tier, channels, bmode, form, monkeypatch):
     from mamba2_rocm.ops import selective_scan as ops
     from mamba2_rocm.params import SelectiveScanParams
@@ -197,9 +197,13 @@ def test_kernel_launch_fields(kernel_stand_in, n, tier, channels, bmode, form, m
     out, last = selective_scan_fn(**a, D=D, delta_softplus=True, return_last_state=True)
     assert out.dtype == torch.bfloat16 and last.shape == (2, 20, n) and last.dtype == torch.float32
     (name, params, grid), = kernel_stand_in.launches  # fmt: skip
-    suffix = {"butterfly": "", "deferred": "_dr", "segments": "_sp"}[form]
+    suffix = {"butterfly": "", "deferred": "_dr", "segments": "_sp", "channels": "_ch"}[form]
+    if form == "channels" and (tier > 64 or bmode != "var"):
+        form = "segments"  # fixed B, or 10 channels per group: not whole blocks of 64
     if form == "segments":  # a lane group of 32 per channel; dstate <= 64, else the butterfly
         suffix, channels = ("_sp", 4) if tier <= 64 else ("", channels)
+    if form == "channels":  # a thread per channel (dstate <= 16), 64 a block
+        channels = 64
     assert name == f"m2r_selective_scan_bf16_n{tier}{suffix}" and grid == (-(-20 // channels), 2, 1)
     f = dict(zip((k for k, _ in SelectiveScanParams._fields_), params, strict=True))
     assert f["u"] == a["u"].data_ptr() and f["delta"] == a["delta"].data_ptr()  # no copies
@@ -207,7 +211,82 @@ def test_kernel_launch_fields(kernel_stand_in, n, tier, channels, bmode, form, m
     assert f["B"] == a["B"].data_ptr() and f["C"] == a["C"].data_ptr()  # float32: as they are
     assert (f["batch"], f["dim"], f["seqlen"], f["dstate"]) == (2, 20, 37, n)
     assert f["b_groups"] == {"fixed": 0, "var": 1, "grouped": 2}[bmode] and f["c_groups"] == 1
-    assert f["delta_softplus"] == 1 and f["d_dtype"] == 0 and f["z"] == 0 and f["reserved"] == 0
+    assert f["delta_softplus"] == 1 and f["d_dtype"] == 0 and f["z"] == 0
+    assert f["seg_len"] == 0 and f["seg_state"] == 0  # one segment
+
+
+@pytest.mark.parametrize(("n", "tier", "lanes"), [(16, 16, 1), (20, 32, 2), (64, 64, 4)])
+def test_channel_form_segments_launch_twice(kernel_stand_in, n, tier, lanes, monkeypatch):
+    """Cut into segments, the channel form launches the segment maps' kernel over every segment
+    but the last, then the outputs' over all, both with the same parameters: the segment length
+    (a multiple of 64 tokens) and a float32 workspace of (batch, dim, nseg, tier) end states and
+    (batch, dim, nseg) step sums."""
+    from mamba2_rocm.ops import selective_scan as ops
+    from mamba2_rocm.params import SelectiveScanParams
+
+    monkeypatch.setattr(ops, "kernel_form", "channels")
+    monkeypatch.setattr(ops, "channel_segments", 3)
+    workspaces = []
+    real_empty = torch.empty
+
+    def spy_empty(*shape, **kw):
+        t = real_empty(*shape, **kw)
+        if kw.get("dtype") == torch.float32 and len(shape) == 1:
+            workspaces.append(t)
+        return t
+
+    monkeypatch.setattr(ops.torch, "empty", spy_empty)
+    a = _inputs(seeded("ss-seg", n), d=70, n=n, bmode="var", cmode="var", dtype=torch.float16,
+                L=1000)  # fmt: skip
+    selective_scan_fn(**a, delta_softplus=True)
+    (n1, p1, g1), (n2, p2, g2) = kernel_stand_in.launches
+    blocks = -(-70 // (64 // lanes))
+    assert n1 == f"m2r_selective_scan_f16_n{tier}_chs" and g1 == (blocks, 2, 2)
+    assert n2 == f"m2r_selective_scan_f16_n{tier}_ch" and g2 == (blocks, 2, 3)
+    assert p1 == p2
+    f = dict(zip((k for k, _ in SelectiveScanParams._fields_), p2, strict=True))
+    assert f["seg_len"] == 384  # 1000 / 3 tokens, up to a multiple of 64
+    (ws,) = [w for w in workspaces if w.data_ptr() == f["seg_state"]]
+    assert ws.numel() == 2 * 70 * 3 * (tier + 1)
+
+
+@pytest.mark.parametrize(
+    ("blocks", "seqlen", "sms", "forced", "seg_len"),
+    [
+        (512, 2048, 132, None, 0),  # batch 8 x 4096 channels: the GPU is full, one segment
+        (396, 2048, 132, None, 0),  # three blocks per multiprocessor: full
+        (80, 8192, 132, None, 640),  # one 5120-channel sequence: ceil(1056 / 80) = 14 segments
+        (24, 600, 132, None, 192),  # segments of at least 128 tokens: 4 of 600, 150 -> 192
+        (24, 200, 132, None, 0),  # too short to cut
+        (80, 8192, 0, None, 0),  # no GPU (a stand-in): one segment
+        (512, 2048, 132, 4, 512),  # forced
+        (512, 100, 132, 4, 64),  # forced, down to the 64-token alignment
+        (512, 60, 132, 4, 0),  # one aligned segment covers the sequence
+    ],
+)
+def test_channel_segment_length(blocks, seqlen, sms, forced, seg_len):
+    from mamba2_rocm.ops.selective_scan import channel_segment_len
+
+    assert channel_segment_len(blocks, seqlen, sms, forced) == seg_len
+
+
+def test_channel_form_refuses_what_it_cannot_take():
+    """Fixed B / C, groups whose channels do not fill whole blocks, dstate past 64 and offsets
+    past 32 bits go to the other forms."""
+    from types import SimpleNamespace as NS
+
+    from mamba2_rocm.ops.selective_scan import _channel_form_takes
+
+    dims = dict(dim=4096, seqlen=2048, dstate=16, b_groups=1, c_groups=1)
+    assert _channel_form_takes(16, NS(**dims))
+    assert not _channel_form_takes(16, NS(**{**dims, "b_groups": 0}))
+    assert not _channel_form_takes(16, NS(**{**dims, "c_groups": 0}))
+    assert _channel_form_takes(16, NS(**{**dims, "b_groups": 8}))  # 512 channels a group
+    assert not _channel_form_takes(16, NS(**{**dims, "dim": 96 * 8, "b_groups": 8}))  # 96
+    assert _channel_form_takes(64, NS(**{**dims, "dim": 96 * 8, "b_groups": 8}))  # 16 a block
+    assert not _channel_form_takes(128, NS(**{**dims, "dstate": 100}))
+    assert not _channel_form_takes(16, NS(**{**dims, "seqlen": 2**25}))  # 64 rows of 2^25
+    assert _channel_form_takes(16, NS(**{**dims, "seqlen": 2**25 - 1}))
 
 
 def test_kernel_path_trains_by_recomputation(kernel_stand_in, monkeypatch):

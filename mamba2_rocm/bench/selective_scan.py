@@ -3,8 +3,10 @@ mamba_ssm's ``selective_scan_ref`` (pure PyTorch, when ``mamba_ssm`` is importab
 ``selective_scan_cuda`` does not build on ROCm, so the reference is what an AMD user of
 mamba_ssm runs).
 
-Every form of the kernel is timed (csrc/selective_scan.hip): the default (the segment form,
-parallel along the sequence), the per-token butterfly and the deferred per-chunk sums. Shapes:
+Every form of the kernel is timed (csrc/selective_scan.hip): the default (the channel form: a
+thread per channel, the sequence cut into segments only where too few channels fill the GPU),
+the segment form (parallel along the sequence), the per-token butterfly and the deferred
+per-chunk sums. Shapes:
 issue #16's (batch 8 x d_inner 4096 x 2048 tokens; one 8192-token sequence at d_inner 5120, as
 mamba-2.8b) and mamba-130m's d_inner 1536 at batch 1, dstate 16,
 variable B / C (b, 16, l) as the models pass them, D, z and
@@ -36,8 +38,9 @@ SHAPES = ((8, 4096, 2048, 16), (1, 5120, 8192, 16), (1, 1536, 2048, 16))
 REF = "mamba_ssm selective_scan_ref"
 DEFERRED = "kernel, deferred sums"
 BUTTERFLY = "kernel, butterfly"
+SEGMENTS = "kernel, segment form"
 #: the other forms' rows (impl -> form); the "kernel" row runs the default form
-FORMS = {BUTTERFLY: "butterfly", DEFERRED: "deferred"}
+FORMS = {SEGMENTS: "segments", BUTTERFLY: "butterfly", DEFERRED: "deferred"}
 
 
 @contextmanager
@@ -87,6 +90,7 @@ def run(shapes=SHAPES, dtype="bfloat16") -> list[dict]:
         flops = 6 * b * d * L * n
         case = f"sscan b{b} d{d} l{L} n{n} {dtype}"
         impls = [("kernel", selective_scan_fn, dict(warmup=3, iters=30), True),
+                 (SEGMENTS, selective_scan_fn, dict(warmup=3, iters=30), True),
                  (BUTTERFLY, selective_scan_fn, dict(warmup=3, iters=30), True),
                  (DEFERRED, selective_scan_fn, dict(warmup=3, iters=30), True),
                  ("torch", selective_scan_fn, dict(warmup=1, iters=3), False)]  # fmt: skip

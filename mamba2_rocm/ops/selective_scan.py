@@ -38,27 +38,92 @@ Tensor = torch.Tensor
 __all__ = ["selective_scan_fn"]
 
 _THREADS = 128  # csrc/selective_scan.hip: kThreads
-#: Which form of the kernel runs (csrc/selective_scan.hip): "segments" (parallel along the
-#: sequence: a lane per run of tokens, the state carried by a scan over the lanes; dstate <= 64,
-#: the butterfly above that; the default: 3.1-6.3x the others on the H100 at Mamba1's shapes),
-#: "butterfly" (one channel per 16 lanes walking the tokens, the per-token cross-lane sum) or
-#: "deferred" (the butterfly's sums once per chunk). All pass the GPU tests; tests and the
-#: benchmark set it.
-KERNEL_FORMS = {"butterfly": "", "deferred": "_dr", "segments": "_sp"}
-kernel_form = "segments"
+#: Which form of the kernel runs (csrc/selective_scan.hip): "channels" (a thread walks a whole
+#: channel's tokens with its state in registers, u / steps / B / C staged in LDS; dstate <= 64
+#: with variable B and C, the sequence cut into segments when there are too few channels to fill
+#: the GPU; the default), "segments" (parallel along the sequence: a lane per run of tokens, the
+#: state carried by a scan over the lanes; dstate <= 64), "butterfly" (one channel per 16 lanes
+#: walking the tokens, the per-token cross-lane sum) or "deferred" (the butterfly's sums once per
+#: chunk). Where the chosen form does not take the call, the next in that order does (channels,
+#: segments, butterfly). All pass the GPU tests; tests and the benchmark set it.
+KERNEL_FORMS = {"butterfly": "", "deferred": "_dr", "segments": "_sp", "channels": "_ch"}
+kernel_form = "channels"
 _SEGMENT_LANES = 32  # csrc/selective_scan.hip: kSeg, lanes per channel in the segment form
+_CH_THREADS = 64  # csrc/selective_scan.hip: kChThreads, threads per block of the channel form
+_CH_SEG_ALIGN = 64  # segment lengths: a multiple of every chunk length (kChT) the build may use
+_CH_MIN_SEG = 128  # the shortest segment worth its second pass
+#: The channel form cuts the sequence into segments (each costing its exps twice) only while
+#: fewer than CH_FULL_PER_SM blocks per multiprocessor would run, and then into enough for
+#: CH_SEG_PER_SM blocks per multiprocessor (measured on the H100, .dev tuning: one 5120-channel
+#: sequence of 8192 tokens ran 1699 us whole, 614-600 us in 12-16 segments; 8 x 4096 channels
+#: ran fastest whole). Tests and bench set ``channel_segments`` to force a count.
+CH_FULL_PER_SM = 3
+CH_SEG_PER_SM = 8
+channel_segments: int | None = None
+_SMS: dict[int, int] = {}
 
 
-def _form(tier: int) -> str:
-    """The form that runs at ``tier``: kernel_form where the kernel has it."""
-    if kernel_form == "segments" and tier not in SELECTIVE_SCAN_SEGMENT_TIERS:
+_CH_PER = 16  # csrc/selective_scan.hip: M2R_SSCAN_PER, state elements per lane
+
+
+def _channel_lanes(tier: int) -> int:
+    """Lanes per channel in the channel form: _CH_PER state elements each."""
+    return max(1, tier // _CH_PER)
+
+
+def _form(tier: int, dims=None) -> str:
+    """The form that runs at ``tier`` for a call of ``dims``: kernel_form where it takes it."""
+    form = kernel_form
+    if form == "channels" and dims is not None and not _channel_form_takes(tier, dims):
+        form = "segments"
+    if form in ("segments", "channels") and tier not in SELECTIVE_SCAN_SEGMENT_TIERS:
         return "butterfly"
-    return kernel_form
+    return form
+
+
+def _channel_form_takes(tier: int, dims) -> bool:
+    """Variable B and C, a block's channels in one group of each, 32-bit offsets in a block."""
+    if tier not in SELECTIVE_SCAN_SEGMENT_TIERS or not (dims.b_groups and dims.c_groups):
+        return False
+    channels = _CH_THREADS // _channel_lanes(tier)
+    for groups in (dims.b_groups, dims.c_groups):
+        if groups > 1 and (dims.dim // groups) % channels:
+            return False
+    return max(channels, dims.dstate) * dims.seqlen < 2**31
+
+
+def _sm_count(device) -> int:
+    """Multiprocessors (CUs on ROCm) of ``device``; 0 where it is no GPU (launches stood in for
+    on the CPU in tests: no segments)."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+def channel_segment_len(blocks: int, seqlen: int, sms: int, forced: int | None = None) -> int:
+    """Tokens per segment of the channel form (0: one segment) for ``blocks`` blocks per
+    segment on ``sms`` multiprocessors: segments only while the blocks cannot fill the GPU."""
+    if forced is not None:
+        nseg = max(1, min(forced, GRID_YZ_MAX))
+    elif blocks >= CH_FULL_PER_SM * sms:
+        return 0
+    else:
+        want = -(-CH_SEG_PER_SM * sms // blocks)
+        nseg = min(want, max(1, seqlen // _CH_MIN_SEG))
+    if nseg <= 1:
+        return 0
+    seg = -(-seqlen // nseg)
+    seg = -(-seg // _CH_SEG_ALIGN) * _CH_SEG_ALIGN
+    return 0 if seg >= seqlen else seg
 
 
 def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out, last) -> None:
-    """One launch of m2r_selective_scan_<dtype>_n<tier> (csrc/selective_scan.hip); every
-    operand contiguous (copies only where the caller's is not), B / C / A in float32."""
+    """m2r_selective_scan_<dtype>_n<tier>[form] (csrc/selective_scan.hip): one launch, or two
+    for the channel form cut into segments; every operand contiguous (copies only where the
+    caller's is not), B / C / A in float32."""
     if dims.batch > GRID_YZ_MAX:
         raise ValueError(
             f"the selective-scan kernel takes batch <= {GRID_YZ_MAX}, got {dims.batch}"
@@ -71,9 +136,24 @@ def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out
         None if t is None else as_kernel_float(t).contiguous() for t in (D, delta_bias)
     )
     tier = next(n for n in SELECTIVE_SCAN_DSTATE_TIERS if dims.dstate <= n)
-    form = _form(tier)
+    form = _form(tier, dims)
     # channels per block, as the kernel has them: a lane group per channel
-    channels = _THREADS // (_SEGMENT_LANES if form == "segments" else 16 if tier <= 128 else 32)
+    if form == "channels":
+        threads = _CH_THREADS
+        channels = threads // _channel_lanes(tier)
+    else:
+        threads = _THREADS
+        lanes = _SEGMENT_LANES if form == "segments" else 16 if tier <= 128 else 32
+        channels = threads // lanes
+    blocks = -(-dims.dim // channels)
+    seg_len, seg_state = 0, None
+    if form == "channels":
+        seg_len = channel_segment_len(blocks * dims.batch, dims.seqlen, _sm_count(u.device),
+                                      channel_segments)  # fmt: skip
+    nseg = -(-dims.seqlen // seg_len) if seg_len else 1
+    if nseg > 1:  # (batch, dim, nseg, tier) end states, then (batch, dim, nseg) step sums
+        seg_state = torch.empty(dims.batch * dims.dim * nseg * (tier + 1), dtype=torch.float32,
+                                device=u.device)  # fmt: skip
     params = (
         u.data_ptr(),
         delta.data_ptr(),
@@ -85,6 +165,7 @@ def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out
         ptr(delta_bias),
         out.data_ptr(),
         ptr(last),
+        ptr(seg_state),
         dims.batch,
         dims.dim,
         dims.seqlen,
@@ -94,11 +175,12 @@ def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out
         int(delta_softplus),
         DTYPE_CODE[D.dtype] if D is not None else 0,
         DTYPE_CODE[delta_bias.dtype] if delta_bias is not None else 0,
-        0,
+        seg_len,
     )  # fmt: skip  (SelectiveScanParams, field order)
-    grid = (-(-dims.dim // channels), dims.batch, 1)
     name = f"m2r_selective_scan_{KERNEL_DTYPE[u.dtype]}_n{tier}{KERNEL_FORMS[form]}"
-    launch(kset.launcher(name), u, params, grid, _THREADS)
+    if nseg > 1:  # every segment's map but the last's, then the outputs
+        launch(kset.launcher(name + "s"), u, params, (blocks, dims.batch, nseg - 1), threads)
+    launch(kset.launcher(name), u, params, (blocks, dims.batch, nseg), threads)
 
 
 def _impl(

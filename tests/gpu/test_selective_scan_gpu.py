@@ -20,13 +20,19 @@ DEV = "cuda"
 TOL = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 
 
-@pytest.fixture(autouse=True, params=["butterfly", "deferred", "segments"])
+@pytest.fixture(
+    autouse=True, params=["butterfly", "deferred", "segments", "channels", "channels-3seg"]
+)
 def kernel_on(monkeypatch, request):
-    """Every form of the kernel (csrc/selective_scan.hip) on every test."""
+    """Every form of the kernel (csrc/selective_scan.hip) on every test; the channel form also
+    with the sequence cut into 3 segments wherever it is longer than 64 tokens (two launches,
+    the state carried from segment to segment through the maps)."""
     from mamba2_rocm.ops import selective_scan as ops
 
     monkeypatch.setenv("MAMBA2_ROCM_BACKEND", "kernel")  # never a silent torch fallback here
-    monkeypatch.setattr(ops, "kernel_form", request.param)
+    form, _, seg = request.param.partition("-")
+    monkeypatch.setattr(ops, "kernel_form", form)
+    monkeypatch.setattr(ops, "channel_segments", 3 if seg else None)
 
 
 def _inputs(g, b, d, L, n, bmode, cmode, dtype, groups=3):
@@ -68,8 +74,9 @@ def test_kernel_matches_ground_truth(dtype, n, bmode, cmode, L):
 @pytest.mark.parametrize("L", [1, 7, 8, 9, 63, 64, 65, 255, 256, 257, 1000, 2048, 16384])
 def test_long_sequences_carry_the_state_across_chunks(L):
     """The state crosses a chunk boundary every 64 tokens (every 8 between the segment form's
-    lanes, every 256 between its chunks): a wrong carry shows at the first token after one (the
-    port bug class this kernel is built against)."""
+    lanes, every 256 between its chunks, every 16 in the channel form and at its segments'
+    ends): a wrong carry shows at the first token after one (the port bug class this kernel is
+    built against)."""
     g = seeded("gpu ss long", L, device=DEV)
     a = _inputs(g, 1, 24, L, 16, "var", "var", torch.float32)
     a["delta"] = a["delta"].abs() * 0.05  # slow decay: the state remembers across chunks
@@ -117,3 +124,26 @@ def test_gradients_through_the_kernel():
     rout.backward(cot.double())
     for k in ours:
         _check(ours[k].grad, ref[k].grad, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [4, 16, 17, 64])
+@pytest.mark.parametrize("L", [301, 512])
+def test_grouped_b_and_c_whose_groups_fill_whole_blocks(dtype, n, L, monkeypatch):
+    """Groups of 64 channels: the channel form takes grouped B / C too (each block's channels
+    read one group's columns); the other forms run it as before."""
+    from mamba2_rocm.ops import selective_scan as ops
+
+    forms = []
+    real = ops._form
+    monkeypatch.setattr(ops, "_form", lambda tier, dims=None: forms.append(real(tier, dims)) or
+                        forms[-1])  # fmt: skip
+    g = seeded("gpu ss grouped blocks", dtype, n, L, device=DEV)
+    a = _inputs(g, 2, 192, L, n, "grouped", "grouped", dtype, groups=3)
+    poison_allocator(1 << 24)
+    out, last = selective_scan_fn(**a, delta_softplus=True, return_last_state=True)
+    ref, rlast = selective_scan_ref(**a, delta_softplus=True, return_last_state=True)
+    _check(out, ref, dtype)
+    _check(last, rlast, torch.float32 if dtype == torch.float32 else dtype)
+    if ops.kernel_form == "channels":
+        assert forms == ["channels"]
