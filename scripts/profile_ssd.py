@@ -1,7 +1,8 @@
 """Per-kernel device time of mamba_chunk_scan_combined at the benchmark shapes (torch.profiler).
 
 Usage (on the GPU machine, kernels built): python scripts/profile_ssd.py [--once SHAPE]
-``--once 1`` makes one warm-up and one timed call at shape 1 (index into SHAPES, from 0), no
+``--once 1`` makes one warm-up and one timed call at shape 1 (index into the benchmark's issue
+shapes, ISSUE_SHAPES, from 0), no
 profiler: the target for ncu (scripts/device_profile.sh).
 """
 
@@ -11,10 +12,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from mamba2_rocm import mamba_chunk_scan_combined
-from mamba2_rocm.bench.ssd import SHAPES
+from mamba2_rocm.bench.ssd import ISSUE_SHAPES as SHAPES
 
 
-def make_call(b, L, h, p, groups, n):
+def make_call(b, L, h, p, groups, n, cs=256):
     g = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
     x, dt = r(b, L, h, p).bfloat16(), (r(b, L, h) - 2).bfloat16()
@@ -22,7 +23,7 @@ def make_call(b, L, h, p, groups, n):
     A, D, bias = -torch.rand(h, device="cuda") - 0.05, r(h), r(h)
 
     def call():
-        return mamba_chunk_scan_combined(x, dt, A, B, C, 256, D=D, dt_bias=bias, dt_softplus=True)
+        return mamba_chunk_scan_combined(x, dt, A, B, C, cs, D=D, dt_bias=bias, dt_softplus=True)
 
     return call
 
@@ -36,7 +37,7 @@ def profile_shape(shape):
         for _ in range(10):
             call()
         torch.cuda.synchronize()
-    print("--- b{} l{} h{} p{} g{} n{} (10 calls)".format(*shape))
+    print("--- b{} l{} h{} p{} g{} n{} c{} (10 calls)".format(*shape))
     print(
         prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=40)
     )

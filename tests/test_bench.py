@@ -227,3 +227,35 @@ def test_host_table_lists_the_floors_and_says_when_the_target_is_below_them():
         "this machine's floor for one launch from Python is 10.4 us (the driver call alone): "
         "the 10 us target is below it"
     )
+
+
+# --- the grids and the ratio summary -------------------------------------------------------
+
+
+def test_ssd_grid_covers_every_model_at_every_point():
+    from mamba2_rocm.bench.ssd import ISSUE_SHAPES, MODELS, POINTS, grid
+
+    cases = grid()
+    assert len(cases) == len(ISSUE_SHAPES) + len(MODELS) * len(POINTS)
+    assert {label for label, _ in cases} == {"issue", *MODELS}
+    # the checkpoints' heads (d_inner / 64) and the grouped hybrid
+    assert [MODELS[f"mamba2-{m}"][0] for m in ("130m", "370m", "780m", "1.3b", "2.7b")] == [
+        24, 32, 48, 64, 80
+    ]  # fmt: skip
+    assert MODELS["codestral-7b"][:4] == (128, 64, 8, 128)
+
+
+def test_ratio_summary_flags_cases_below_the_target_and_the_worst():
+    from mamba2_rocm.bench.timing import ratio_summary
+
+    rows = [
+        {"case": "a", "impl": "kernel", "best_us": 100.0},
+        {"case": "b", "impl": "kernel", "best_us": 50.0},
+        {"case": "c", "impl": "kernel", "best_us": 10.0},  # no Triton row: left out
+        {"case": "a", "impl": "torch", "best_us": 1.0},
+    ]
+    best = {"a": {"best_us": 150.0}, "b": {"best_us": 55.0}}
+    lines = ratio_summary(rows, best, 1.2)
+    assert lines[0] == "a: 100.0 us vs Triton's best 150.0 us: 1.50x"
+    assert lines[1] == "b: 50.0 us vs Triton's best 55.0 us: 1.10x  (below 1.2x)"
+    assert lines[-1] == "worst ratio over the grid (Triton best / ours): 1.10x" and len(lines) == 3

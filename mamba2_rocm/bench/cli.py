@@ -16,6 +16,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.op != "model":
             raise ValueError("--shape applies to `bench model` only")
         extra["shapes"] = tuple(args.shape)
+    if args.op in ("ssd", "decode"):
+        extra["triton_procs"] = args.triton_procs
     rows = bench.run(dtype=args.dtype, **extra)  # host: bf16 always (the dtype is not its subject)
     from mamba2_rocm.bench.timing import kernel_build_note
 
@@ -34,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--json", action="store_true", help="machine-readable rows instead of the table")
+    p.add_argument("--triton-procs", type=int, default=3, metavar="N",
+                   help="ssd / decode: mamba_ssm's Triton timed in N fresh processes, the best "
+                        "kept (its autotuner picks per process; 0: not timed)")  # fmt: skip
     p.add_argument("--shape", action="append", choices=["130m", "1.3b"],
                    help="bench model: only these checkpoint shapes (repeatable; default: all)")  # fmt: skip
     p.set_defaults(func=_run)

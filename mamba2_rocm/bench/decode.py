@@ -1,16 +1,34 @@
-"""Decode-step benchmark: ``selective_state_update`` kernel vs the vectorized torch tier (and
-mamba_ssm's Triton kernel when ``mamba_ssm`` is importable).
+"""Decode-step benchmark: ``selective_state_update`` kernel vs the vectorized torch tier (at the
+issue's shape) and mamba_ssm's Triton kernel (when ``mamba_ssm`` is importable: the best of
+several processes).
 
-Mamba2 decode shapes (nheads 64, headdim 64, dstate 128, ngroups 8, bf16 state, tied-head
-A/dt/dt_bias/D as HF transformers passes them) at batch 1/16/64. Reports the median per-call
-device-event time (launch included), the per-call time inside a CUDA graph (kernel only), and
-bandwidth over the bytes that must move (the state read and written once, inputs, output).
+Mamba2 decode (bf16 state, tied-head A/dt/dt_bias/D as HF transformers passes them) for the
+issue's shape (nheads 64, headdim 64, dstate 128, ngroups 8) at batch 1/16/64, and over batch
+1/4/16/64/256 for mamba2-1.3b (h64 g1) and the grouped hybrids' layers (Codestral-Mamba-7B /
+Nemotron-H-8B: h128 g8). Reports the median per-call device-event time (launch included), the
+per-call time inside a CUDA graph (kernel only), bandwidth over the bytes that must move (the
+state read and written once, inputs, output), and per case the ratio to Triton's best with the
+worst over the grid (issue #17: ahead at every batch).
 """
 
 from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.bench.timing import compare, copy_bandwidth_gbs, format_rows
+from mamba2_rocm.bench.timing import (
+    compare,
+    copy_bandwidth_gbs,
+    format_rows,
+    ratio_summary,
+    triton_best_of,
+)
+
+#: (label, batches, nheads, headdim, dstate, ngroups)
+GRID = (
+    ("issue", (1, 16, 64), 64, 64, 128, 8),
+    ("mamba2-1.3b", (1, 4, 16, 64, 256), 64, 64, 128, 1),
+    ("codestral-7b", (1, 4, 16, 64, 256), 128, 64, 128, 8),
+)
+TARGET = 1.0  # ahead
 
 
 def _triton_update():
@@ -21,9 +39,7 @@ def _triton_update():
     return selective_state_update
 
 
-def run(
-    batches=(1, 16, 64), nheads=64, headdim=64, dstate=128, ngroups=8, dtype="bfloat16"
-) -> list[dict]:
+def run(dtype="bfloat16", impls=None, triton_procs: int = 3) -> list[dict]:
     torch = require_torch()
     from mamba2_rocm import selective_state_update
 
@@ -31,25 +47,33 @@ def run(
     copy = copy_bandwidth_gbs()
     triton = _triton_update()
     rows = []
-    for b in batches:
-        h, p, n = nheads, headdim, dstate
-        g = torch.Generator(device="cuda").manual_seed(b)
-        r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
-        state = r(b, h, p, n).to(dt_)
-        x, z = r(b, h, p).to(dt_), r(b, h, p).to(dt_)
-        dt = torch.rand(b, h, device="cuda", generator=g).to(dt_)[:, :, None].expand(b, h, p)
-        A = (-torch.rand(h, device="cuda", generator=g))[:, None, None].expand(h, p, n)
-        dt_bias, D = r(h)[:, None].expand(h, p), r(h)[:, None].expand(h, p)
-        B, C = r(b, ngroups, n).to(dt_), r(b, ngroups, n).to(dt_)
-        elt = state.element_size()
-        nbytes = 2 * state.numel() * elt + (3 * x.numel() + b * h + 2 * B.numel()) * elt + 3 * h * 4
-
-        kw = dict(D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
-        case = f"decode b{b} h{h} p{p} n{n} g{ngroups} {dtype}"
-        args = (state, x, dt, A, B, C)
-        rows += compare(case, selective_state_update, triton, args, kw, nbytes, copy)
+    for label, batches, h, p, n, ngroups in GRID:
+        for b in batches:
+            g = torch.Generator(device="cuda").manual_seed(b)
+            r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+            state = r(b, h, p, n).to(dt_)
+            x, z = r(b, h, p).to(dt_), r(b, h, p).to(dt_)
+            dt = torch.rand(b, h, device="cuda", generator=g).to(dt_)[:, :, None].expand(b, h, p)
+            A = (-torch.rand(h, device="cuda", generator=g))[:, None, None].expand(h, p, n)
+            dt_bias, D = r(h)[:, None].expand(h, p), r(h)[:, None].expand(h, p)
+            B, C = r(b, ngroups, n).to(dt_), r(b, ngroups, n).to(dt_)
+            elt = state.element_size()
+            nbytes = (2 * state.numel() * elt + (3 * x.numel() + b * h + 2 * B.numel()) * elt
+                      + 3 * h * 4)  # fmt: skip
+            kw = dict(D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+            case = f"{label} decode b{b} h{h} p{p} n{n} g{ngroups} {dtype}"
+            here = impls or (("kernel", "torch") if label == "issue" else ("kernel",))
+            args = (state, x, dt, A, B, C)
+            rows += compare(case, selective_state_update, triton, args, kw, nbytes, copy,
+                            impls=here)  # fmt: skip
+    if impls is None and triton is not None and triton_procs > 0:
+        best = triton_best_of("decode", triton_procs, dtype)
+        rows += list(best.values())
+        rows.append({"summary": ratio_summary(rows, best, TARGET)})
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    return format_rows(rows, 38, 17)
+    table = [r for r in rows if "summary" not in r]
+    summary = [line for r in rows if "summary" in r for line in r["summary"]]
+    return "\n".join([format_rows(table, 50, 26), *summary])

@@ -1,21 +1,58 @@
-"""SSD chunked-scan benchmark: ``mamba_chunk_scan_combined`` kernels vs the vectorized torch tier
-(and mamba_ssm's Triton kernels when ``mamba_ssm`` is importable).
+"""SSD chunked-scan benchmark over the shapes of the models people run: ``mamba_chunk_scan_combined``
+kernels vs mamba_ssm's Triton kernels (when ``mamba_ssm`` is importable, the best of several
+processes: its autotuner picks a configuration per process) and, at the issue's two shapes, the
+vectorized torch tier.
 
-Shapes (the issue's): (b 2, l 4096, h 32, p 64, g 1, n 128) and (b 1, l 16384, h 64, p 64,
-g 8, n 128), chunk 256, D per head, dt_bias with softplus, no z: the call a Mamba2 layer makes.
-Reports the median per-call device-event time (launch included), the per-call time inside a
-CUDA graph, the bytes that must move at least (inputs read once, out and the final states
-written once) with the fraction of the measured copy bandwidth, and the arithmetic rate over
-the scan's essential FLOPs (state in and out, 4 l h p n per row, plus the causal C·Bᵀ·x
-block, l chunk h p per row).
+Grid: every Mamba2 checkpoint (130m h24, 370m h32, 780m h48, 1.3b h64, 2.7b h80; headdim 64,
+dstate 128, one group, chunk 256) and the hybrids' Mamba2 layers, from their published configs
+(Codestral-Mamba-7B h128 g8 chunk 256; Nemotron-H-8B h128 g8 chunk 128; Bamba-9B h128 g1;
+Falcon-H1-7B h24 headdim 128 dstate 256 chunk 128), each at (batch, seqlen) = (8, 512),
+(4, 2048), (1, 8192), (1, 16384). The call a Mamba2 layer makes: D per head, dt_bias with
+softplus, no z, final states returned. Reports the median per-call device-event time (launch
+included), the per-call time inside a CUDA graph, the bytes that must move at least (inputs read
+once, out and the final states written once) as a fraction of the measured copy bandwidth, the
+arithmetic rate over the scan's essential FLOPs (state in and out, 4 l h p n per row, plus the
+causal C·Bᵀ·x block, l chunk h p per row), and per case the ratio to Triton's best with the
+worst over the grid (issue #17's target: 1.2x ahead everywhere).
 """
 
 from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.bench.timing import compare, copy_bandwidth_gbs, format_rows
+from mamba2_rocm.bench.timing import (
+    TRITON,
+    compare,
+    copy_bandwidth_gbs,
+    format_rows,
+    ratio_summary,
+    triton_best_of,
+)
 
-SHAPES = ((2, 4096, 32, 64, 1, 128), (1, 16384, 64, 64, 8, 128))
+#: model -> (nheads, headdim, ngroups, dstate, chunk_size)
+MODELS = {
+    "mamba2-130m": (24, 64, 1, 128, 256),
+    "mamba2-370m": (32, 64, 1, 128, 256),
+    "mamba2-780m": (48, 64, 1, 128, 256),
+    "mamba2-1.3b": (64, 64, 1, 128, 256),
+    "mamba2-2.7b": (80, 64, 1, 128, 256),
+    "codestral-7b": (128, 64, 8, 128, 256),
+    "nemotron-h-8b": (128, 64, 8, 128, 128),
+    "bamba-9b": (128, 64, 1, 128, 256),
+    "falcon-h1-7b": (24, 128, 1, 256, 128),
+}
+POINTS = ((8, 512), (4, 2048), (1, 8192), (1, 16384))  # (batch, seqlen)
+#: the issue's two shapes, where the torch tier is timed too: (batch, seqlen, nheads, headdim,
+#: ngroups, dstate, chunk_size)
+ISSUE_SHAPES = ((2, 4096, 32, 64, 1, 128, 256), (1, 16384, 64, 64, 8, 128, 256))
+TARGET = 1.2  # issue #17: at least 1.2x Triton's best at every grid point
+
+
+def grid() -> list[tuple[str, tuple]]:
+    """(label, (batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size)) of every case."""
+    cases = [("issue", s) for s in ISSUE_SHAPES]
+    for name, (h, p, g, n, cs) in MODELS.items():
+        cases += [(name, (b, L, h, p, g, n, cs)) for b, L in POINTS]
+    return cases
 
 
 def _triton_scan():
@@ -26,7 +63,10 @@ def _triton_scan():
     return mamba_chunk_scan_combined
 
 
-def run(shapes=SHAPES, chunk_size=256, dtype="bfloat16") -> list[dict]:
+def run(dtype="bfloat16", impls=None, triton_procs: int = 3) -> list[dict]:
+    """Rows of every case: our kernel (and the torch tier at the issue's shapes) here, Triton's
+    best of ``triton_procs`` processes; ``impls`` restricts this process to those (the Triton
+    processes run with ``(TRITON,)``)."""
     torch = require_torch()
     from mamba2_rocm import mamba_chunk_scan_combined
 
@@ -34,7 +74,7 @@ def run(shapes=SHAPES, chunk_size=256, dtype="bfloat16") -> list[dict]:
     copy = copy_bandwidth_gbs()
     triton = _triton_scan()
     rows = []
-    for b, L, h, p, groups, n in shapes:
+    for label, (b, L, h, p, groups, n, cs) in grid():
         g = torch.Generator(device="cuda").manual_seed(L + h)
         r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
         x, dt = r(b, L, h, p).to(dt_), (r(b, L, h) - 2).to(dt_)
@@ -42,19 +82,28 @@ def run(shapes=SHAPES, chunk_size=256, dtype="bfloat16") -> list[dict]:
         A, D, dt_bias = -torch.rand(h, device="cuda", generator=g) - 0.05, r(h), r(h) * 0.5
         elt = x.element_size()
         nbytes = (2 * x.numel() + dt.numel() + B.numel() + C.numel()) * elt + b * h * p * n * 4
-        flops = 4 * b * L * h * p * n + b * L * chunk_size * h * p
+        flops = 4 * b * L * h * p * n + b * L * cs * h * p
         kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
-        case = f"ssd b{b} l{L} h{h} p{p} g{groups} n{n} c{chunk_size} {dtype}"
+        case = f"{label} b{b} l{L} h{h} p{p} g{groups} n{n} c{cs} {dtype}"
+        here = impls or (("kernel", "torch") if label == "issue" else ("kernel",))
         for row in compare(
-            case, mamba_chunk_scan_combined, triton, (x, dt, A, B, C, chunk_size), kw, nbytes, copy,
-            calls={"kernel": dict(warmup=3, iters=50), "torch": dict(warmup=3, iters=20),
-                   "mamba_ssm triton": dict(warmup=3, iters=50)},
-            graphs={"kernel": dict(replays=5, per_graph=5)},
+            case, mamba_chunk_scan_combined, triton, (x, dt, A, B, C, cs), kw, nbytes, copy,
+            calls={"kernel": dict(warmup=3, iters=30), "torch": dict(warmup=2, iters=5),
+                   TRITON: dict(warmup=3, iters=30)},
+            graphs={"kernel": dict(replays=5, per_graph=5), TRITON: dict(replays=5, per_graph=5)},
+            impls=here,
         ):  # fmt: skip
             row["tflops"] = flops / (row["best_us"] * 1e-6) / 1e12
             rows.append(row)
+        del x, dt, B, C
+    if impls is None and triton is not None and triton_procs > 0:
+        best = triton_best_of("ssd", triton_procs, dtype)
+        rows += list(best.values())
+        rows.append({"summary": ratio_summary(rows, best, TARGET)})
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    return format_rows(rows, 42, 17, extra=[("TFLOP/s", "tflops", ".1f")])
+    table = [r for r in rows if "summary" not in r]
+    summary = [line for r in rows if "summary" in r for line in r["summary"]]
+    return "\n".join([format_rows(table, 52, 26, extra=[("TFLOP/s", "tflops", ".1f")]), *summary])

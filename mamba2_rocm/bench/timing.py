@@ -138,19 +138,62 @@ TRITON = "mamba_ssm triton"
 
 def compare(case: str, ours: Callable, triton: Callable | None, args: tuple, kwargs: dict,
             nbytes: int, copy_gbs: float, calls: dict | None = None,
-            graphs: dict | None = None) -> list[dict]:  # fmt: skip
+            graphs: dict | None = None,
+            impls: tuple[str, ...] = ("kernel", "torch", TRITON)) -> list[dict]:  # fmt: skip
     """:func:`bandwidth_row` rows of one case for our op on the kernel tier, on the torch tier,
     and mamba_ssm's op (``triton``, when importable), each called as ``fn(*args, **kwargs)``
     (mamba_ssm's op ignores the backend setting); ``calls`` / ``graphs`` map an implementation to
     :func:`time_calls` / :func:`time_graph` keyword arguments (only those in ``graphs`` are also
-    graph-timed; default: the kernel and Triton)."""
+    graph-timed; default: the kernel and Triton); ``impls`` those to run."""
     graphs = {"kernel": {}, TRITON: {}} if graphs is None else graphs
-    impls = [("kernel", ours), ("torch", ours)] + ([(TRITON, triton)] if triton else [])
+    fns = {"kernel": ours, "torch": ours, TRITON: triton}
     rows = []
-    for impl, fn in impls:
+    for impl in impls:
+        fn = fns[impl]
+        if fn is None:
+            continue
         call = functools.partial(fn, *args, **kwargs)
         with backend("kernel" if impl == TRITON else impl):
             t = time_calls(call, **(calls or {}).get(impl, {}))
             gr = time_graph(call, **graphs[impl]) if impl in graphs else None
         rows.append(bandwidth_row(case, impl, t, gr, nbytes, copy_gbs))
     return rows
+
+
+def triton_best_of(op: str, processes: int, dtype: str) -> dict[str, dict]:
+    """mamba_ssm's Triton row per case, the fastest of ``processes`` fresh processes (its
+    autotuner picks a configuration per process, and the pick changes the time): each runs
+    ``mamba2_rocm.bench.<op>.run(dtype, impls=(TRITON,))``; empty where mamba_ssm is absent."""
+    import json
+    import subprocess
+    import sys
+
+    code = (f"import json; from mamba2_rocm.bench import {op} as m; "
+            f"print(json.dumps(m.run(dtype={dtype!r}, impls=({TRITON!r},))))")  # fmt: skip
+    best: dict[str, dict] = {}
+    for _ in range(processes):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench {op}: a Triton process failed:\n{done.stderr[-2000:]}")
+        for row in json.loads(done.stdout.strip().splitlines()[-1]):
+            if row["case"] not in best or row["best_us"] < best[row["case"]]["best_us"]:
+                best[row["case"]] = {**row, "impl": f"{TRITON} (best of {processes})"}
+    return best
+
+
+def ratio_summary(rows: list[dict], triton_best: dict[str, float], target: float) -> list[str]:
+    """Per case: our kernel's best time against Triton's best of processes (``triton_best``) and
+    against ``target`` x faster; then the worst ratio over the grid."""
+    lines, worst = [], None
+    for r in rows:
+        if r["impl"] != "kernel" or r["case"] not in triton_best:
+            continue
+        theirs = triton_best[r["case"]]["best_us"]
+        ratio = theirs / r["best_us"]
+        mark = "" if ratio >= target else f"  (below {target:.1f}x)"
+        lines.append(f"{r['case']}: {r['best_us']:.1f} us vs Triton's best {theirs:.1f} us: "
+                     f"{ratio:.2f}x{mark}")  # fmt: skip
+        worst = ratio if worst is None else min(worst, ratio)
+    if worst is not None:
+        lines.append(f"worst ratio over the grid (Triton best / ours): {worst:.2f}x")
+    return lines
