@@ -249,13 +249,17 @@ def test_ratio_summary_flags_cases_below_the_target_and_the_worst():
     from mamba2_rocm.bench.timing import ratio_summary
 
     rows = [
-        {"case": "a", "impl": "kernel", "best_us": 100.0},
-        {"case": "b", "impl": "kernel", "best_us": 50.0},
-        {"case": "c", "impl": "kernel", "best_us": 10.0},  # no Triton row: left out
-        {"case": "a", "impl": "torch", "best_us": 1.0},
+        {"case": "a", "impl": "kernel", "best_us": 100.0, "us": 120.0},
+        {"case": "b", "impl": "kernel", "best_us": 50.0, "us": 60.0},
+        {"case": "c", "impl": "kernel", "best_us": 10.0, "us": 10.0},  # no Triton row: left out
+        {"case": "a", "impl": "torch", "best_us": 1.0, "us": 1.0},
     ]
-    best = {"a": {"best_us": 150.0}, "b": {"best_us": 55.0}}
+    best = {"a": {"best_us": 150.0, "us": 480.0}, "b": {"best_us": 55.0, "us": 66.0}}
     lines = ratio_summary(rows, best, 1.2)
-    assert lines[0] == "a: 100.0 us vs Triton's best 150.0 us: 1.50x"
-    assert lines[1] == "b: 50.0 us vs Triton's best 55.0 us: 1.10x  (below 1.2x)"
-    assert lines[-1] == "worst ratio over the grid (Triton best / ours): 1.10x" and len(lines) == 3
+    assert lines[0] == ("a: 100.0 us vs Triton's best 150.0 us: 1.50x; eager per call 120.0 vs "
+                        "480.0 us: 4.00x")  # fmt: skip
+    assert lines[1] == ("b: 50.0 us vs Triton's best 55.0 us: 1.10x  (below 1.2x); eager per call "
+                        "60.0 vs 66.0 us: 1.10x")  # fmt: skip
+    assert lines[-1] == ("worst ratio over the grid (Triton best / ours): 1.10x device time, "
+                         "1.10x eager per call")  # fmt: skip
+    assert len(lines) == 3
