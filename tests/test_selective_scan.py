@@ -3,6 +3,9 @@ independent formulations of the recurrence), gradients, mamba_ssm's argument for
 
 from __future__ import annotations
 
+import cmath
+import math
+
 import pytest
 import torch
 from helpers import seeded
@@ -137,8 +140,15 @@ def _bad(**change):
 @pytest.mark.parametrize(
     ("args", "error", "message"),
     [
-        (_bad(A=torch.zeros(8, 16, dtype=torch.complex64)), NotImplementedError,
-         "complex A .* is not supported yet"),
+        (_bad(A=torch.zeros(8, 16, dtype=torch.complex64), B=torch.zeros(8, 16)), TypeError,
+         r"with complex A, B fixed \(complex\) must be one of complex64, complex128, got float32"),
+        (_bad(A=torch.zeros(8, 16, dtype=torch.complex64)), ValueError,
+         r"B variable must be \(batch=2, dstate=16, 2 \* seqlen=18\)"),
+        (_bad(A=torch.zeros(8, 16, dtype=torch.complex64), C=torch.zeros(2, 16, 18,
+         dtype=torch.complex64), B=torch.zeros(2, 16, 18)), TypeError,
+         r"with complex A, C variable \(real pairs\) must be one of"),
+        (_bad(B=torch.zeros(8, 16, dtype=torch.complex64)), TypeError,
+         r"B is complex \(complex64\) but A is real"),
         (_bad(A=torch.zeros(8, 300)), ValueError, "dstate must be 1..256, got 300"),
         (_bad(A=torch.zeros(7, 16)), ValueError, r"A must be \(dim=8, dstate\)"),
         (_bad(u=torch.zeros(2, 8)), ValueError, r"u must be \(batch, dim, seqlen\)"),
@@ -368,7 +378,10 @@ def test_mamba_inner_fn_forward_and_gradients(rms):
     [
         ({"checkpoint_lvl": 2}, ValueError, "checkpoint_lvl must be 0 or 1"),
         ({"x_proj_weight": torch.zeros(5, 4)}, ValueError, r"x_proj_weight must be \(dt_rank \+ dstate \+ dstate = 2, dim = 4\)"),
-        ({"A": torch.zeros(4, 0, dtype=torch.complex64)}, NotImplementedError, "complex A"),
+        ({"A": torch.zeros(4, 1, dtype=torch.complex64)}, ValueError,
+         r"x_proj_weight must be \(dt_rank \+ 2 \* dstate \+ 2 \* dstate = 6, dim = 4\)"),
+        ({"A": torch.zeros(4, 1, dtype=torch.complex64), "b_rms_weight": torch.ones(1)},
+         NotImplementedError, "b_rms_weight / c_rms_weight with complex A"),
         ({"xz": torch.zeros(1, 7, 5)}, ValueError, r"xz must be \(batch, 2 \* dim, seqlen\)"),
     ],
 )  # fmt: skip
@@ -416,3 +429,114 @@ def test_compiles_forward_and_backward_without_graph_breaks():
     selective_scan_fn(**eager, delta_softplus=True).square().sum().backward()
     for k in leaves:
         torch.testing.assert_close(leaves[k].grad, eager[k].grad, rtol=1e-5, atol=1e-5)
+
+
+# --- complex A (mamba_ssm's S4D-complex variant): the PyTorch tiers
+
+
+def _complex_loop(u, delta, A, B, C, D, z, delta_bias, softplus):
+    """mamba_ssm's complex-A semantics written out element by element (float64 / complex128):
+    a variable B / C holds (real, imaginary) of token t at 2t, 2t + 1; y = 2 Re(sum_n C h)."""
+    batch, dim, L = u.shape
+    n = A.shape[1]
+
+    def at(t, groups, b, d, s, k):
+        if t.dim() == 2:
+            return complex(t[d, k])
+        row = t[b, k] if t.dim() == 3 else t[b, d // (dim // groups), k]
+        return complex(float(row[2 * s]), float(row[2 * s + 1]))
+
+    out = torch.zeros(batch, dim, L, dtype=torch.float64)
+    last = torch.zeros(batch, dim, n, dtype=torch.complex128)
+    gb = B.shape[1] if B.dim() == 4 else 1
+    gc = C.shape[1] if C.dim() == 4 else 1
+    for b in range(batch):
+        for d in range(dim):
+            h = [0j] * n
+            for s in range(L):
+                dl = float(delta[b, d, s]) + (float(delta_bias[d]) if delta_bias is not None else 0)
+                if softplus:
+                    dl = math.log1p(math.exp(dl)) if dl <= 20 else dl
+                y = 0j
+                for k in range(n):
+                    h[k] = cmath.exp(dl * complex(A[d, k])) * h[k] + dl * at(
+                        B, gb, b, d, s, k
+                    ) * float(u[b, d, s])
+                    y += at(C, gc, b, d, s, k) * h[k]
+                v = 2 * y.real + (float(D[d]) * float(u[b, d, s]) if D is not None else 0)
+                if z is not None:
+                    zz = float(z[b, d, s])
+                    v *= zz / (1 + math.exp(-zz))
+                out[b, d, s] = v
+            last[b, d] = torch.tensor(h, dtype=torch.complex128)
+    return out, last
+
+
+def _complex_inputs(g, b=2, d=4, L=7, n=3, bmode="var", cmode="fixed"):
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    shapes = {"var": (b, n, 2 * L), "grouped": (b, 2, n, 2 * L)}
+
+    def bc(mode):
+        return torch.complex(r(d, n), r(d, n)) if mode == "fixed" else r(*shapes[mode])
+
+    A = torch.complex(-torch.rand(d, n, generator=g, dtype=torch.float64) - 0.1, r(d, n))
+    return dict(u=r(b, d, L), delta=torch.rand(b, d, L, generator=g, dtype=torch.float64) * 0.5,
+                A=A, B=bc(bmode), C=bc(cmode), D=r(d), z=r(b, d, L),
+                delta_bias=torch.rand(d, generator=g, dtype=torch.float64) * 0.3)  # fmt: skip
+
+
+@pytest.mark.parametrize("bmode, cmode", [("var", "fixed"), ("fixed", "var"), ("grouped", "var"),
+                                          ("fixed", "fixed")])  # fmt: skip
+def test_complex_a_follows_mamba_ssm_semantics(bmode, cmode):
+    a = _complex_inputs(seeded("ss complex", bmode, cmode), bmode=bmode, cmode=cmode)
+    want, want_last = _complex_loop(*a.values(), True)
+    ref, ref_last = selective_scan_ref(**a, delta_softplus=True, return_last_state=True)
+    torch.testing.assert_close(ref, want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ref_last, want_last, rtol=1e-10, atol=1e-10)
+    assert ref_last.dtype == torch.complex128
+    # the torch tier, as a float32 / complex64 caller uses it
+    f = {k: (v.to(torch.complex64) if v.is_complex() else v.float()) for k, v in a.items()}
+    out, last = selective_scan_fn(**f, delta_softplus=True, return_last_state=True)
+    assert out.dtype == torch.float32 and last.dtype == torch.complex64
+    torch.testing.assert_close(out, want.float(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(last, want_last.to(torch.complex64), rtol=1e-4, atol=1e-4)
+
+
+def test_complex_a_gradients_by_gradcheck():
+    a = _complex_inputs(seeded("ss complex grad"), b=1, d=2, L=5, n=2, bmode="var", cmode="fixed")
+    a = {k: v.requires_grad_() for k, v in a.items()}
+    names = list(a)
+
+    def f(*xs):
+        out, last = selective_scan_torch(**dict(zip(names, xs, strict=True)), delta_softplus=True,
+                                         return_last_state=True, compute_dtype=torch.float64)  # fmt: skip
+        return out, torch.view_as_real(last)
+
+    assert torch.autograd.gradcheck(f, tuple(a.values()))
+
+
+def test_mamba_inner_fn_with_complex_a_matches_the_composition():
+    """The block with complex A: per-token B / C from 2 * dstate x_proj columns each, read as
+    (real, imaginary) pairs; the same as the scan called on them directly."""
+    from mamba2_rocm import causal_conv1d_fn, mamba_inner_fn
+
+    g = seeded("inner complex")
+    b, d, L, n, rank = 2, 4, 6, 3, 2
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    xz, cw, cb = r(b, 2 * d, L), r(d, 4), r(d)
+    xw, dw, ow = r(rank + 4 * n, d), r(d, rank), r(5, d)
+    A = torch.complex(-torch.rand(d, n, generator=g) - 0.1, r(d, n))
+    D, db = r(d), torch.rand(d, generator=g) * 0.3
+    out = mamba_inner_fn(xz, cw, cb, xw, dw, ow, None, A, None, None, D, db)
+    x = causal_conv1d_fn(xz[:, :d], cw, cb, activation="silu")
+    dbl = torch.einsum("bdl,kd->blk", x, xw)
+    delta = torch.einsum("blr,dr->bdl", dbl[..., :rank], dw)
+    Bp = dbl[..., rank : rank + 2 * n].reshape(b, L, n, 2).permute(0, 2, 1, 3).reshape(b, n, 2 * L)
+    Cp = dbl[..., rank + 2 * n :].reshape(b, L, n, 2).permute(0, 2, 1, 3).reshape(b, n, 2 * L)
+    y = selective_scan_fn(x, delta, A, Bp, Cp, D, xz[:, d:], db, True)
+    torch.testing.assert_close(out, torch.einsum("bdl,od->blo", y, ow), rtol=1e-4, atol=1e-4)
+    xz.requires_grad_()
+    mamba_inner_fn(
+        xz, cw, cb, xw, dw, ow, None, A.requires_grad_(), None, None, D, db
+    ).sum().backward()
+    assert xz.grad.isfinite().all() and A.grad.dtype == torch.complex64

@@ -56,18 +56,22 @@ def mamba_inner_fn(
     _tensor("x_proj_weight", x_proj_weight, (2,))
     _tensor("delta_proj_weight", delta_proj_weight, (2,))
     _tensor("A", A, (2,))
-    if A.is_complex():
-        raise NotImplementedError("complex A is not supported yet (mamba2-rocm's selective scan "
-                                  "takes real A)")  # fmt: skip
+    # complex A: the per-token B / C come as (real, imaginary) pairs, 2 * dstate columns each,
+    # and are passed on as (batch, dstate, 2 * seqlen) (selective_scan_fn's convention)
+    per = 2 if A.is_complex() else 1
+    if per == 2 and (b_rms_weight is not None or c_rms_weight is not None):
+        raise NotImplementedError("b_rms_weight / c_rms_weight with complex A: the norms are over "
+                                  "real B / C rows")  # fmt: skip
     batch, two_dim, seqlen = xz.shape
     if two_dim % 2:
         raise ValueError(f"xz must be (batch, 2 * dim, seqlen), got shape {tuple(xz.shape)}")
     dim, dstate = two_dim // 2, A.shape[-1]
     rank = delta_proj_weight.shape[1]
-    want = rank + (0 if B is not None else dstate) + (0 if C is not None else dstate)
+    want = rank + (0 if B is not None else per * dstate) + (0 if C is not None else per * dstate)
     if x_proj_weight.shape != (want, dim):
+        each = " + dstate" if per == 1 else " + 2 * dstate"
         raise ValueError(
-            f"x_proj_weight must be (dt_rank{' + dstate' * (B is None)}{' + dstate' * (C is None)}"
+            f"x_proj_weight must be (dt_rank{each * (B is None)}{each * (C is None)}"
             f" = {want}, dim = {dim}), got {tuple(x_proj_weight.shape)}"
         )
     if delta_proj_weight.shape[0] != dim:
@@ -84,12 +88,15 @@ def mamba_inner_fn(
 
     def per_token(proj_bias, rms_weight):
         nonlocal at
-        v = x_dbl[:, at : at + dstate]
-        at += dstate
+        v = x_dbl[:, at : at + per * dstate]
+        at += per * dstate
         if proj_bias is not None:
             v = v + proj_bias.to(v.dtype)
         if rms_weight is not None:
             v = rmsnorm_fn(v, rms_weight, None, eps=b_c_dt_rms_eps)
+        if per == 2:  # (b l, (dstate two)) -> (b, dstate, (l two))
+            v = v.reshape(batch, seqlen, dstate, 2).permute(0, 2, 1, 3)
+            return v.reshape(batch, dstate, 2 * seqlen)
         return v.reshape(batch, seqlen, dstate).transpose(1, 2)  # (b, dstate, l)
 
     B = per_token(B_proj_bias, b_rms_weight) if B is None else B

@@ -6,7 +6,8 @@ float32, the host converts) where code objects serve the device; the PyTorch tie
 which steps through time with all (batch, dim, dstate) elements at once in float32 and
 differentiates as plain PyTorch code; ``eager`` runs the float64 ground truth (cast back). On
 the kernel tier the op is ``torch.ops.mamba2_rocm.selective_scan`` and its backward recomputes
-through the PyTorch tier (``_launch.recompute_backward``). Complex A is refused by name.
+through the PyTorch tier (``_launch.recompute_backward``). Complex A runs on the PyTorch tier
+(mamba_ssm's conventions, see the reference module); the kernels take real A.
 """
 
 from __future__ import annotations
