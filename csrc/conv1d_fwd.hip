@@ -15,6 +15,8 @@ namespace conv1d {
 constexpr int kThreads = 128;
 constexpr int kRowVecs = 4;          // seqlen-contiguous: 16-byte vectors per thread
 constexpr int kClPosPerThread = 16;  // channel-last: positions per thread
+constexpr int kShortThreads = 64;    // seqlen-contiguous, short rows: threads
+constexpr int kShortVecs = 2;        // and vectors each (one vector each spilled on sm_90)
 
 template <typename T>
 struct Vec {
@@ -71,7 +73,13 @@ M2R_DEVICE void write_final_states(const ConvFwdParams& p, int64_t b, int64_t c)
 // positions blk0 + (v * kThreads + t) * kN: every load instruction is coalesced across the
 // wavefront, and all kRowVecs loads are in flight before the first use. A vector's kW-1 taps
 // of history come from its left neighbour through LDS; thread 0 fetches the block's history.
-template <typename T, int kW, bool kSeq>
+//
+// Two instantiations: "vec" (kThreads threads, kRowVecs vectors each: 4096 16-bit tokens a
+// block) and "vec_s" for short rows (kShortThreads threads, kShortVecs vectors each: 1024 16-bit
+// tokens),
+// which the host takes where a row is shorter than half the long tile (most of a long block's
+// threads would idle: b8 d4352 l512 moved 33% of copy bandwidth that way on the H100).
+template <typename T, int kW, bool kSeq, int kThreads = conv1d::kThreads, int kRowVecs = conv1d::kRowVecs>
 M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   typedef typename T::storage S;
   constexpr int kN = Vec<T>::kN;
@@ -313,8 +321,16 @@ M2R_DEVICE void fwd_strided(const ConvFwdParams& p) {
   M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME##_seq(ConvFwdParams p) { \
     m2r::conv1d::FN<m2r::T, W, true>(p);                                                          \
   }
+#define M2R_CONV_FWD_SHORT(DT, T, W)                                                            \
+  M2R_KERNEL(m2r::conv1d::kShortThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_s(ConvFwdParams p) {    \
+    m2r::conv1d::fwd_rows<m2r::T, W, false, m2r::conv1d::kShortThreads, m2r::conv1d::kShortVecs>(p);                    \
+  }                                                                                              \
+  M2R_KERNEL(m2r::conv1d::kShortThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_s_seq(ConvFwdParams p) { \
+    m2r::conv1d::fwd_rows<m2r::T, W, true, m2r::conv1d::kShortThreads, m2r::conv1d::kShortVecs>(p);                     \
+  }
 #define M2R_CONV_FWD(DT, T, W)                      \
   M2R_CONV_FWD_ONE(DT, T, W, vec, fwd_rows)         \
+  M2R_CONV_FWD_SHORT(DT, T, W)                      \
   M2R_CONV_FWD_ONE(DT, T, W, cl_vec, fwd_channel_last) \
   M2R_CONV_FWD_ONE(DT, T, W, strided, fwd_strided)
 

@@ -24,7 +24,7 @@ __all__ = ["SOURCES", "KernelSource", "kernel_params", "source_of"]
 
 KERNEL_DTYPES = ("f32", "f16", "bf16")
 CONV_WIDTHS = (2, 3, 4)
-CONV_FWD_LAYOUTS = ("vec", "cl_vec", "strided")
+CONV_FWD_LAYOUTS = ("vec", "vec_s", "cl_vec", "strided")  # vec_s: short seqlen-contiguous rows
 SSU_DSTATE_TIERS = (32, 64, 128, 256)
 SSU_CONTIG_MAX_DSTATE = 128  # csrc/state_update.hip: no contiguous-layout kernels beyond
 SSD_SCAN_ROWS = (64, 128)  # csrc/ssd.hip: positions per chunk_scan tile

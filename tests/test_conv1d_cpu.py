@@ -311,3 +311,31 @@ def test_update_passes_state_indices_as_given_to_the_kernel(update_kernels):
     assert got["state_indices"] == idx.data_ptr() and got["indices_stride"] == 2
     assert got["indices_int64"] == 0 and got["num_states"] == 6 and got["batch"] == 3
     assert got["out"] == out.data_ptr()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "seqlen", "layout", "blocks", "threads"),
+    [
+        (torch.bfloat16, 512, "vec_s", 1, 64),  # one short block (64 x 2 x 8 = 1024 tokens)
+        (torch.bfloat16, 2048, "vec_s", 2, 64),  # half the long tile (128 x 4 x 8 = 4096)
+        (torch.bfloat16, 2056, "vec", 1, 128),  # past half: the long tile
+        (torch.bfloat16, 9000, "vec", 3, 128),
+        (torch.float32, 1024, "vec_s", 2, 64),  # 4 float32 a vector: 512 tokens a short block
+        (torch.float32, 1032, "vec", 1, 128),
+    ],
+)
+def test_forward_takes_the_short_row_kernel_where_a_long_block_would_idle(
+    monkeypatch, dtype, seqlen, layout, blocks, threads
+):
+    """Seqlen-contiguous rows up to half the long kernel's tile go to the short-row kernel (64
+    threads, two 16-byte vectors each), so fewer of a block's threads idle."""
+    from mamba2_rocm.ops import conv1d as ops
+
+    kset = stand_in_kernels(monkeypatch, ops)
+    seen = []
+    monkeypatch.setattr(ops, "launch", lambda launcher, x, p, grid, threads_: (
+        seen.append(threads_), launcher(p, grid, None, 0)))  # fmt: skip
+    x = torch.randn(2, 3, seqlen, dtype=dtype)
+    causal_conv1d_fn(x, torch.randn(3, 4, dtype=dtype), None, activation="silu")
+    (name, _, grid), = kset.launches  # fmt: skip
+    assert name.endswith(f"_w4_{layout}") and grid == (blocks, 3, 2) and seen == [threads]

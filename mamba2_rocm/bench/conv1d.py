@@ -3,6 +3,15 @@
 Prints, per case, the median device-event time of one call (launch included), the time per
 call inside a CUDA graph (kernel only), and the achieved bandwidth over the bytes that must move
 (inputs read once, outputs written once), as a fraction of the measured copy bandwidth.
+
+Cases: b4 d4096 l4096 (every implementation, channel-last too) and a 64-row decode update;
+then the grid of the models people run, width 4 with SiLU: the conv channels of every Mamba2
+checkpoint (d_inner + 2 ngroups dstate: 1792 / 2304 / 3328 / 4352 / 5376 for 130m … 2.7b), of
+the hybrids (Codestral-Mamba-7B / Nemotron-H-8B 10240, Bamba-9B 8448, Falcon-H1-7B 3584) and
+mamba-2.8b's d_inner 5120, each at (batch, seqlen) (8, 512), (4, 2048), (1, 8192), (1, 16384)
+against ``F.conv1d``; the decode update at batch 1 / 16 / 64 / 256 for 1.3b's and Codestral's
+widths. A summary gives the worst fraction of copy bandwidth over the cases that move at least
+64 MB (issue #17's target: 90%) and the worst ratio to cuDNN.
 """
 
 from __future__ import annotations
@@ -10,10 +19,28 @@ from __future__ import annotations
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench.timing import backend, copy_bandwidth_gbs, time_calls, time_graph
 
+#: model -> conv channels (Mamba2: d_inner + 2 * ngroups * dstate; Mamba1: d_inner)
+CONV_MODELS = {
+    "mamba2-130m": 1792,
+    "mamba2-370m": 2304,
+    "mamba2-780m": 3328,
+    "mamba2-1.3b": 4352,
+    "mamba2-2.7b": 5376,
+    "codestral-7b": 10240,
+    "bamba-9b": 8448,
+    "falcon-h1-7b": 3584,
+    "mamba-2.8b": 5120,
+}
+POINTS = ((8, 512), (4, 2048), (1, 8192), (1, 16384))  # (batch, seqlen)
+DECODE_GRID = ((("mamba2-1.3b", 4352), ("codestral-7b", 10240)), (1, 16, 64, 256))
+LARGE_BYTES = 64 << 20  # the "large shapes" the copy-bandwidth target applies to
+CUDNN = "F.conv1d (cuDNN) + silu"
+
 
 def run(
-    batch=4, dim=4096, seqlen=4096, width=4, decode_batch=64, decode_dim=8192, dtype="bfloat16"
-) -> list[dict]:
+    batch=4, dim=4096, seqlen=4096, width=4, decode_batch=64, decode_dim=8192, dtype="bfloat16",
+    grid=True,
+) -> list[dict]:  # fmt: skip
     torch = require_torch()
     import torch.nn.functional as F
 
@@ -36,6 +63,7 @@ def run(
         rows.append({
             "case": case, "impl": impl, "us": t.median_us, "iqr_us": t.iqr_us,
             "graph_us": g.median_us if g else None, "gbs": gbs, "copy_frac": gbs / copy,
+            "best_us": best, "bytes": nbytes,
         })  # fmt: skip
 
     x = torch.randn(batch, dim, seqlen, device=dev, dtype=dt)
@@ -71,6 +99,32 @@ def run(
     )
     add(case, "vectorized torch tier",
         lambda: causal_conv1d_update(xs, state, wd, bd, activation="silu"), upd_bytes, graph=False)  # fmt: skip
+    if grid:
+        for name, d in CONV_MODELS.items():
+            w, b = torch.randn(d, width, device=dev, dtype=dt), torch.randn(d, device=dev, dtype=dt)
+            wc = w.unsqueeze(1)
+            for bt, L in POINTS:
+                x = torch.randn(bt, d, L, device=dev, dtype=dt)
+                nbytes = (2 * x.numel() + w.numel() + b.numel()) * elt
+                case = f"{name} fwd b{bt} d{d} l{L}"
+                add(case, "mamba2-rocm kernel",
+                    lambda x=x, w=w, b=b: causal_conv1d_fn(x, w, b, activation="silu"), nbytes)  # fmt: skip
+                add(case, CUDNN, lambda x=x, wc=wc, b=b, L=L: F.silu(
+                    F.conv1d(x, wc, b, padding=width - 1, groups=wc.shape[0])[..., :L]), nbytes)  # fmt: skip
+                del x
+        models, batches = DECODE_GRID
+        for name, d in models:
+            wd, bd = (
+                torch.randn(d, width, device=dev, dtype=dt),
+                torch.randn(d, device=dev, dtype=dt),
+            )
+            for bt in batches:
+                xs = torch.randn(bt, d, device=dev, dtype=dt)
+                state = torch.randn(bt, d, width - 1, device=dev, dtype=dt)
+                nbytes = (2 * xs.numel() + 2 * state.numel() + wd.numel() + bd.numel()) * elt
+                add(f"{name} update b{bt} d{d}", "mamba2-rocm kernel",
+                    lambda xs=xs, state=state, wd=wd, bd=bd: causal_conv1d_update(
+                        xs, state, wd, bd, activation="silu"), nbytes)  # fmt: skip
     for r in rows:
         r["copy_gbs"] = copy
     return rows
@@ -100,5 +154,26 @@ def format_table(rows: list[dict]) -> str:
         others = ", ".join(
             f"{k}: {v / ours:.1f}x" for k, v in impls.items() if ours and k != "mamba2-rocm kernel"
         )
-        lines.append(f"speed-up of the kernel, {case}: {others}")
-    return head + "\n".join(lines)
+        if others:
+            lines.append(f"speed-up of the kernel, {case}: {others}")
+    return head + "\n".join(lines + summary(rows))
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """The worst fraction of copy bandwidth of our kernel over the cases moving at least
+    LARGE_BYTES, forward and update apart, and the worst device-time ratio to cuDNN."""
+    lines = []
+    ours = [r for r in rows if r["impl"] == "mamba2-rocm kernel" and r["bytes"] >= LARGE_BYTES]
+    for kind in ("fwd", "update"):
+        sel = [r for r in ours if f" {kind} " in f" {r['case']} "]
+        if sel:
+            worst = min(sel, key=lambda r: r["copy_frac"])
+            lines.append(f"worst {kind} at >= {LARGE_BYTES >> 20} MB: {100 * worst['copy_frac']:.1f}% "
+                         f"of copy ({worst['case']}; target 90%)")  # fmt: skip
+    best = {(r["case"], r["impl"]): r["best_us"] for r in rows}
+    ratios = [(best[(c, CUDNN)] / us, c) for (c, impl), us in best.items()
+              if impl == "mamba2-rocm kernel" and (c, CUDNN) in best]  # fmt: skip
+    if ratios:
+        low = min(ratios)
+        lines.append(f"worst ratio to cuDNN (device time): {low[0]:.2f}x ({low[1]})")
+    return lines

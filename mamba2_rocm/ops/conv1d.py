@@ -37,6 +37,7 @@ __all__ = ["causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_varlen_sta
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _THREADS = 128
 _ROW_VECS = 4  # csrc/conv1d_fwd.hip: kRowVecs
+_SHORT_THREADS, _SHORT_VECS = 64, 2  # kShortThreads, kShortVecs: the short-row kernel
 # Launch geometry; must equal the constants in csrc/conv1d_fwd.hip (tests/test_params.py checks).
 _CL_POS = 16  # kClPosPerThread
 
@@ -149,8 +150,9 @@ def _aligned(t: Tensor, strides: tuple[int, ...], n_elts: int, nbytes: int = 16)
     return t.data_ptr() % nbytes == 0 and all(s % n_elts == 0 for s in strides)
 
 
-def _launch(launcher, x: Tensor, params: tuple, grid: tuple[int, int, int]) -> None:
-    launch(launcher, x, params, grid, _THREADS)
+def _launch(launcher, x: Tensor, params: tuple, grid: tuple[int, int, int],
+            threads: int = _THREADS) -> None:  # fmt: skip
+    launch(launcher, x, params, grid, threads)
 
 
 def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, silu, out) -> None:
@@ -164,7 +166,12 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
         and _aligned(x, x.stride()[:2], n_elts)
         and _aligned(out, out.stride()[:2], n_elts)
     ):
-        layout, grid = "vec", (-(-seqlen // (_THREADS * _ROW_VECS * n_elts)), dim, batch)
+        tile = _THREADS * _ROW_VECS * n_elts
+        if 2 * seqlen <= tile:  # short rows: most of a long block's threads would idle
+            short = _SHORT_THREADS * _SHORT_VECS * n_elts
+            layout, grid = "vec_s", (-(-seqlen // short), dim, batch)
+        else:
+            layout, grid = "vec", (-(-seqlen // tile), dim, batch)
     elif (
         x.stride(1) == 1
         and out.stride(1) == 1
@@ -203,7 +210,7 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
     )  # (ConvFwdParams, field order)
     seq = "_seq" if seq_idx is not None else ""
     launcher = kset.launcher(f"m2r_conv1d_fwd_{KERNEL_DTYPE[x.dtype]}_w{width}_{layout}{seq}")
-    _launch(launcher, x, p, grid)
+    _launch(launcher, x, p, grid, _SHORT_THREADS if layout == "vec_s" else _THREADS)
 
 
 def _update_static(
