@@ -55,7 +55,7 @@ _CH_SEG_ALIGN = 64  # segment lengths: a multiple of every chunk length (kChT) t
 _CH_MIN_SEG = 128  # the shortest segment worth its second pass
 #: The channel form cuts the sequence into segments (each costing its exps twice) only while
 #: fewer than CH_FULL_PER_SM blocks per multiprocessor would run, and then into enough for
-#: CH_SEG_PER_SM blocks per multiprocessor (measured on the H100, .dev tuning: one 5120-channel
+#: CH_SEG_PER_SM blocks per multiprocessor (measured on the H100, scripts/tune_selective_scan.py: one 5120-channel
 #: sequence of 8192 tokens ran 1699 us whole, 614-600 us in 12-16 segments; 8 x 4096 channels
 #: ran fastest whole). Tests and bench set ``channel_segments`` to force a count.
 CH_FULL_PER_SM = 3
