@@ -76,9 +76,8 @@ M2R_DEVICE void write_final_states(const ConvFwdParams& p, int64_t b, int64_t c)
 //
 // Two instantiations: "vec" (kThreads threads, kRowVecs vectors each: 4096 16-bit tokens a
 // block) and "vec_s" for short rows (kShortThreads threads, kShortVecs vectors each: 1024 16-bit
-// tokens),
-// which the host takes where a row is shorter than half the long tile (most of a long block's
-// threads would idle: b8 d4352 l512 moved 33% of copy bandwidth that way on the H100).
+// tokens), which the host takes where a row is at most half the long tile (most of a long
+// block's threads would idle: b8 d4352 l512 moved 33% of copy bandwidth that way on the H100).
 template <typename T, int kW, bool kSeq, int kThreads = conv1d::kThreads, int kRowVecs = conv1d::kRowVecs>
 M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   typedef typename T::storage S;

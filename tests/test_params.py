@@ -72,6 +72,7 @@ def test_launch_geometry_matches_kernel_constants():
     assert consts["kUpdateThreads"] == ops._THREADS
     assert consts["kRowVecs"] == ops._ROW_VECS
     assert consts["kClPosPerThread"] == ops._CL_POS
+    assert (consts["kShortThreads"], consts["kShortVecs"]) == (ops._SHORT_THREADS, ops._SHORT_VECS)
     import mamba2_rocm.ops.state_update as ssu
 
     ssu_text = (CSRC / "state_update.hip").read_text()

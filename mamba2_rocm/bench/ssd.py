@@ -21,11 +21,11 @@ from __future__ import annotations
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench.timing import (
     TRITON,
+    add_triton_best,
     compare,
     copy_bandwidth_gbs,
     format_rows,
-    ratio_summary,
-    triton_best_of,
+    split_summary,
 )
 
 #: model -> (nheads, headdim, ngroups, dstate, chunk_size)
@@ -97,13 +97,10 @@ def run(dtype="bfloat16", impls=None, triton_procs: int = 3) -> list[dict]:
             rows.append(row)
         del x, dt, B, C
     if impls is None and triton is not None and triton_procs > 0:
-        best = triton_best_of("ssd", triton_procs, dtype)
-        rows += list(best.values())
-        rows.append({"summary": ratio_summary(rows, best, TARGET)})
+        rows = add_triton_best(rows, "ssd", triton_procs, dtype, TARGET)
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    table = [r for r in rows if "summary" not in r]
-    summary = [line for r in rows if "summary" in r for line in r["summary"]]
+    table, summary = split_summary(rows)
     return "\n".join([format_rows(table, 52, 26, extra=[("TFLOP/s", "tflops", ".1f")]), *summary])

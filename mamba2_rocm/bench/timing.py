@@ -181,7 +181,21 @@ def triton_best_of(op: str, processes: int, dtype: str) -> dict[str, dict]:
     return best
 
 
-def ratio_summary(rows: list[dict], triton_best: dict[str, float], target: float) -> list[str]:
+def add_triton_best(rows: list[dict], op: str, processes: int, dtype: str,
+                    target: float) -> list[dict]:  # fmt: skip
+    """``rows`` with Triton's best-of-``processes`` rows (:func:`triton_best_of`) and a summary
+    row (:func:`ratio_summary` against ``target``) appended; :func:`split_summary` undoes it."""
+    best = triton_best_of(op, processes, dtype)
+    return [*rows, *best.values(), {"summary": ratio_summary(rows, best, target)}]
+
+
+def split_summary(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """The table rows and the summary lines of :func:`add_triton_best`'s rows."""
+    table = [r for r in rows if "summary" not in r]
+    return table, [line for r in rows if "summary" in r for line in r["summary"]]
+
+
+def ratio_summary(rows: list[dict], triton_best: dict[str, dict], target: float) -> list[str]:
     """Per case: our kernel's best time (the graph-timed one where there is one: device time)
     against Triton's best of processes (``triton_best``) and against ``target`` x faster, and
     the eager per-call medians' ratio (launch and host time included: what an eager caller

@@ -37,9 +37,9 @@ __all__ = ["causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_varlen_sta
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _THREADS = 128
 _ROW_VECS = 4  # csrc/conv1d_fwd.hip: kRowVecs
-_SHORT_THREADS, _SHORT_VECS = 64, 2  # kShortThreads, kShortVecs: the short-row kernel
 # Launch geometry; must equal the constants in csrc/conv1d_fwd.hip (tests/test_params.py checks).
 _CL_POS = 16  # kClPosPerThread
+_SHORT_THREADS, _SHORT_VECS = 64, 2  # kShortThreads, kShortVecs: the short-row kernel
 
 
 def _silu_flag(activation: str | None) -> bool:
