@@ -32,6 +32,7 @@ from mamba2_rocm.reference.selective_scan import (
     selective_scan_ref,
     selective_scan_torch,
 )
+from mamba2_rocm.runtime.device import device_multiprocessors
 
 torch = require_torch()
 Tensor = torch.Tensor
@@ -61,7 +62,6 @@ _CH_MIN_SEG = 128  # the shortest segment worth its second pass
 CH_FULL_PER_SM = 3
 CH_SEG_PER_SM = 8
 channel_segments: int | None = None
-_SMS: dict[int, int] = {}
 
 
 _CH_PER = 16  # csrc/selective_scan.hip: M2R_SSCAN_PER, state elements per lane
@@ -99,9 +99,7 @@ def _sm_count(device) -> int:
     if device.type != "cuda":
         return 0
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SMS:
-        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SMS[index]
+    return device_multiprocessors(index)
 
 
 def channel_segment_len(blocks: int, seqlen: int, sms: int, forced: int | None = None) -> int:
