@@ -40,6 +40,38 @@ struct ConvFwdParams {
   int32_t reserved;
 };
 
+// causal_conv1d backward (csrc/conv1d_bwd.hip), for the forward above with the same x, weight,
+// bias, seq_idx, initial_states and silu. Given dout (and dfinal, the gradient of the final
+// states, or null) it writes dx (x's shape; any strides), dinit ((batch, dim, width-1), or null
+// when there are no initial states) and, per block, partial sums of dweight and dbias in fp32:
+// partial[(b * gridDim.x + blockIdx.x), c, k] for k < width, dbias at k = width. The host sums
+// the partials over their first axis in a fixed order: the reduction over batch and sequence
+// is deterministic, with no atomics. Each block walks tiles_per_block tiles of the sequence.
+// initial_states, dfinal and dinit are contiguous (small: the host copies them if need be);
+// their strides follow from the sizes, which keeps the struct (scalar registers on AMD) small.
+struct ConvBwdParams {
+  const void* x;               // (batch, dim, seqlen), dtype of the kernel
+  const void* weight;          // (dim, width), dtype weight_dtype
+  const void* bias;            // (dim,), dtype bias_dtype, or null
+  const void* dout;            // (batch, dim, seqlen), dtype of the kernel
+  const int32_t* seq_idx;      // (batch, seqlen) or null
+  const void* initial_states;  // (batch, dim, width-1), dtype of the kernel, or null
+  const void* dfinal;          // (batch, dim, width-1), dtype of the kernel, or null
+  void* dx;                    // (batch, dim, seqlen), dtype of the kernel
+  void* dinit;                 // (batch, dim, width-1), dtype of the kernel, or null
+  float* partial;              // (batch * gridDim.x, dim, width + 1), fp32
+  int64_t x_batch_stride, x_c_stride, x_l_stride;
+  int64_t dout_batch_stride, dout_c_stride, dout_l_stride;
+  int64_t dx_batch_stride, dx_c_stride, dx_l_stride;
+  int64_t weight_c_stride, weight_w_stride;
+  int64_t seq_idx_batch_stride, seq_idx_l_stride;
+  int32_t batch, dim, seqlen;
+  int32_t silu;
+  int32_t weight_dtype, bias_dtype;
+  int32_t tiles_per_block;
+  int32_t reserved;
+};
+
 // causal_conv1d_update: x (batch, dim, seqlen) new tokens, conv_state (num_states, dim, state_len)
 // updated in place. Without cache_seqlens the state is a shift register; with it, a circular
 // buffer written at (cache_seqlens[b] + t) % state_len. state_indices maps batch -> state row

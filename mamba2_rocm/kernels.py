@@ -10,6 +10,7 @@ import ctypes
 from dataclasses import dataclass
 
 from mamba2_rocm.params import (
+    ConvBwdParams,
     ConvFwdParams,
     ConvUpdateParams,
     MmaProbeParams,
@@ -25,6 +26,7 @@ __all__ = ["SOURCES", "KernelSource", "kernel_params", "source_of"]
 KERNEL_DTYPES = ("f32", "f16", "bf16")
 CONV_WIDTHS = (2, 3, 4)
 CONV_FWD_LAYOUTS = ("vec", "vec_s", "cl_vec", "strided")  # vec_s: short seqlen-contiguous rows
+CONV_BWD_SHAPES = ("rows", "cl")  # csrc/conv1d_bwd.hip: the tile walked along seqlen / channels
 SSU_DSTATE_TIERS = (32, 64, 128, 256)
 SSU_CONTIG_MAX_DSTATE = 128  # csrc/state_update.hip: no contiguous-layout kernels beyond
 SSD_SCAN_ROWS = (64, 128)  # csrc/ssd.hip: positions per chunk_scan tile
@@ -58,6 +60,17 @@ SOURCES: dict[str, KernelSource] = {
                 for dt in KERNEL_DTYPES
                 for w in CONV_WIDTHS
                 for layout in CONV_FWD_LAYOUTS
+                for seq in ("", "_seq")
+            ),
+        ),
+        KernelSource(
+            "conv1d_bwd",
+            ConvBwdParams,
+            tuple(
+                f"m2r_conv1d_bwd_{dt}_w{w}_{shape}{seq}"
+                for dt in KERNEL_DTYPES
+                for w in CONV_WIDTHS
+                for shape in CONV_BWD_SHAPES
                 for seq in ("", "_seq")
             ),
         ),

@@ -12,6 +12,7 @@ import struct
 
 __all__ = [
     "DTYPE_CODES",
+    "ConvBwdParams",
     "ConvFwdParams",
     "ConvUpdateParams",
     "MmaProbeParams",
@@ -48,6 +49,16 @@ class ConvFwdParams(ctypes.Structure):
         "init_batch_stride init_c_stride init_l_stride "
         "final_batch_stride final_c_stride final_l_stride",
         "batch dim seqlen silu weight_dtype bias_dtype channels_fastest reserved",
+    )
+
+
+class ConvBwdParams(ctypes.Structure):
+    _fields_ = _fields(
+        "x weight bias dout seq_idx initial_states dfinal dx dinit partial",
+        "x_batch_stride x_c_stride x_l_stride dout_batch_stride dout_c_stride dout_l_stride "
+        "dx_batch_stride dx_c_stride dx_l_stride weight_c_stride weight_w_stride "
+        "seq_idx_batch_stride seq_idx_l_stride",
+        "batch dim seqlen silu weight_dtype bias_dtype tiles_per_block reserved",
     )
 
 

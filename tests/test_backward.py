@@ -25,7 +25,7 @@ from mamba2_rocm.ops import _launch
 from mamba2_rocm.ops import conv1d as conv_ops
 from mamba2_rocm.ops import rmsnorm as norm_ops
 from mamba2_rocm.ops import ssd as ssd_ops
-from mamba2_rocm.reference.conv1d import causal_conv1d_eager
+from mamba2_rocm.reference.conv1d import causal_conv1d_bwd_torch, causal_conv1d_eager
 from mamba2_rocm.reference.ssd import rmsnorm_ref, ssd_sequential
 
 
@@ -60,7 +60,28 @@ def kernel_tier(monkeypatch):
             varlen.copy_(res[2])
         return res[0].to(x.dtype)
 
+    def conv_bwd(kset, x, w, b, seq_idx, init, dout, dfin, silu, dx, dinit):
+        # the kernel's contract: dx and dinit written, dweight / dbias returned as fp32 partial
+        # rows for the host to add (here one row per batch row, as a one-tile-per-block grid)
+        ran.append("conv_bwd")
+        rows = []
+        for i in range(x.shape[0]):
+            one = lambda t, i=i: None if t is None else t[i : i + 1].double()  # noqa: E731
+            gx, gw, gb, gi = conv_ops._bwd_reference(
+                one(x), w.double(), None if b is None else b.double(),
+                None if seq_idx is None else seq_idx[i : i + 1], one(init), one(dout), one(dfin),
+                silu,
+            )  # fmt: skip
+            dx[i].copy_(gx[0])
+            if dinit is not None:
+                dinit[i].copy_(gi[0])
+            rows.append(
+                torch.cat([gw, (gb if b is not None else gw.new_zeros(len(gw)))[:, None]], 1)
+            )
+        return torch.stack(rows).float()
+
     monkeypatch.setattr(conv_ops, "_fwd_kernel", conv)
+    monkeypatch.setattr(conv_ops, "_bwd_kernel", conv_bwd)
     monkeypatch.setattr(norm_ops, "_kernel", norm)
     monkeypatch.setattr(norm_ops, "_fast_plan", lambda *args: False)  # always through _kernel
     monkeypatch.setattr(ssd_ops, "_kernel", scan)
@@ -110,6 +131,48 @@ def test_conv1d(kernel_tier, width, final, seq):
     outs = res if final else (res,)
     cot = [torch.randn(o.shape, generator=g) for o in outs]
     _close(_grads(outs, ours, cot), _grads(want[: len(outs)], ref, [c.double() for c in cot]), 1e-5)
+    assert kernel_tier == ["conv", "conv_bwd"]  # the backward op took the kernel path
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize(
+    ("width", "seqlen", "mode"),
+    [(2, 1, "init"), (4, 2, "init"), (4, 2, "none"), (3, 37, "init"), (4, 37, "seq"),
+     (2, 64, "seq"), (4, 19, "none")],
+)  # fmt: skip
+def test_conv1d_backward_formula(width, seqlen, mode, silu):
+    """The written-out gradients (the torch tier's backward, run inside the custom op where
+    autograd does not record) against autograd through the float64 tap loop: sequences
+    shorter than the history (the final states reach into the initial ones), seq_idx with
+    padding tokens, the final states' gradient."""
+    g = seeded("bwd conv formula", width, seqlen, mode, silu)
+    b, d = 3, 5
+    t = dict(x=torch.randn(b, d, seqlen, generator=g), weight=torch.randn(d, width, generator=g),
+             bias=torch.randn(d, generator=g),
+             initial_states=torch.randn(b, d, width - 1, generator=g) if mode == "init" else None)  # fmt: skip
+    seq_idx = None
+    if mode == "seq":
+        seq_idx = torch.zeros(b, seqlen, dtype=torch.int32)
+        seq_idx[:, seqlen // 3 :] = 1
+        seq_idx[0, seqlen // 2 :] = -1  # padding
+        seq_idx[2, seqlen - 2 :] = 2
+    ref = _leaves({k: None if v is None else v.double() for k, v in t.items()})
+    out, fin = causal_conv1d_eager(ref["x"], ref["weight"], ref["bias"], seq_idx,
+                                   ref["initial_states"], silu, compute_dtype=torch.float64)  # fmt: skip
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    dfin = torch.randn(fin.shape, generator=g, dtype=torch.float64) if seq_idx is None else None
+    want = _grads([out, fin] if dfin is not None else [out], ref,
+                  [dout, dfin] if dfin is not None else [dout])  # fmt: skip
+    d = {k: v.detach() if v is not None else None for k, v in ref.items()}
+    dx, dw, db, dinit = causal_conv1d_bwd_torch(d["x"], d["weight"], d["bias"], seq_idx,
+                                                d["initial_states"], dout, dfin, silu,
+                                                compute_dtype=torch.float64)  # fmt: skip
+    got = {"x": dx, "weight": dw, "bias": db}
+    if mode == "init":
+        got["initial_states"] = dinit
+    else:
+        assert dinit is None
+    _close(got, want, 1e-12)
 
 
 def test_conv1d_final_states_out_buffer_is_on_the_graph(kernel_tier):

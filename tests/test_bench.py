@@ -4,6 +4,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 from mamba2_rocm.bench.timing import backend
 
@@ -282,3 +283,37 @@ def test_conv1d_summary_takes_the_large_cases_and_the_worst_cudnn_ratio():
         "worst update at >= 64 MB: 95.0% of copy (m update b64 d8; target 90%)",
         "worst ratio to cuDNN (device time): 0.50x (n fwd b8 d8 l8)",
     ]
+
+
+# --- bench conv1d --backward: the cases, the flag, the table --------------------------------
+
+
+def test_conv1d_backward_cases_are_the_ssd_shapes_convs():
+    from mamba2_rocm.bench.conv1d import backward_cases
+
+    cases = backward_cases()
+    # bench ssd's issue shapes: h32 p64 g1 n128 -> 2048 + 256; h64 p64 g8 n128 -> 4096 + 2048
+    assert cases[:2] == [("ssd-issue h32 g1", 2, 2304, 4096), ("ssd-issue h64 g8", 1, 6144, 16384)]
+    assert ("mamba2-1.3b", 4, 4352, 2048) in cases
+
+
+def test_backward_flag_only_where_a_training_mode_exists(capsys):
+    from mamba2_rocm import cli
+
+    assert cli.main(["bench", "decode", "--backward"]) == 1
+    assert "--backward applies to bench conv1d" in capsys.readouterr().err
+
+
+def test_conv1d_table_shows_peak_memory_and_its_ratio(monkeypatch):
+    from mamba2_rocm.bench import conv1d
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "GPU")
+    row = dict(case="m fwd+bwd b1 d8 l16", graph_us=None, gbs=1.0, copy_frac=0.5, bytes=1 << 30,
+               copy_gbs=2.0, iqr_us=0.0)  # fmt: skip
+    rows = [dict(row, impl="mamba2-rocm kernel", us=10.0, best_us=10.0, peak_mb=30.0),
+            dict(row, impl=conv1d.CUDNN, us=20.0, best_us=20.0, peak_mb=20.0)]  # fmt: skip
+    text = conv1d.format_table(rows)
+    assert "peak MB" in text and "30.0" in text
+    assert "worst ratio to cuDNN (device time): 2.00x" in text
+    assert "highest peak memory relative to cuDNN: 1.50x" in text
+    assert "worst fwd+bwd at >= 64 MB: 50.0%" in text

@@ -339,3 +339,15 @@ def test_forward_takes_the_short_row_kernel_where_a_long_block_would_idle(
     causal_conv1d_fn(x, torch.randn(3, 4, dtype=dtype), None, activation="silu")
     (name, _, grid), = kset.launches  # fmt: skip
     assert name.endswith(f"_w4_{layout}") and grid == (blocks, 3, 2) and seen == [threads]
+
+
+def test_backward_tiles_per_block():
+    """One tile per block while the grid has at most BWD_BLOCKS_PER_SM blocks per
+    multiprocessor; beyond that blocks walk more tiles (never more than a row has)."""
+    from mamba2_rocm.ops.conv1d import BWD_BLOCKS_PER_SM, bwd_tiles_per_block
+
+    sms = 132
+    assert bwd_tiles_per_block(4, 10, sms) == 1  # few blocks: one tile each
+    assert bwd_tiles_per_block(32, 68 * 8, sms) == 32 * 68 * 8 // (BWD_BLOCKS_PER_SM * sms)
+    assert bwd_tiles_per_block(4, 10**6, sms) == 4  # at most the whole row
+    assert bwd_tiles_per_block(100, 10**6, 0) == 1  # no GPU (stand-ins): one tile each

@@ -284,8 +284,8 @@ def test_import_without_torch_says_how_to_install(tmp_path):
 
 
 def test_opcheck_training_op():
-    """The functional op training runs through (autograd by recomputation), with inputs that
-    ask for gradients: schema, fake tensor, autograd registration, AOT dispatch."""
+    """The functional op training runs through (its backward: the causal_conv1d_bwd op), with
+    inputs that ask for gradients: schema, fake tensor, autograd registration, AOT dispatch."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 33, 8, generator=g).transpose(1, 2).requires_grad_()  # channel-last
     w = torch.randn(8, 4, generator=g, requires_grad=True)
@@ -296,3 +296,37 @@ def test_opcheck_training_op():
         (x.detach().contiguous(), w, None, None, None, False, False),
     ]:
         torch.library.opcheck(ops.causal_conv1d_fwd_func, args)
+
+
+def test_opcheck_backward_op():
+    """The backward op alone (the torch tier's written-out formula on the CPU): schema, fake
+    tensor, no aliasing between its outputs (absent gradients are empty tensors of their own)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 8, 21, generator=g)
+    w, b = torch.randn(8, 3, generator=g), torch.randn(8, generator=g)
+    init, dfin = torch.randn(2, 8, 2, generator=g), torch.randn(2, 8, 2, generator=g)
+    seq = torch.zeros(2, 21, dtype=torch.int32)
+    seq[:, 9:] = 1
+    dout = torch.randn(2, 8, 21, generator=g)
+    for args in [
+        (x, w, b, None, init, dout, dfin, True),
+        (x.transpose(1, 2).contiguous().transpose(1, 2), w, None, seq, None, dout, None, False),
+    ]:
+        torch.library.opcheck(ops.causal_conv1d_bwd, args)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(dout=torch.zeros(2, 8, 20)), r"dout must have shape \(2, 8, 21\)"),
+        (dict(dout=torch.zeros(2, 8, 21, dtype=torch.float16)), "dout must be one of float32"),
+        (dict(dfinal_states=torch.zeros(2, 8, 3)), r"dfinal_states must have shape \(2, 8, 2\)"),
+        (dict(weight=torch.zeros(8, 5)), "width must be 2..4"),
+    ],
+)
+def test_backward_op_bad_inputs(change, match):
+    args = dict(x=torch.zeros(2, 8, 21), weight=torch.zeros(8, 3), bias=None, seq_idx=None,
+                initial_states=None, dout=torch.zeros(2, 8, 21), dfinal_states=None, silu=False)  # fmt: skip
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=match):
+        ops.causal_conv1d_bwd(**args)

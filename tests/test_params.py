@@ -73,6 +73,11 @@ def test_launch_geometry_matches_kernel_constants():
     assert consts["kRowVecs"] == ops._ROW_VECS
     assert consts["kClPosPerThread"] == ops._CL_POS
     assert (consts["kShortThreads"], consts["kShortVecs"]) == (ops._SHORT_THREADS, ops._SHORT_VECS)
+    bwd = (CSRC / "conv1d_bwd.hip").read_text()
+    cb = {m[0]: int(m[1]) for m in re.findall(r"(k\w+) = (\d+)[;,]", bwd)}
+    assert cb["kThreads"] == ops._BWD_THREADS
+    assert (cb["kRowsC"], cb["kRowsL"]) == ops._BWD_ROWS
+    assert (cb["kClC"], cb["kClL"]) == ops._BWD_CL
     import mamba2_rocm.ops.state_update as ssu
 
     ssu_text = (CSRC / "state_update.hip").read_text()

@@ -6,6 +6,9 @@ import argparse
 import json
 import sys
 
+#: the op families whose benchmark has a training (forward + backward) mode
+BACKWARD_OPS = ("conv1d",)
+
 
 def _run(args: argparse.Namespace) -> int:
     import importlib
@@ -18,6 +21,10 @@ def _run(args: argparse.Namespace) -> int:
         extra["shapes"] = tuple(args.shape)
     if args.op in ("ssd", "decode"):
         extra["triton_procs"] = args.triton_procs
+    if args.backward:
+        if args.op not in BACKWARD_OPS:
+            raise ValueError(f"--backward applies to bench {' / '.join(BACKWARD_OPS)}")
+        extra["backward"] = True
     rows = bench.run(dtype=args.dtype, **extra)  # host: bf16 always (the dtype is not its subject)
     from mamba2_rocm.bench.timing import kernel_build_note
 
@@ -39,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--triton-procs", type=int, default=3, metavar="N",
                    help="ssd / decode: mamba_ssm's Triton timed in N fresh processes, the best "
                         "kept (its autotuner picks per process; 0: not timed)")  # fmt: skip
+    p.add_argument("--backward", action="store_true",
+                   help=f"{' / '.join(BACKWARD_OPS)}: forward + backward (training) instead of "
+                        "the forward, with peak memory")  # fmt: skip
     p.add_argument("--shape", action="append", choices=["130m", "1.3b"],
                    help="bench model: only these checkpoint shapes (repeatable; default: all)")  # fmt: skip
     p.set_defaults(func=_run)

@@ -12,6 +12,12 @@ mamba-2.8b's d_inner 5120, each at (batch, seqlen) (8, 512), (4, 2048), (1, 8192
 against ``F.conv1d``; the decode update at batch 1 / 16 / 64 / 256 for 1.3b's and Codestral's
 widths. A summary gives the worst fraction of copy bandwidth over the cases that move at least
 64 MB (issue #17's target: 90%) and the worst ratio to cuDNN.
+
+``--backward`` (:func:`run_backward`): training instead, forward + backward through autograd
+(gradients of x, weight and bias) at the conv of the two Mamba2 shapes of ``bench ssd`` and of
+every Mamba2 checkpoint at (4, 2048), channel-last as a Mamba2 block passes it: our kernels vs
+the torch tier vs cuDNN, time per step, bandwidth over the bytes that must move (forward: read x,
+write out; backward: read x and dout, write dx) and the peak memory above the inputs.
 """
 
 from __future__ import annotations
@@ -37,11 +43,79 @@ LARGE_BYTES = 64 << 20  # the "large shapes" the copy-bandwidth target applies t
 CUDNN = "F.conv1d (cuDNN) + silu"
 
 
+def backward_cases() -> list[tuple[str, int, int, int]]:
+    """(label, batch, conv channels, seqlen) of ``--backward``: the conv of ``bench ssd``'s two
+    Mamba2 shapes (d_inner + 2 ngroups dstate) and of every Mamba2 checkpoint at (4, 2048)."""
+    from mamba2_rocm.bench.ssd import ISSUE_SHAPES
+
+    cases = [(f"ssd-issue h{h} g{g}", b, h * p + 2 * g * n, L)
+             for b, L, h, p, g, n, _cs in ISSUE_SHAPES]  # fmt: skip
+    cases += [(name, 4, d, 2048) for name, d in CONV_MODELS.items() if name.startswith("mamba2-")]
+    return cases
+
+
+def run_backward(width=4, dtype="bfloat16") -> list[dict]:
+    torch = require_torch()
+    import torch.nn.functional as F
+
+    from mamba2_rocm import causal_conv1d_fn
+
+    dt = getattr(torch, dtype)
+    elt = torch.tensor([], dtype=dt).element_size()
+    dev = "cuda"
+    copy = copy_bandwidth_gbs()
+    rows: list[dict] = []
+
+    def peak_mb(fn) -> float:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+    for label, bt, d, L in backward_cases():
+        x = torch.randn(bt, L, d, device=dev, dtype=dt).transpose(1, 2).requires_grad_()
+        w = torch.randn(d, width, device=dev, dtype=dt, requires_grad=True)
+        b = torch.randn(d, device=dev, dtype=dt, requires_grad=True)
+        dout = torch.randn(bt, L, d, device=dev, dtype=dt).transpose(1, 2)
+        nbytes = 5 * x.numel() * elt  # forward 2 passes over x's size, backward 3
+        case = f"{label} fwd+bwd b{bt} d{d} l{L}"
+
+        def ours(x=x, w=w, b=b, dout=dout):
+            out = causal_conv1d_fn(x, w, b, activation="silu")
+            return torch.autograd.grad(out, (x, w, b), dout)
+
+        def cudnn(x=x, w=w, b=b, dout=dout, L=L):
+            out = F.silu(F.conv1d(x, w.unsqueeze(1), b, padding=width - 1, groups=w.shape[0]))
+            return torch.autograd.grad(out[..., :L], (x, w, b), dout)
+
+        for impl, fn, tier in (("mamba2-rocm kernel", ours, "kernel"),
+                               ("vectorized torch tier", ours, "torch"), (CUDNN, cudnn, "torch")):  # fmt: skip
+            with backend(tier):
+                t = time_calls(fn)
+                mem = peak_mb(fn)
+            gbs = nbytes / (t.median_us * 1e-6) / 1e9
+            rows.append({
+                "case": case, "impl": impl, "us": t.median_us, "iqr_us": t.iqr_us,
+                "graph_us": None, "gbs": gbs, "copy_frac": gbs / copy, "best_us": t.median_us,
+                "bytes": nbytes, "peak_mb": mem,
+            })  # fmt: skip
+        del x, dout
+    for r in rows:
+        r["copy_gbs"] = copy
+    return rows
+
+
 def run(
     batch=4, dim=4096, seqlen=4096, width=4, decode_batch=64, decode_dim=8192, dtype="bfloat16",
-    grid=True,
+    grid=True, backward=False,
 ) -> list[dict]:  # fmt: skip
     torch = require_torch()
+    if backward:
+        if not torch.cuda.is_available():
+            raise RuntimeError("bench conv1d needs a GPU")
+        return run_backward(width, dtype)
     import torch.nn.functional as F
 
     from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
@@ -138,13 +212,16 @@ def format_table(rows: list[dict]) -> str:
         f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
         f"copy bandwidth {rows[0]['copy_gbs']:.0f} GB/s (read+write)\n"
     )
+    mem = any("peak_mb" in r for r in rows)
     lines = [
         f"{'case':44} {'implementation':34} {'median us':>10} {'graph us':>9} {'GB/s':>7} {'% copy':>7}"
+        + (f" {'peak MB':>8}" if mem else "")
     ]
     for r in rows:
         graph = f"{r['graph_us']:.1f}" if r["graph_us"] is not None else "-"
         lines.append(
             f"{r['case']:44} {r['impl']:34} {r['us']:10.1f} {graph:>9} {r['gbs']:7.0f} {100 * r['copy_frac']:6.1f}%"
+            + (f" {r['peak_mb']:8.1f}" if mem else "")
         )
     by_case: dict[str, dict[str, float]] = {}
     for r in rows:
@@ -161,10 +238,11 @@ def format_table(rows: list[dict]) -> str:
 
 def summary(rows: list[dict]) -> list[str]:
     """The worst fraction of copy bandwidth of our kernel over the cases moving at least
-    LARGE_BYTES, forward and update apart, and the worst device-time ratio to cuDNN."""
+    LARGE_BYTES, forward, update and training apart, and the worst device-time ratio to cuDNN
+    (and, for training, the worst peak-memory ratio to it)."""
     lines = []
     ours = [r for r in rows if r["impl"] == "mamba2-rocm kernel" and r["bytes"] >= LARGE_BYTES]
-    for kind in ("fwd", "update"):
+    for kind in ("fwd", "update", "fwd+bwd"):
         sel = [r for r in ours if f" {kind} " in f" {r['case']} "]
         if sel:
             worst = min(sel, key=lambda r: r["copy_frac"])
@@ -176,4 +254,10 @@ def summary(rows: list[dict]) -> list[str]:
     if ratios:
         low = min(ratios)
         lines.append(f"worst ratio to cuDNN (device time): {low[0]:.2f}x ({low[1]})")
+    mem = {(r["case"], r["impl"]): r["peak_mb"] for r in rows if "peak_mb" in r}
+    mem_ratios = [(us / mem[(c, CUDNN)], c) for (c, impl), us in mem.items()
+                  if impl == "mamba2-rocm kernel" and mem.get((c, CUDNN))]  # fmt: skip
+    if mem_ratios:
+        high = max(mem_ratios)
+        lines.append(f"highest peak memory relative to cuDNN: {high[0]:.2f}x ({high[1]})")
     return lines

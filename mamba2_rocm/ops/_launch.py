@@ -78,6 +78,17 @@ def remember(plans: dict, key, plan, size: int) -> None:
     plans[key] = plan
 
 
+def sm_count(device) -> int:
+    """Multiprocessors (CUs on ROCm) of ``device``, which launch heuristics size grids by; 0
+    where it is no GPU (launches stood in for on the CPU in tests)."""
+    if device.type != "cuda":
+        return 0
+    from mamba2_rocm.runtime.device import device_multiprocessors
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return device_multiprocessors(index)
+
+
 def ptr(t) -> int:
     """A tensor's address for a parameter struct; 0 (null) for an absent optional tensor."""
     return 0 if t is None else t.data_ptr()

@@ -22,8 +22,8 @@ from mamba2_rocm.ops._launch import (
     layout,
     needs_autograd,
     ptr,
-    recompute_backward,
     remember,
+    sm_count,
     strides,
     use_registered_op,
 )
@@ -40,6 +40,13 @@ _ROW_VECS = 4  # csrc/conv1d_fwd.hip: kRowVecs
 # Launch geometry; must equal the constants in csrc/conv1d_fwd.hip (tests/test_params.py checks).
 _CL_POS = 16  # kClPosPerThread
 _SHORT_THREADS, _SHORT_VECS = 64, 2  # kShortThreads, kShortVecs: the short-row kernel
+# csrc/conv1d_bwd.hip: threads, and the (channels, positions) tile of each shape
+_BWD_THREADS = 256  # kThreads
+_BWD_ROWS = (4, 512)  # kRowsC, kRowsL: seqlen-contiguous x
+_BWD_CL = (64, 64)  # kClC, kClL: channel-last x
+#: The backward's blocks per multiprocessor before blocks start walking several tiles (fewer,
+#: longer blocks: fewer partial dweight / dbias rows for the host to add).
+BWD_BLOCKS_PER_SM = 8
 
 
 def _silu_flag(activation: str | None) -> bool:
@@ -155,6 +162,12 @@ def _launch(launcher, x: Tensor, params: tuple, grid: tuple[int, int, int],
     launch(launcher, x, params, grid, threads)
 
 
+def _sizes_and_codes(x, weight, bias, silu) -> tuple[int, ...]:
+    """batch, dim, seqlen, silu, weight_dtype, bias_dtype: the fields Conv{Fwd,Bwd}Params share."""
+    return (*x.shape, int(silu), DTYPE_CODE[weight.dtype],
+            DTYPE_CODE[bias.dtype] if bias is not None else 0)  # fmt: skip
+
+
 def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, silu, out) -> None:
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
@@ -199,18 +212,70 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
         *strides(seq_idx, 2),
         *strides(initial_states, 3),
         *strides(final_states, 3),
-        batch,
-        dim,
-        seqlen,
-        int(silu),
-        DTYPE_CODE[weight.dtype],
-        DTYPE_CODE[bias.dtype] if bias is not None else 0,
+        *_sizes_and_codes(x, weight, bias, silu),
         int(abs(x.stride(1)) < abs(x.stride(2))),  # channels_fastest, for the strided kernel
         0,
     )  # (ConvFwdParams, field order)
     seq = "_seq" if seq_idx is not None else ""
     launcher = kset.launcher(f"m2r_conv1d_fwd_{KERNEL_DTYPE[x.dtype]}_w{width}_{layout}{seq}")
     _launch(launcher, x, p, grid, _SHORT_THREADS if layout == "vec_s" else _THREADS)
+
+
+def _channel_last(x: Tensor) -> bool:
+    """x's layout has unit stride along dim (and a real sequence axis): channel-last."""
+    return x.stride(1) == 1 and x.stride(2) != 1 and x.shape[2] > 1
+
+
+def bwd_tiles_per_block(tiles: int, other_blocks: int, sms: int) -> int:
+    """Tiles of the sequence one backward block walks, for ``tiles`` tiles per row and
+    ``other_blocks`` (channel tiles x batch) blocks per tile: one while that gives at most
+    BWD_BLOCKS_PER_SM blocks per multiprocessor, then as many as keep about that many."""
+    if sms <= 0:
+        return 1
+    return max(1, min(tiles, int(tiles * other_blocks // (BWD_BLOCKS_PER_SM * sms))))
+
+
+def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, silu, dx,
+                dinit) -> Tensor:  # fmt: skip
+    """Launch the backward: writes dx (and dinit), returns the fp32 partial sums of dweight
+    and dbias, (rows, dim, width + 1), to be added over rows."""
+    batch, dim, seqlen = x.shape
+    width = weight.shape[1]
+    shape = "cl" if _channel_last(x) else "rows"
+    tile_c, tile_l = _BWD_CL if shape == "cl" else _BWD_ROWS
+    tiles, c_blocks = -(-seqlen // tile_l), -(-dim // tile_c)
+    if c_blocks > GRID_YZ_MAX or batch > GRID_YZ_MAX:
+        raise ValueError(
+            f"conv1d backward grid ({c_blocks}, {batch}) exceeds {GRID_YZ_MAX} in y/z "
+            f"(dim={dim}, batch={batch})"
+        )
+    per_block = bwd_tiles_per_block(tiles, c_blocks * batch, sm_count(x.device))
+    grid = (-(-tiles // per_block), c_blocks, batch)
+    partial = torch.empty(batch * grid[0], dim, width + 1, dtype=torch.float32, device=x.device)
+    p = (
+        ptr(x),
+        ptr(weight),
+        ptr(bias),
+        ptr(dout),
+        ptr(seq_idx),
+        ptr(initial_states),
+        ptr(dfinal),
+        ptr(dx),
+        ptr(dinit),
+        ptr(partial),
+        *x.stride(),
+        *dout.stride(),
+        *dx.stride(),
+        *weight.stride(),
+        *strides(seq_idx, 2),
+        *_sizes_and_codes(x, weight, bias, silu),
+        per_block,
+        0,
+    )  # fmt: skip  (ConvBwdParams, field order)
+    seq = "_seq" if seq_idx is not None else ""
+    launcher = kset.launcher(f"m2r_conv1d_bwd_{KERNEL_DTYPE[x.dtype]}_w{width}_{shape}{seq}")
+    _launch(launcher, x, p, grid, _BWD_THREADS)
+    return partial
 
 
 def _update_static(
@@ -372,7 +437,106 @@ def _fwd_torch_tier(x, weight, bias, seq_idx, initial_states, silu, return_final
 causal_conv1d_fwd_func = torch.library.custom_op(
     "mamba2_rocm::causal_conv1d_fwd_func", _fwd_func_impl, mutates_args=()
 )
-recompute_backward(causal_conv1d_fwd_func, _fwd_torch_tier, (0, 1, 2, 4))  # x, w, bias, init
+
+
+def _check_bwd(x, weight, bias, seq_idx, initial_states, dout, dfinal) -> int:
+    width = _check_fwd(x, weight, bias, seq_idx, initial_states, None)
+    _tensor("dout", dout, dims=3, dtypes=(x.dtype,), device=x.device)
+    _shape("dout", dout, tuple(x.shape))
+    if dfinal is not None:
+        _tensor("dfinal_states", dfinal, dims=3, dtypes=(x.dtype,), device=x.device)
+        _shape("dfinal_states", dfinal, (x.shape[0], x.shape[1], width - 1))
+    return width
+
+
+def _bwd_impl(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    seq_idx: Tensor | None,
+    initial_states: Tensor | None,
+    dout: Tensor,
+    dfinal_states: Tensor | None,
+    silu: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of ``causal_conv1d_fwd_func``: (dx, dweight, dbias, dinitial_states) for the
+    output gradient ``dout`` and, where the final states were returned, their gradient
+    ``dfinal_states``. dbias / dinitial_states are empty where there is no bias / no initial
+    states. dweight and dbias are reduced in fp32, in a fixed order (deterministic), and
+    returned in the parameters' dtypes."""
+    width = _check_bwd(x, weight, bias, seq_idx, initial_states, dout, dfinal_states)
+    batch, dim, _seqlen = x.shape
+    no_bias = x.new_empty(0)
+    tier, kset = choose(x.device)
+    if x.numel() == 0 or tier != "kernel":
+        return _bwd_reference(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, silu)
+    dx = _alloc_out(x)
+    dinit = None
+    if initial_states is not None:
+        dinit = torch.empty(batch, dim, width - 1, dtype=x.dtype, device=x.device)
+    # the states' strides follow from their sizes in the kernel: small tensors, copied if need be
+    init = initial_states.contiguous() if initial_states is not None else None
+    dfin = dfinal_states.contiguous() if dfinal_states is not None else None
+    partial = _bwd_kernel(kset, x, weight, bias, seq_idx, init, dout, dfin, silu, dx, dinit)
+    sums = partial.sum(0)  # (dim, width + 1), fp32
+    dweight = sums[:, :width].to(weight.dtype, copy=True)  # (outputs may not alias)
+    dbias = sums[:, width].to(bias.dtype, copy=True) if bias is not None else no_bias
+    return dx, dweight, dbias, dinit if dinit is not None else x.new_empty(0)
+
+
+def _bwd_reference(x, weight, bias, seq_idx, initial_states, dout, dfinal, silu):
+    """``_bwd_impl`` by the written-out formula of the torch tier (any device, empty inputs too;
+    no autograd, which does not record inside a custom op)."""
+    from mamba2_rocm.reference.conv1d import causal_conv1d_bwd_torch
+
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    dx, dw, db, dinit = causal_conv1d_bwd_torch(x, weight, bias, seq_idx, initial_states, dout,
+                                                dfinal, silu, compute_dtype=ct)  # fmt: skip
+    out = _alloc_out(x)
+    out.copy_(dx)
+    # (each absent gradient an empty tensor of its own: an op's outputs may not alias)
+    return (out, dw, db if db is not None else x.new_empty(0),
+            dinit.contiguous() if dinit is not None else x.new_empty(0))  # fmt: skip
+
+
+causal_conv1d_bwd = torch.library.custom_op(
+    "mamba2_rocm::causal_conv1d_bwd", _bwd_impl, mutates_args=()
+)
+
+
+@causal_conv1d_bwd.register_fake
+def _(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, silu):
+    width = _check_bwd(x, weight, bias, seq_idx, initial_states, dout, dfinal_states)
+    dinit = x.new_empty(0)
+    if initial_states is not None:
+        dinit = x.new_empty(x.shape[0], x.shape[1], width - 1)
+    return (_alloc_out(x), torch.empty_like(weight, memory_format=torch.contiguous_format),
+            torch.empty_like(bias) if bias is not None else x.new_empty(0), dinit)  # fmt: skip
+
+
+def _fwd_func_setup(ctx, inputs, output):
+    x, weight, bias, seq_idx, initial_states, silu, return_final_states = inputs
+    ctx.save_for_backward(x, weight, bias, seq_idx, initial_states)
+    ctx.silu, ctx.final = silu, return_final_states
+
+
+def _fwd_func_backward(ctx, dout, dfinal):
+    """The conv's gradients through ``causal_conv1d_bwd`` (HIP kernel on the kernel tier):
+    only the inputs are saved, the pre-activation is recomputed in the kernel."""
+    x, weight, bias, seq_idx, initial_states = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    if not (need[0] or need[1] or need[2] or need[4]):
+        return (None,) * 7
+    if dout is None:
+        dout = torch.zeros_like(x)
+    dx, dw, db, dinit = causal_conv1d_bwd(x, weight, bias, seq_idx, initial_states, dout,
+                                          dfinal if ctx.final else None, ctx.silu)  # fmt: skip
+    return (dx if need[0] else None, dw if need[1] else None,
+            db if need[2] and bias is not None else None, None,
+            dinit if need[4] and initial_states is not None else None, None, None)  # fmt: skip
+
+
+causal_conv1d_fwd_func.register_autograd(_fwd_func_backward, setup_context=_fwd_func_setup)
 
 
 @causal_conv1d_fwd_func.register_fake

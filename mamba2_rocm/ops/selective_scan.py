@@ -24,6 +24,7 @@ from mamba2_rocm.ops._launch import (
     like,
     ptr,
     recompute_backward,
+    sm_count,
     use_registered_op,
 )
 from mamba2_rocm.reference.selective_scan import (
@@ -32,7 +33,6 @@ from mamba2_rocm.reference.selective_scan import (
     selective_scan_ref,
     selective_scan_torch,
 )
-from mamba2_rocm.runtime.device import device_multiprocessors
 
 torch = require_torch()
 Tensor = torch.Tensor
@@ -93,15 +93,6 @@ def _channel_form_takes(tier: int, dims) -> bool:
     return max(channels, dims.dstate) * dims.seqlen < 2**31
 
 
-def _sm_count(device) -> int:
-    """Multiprocessors (CUs on ROCm) of ``device``; 0 where it is no GPU (launches stood in for
-    on the CPU in tests: no segments)."""
-    if device.type != "cuda":
-        return 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return device_multiprocessors(index)
-
-
 def channel_segment_len(blocks: int, seqlen: int, sms: int, forced: int | None = None) -> int:
     """Tokens per segment of the channel form (0: one segment) for ``blocks`` blocks per
     segment on ``sms`` multiprocessors: segments only while the blocks cannot fill the GPU."""
@@ -147,7 +138,7 @@ def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out
     blocks = -(-dims.dim // channels)
     seg_len, seg_state = 0, None
     if form == "channels":
-        seg_len = channel_segment_len(blocks * dims.batch, dims.seqlen, _sm_count(u.device),
+        seg_len = channel_segment_len(blocks * dims.batch, dims.seqlen, sm_count(u.device),
                                       channel_segments)  # fmt: skip
     nseg = -(-dims.seqlen // seg_len) if seg_len else 1
     if nseg > 1:  # (batch, dim, nseg, tier) end states, then (batch, dim, nseg) step sums

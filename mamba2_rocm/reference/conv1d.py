@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from mamba2_rocm.reference.ssd_checks import check_state_rows
 
 __all__ = [
+    "causal_conv1d_bwd_torch",
     "causal_conv1d_eager",
     "causal_conv1d_ref",
     "causal_conv1d_torch",
@@ -65,6 +66,58 @@ def causal_conv1d_torch(
     if seq_idx is not None:  # padding tokens (negative seq_idx) give 0, selected
         out = torch.where(cur < 0, 0.0, out)
     return out.to(x.dtype), _final_states(xp, width, x.dtype)
+
+
+def causal_conv1d_bwd_torch(
+    x, weight, bias, seq_idx, initial_states, dout, dfinal=None, silu=False,
+    compute_dtype=torch.float32,
+):  # fmt: skip
+    """The gradients of ``causal_conv1d_torch``, written out (no autograd, so it also runs
+    inside a custom op): returns ``(dx, dweight, dbias, dinitial_states)`` for the output
+    gradient ``dout`` and the final states' gradient ``dfinal`` (or None); dbias /
+    dinitial_states are None without a bias / initial states. Accumulates in ``compute_dtype``;
+    returns each gradient in its input's dtype.
+
+    With the taps tap_k(t) = xp[t + k] (xp: x after its width-1 history, a tap zeroed where it
+    crosses a sequence boundary) and pre(t) = bias + sum_k w_k tap_k(t):
+    dy = dout * silu'(pre) (0 at padding tokens), dbias = sum dy, dw_k = sum dy tap_k,
+    dxp[t + k] += w_k dy(t) over the taps that count, and the final states are xp's last
+    width-1 entries, so dfinal adds there. dx and dinitial_states are the two parts of dxp."""
+    batch, dim, seqlen = x.shape
+    width = weight.shape[1]
+    ct = compute_dtype
+    xp = _history(x, initial_states, width, ct)
+    w = weight.to(ct)
+    same = []  # per tap: (batch, 1, seqlen) masks, or None without seq_idx
+    if seq_idx is not None:
+        sp = F.pad(seq_idx.to(torch.int64), (width - 1, 0), value=-1)
+        cur = seq_idx.to(torch.int64).unsqueeze(1)
+        same = [sp[:, k : k + seqlen].unsqueeze(1) == cur for k in range(width)]
+    taps = []
+    for k in range(width):
+        tap = xp[..., k : k + seqlen]
+        taps.append(torch.where(same[k], tap, 0.0) if same else tap)
+    dy = dout.to(ct)
+    if silu:
+        pre = torch.zeros(batch, dim, seqlen, dtype=ct, device=x.device)
+        if bias is not None:
+            pre += bias.to(ct).view(1, dim, 1)
+        for k in range(width):
+            pre.addcmul_(taps[k], w[:, k].view(1, dim, 1))
+        sig = torch.sigmoid(pre)
+        dy = dy * sig * (1 + pre * (1 - sig))
+    if seq_idx is not None:  # a padding token's output is 0: nothing flows back from it
+        dy = torch.where(cur < 0, 0.0, dy)
+    dweight = torch.stack([(dy * taps[k]).sum((0, 2)) for k in range(width)], dim=1)
+    dbias = dy.sum((0, 2)).to(bias.dtype) if bias is not None else None
+    dxp = torch.zeros_like(xp)
+    for k in range(width):
+        g = dy * w[:, k].view(1, dim, 1)
+        dxp[..., k : k + seqlen] += torch.where(same[k], g, 0.0) if same else g
+    if dfinal is not None:
+        dxp[..., dxp.shape[-1] - (width - 1) :] += dfinal.to(ct)
+    dinit = dxp[..., : width - 1].to(x.dtype) if initial_states is not None else None
+    return dxp[..., width - 1 :].to(x.dtype), dweight.to(weight.dtype), dbias, dinit
 
 
 def causal_conv1d_eager(

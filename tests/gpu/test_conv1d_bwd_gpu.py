@@ -1,0 +1,161 @@
+"""The conv1d backward kernel (csrc/conv1d_bwd.hip) on a GPU against autograd through the
+float64 torch tier: every layout and dtype, odd sizes, sequences shorter than the history,
+seq_idx with padding, initial / final states, poisoned outputs, many tiles per block, long
+sequences, and bit-identical reruns (the deterministic reduction).
+
+The op is called directly (``causal_conv1d_bwd``, what the training op's backward calls), with
+the torch tier's formula disabled so a silent fallback fails instead of passing."""
+
+import pytest
+import torch
+from helpers import DTYPES, gpu_available, make_seq_idx, make_x, poison_allocator, seeded
+
+from mamba2_rocm import causal_conv1d_fn
+from mamba2_rocm.ops import conv1d as conv_ops
+from mamba2_rocm.reference.conv1d import causal_conv1d_torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu_available(), reason="needs a GPU (run on the device machine)"),
+]
+
+DEV = "cuda"
+LAYOUTS = ["contiguous", "channel_last", "sliced", "channel_last_sliced"]
+#: error bound relative to the largest reference gradient: the inputs are rounded to the dtype
+#: for both sides, so what differs is fp32 accumulation and the gradient's own rounding
+GTOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture(autouse=True)
+def no_reference_fallback(monkeypatch):
+    def refuse(*args):
+        raise AssertionError("the backward fell back to the torch tier's formula")
+
+    monkeypatch.setattr(conv_ops, "_bwd_reference", refuse)
+
+
+def _case(g, batch, dim, seqlen, width, dtype, layout, mode, param_dtype=None):
+    x = make_x(batch, dim, seqlen, dtype, layout, device=DEV, gen=g)
+    pdt = param_dtype or dtype
+    w = torch.randn(dim, width, device=DEV, generator=g).to(pdt)
+    b = torch.randn(dim, device=DEV, generator=g).to(pdt)
+    init = seq = None
+    if mode == "states":
+        init = torch.randn(batch, dim, width - 1, device=DEV, generator=g).to(dtype)
+    if mode == "seq":
+        seq = make_seq_idx(batch, seqlen, device=DEV, gen=torch.Generator().manual_seed(seqlen))
+    dout = torch.randn(batch, dim, seqlen, device=DEV, generator=g).to(dtype)
+    dfin = None
+    if mode == "states":
+        dfin = torch.randn(batch, dim, width - 1, device=DEV, generator=g).to(dtype)
+    return x, w, b, seq, init, dout, dfin
+
+
+def _want(x, w, b, seq, init, dout, dfin, silu):
+    """Autograd through the float64 torch tier (not the written-out formula the op uses)."""
+    leaves = [t.detach().double().requires_grad_() if t is not None else None
+              for t in (x, w, b, init)]  # fmt: skip
+    out, fin = causal_conv1d_torch(leaves[0], leaves[1], leaves[2], seq, leaves[3], silu,
+                                   compute_dtype=torch.float64)  # fmt: skip
+    outs, cots = [out], [dout.double()]
+    if dfin is not None:
+        outs.append(fin)
+        cots.append(dfin.double())
+    want = [t for t in leaves if t is not None]
+    got = iter(torch.autograd.grad(outs, want, cots, allow_unused=True))
+    return [next(got) if t is not None else None for t in leaves]
+
+
+def _check(got, want, tol, names=("dx", "dweight", "dbias", "dinit")):
+    for name, g, r in zip(names, got, want, strict=True):
+        if r is None:
+            assert g.numel() == 0, name
+            continue
+        assert g.shape == r.shape, (name, g.shape, r.shape)
+        assert not g.isnan().any(), f"{name}: unwritten (NaN) elements"
+        scale = r.abs().max().item() + 1e-6
+        err = (g.double() - r).abs().max().item()
+        assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol} * {scale:.3g}"
+
+
+def _run(x, w, b, seq, init, dout, dfin, silu):
+    poison_allocator(x.numel() * 4)
+    return conv_ops.causal_conv1d_bwd(x, w, b, seq, init, dout, dfin, silu)
+
+
+@pytest.mark.parametrize("mode", ["plain", "states", "seq"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_backward(width, dtype, layout, mode):
+    g = seeded("conv bwd", width, str(dtype), layout, mode, device=DEV)
+    silu = width != 3
+    args = _case(g, 2, 97, 1037, width, dtype, layout, mode,
+                 param_dtype=torch.float32 if width == 4 else None)  # fmt: skip
+    got = _run(*args, silu)
+    assert got[0].stride() == conv_ops._alloc_out(args[0]).stride()  # dx in x's layout
+    _check(got, _want(*args, silu), GTOL[dtype])
+
+
+@pytest.mark.parametrize("mode", ["plain", "states", "seq"])
+@pytest.mark.parametrize("layout", ["contiguous", "channel_last"])
+@pytest.mark.parametrize("seqlen", [1, 2, 3, 63, 64, 65, 511, 512, 513, 1025])
+def test_backward_lengths(seqlen, layout, mode):
+    """Lengths around both tile shapes' edges (64 / 512 positions) and below the history."""
+    g = seeded("conv bwd len", seqlen, layout, mode, device=DEV)
+    args = _case(g, 3, 70, seqlen, 4, torch.bfloat16, layout, mode, param_dtype=torch.float32)
+    _check(_run(*args, True), _want(*args, True), GTOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channel_last"])
+def test_backward_many_tiles_per_block(monkeypatch, layout):
+    """Blocks that walk several tiles (the heuristic's choice on a busy grid), forced here on a
+    small one: the carried dweight / dbias sums and each tile's halo."""
+    monkeypatch.setattr(conv_ops, "BWD_BLOCKS_PER_SM", 0.01)
+    g = seeded("conv bwd tiles", layout, device=DEV)
+    args = _case(g, 2, 130, 5000, 4, torch.float32, layout, "states")
+    x = args[0]
+    tiles = -(-5000 // (conv_ops._BWD_CL if layout == "channel_last" else conv_ops._BWD_ROWS)[1])
+    other = -(-130 // (64 if layout == "channel_last" else 4)) * 2
+    assert conv_ops.bwd_tiles_per_block(tiles, other, conv_ops.sm_count(x.device)) > 1
+    _check(_run(*args, True), _want(*args, True), GTOL[torch.float32])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channel_last"])
+def test_backward_long(layout):
+    g = seeded("conv bwd long", layout, device=DEV)
+    args = _case(g, 2, 256, 8192, 4, torch.bfloat16, layout, "seq", param_dtype=torch.float32)
+    _check(_run(*args, True), _want(*args, True), GTOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channel_last"])
+def test_backward_is_bit_identical_across_runs(layout):
+    """The dweight / dbias reduction has a fixed order (partials per block, then one sum): five
+    runs, in torch's deterministic mode as causal-conv1d's tests run them, agree bit for bit."""
+    g = seeded("conv bwd det", layout, device=DEV)
+    args = _case(g, 4, 1024, 4096, 4, torch.bfloat16, layout, "plain", param_dtype=torch.float32)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = [_run(*args, True) for _ in range(5)]
+    finally:
+        torch.use_deterministic_algorithms(was)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_training_op_backward_uses_the_kernel():
+    """causal_conv1d_fn's autograd reaches the kernel (the fallback is refused here) and gives
+    every input's gradient, final states included."""
+    g = seeded("conv bwd fn", device=DEV)
+    x = make_x(2, 64, 300, torch.bfloat16, "channel_last", device=DEV, gen=g).requires_grad_()
+    w = torch.randn(64, 4, device=DEV, generator=g, requires_grad=True)
+    b = torch.randn(64, device=DEV, generator=g, requires_grad=True)
+    init = torch.randn(2, 64, 3, device=DEV, generator=g).bfloat16().requires_grad_()
+    out, fin = causal_conv1d_fn(x, w, b, initial_states=init, return_final_states=True,
+                                activation="silu")  # fmt: skip
+    dout, dfin = torch.randn_like(out), torch.randn_like(fin)
+    got = torch.autograd.grad([out, fin], [x, w, b, init], [dout, dfin])
+    want = _want(x, w, b, None, init, dout, dfin, True)
+    _check(got, want, GTOL[torch.bfloat16])
