@@ -1,37 +1,39 @@
 // Causal depthwise conv1d, backward (semantics: ConvBwdParams in params.h).
 //
 // One block owns kC channels of one batch row and walks tiles_per_block tiles of kL positions.
-// Per tile, in LDS:
-//   x   at t0-(W-1) .. t0+kL+W-2  (history for the tile's outputs, and for the W-1 outputs after
-//                                  it, whose gradients reach the tile's inputs)
-//   dout at t0 .. t0+kL+W-2, turned in place into dy, the gradient before the activation
-//                                 (SiLU's derivative from the recomputed pre-activation)
+// Per tile, in LDS (as floats):
+//   x    at t0-8 .. t0+kL+7   (the W-1 positions of history of the tile's outputs, and the
+//                              inputs of the W-1 outputs after it, whose gradients reach the
+//                              tile's inputs; 8 on each side keeps whole 16-byte vectors)
+//   dout at t0 .. t0+kL+7,    turned in place into dy, the gradient before the activation
+//                              (SiLU's derivative from the recomputed pre-activation)
 // then dx[s] = sum_k w[k] dy[s+W-1-k] over the taps that stay inside s's sequence, and
 // dweight / dbias accumulate in registers over every tile the thread sees. At the end the block
 // sums its threads' accumulators in a fixed order and writes one partial row per channel: the
 // host adds the partials over blocks in a fixed order too, so a run is bit-identical to the
 // next (no atomics, deterministic with or without torch's deterministic mode).
 //
-// Two tile shapes, which differ in which index the threads walk fastest (so the loads and stores
-// are coalesced and the LDS accesses conflict-free in both):
+// Loads and stores move whole 16-byte vectors along the layout's unit-stride index where the
+// host found the tensors aligned (p.vec), element by element elsewhere (any strides). Two tile
+// shapes, which differ in that index, so accesses coalesce and LDS is conflict-free in both:
 //   *_rows  x seqlen-contiguous (or any strides): 4 channels x 512 positions, 64 threads a row
-//   *_cl    x channel-last: 64 channels x 64 positions, 64 channels side by side
-// Any strides are read element by element, so both shapes are correct for every layout.
+//   *_cl    x channel-last: 64 channels x 32 positions, 64 channels side by side
 #include "platform.h"
 
 namespace m2r {
 namespace conv1d_bwd {
 
 constexpr int kThreads = 256;
-// staging loops: 4 loads in flight per thread on NVIDIA; 2 on AMD, where the unrolled copies'
-// uniform index terms (scalar registers) spilled on gfx90a / gfx942
-#if M2R_AMD
-#define M2R_STAGE_UNROLL _Pragma("unroll 2")
+// staging / storing loops: a tile is 1-2 vectors per thread, both in flight; one at a time on
+// AMD's wave64 targets, where the copies' lane masks (scalar register pairs) spilled
+#if M2R_AMD && M2R_WAVEFRONT_SIZE == 64
+#define M2R_STAGE_UNROLL _Pragma("unroll 1")
 #else
-#define M2R_STAGE_UNROLL _Pragma("unroll 4")
+#define M2R_STAGE_UNROLL _Pragma("unroll 2")
 #endif
 constexpr int kRowsC = 4, kRowsL = 512;
-constexpr int kClC = 64, kClL = 64;
+constexpr int kClC = 64, kClL = 32;
+constexpr int kHalo = 8;  // positions staged on each side of a tile: >= width - 1, whole vectors
 
 // d silu(a) / da
 M2R_DEVICE float dsilu(float a) {
@@ -44,16 +46,67 @@ M2R_DEVICE int slot(int c, int j) {  // LDS index of (channel c, position slot j
   return kChanFast ? j * kC + c : c * kN + j;
 }
 
+// Stage a tile of kC channels (from c0) x kNS positions (from pos0) of a (batch row of a)
+// (dim, seqlen) tensor into LDS as floats, in the tile's slot order (slot<>). vec: the tensor
+// has unit stride along the tile's fast index and 16-byte aligned rows (the host checks), so
+// whole 16-byte vectors are loaded where they lie inside the tensor; elements past the end,
+// past dim or before position 0 go one by one (before 0: the initial states, or 0; kHist).
+template <typename T, int kW, int kC, int kNS, bool kChanFast, bool kHist>
+M2R_DEVICE void stage(float* sh, const typename T::storage* base, int64_t c_stride, int64_t l_stride,
+                      int64_t c0, int64_t pos0, int64_t dim, int64_t seqlen,
+                      const typename T::storage* init, bool vec) {
+  typedef typename T::storage S;
+  constexpr int kN = 16 / sizeof(S);
+  constexpr int kPerRow = kChanFast ? kC / kN : kNS / kN;  // vectors along the fast index
+  static_assert((kChanFast ? kC : kNS) % kN == 0, "whole vectors along the fast index");
+M2R_STAGE_UNROLL
+  for (int e = threadIdx.x; e < kC * kNS / kN; e += kThreads) {
+    const int ec = kChanFast ? (e % kPerRow) * kN : e / kPerRow;  // first channel / slot
+    const int ej = kChanFast ? e / kPerRow : (e % kPerRow) * kN;
+    const int64_t ch = c0 + ec, pos = pos0 + ej;
+    float* dst = sh + slot<kC, kNS, kChanFast>(ec, ej);  // kN consecutive floats, 16-byte aligned
+    const bool whole = kChanFast ? ch + kN <= dim && pos >= 0 && pos < seqlen
+                                 : ch < dim && pos >= 0 && pos + kN <= seqlen;
+    if (vec && whole) {
+      typename Vec16<T>::U u;
+      u.v = load_stream(reinterpret_cast<const vec16_t*>(base + ch * c_stride + pos * l_stride));
+      float f[kN];
+      Vec16<T>::unpack(u, f);
+#pragma unroll
+      for (int i = 0; i < kN; i += 4)
+        *reinterpret_cast<float4*>(dst + i) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+    } else {
+      // element by element, not unrolled: the edges and unaligned layouts only (unrolled, its
+      // conditions' lane masks, scalar register pairs on wave64, spilled AMD's gfx9 targets)
+#pragma unroll 1
+      for (int i = 0; i < kN; ++i) {
+        const int64_t ci = kChanFast ? ch + i : ch, pi = kChanFast ? pos : pos + i;
+        float v = 0.f;
+        if (ci < dim && pi < seqlen) {
+          if (pi >= 0)
+            v = T::to_float(base[ci * c_stride + pi * l_stride]);
+          else if (kHist && init != nullptr && pi >= -(kW - 1))
+            v = T::to_float(init[ci * (kW - 1) + kW - 1 + pi]);
+        }
+        dst[i] = v;
+      }
+    }
+  }
+}
+
 template <typename T, int kW, bool kSeq, int kC, int kL, bool kChanFast>
 M2R_DEVICE void backward(const ConvBwdParams& p) {
   typedef typename T::storage S;
+  constexpr int kN = 16 / sizeof(S);
   constexpr int kR = kThreads / kC;       // threads per channel
-  constexpr int kNX = kL + 2 * (kW - 1);  // x slots: position t0 - (W-1) + j
-  constexpr int kNG = kL + kW - 1;        // dout / dy slots: position t0 + j
+  constexpr int kNX = kL + 2 * kHalo;     // x slots: position t0 - kHalo + j
+  constexpr int kNG = kL + kHalo;         // dout / dy slots: position t0 + j
+  constexpr int kOff = kHalo - (kW - 1);  // x slot of output j's first tap: j + kOff
   static_assert(kC * kR == kThreads, "a whole number of threads per channel");
+  static_assert(kW - 1 <= kHalo && kHalo % 8 == 0, "the halo holds the taps, in whole vectors");
   static_assert(kC * kNG >= kThreads * (kW + 1), "the final reduction reuses the dy tile");
-  __shared__ float sx[kC * kNX];
-  __shared__ float sg[kC * kNG];
+  __shared__ __align__(16) float sx[kC * kNX];
+  __shared__ __align__(16) float sg[kC * kNG];
   __shared__ int ss[kSeq ? kNX : 1];  // seq ids of the x slots (-1 before 0, -2 past the end)
 
   const int tid = threadIdx.x;
@@ -62,8 +115,15 @@ M2R_DEVICE void backward(const ConvBwdParams& p) {
   const int64_t b = blockIdx.z;
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kC;
   const int64_t c = c0 + my_c;
-  const bool c_ok = c < p.dim;
-  const int64_t cw = c_ok ? c : p.dim - 1;  // a valid row for the weight loads
+  // what the loops read of the parameters, held in vector registers: AMD's compiler keeps
+  // uniform values in scalar registers, and the struct's fields alone nearly fill them (the
+  // wave64 targets spilled)
+  const int64_t dim = per_lane(p.dim), seqlen = per_lane(p.seqlen);
+  const int64_t x_cs = per_lane(p.x_c_stride), x_ls = per_lane(p.x_l_stride);
+  const int64_t g_cs = per_lane(p.dout_c_stride), g_ls = per_lane(p.dout_l_stride);
+  const int64_t dx_cs = per_lane(p.dx_c_stride), dx_ls = per_lane(p.dx_l_stride);
+  const bool c_ok = c < dim;
+  const int64_t cw = c_ok ? c : dim - 1;  // a valid row for the weight loads
   float w[kW];
 #pragma unroll
   for (int k = 0; k < kW; ++k)
@@ -78,37 +138,20 @@ M2R_DEVICE void backward(const ConvBwdParams& p) {
   const S* x = per_lane(static_cast<const S*>(p.x) + b * p.x_batch_stride);
   const S* dout = per_lane(static_cast<const S*>(p.dout) + b * p.dout_batch_stride);
   S* dx = per_lane(static_cast<S*>(p.dx) + b * p.dx_batch_stride);
-  const S* init = static_cast<const S*>(p.initial_states);
-  const S* dfin = static_cast<const S*>(p.dfinal);
-  const int64_t seqlen = p.seqlen;
+  // the states' rows of batch b (contiguous (batch, dim, W-1)), or null
+  const S* init = p.initial_states ? per_lane(static_cast<const S*>(p.initial_states) + b * dim * (kW - 1)) : nullptr;
+  const S* dfin = p.dfinal ? per_lane(static_cast<const S*>(p.dfinal) + b * dim * (kW - 1)) : nullptr;
+  const bool vec = p.vec != 0;
 
   for (int tile = 0; tile < p.tiles_per_block; ++tile) {
     const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * p.tiles_per_block + tile) * kL;
     if (t0 >= seqlen) break;  // (uniform over the block)
     // ---- stage x, dout and the seq ids; zeros past the end and past dim ----
-M2R_STAGE_UNROLL
-    for (int e = tid; e < kC * kNX; e += kThreads) {
-      const int ec = kChanFast ? e % kC : e / kNX, ej = kChanFast ? e / kC : e % kNX;
-      const int64_t ch = c0 + ec, pos = t0 - (kW - 1) + ej;
-      float v = 0.f;
-      if (ch < p.dim && pos < seqlen) {
-        if (pos >= 0)
-          v = T::to_float(x[ch * p.x_c_stride + pos * p.x_l_stride]);
-        else if (init != nullptr)
-          v = T::to_float(init[(b * p.dim + ch) * (kW - 1) + kW - 1 + pos]);
-      }
-      sx[e] = v;  // e is the slot index: the walk above is the LDS order
-    }
-M2R_STAGE_UNROLL
-    for (int e = tid; e < kC * kNG; e += kThreads) {
-      const int ec = kChanFast ? e % kC : e / kNG, ej = kChanFast ? e / kC : e % kNG;
-      const int64_t ch = c0 + ec, pos = t0 + ej;
-      sg[e] = ch < p.dim && pos < seqlen ? T::to_float(dout[ch * p.dout_c_stride + pos * p.dout_l_stride])
-                                         : 0.f;
-    }
+    stage<T, kW, kC, kNX, kChanFast, true>(sx, x, x_cs, x_ls, c0, t0 - kHalo, dim, seqlen, init, vec);
+    stage<T, kW, kC, kNG, kChanFast, false>(sg, dout, g_cs, g_ls, c0, t0, dim, seqlen, nullptr, vec);
     if (kSeq) {
       for (int j = tid; j < kNX; j += kThreads) {
-        const int64_t pos = t0 - (kW - 1) + j;
+        const int64_t pos = t0 - kHalo + j;
         ss[j] = pos < 0 ? -1 : pos < seqlen ? p.seq_idx[b * p.seq_idx_batch_stride + pos * p.seq_idx_l_stride] : -2;
       }
     }
@@ -116,15 +159,15 @@ M2R_STAGE_UNROLL
 
     // ---- dy = dout * act'(pre), in place; dweight / dbias over the tile's own outputs ----
 #pragma unroll 2
-    for (int j = my_r; j < kNG; j += kR) {
-      const int sid = kSeq ? ss[j + kW - 1] : 0;
+    for (int j = my_r; j < kL + kW - 1; j += kR) {
+      const int sid = kSeq ? ss[j + kHalo] : 0;
       float g = sg[slot<kC, kNG, kChanFast>(my_c, j)];
       if (kSeq && sid < 0) g = 0.f;  // padding (or past the end): its output was 0
       float xs[kW];
 #pragma unroll
       for (int k = 0; k < kW; ++k) {
-        const bool tap = !kSeq || ss[j + k] == sid;
-        xs[k] = tap ? sx[slot<kC, kNX, kChanFast>(my_c, j + k)] : 0.f;
+        const bool tap = !kSeq || ss[j + k + kOff] == sid;
+        xs[k] = tap ? sx[slot<kC, kNX, kChanFast>(my_c, j + k + kOff)] : 0.f;
       }
       if (p.silu) {
         float a = bias;
@@ -141,24 +184,24 @@ M2R_STAGE_UNROLL
     }
     __syncthreads();
 
-    // ---- dx of the tile's positions, into the x slots they no longer need ----
+    // ---- dx of the tile's positions, into x slots 0 .. kL-1 (no longer read) ----
 #pragma unroll 2
     for (int j = my_r; j < kL; j += kR) {
       const int64_t s = t0 + j;
-      const int sid = kSeq ? ss[j + kW - 1] : 0;
+      const int sid = kSeq ? ss[j + kHalo] : 0;
       float acc = 0.f;
 #pragma unroll
       for (int k = 0; k < kW; ++k) {
         const int jt = j + kW - 1 - k;  // the output s feeds through tap k: position t0 + jt
-        if (!kSeq || ss[jt + kW - 1] == sid) acc = fmaf(w[k], sg[slot<kC, kNG, kChanFast>(my_c, jt)], acc);
+        if (!kSeq || ss[jt + kHalo] == sid) acc = fmaf(w[k], sg[slot<kC, kNG, kChanFast>(my_c, jt)], acc);
       }
       if (dfin != nullptr && c_ok && s < seqlen && s >= seqlen - (kW - 1))
-        acc += T::to_float(dfin[(b * p.dim + c) * (kW - 1) + s - seqlen + kW - 1]);
+        acc += T::to_float(dfin[c * (kW - 1) + s - seqlen + kW - 1]);
       sx[slot<kC, kNX, kChanFast>(my_c, j)] = acc;
     }
     // dinit: the history positions -(W-1) .. -1 feed the first outputs (no seq_idx with states)
     if (tile == 0 && blockIdx.x == 0 && p.dinit != nullptr && c_ok && my_r == 0) {
-      S* dinit = static_cast<S*>(p.dinit) + (b * p.dim + c) * (kW - 1);
+      S* dinit = static_cast<S*>(p.dinit) + (b * dim + c) * (kW - 1);
 #pragma unroll
       for (int j = 0; j < kW - 1; ++j) {
         const int64_t pos = j - (kW - 1);
@@ -166,19 +209,38 @@ M2R_STAGE_UNROLL
 #pragma unroll
         for (int k = 0; k <= j; ++k) acc = fmaf(w[k], sg[slot<kC, kNG, kChanFast>(my_c, j - k)], acc);
         if (dfin != nullptr && pos >= seqlen - (kW - 1))
-          acc += T::to_float(dfin[(b * p.dim + c) * (kW - 1) + pos - seqlen + kW - 1]);
+          acc += T::to_float(dfin[c * (kW - 1) + pos - seqlen + kW - 1]);
         dinit[j] = T::from_float(acc);
       }
     }
     __syncthreads();
 
-    // ---- store dx in the walk of the loads ----
+    // ---- store dx: whole 16-byte vectors where they lie inside, else element by element ----
+    constexpr int kPerRow = kChanFast ? kC / kN : kL / kN;
 M2R_STAGE_UNROLL
-    for (int e = tid; e < kC * kNX; e += kThreads) {
-      const int ec = kChanFast ? e % kC : e / kNX, ej = kChanFast ? e / kC : e % kNX;
+    for (int e = tid; e < kC * kL / kN; e += kThreads) {
+      const int ec = kChanFast ? (e % kPerRow) * kN : e / kPerRow;
+      const int ej = kChanFast ? e / kPerRow : (e % kPerRow) * kN;
       const int64_t ch = c0 + ec, pos = t0 + ej;
-      if (ej < kL && ch < p.dim && pos < seqlen)
-        dx[ch * p.dx_c_stride + pos * p.dx_l_stride] = T::from_float(sx[e]);
+      const float* src = sx + slot<kC, kNX, kChanFast>(ec, ej);
+      const bool whole = kChanFast ? ch + kN <= dim && pos < seqlen : ch < dim && pos + kN <= seqlen;
+      if (vec && whole) {
+        float f[kN];
+#pragma unroll
+        for (int i = 0; i < kN; i += 4) {
+          const float4 q = *reinterpret_cast<const float4*>(src + i);
+          f[i] = q.x, f[i + 1] = q.y, f[i + 2] = q.z, f[i + 3] = q.w;
+        }
+        typename Vec16<T>::U u;
+        Vec16<T>::pack(f, u);
+        store_stream(reinterpret_cast<vec16_t*>(dx + ch * dx_cs + pos * dx_ls), u.v);
+      } else {
+#pragma unroll 1
+        for (int i = 0; i < kN; ++i) {  // (not unrolled: see stage)
+          const int64_t ci = kChanFast ? ch + i : ch, pi = kChanFast ? pos : pos + i;
+          if (ci < dim && pi < seqlen) dx[ci * dx_cs + pi * dx_ls] = T::from_float(src[i]);
+        }
+      }
     }
     __syncthreads();  // the next tile's staging overwrites sx and sg
   }
@@ -191,11 +253,11 @@ M2R_STAGE_UNROLL
   __syncthreads();
   for (int q = tid; q < kC * (kW + 1); q += kThreads) {
     const int qc = q / (kW + 1), qk = q % (kW + 1);
-    if (c0 + qc >= p.dim) continue;
+    if (c0 + qc >= dim) continue;
     float sum = 0.f;
     for (int r = 0; r < kR; ++r) sum += red[(qc * kR + r) * (kW + 1) + qk];
     const int64_t row = b * gridDim.x + blockIdx.x;
-    p.partial[(row * p.dim + c0 + qc) * (kW + 1) + qk] = sum;
+    p.partial[(row * dim + c0 + qc) * (kW + 1) + qk] = sum;
   }
 }
 

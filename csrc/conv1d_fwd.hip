@@ -18,25 +18,6 @@ constexpr int kClPosPerThread = 16;  // channel-last: positions per thread
 constexpr int kShortThreads = 64;    // seqlen-contiguous, short rows: threads
 constexpr int kShortVecs = 2;        // and vectors each (one vector each spilled on sm_90)
 
-template <typename T>
-struct Vec {
-  typedef typename T::storage S;
-  static constexpr int kN = 16 / sizeof(S);
-  union U {
-    vec16_t v;
-    S s[kN];
-    uint32_t w[4];
-  };
-  static M2R_DEVICE void unpack(const U& u, float (&f)[kN]) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) T::unpack(u.w[q], f + q * T::kPerWord);
-  }
-  static M2R_DEVICE void pack(const float (&f)[kN], U& u) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) u.w[q] = T::pack(f + q * T::kPerWord);
-  }
-};
-
 // x at position pos < seqlen of row (b, c), with the history rule for pos < 0.
 template <typename T, int kW>
 M2R_DEVICE float x_at(const ConvFwdParams& p, int64_t b, int64_t c, int64_t pos) {
@@ -81,7 +62,7 @@ M2R_DEVICE void write_final_states(const ConvFwdParams& p, int64_t b, int64_t c)
 template <typename T, int kW, bool kSeq, int kThreads = conv1d::kThreads, int kRowVecs = conv1d::kRowVecs>
 M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   typedef typename T::storage S;
-  constexpr int kN = Vec<T>::kN;
+  constexpr int kN = Vec16<T>::kN;
   constexpr int kTile = kThreads * kRowVecs * kN;
   __shared__ float sh_x[kRowVecs][kThreads][kW - 1];
   __shared__ int sh_s[kRowVecs][kThreads][kW - 1];
@@ -93,7 +74,7 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + c * p.x_c_stride;
 
   // Kept in storage format until used: half the registers for 16-bit types.
-  typename Vec<T>::U xv[kRowVecs];
+  typename Vec16<T>::U xv[kRowVecs];
 #pragma unroll
   for (int v = 0; v < kRowVecs; ++v) {
     const int64_t t0 = blk0 + static_cast<int64_t>(v * kThreads + tid) * kN;
@@ -125,7 +106,7 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   }
   float xf[kRowVecs][kN];
 #pragma unroll
-  for (int v = 0; v < kRowVecs; ++v) Vec<T>::unpack(xv[v], xf[v]);
+  for (int v = 0; v < kRowVecs; ++v) Vec16<T>::unpack(xv[v], xf[v]);
 #pragma unroll
   for (int v = 0; v < kRowVecs; ++v) {
 #pragma unroll
@@ -176,8 +157,8 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
       yv[i] = has_seq && ws[i + kW - 1] < 0 ? 0.f : p.silu ? silu(acc) : acc;  // padding token: 0
     }
     if (t0 + kN <= p.seqlen) {
-      typename Vec<T>::U u;
-      Vec<T>::pack(yv, u);
+      typename Vec16<T>::U u;
+      Vec16<T>::pack(yv, u);
       store_stream(reinterpret_cast<vec16_t*>(out + t0), u.v);
     } else {
 #pragma unroll

@@ -69,7 +69,7 @@ struct ConvBwdParams {
   int32_t silu;
   int32_t weight_dtype, bias_dtype;
   int32_t tiles_per_block;
-  int32_t reserved;
+  int32_t vec;  // 1: x, dout and dx have unit stride along the tile's fast index and 16-byte rows
 };
 
 // causal_conv1d_update: x (batch, dim, seqlen) new tokens, conv_state (num_states, dim, state_len)

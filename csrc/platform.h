@@ -259,6 +259,27 @@ M2R_DEVICE void unpack8(const uint4& q, float (&v)[8]) {
   T::unpack(q.x, v), T::unpack(q.y, v + 2), T::unpack(q.z, v + 4), T::unpack(q.w, v + 6);
 }
 
+// 16 bytes of element type T: one load or store (v), its elements (s) or words (w), and the
+// conversion of all kN elements to / from floats.
+template <typename T>
+struct Vec16 {
+  typedef typename T::storage S;
+  static constexpr int kN = 16 / sizeof(S);
+  union U {
+    vec16_t v;
+    S s[kN];
+    uint32_t w[4];
+  };
+  static M2R_DEVICE void unpack(const U& u, float (&f)[kN]) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) T::unpack(u.w[q], f + q * T::kPerWord);
+  }
+  static M2R_DEVICE void pack(const float (&f)[kN], U& u) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) u.w[q] = T::pack(f + q * T::kPerWord);
+  }
+};
+
 // A small tensor (weights, biases) whose dtype is a run-time parameter: one uniform branch,
 // so callers may pass fp32 weights with bf16 activations without a conversion kernel.
 M2R_DEVICE float load_as_float(const void* p, int dtype, int64_t idx) {
@@ -283,6 +304,13 @@ M2R_DEVICE float fast_exp2(float x) {
 // it proves uniform (an LDS read at a uniform address) into scalar registers, 102 at most per
 // wave; a kernel whose every lane reads the same LDS row then spills them. No code on NVIDIA.
 M2R_DEVICE int per_lane(int x) {
+#if M2R_AMD
+  asm volatile("" : "+v"(x));
+#endif
+  return x;
+}
+// the same for a 64-bit integer (a stride): two vector registers instead of two scalar ones
+M2R_DEVICE int64_t per_lane(int64_t x) {
 #if M2R_AMD
   asm volatile("" : "+v"(x));
 #endif

@@ -350,3 +350,24 @@ def test_empty_inputs_backward_to_empty_gradients(kernel_tier):
     xs = torch.randn(2, 16, 0, requires_grad=True)
     causal_conv1d_fn(xs, torch.randn(16, 4), activation="silu").sum().backward()
     assert xs.grad.shape == (2, 16, 0)
+
+
+def test_conv1d_training_compiles_without_graph_breaks(kernel_tier):
+    """Under torch.compile the training conv is the registered op (its fake traces the forward,
+    the backward op's fake the backward), and the gradients equal the eager ones (which take
+    the same implementation without the dispatcher)."""
+    g = seeded("bwd conv compile")
+    x = torch.randn(2, 6, 29, generator=g).requires_grad_()
+    w = torch.randn(6, 4, generator=g, requires_grad=True)
+    b = torch.randn(6, generator=g, requires_grad=True)
+
+    def loss(x, w, b):
+        return (causal_conv1d_fn(x, w, b, activation="silu") ** 2).sum()
+
+    want = torch.autograd.grad(loss(x, w, b), (x, w, b))
+    torch._dynamo.reset()
+    got = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(x, w, b),
+                              (x, w, b))  # fmt: skip
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a, e)
+    assert kernel_tier.count("conv_bwd") == 2  # eager and compiled backward both reach it

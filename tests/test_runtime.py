@@ -309,6 +309,83 @@ def test_find_hip_library_with_no_candidate(monkeypatch):
         rt_driver.find_hip_library()
 
 
+# --- the CUDA driver on a thread without a current context ------------------------------------
+
+
+def _fake_libcuda(calls: list, current: list):
+    """A stand-in for libcuda: module loads and launches fail with CUDA_ERROR_INVALID_CONTEXT
+    while no context is current (``current`` holds it), as on a thread torch never bound."""
+    from types import SimpleNamespace
+
+    def needs_ctx(name):
+        def fn(*args):
+            calls.append(name)
+            return 0 if current else rt_driver.CUDA_ERROR_INVALID_CONTEXT
+
+        return fn
+
+    def ctx_get(out):
+        calls.append("cuCtxGetCurrent")
+        out._obj.value = current[0] if current else None
+        return 0
+
+    def device_get(out, index):
+        calls.append(("cuDeviceGet", index))
+        out._obj.value = 10 + index
+        return 0
+
+    def retain(out, dev):
+        calls.append(("cuDevicePrimaryCtxRetain", getattr(dev, "value", dev)))
+        out._obj.value = 0xC0
+        return 0
+
+    def ctx_set(ctx):
+        ctx = getattr(ctx, "value", ctx)
+        calls.append(("cuCtxSetCurrent", ctx))
+        current.append(ctx)
+        return 0
+
+    def errstr(err, out):
+        return 0
+
+    return SimpleNamespace(
+        cuModuleLoadData=needs_ctx("cuModuleLoadData"), cuLaunchKernel=needs_ctx("cuLaunchKernel"),
+        cuModuleGetFunction=needs_ctx("cuModuleGetFunction"), cuModuleUnload=needs_ctx("x"),
+        cuGetErrorString=errstr, cuCtxGetCurrent=ctx_get, cuCtxSetCurrent=ctx_set,
+        cuDeviceGet=device_get, cuDevicePrimaryCtxRetain=retain,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("call", ["load", "launch"])
+def test_cuda_driver_binds_the_primary_context_on_a_bare_thread(monkeypatch, call):
+    """The first driver call on a thread without a context (autograd's backward thread, the
+    first backward kernel) binds the primary context of torch's current device and retries,
+    instead of failing with 'invalid device context'."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    calls, current = [], []
+    drv = rt_driver.CudaDriver(lib=_fake_libcuda(calls, current))
+    if call == "load":
+        drv.load_module(b"image")
+    else:
+        drv.launch(ctypes.c_void_p(1), (1, 1, 1), (1, 1, 1), 0, 0, None)
+    name = "cuModuleLoadData" if call == "load" else "cuLaunchKernel"
+    assert calls == [name, "cuCtxGetCurrent", ("cuDeviceGet", 1), ("cuDevicePrimaryCtxRetain", 11),
+                     ("cuCtxSetCurrent", 0xC0), name]  # fmt: skip
+    calls.clear()  # bound now: one call, no retry
+    drv.launch(ctypes.c_void_p(1), (1, 1, 1), (1, 1, 1), 0, 0, None)
+    assert calls == ["cuLaunchKernel"]
+
+
+def test_cuda_driver_does_not_mask_other_context_errors(monkeypatch):
+    """With a context current, CUDA_ERROR_INVALID_CONTEXT has another cause: raised as is."""
+    calls, current = [], []
+    lib = _fake_libcuda(calls, current)
+    lib.cuCtxGetCurrent = lambda out: (out._obj.__setattr__("value", 0xAB), 0)[1]
+    drv = rt_driver.CudaDriver(lib=lib)
+    with pytest.raises(DriverError, match="cuModuleLoadData failed: CUresult 201"):
+        drv.load_module(b"image")
+
+
 # --- loader with a fake driver ----------------------------------------------------------------
 
 

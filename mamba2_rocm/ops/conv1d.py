@@ -43,7 +43,7 @@ _SHORT_THREADS, _SHORT_VECS = 64, 2  # kShortThreads, kShortVecs: the short-row 
 # csrc/conv1d_bwd.hip: threads, and the (channels, positions) tile of each shape
 _BWD_THREADS = 256  # kThreads
 _BWD_ROWS = (4, 512)  # kRowsC, kRowsL: seqlen-contiguous x
-_BWD_CL = (64, 64)  # kClC, kClL: channel-last x
+_BWD_CL = (64, 32)  # kClC, kClL: channel-last x
 #: The backward's blocks per multiprocessor before blocks start walking several tiles (fewer,
 #: longer blocks: fewer partial dweight / dbias rows for the host to add).
 BWD_BLOCKS_PER_SM = 8
@@ -250,6 +250,10 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
             f"(dim={dim}, batch={batch})"
         )
     per_block = bwd_tiles_per_block(tiles, c_blocks * batch, sm_count(x.device))
+    # 16-byte vectors along the tile's unit-stride index: x, dout and dx all aligned for it
+    fast, n = (1 if shape == "cl" else 2), 16 // x.element_size()
+    vec = all(t.stride(fast) == 1 and _aligned(t, [t.stride(i) for i in range(3) if i != fast], n)
+              for t in (x, dout, dx))  # fmt: skip
     grid = (-(-tiles // per_block), c_blocks, batch)
     partial = torch.empty(batch * grid[0], dim, width + 1, dtype=torch.float32, device=x.device)
     p = (
@@ -270,7 +274,7 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
         *strides(seq_idx, 2),
         *_sizes_and_codes(x, weight, bias, silu),
         per_block,
-        0,
+        int(vec),
     )  # fmt: skip  (ConvBwdParams, field order)
     seq = "_seq" if seq_idx is not None else ""
     launcher = kset.launcher(f"m2r_conv1d_bwd_{KERNEL_DTYPE[x.dtype]}_w{width}_{shape}{seq}")
@@ -529,14 +533,35 @@ def _fwd_func_backward(ctx, dout, dfinal):
         return (None,) * 7
     if dout is None:
         dout = torch.zeros_like(x)
-    dx, dw, db, dinit = causal_conv1d_bwd(x, weight, bias, seq_idx, initial_states, dout,
-                                          dfinal if ctx.final else None, ctx.silu)  # fmt: skip
+    # the registered op while compiling (traced, with its fake); in eager mode the function
+    # itself: the dispatcher round trip of a Python custom op costs more host time than the
+    # kernel takes at training shapes
+    bwd = causal_conv1d_bwd if torch.compiler.is_compiling() else _bwd_impl
+    dx, dw, db, dinit = bwd(x, weight, bias, seq_idx, initial_states, dout,
+                            dfinal if ctx.final else None, ctx.silu)  # fmt: skip
     return (dx if need[0] else None, dw if need[1] else None,
             db if need[2] and bias is not None else None, None,
             dinit if need[4] and initial_states is not None else None, None, None)  # fmt: skip
 
 
 causal_conv1d_fwd_func.register_autograd(_fwd_func_backward, setup_context=_fwd_func_setup)
+
+
+class _TrainConv(torch.autograd.Function):
+    """``causal_conv1d_fwd_func`` with its autograd formula, for eager mode without the
+    dispatcher: the same implementation, context and backward (H100 host: a training step's
+    conv cost ~1 ms of host time through two custom-op round trips, the kernels ~0.15 ms)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, seq_idx, initial_states, silu, return_final_states):
+        inputs = (x, weight, bias, seq_idx, initial_states, silu, return_final_states)
+        out = _fwd_func_impl(*inputs)
+        _fwd_func_setup(ctx, inputs, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout, dfinal):
+        return _fwd_func_backward(ctx, dout, dfinal)
 
 
 @causal_conv1d_fwd_func.register_fake
@@ -605,8 +630,8 @@ def causal_conv1d_fn(
     grads = (x, weight, bias, initial_states)
     if use_registered_op(*grads) and needs_autograd(*grads):
         # training on the kernel tier: the functional op, whose backward recomputes
-        out, fin = causal_conv1d_fwd_func(x, weight, bias, seq_idx, initial_states, silu,
-                                          return_final_states)  # fmt: skip
+        train = causal_conv1d_fwd_func if torch.compiler.is_compiling() else _TrainConv.apply
+        out, fin = train(x, weight, bias, seq_idx, initial_states, silu, return_final_states)
         if not return_final_states:
             return out
         if final_states_out is None:

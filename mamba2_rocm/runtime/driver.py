@@ -167,6 +167,10 @@ class HipDriver(GpuDriver):
             self._check(err, "hipModuleLaunchKernel")
 
 
+#: CUresult of a driver call on a thread with no current context
+CUDA_ERROR_INVALID_CONTEXT = 201
+
+
 class CudaDriver(GpuDriver):
     name = "cuda"
 
@@ -195,6 +199,10 @@ class CudaDriver(GpuDriver):
             lib, "cuLaunchKernel", vp, u, u, u, u, u, u, u, vp, _c_void_pp, _c_void_pp
         )
         self._errstr = _declare(lib, "cuGetErrorString", i, ctypes.POINTER(ctypes.c_char_p))
+        self._ctx_get = _declare(lib, "cuCtxGetCurrent", _c_void_pp)
+        self._ctx_set = _declare(lib, "cuCtxSetCurrent", vp)
+        self._device_get = _declare(lib, "cuDeviceGet", ctypes.POINTER(i), i)
+        self._primary_retain = _declare(lib, "cuDevicePrimaryCtxRetain", _c_void_pp, i)
         try:
             sz = ctypes.POINTER(ctypes.c_size_t)
             self._param_info = _declare(lib, "cuFuncGetParamInfo", vp, ctypes.c_size_t, sz, sz)
@@ -209,10 +217,31 @@ class CudaDriver(GpuDriver):
                 f"{what} failed: CUresult {err} ({(msg.value or b'unknown').decode()})"
             )
 
+    def _bind_thread_context(self) -> bool:
+        """Make the primary context of torch's current device current on this thread, where
+        the thread has none; whether it did. A thread that torch's runtime calls never bound
+        (autograd's device threads start without one: torch skips setting a device that is
+        already the current one) makes every driver call fail with CUDA_ERROR_INVALID_CONTEXT.
+        The primary context is the one torch's runtime uses; it is retained for the process."""
+        current = ctypes.c_void_p()
+        if self._ctx_get(ctypes.byref(current)) != 0 or current.value:
+            return False
+        from mamba2_rocm._torch import require_torch
+
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        index = require_torch().cuda.current_device()
+        self._check(self._device_get(ctypes.byref(dev), index), "cuDeviceGet")
+        self._check(self._primary_retain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        self._check(self._ctx_set(ctx), "cuCtxSetCurrent")
+        return True
+
     def load_module(self, image: bytes) -> ctypes.c_void_p:
         module = ctypes.c_void_p()
         buf = ctypes.create_string_buffer(image, len(image))
-        self._check(self._load(ctypes.byref(module), buf), "cuModuleLoadData")
+        err = self._load(ctypes.byref(module), buf)
+        if err == CUDA_ERROR_INVALID_CONTEXT and self._bind_thread_context():
+            err = self._load(ctypes.byref(module), buf)
+        self._check(err, "cuModuleLoadData")
         return module
 
     def get_function(self, module, name):
@@ -227,7 +256,9 @@ class CudaDriver(GpuDriver):
 
     def launch(self, func, grid, block, shared_bytes, stream, params) -> None:
         err = self._launch(func, *grid, *block, shared_bytes, stream, params, None)
-        if err:
+        if err:  # (the common path is the one call above)
+            if err == CUDA_ERROR_INVALID_CONTEXT and self._bind_thread_context():
+                err = self._launch(func, *grid, *block, shared_bytes, stream, params, None)
             self._check(err, "cuLaunchKernel")
 
     def param_size(self, func) -> int | None:

@@ -159,3 +159,27 @@ def test_training_op_backward_uses_the_kernel():
     got = torch.autograd.grad([out, fin], [x, w, b, init], [dout, dfin])
     want = _want(x, w, b, None, init, dout, dfin, True)
     _check(got, want, GTOL[torch.bfloat16])
+
+
+def test_first_kernel_load_on_autograd_thread():
+    """A fresh process whose first backward kernel is loaded and launched on autograd's device
+    thread, which torch's runtime never bound to a context (bench conv1d --backward's first run
+    failed there with 'invalid device context' before the driver learned to bind it)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from mamba2_rocm import causal_conv1d_fn\n"
+        "x = torch.randn(2, 64, 300, device='cuda', requires_grad=True)\n"
+        "w = torch.randn(64, 4, device='cuda', requires_grad=True)\n"
+        "causal_conv1d_fn(x, w, activation='silu').sum().backward()\n"
+        "torch.cuda.synchronize()\n"
+        "print('grads', bool(x.grad.abs().sum() > 0), bool(w.grad.abs().sum() > 0))\n"
+    )
+    env = dict(os.environ, MAMBA2_ROCM_BACKEND="kernel")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "grads True True" in proc.stdout
