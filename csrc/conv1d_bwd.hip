@@ -35,12 +35,6 @@ constexpr int kRowsC = 4, kRowsL = 512;
 constexpr int kClC = 64, kClL = 32;
 constexpr int kHalo = 8;  // positions staged on each side of a tile: >= width - 1, whole vectors
 
-// d silu(a) / da
-M2R_DEVICE float dsilu(float a) {
-  const float s = __fdividef(1.0f, 1.0f + __expf(-a));
-  return s * fmaf(a, 1.0f - s, 1.0f);
-}
-
 template <int kC, int kN, bool kChanFast>
 M2R_DEVICE int slot(int c, int j) {  // LDS index of (channel c, position slot j) in a kN-slot tile
   return kChanFast ? j * kC + c : c * kN + j;

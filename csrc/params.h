@@ -186,6 +186,36 @@ struct RmsNormParams {
   int32_t reserved;      // explicit tail padding: the size is a multiple of 8 on every ABI
 };
 
+// Gated RMSNorm / LayerNorm backward (csrc/rmsnorm_bwd.hip), for the forward above with the
+// same x, z, weight, bias, eps, group_size, norm_before_gate and layer_norm. Two kernels:
+//  - m2r_rmsnorm_bwd_stats[_w]_<dt>: per (row, group) item, stats[item] = (mean, rstd, c1, c2)
+//    in fp32, with xhat the normalized input and dxhat = dy * weight: c1 = mean(dxhat * xhat),
+//    c2 = mean(dxhat) (LayerNorm) or 0; a block per item (grid (items, 1, 1)), or with _w a
+//    wavefront per item (grid (ceil(items / (256 / wavefront)), 1, 1)).
+//  - m2r_rmsnorm_bwd_<dt>: dx, dz (z given) and per-block partial sums of dweight / dbias,
+//    partial[(blockIdx.y * 2 + {0: dweight, 1: dbias}) * hidden + column] (fp32; the host adds
+//    them over blocks in a fixed order: deterministic, no atomics); a thread owns 16 bytes of
+//    columns and walks rows_per_block rows; grid (column blocks, row blocks, 1).
+// Rows have unit stride along hidden (the host copies others).
+struct RmsNormBwdParams {
+  const void* x;       // (rows, hidden), dtype of the kernel
+  const void* z;       // (rows, hidden), dtype of the kernel, or null
+  const void* weight;  // (hidden,), dtype weight_dtype
+  const void* bias;    // (hidden,), dtype bias_dtype, or null
+  const void* dout;    // (rows, hidden), dtype of the kernel
+  float* stats;        // (rows * groups, 4)
+  void* dx;            // (rows, hidden), dtype of the kernel
+  void* dz;            // (rows, hidden), dtype of the kernel, or null (no z)
+  float* partial;      // (row blocks, 2, hidden)
+  int64_t x_row_stride, z_row_stride, dout_row_stride, dx_row_stride, dz_row_stride;
+  int32_t rows, hidden, group_size, norm_before_gate;
+  float eps;
+  int32_t weight_dtype, bias_dtype;
+  int32_t layer_norm;
+  int32_t rows_per_block;
+  int32_t vec;  // 1: every row start and weight / bias 16-byte aligned (16-byte loads and stores)
+};
+
 // Mamba2 SSD chunked scan (mamba_chunk_scan_combined), forward. One struct for the five stage
 // kernels of csrc/ssd.hip; each reads the fields it needs. x, z, out: (batch, seqlen, nheads,
 // headdim); B, C: (batch, seqlen, ngroups, dstate); the last dim of each has unit stride.

@@ -347,6 +347,11 @@ M2R_DEVICE float softplus_select(float x) {
 }
 
 M2R_DEVICE float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+// d silu(x) / dx = s (1 + x (1 - s)), s = sigmoid(x)
+M2R_DEVICE float dsilu(float x) {
+  const float s = __fdividef(1.0f, 1.0f + __expf(-x));
+  return s * fmaf(x, 1.0f - s, 1.0f);
+}
 // softplus with torch's threshold, in the form Triton's Mamba kernels use (no libm call).
 M2R_DEVICE float softplus(float x) { return x <= 20.f ? __logf(1.f + __expf(x)) : x; }
 

@@ -11,6 +11,7 @@
 //  - generic (m2r_rmsnorm_fwd_<dt>): any group size and alignment; one block per (row, group)
 //    reads x twice, element by element. grid (hidden / group_size, rows).
 #include "platform.h"
+#include "block_reduce.h"
 
 namespace m2r {
 namespace rmsnorm {
@@ -18,22 +19,8 @@ namespace rmsnorm {
 constexpr int kThreads = 256;
 constexpr int kWaves = kThreads / kWavefront;
 
-// The sum of v over the block (every thread gets it); partial: kWaves floats of LDS, free again
-// when this returns (the trailing barrier lets the next call reuse it).
-M2R_DEVICE float block_sum(float v, float* partial) {
-#pragma unroll
-  for (int off = kWavefront / 2; off > 0; off /= 2) v += shfl_xor(v, off);
-  if (threadIdx.x % kWavefront == 0) partial[threadIdx.x / kWavefront] = v;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < kWaves; ++w) total += partial[w];
-  __syncthreads();
-  return total;
-}
-
 // The sum of v over one item's tpi threads (aligned runs of tpi lanes; tpi a power of two);
-// partial as in block_sum, used only when an item spans wavefronts (uniform over the block).
+// partial as in block_sum (block_reduce.h), used only when an item spans wavefronts (uniform over the block).
 // Both loops run a constant trip count with a uniform predicate instead of a run-time bound:
 // ncu counted the run-time loops' branches and index updates as a third of the kernel's
 // instructions (the same sums, in the same order).
@@ -77,7 +64,7 @@ M2R_DEVICE void forward(const RmsNormParams& p) {
       if (gate_first) v *= silu(T::to_float(z[i]));
       sum += v;
     }
-    mean = block_sum(sum, partial) / static_cast<float>(p.group_size);
+    mean = block_sum<kThreads>(sum, partial) / static_cast<float>(p.group_size);
   }
   float ss = 0.f;
   for (int i = tid; i < p.group_size; i += kThreads) {
@@ -86,7 +73,7 @@ M2R_DEVICE void forward(const RmsNormParams& p) {
     v -= mean;
     ss = fmaf(v, v, ss);
   }
-  const float rstd = rsqrtf(block_sum(ss, partial) / static_cast<float>(p.group_size) + p.eps);
+  const float rstd = rsqrtf(block_sum<kThreads>(ss, partial) / static_cast<float>(p.group_size) + p.eps);
 
   S* out = static_cast<S*>(p.out) + row * p.out_row_stride + start;
   for (int i = tid; i < p.group_size; i += kThreads) {

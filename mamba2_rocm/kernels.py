@@ -14,6 +14,7 @@ from mamba2_rocm.params import (
     ConvFwdParams,
     ConvUpdateParams,
     MmaProbeParams,
+    RmsNormBwdParams,
     RmsNormParams,
     SelectiveScanParams,
     SsdParams,
@@ -136,6 +137,15 @@ SOURCES: dict[str, KernelSource] = {
                     for rows in SSD_SCAN_ROWS
                     for z in ("", "_z")
                 ),
+            ),
+        ),
+        KernelSource(
+            "rmsnorm_bwd",
+            RmsNormBwdParams,
+            tuple(
+                f"m2r_rmsnorm_bwd{part}_{dt}"
+                for dt in KERNEL_DTYPES
+                for part in ("_stats", "_stats_w", "")  # stats: a block / a wavefront an item
             ),
         ),
         KernelSource(

@@ -16,6 +16,7 @@ __all__ = [
     "ConvFwdParams",
     "ConvUpdateParams",
     "MmaProbeParams",
+    "RmsNormBwdParams",
     "RmsNormParams",
     "SelectiveScanParams",
     "SsdParams",
@@ -92,6 +93,16 @@ class MmaProbeParams(ctypes.Structure):
 
 class StateRowsParams(ctypes.Structure):
     _fields_ = _fields("in out", "in_stride", "batch num_states in_int64 reserved")
+
+
+class RmsNormBwdParams(ctypes.Structure):
+    _fields_ = [
+        *_fields("x z weight bias dout stats dx dz partial",
+                 "x_row_stride z_row_stride dout_row_stride dx_row_stride dz_row_stride",
+                 "rows hidden group_size norm_before_gate"),
+        ("eps", ctypes.c_float),
+        *_fields("", "", "weight_dtype bias_dtype layer_norm rows_per_block vec"),
+    ]  # fmt: skip
 
 
 class SsdParams(ctypes.Structure):

@@ -107,3 +107,18 @@ def stand_in_kernels(monkeypatch, ops) -> RecordingKernels:
         ops, "launch", lambda launcher, x, p, grid, threads: launcher(p, grid, None, 0)
     )
     return kset
+
+
+def check_grads(names, got, want, tol: float) -> None:
+    """Kernel gradients ``got`` against float64 references ``want`` (None: the op returns an
+    empty tensor for an absent input): written everywhere (no NaN left from poisoned memory),
+    max error within ``tol`` times the largest reference value."""
+    for name, g, r in zip(names, got, want, strict=True):
+        if r is None:
+            assert g.numel() == 0, name
+            continue
+        assert g.shape == r.shape, (name, g.shape, r.shape)
+        assert not g.isnan().any(), f"{name}: unwritten (NaN) elements"
+        scale = r.abs().max().item() + 1e-6
+        err = (g.double() - r).abs().max().item()
+        assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol} * {scale:.3g}"

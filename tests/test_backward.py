@@ -26,7 +26,7 @@ from mamba2_rocm.ops import conv1d as conv_ops
 from mamba2_rocm.ops import rmsnorm as norm_ops
 from mamba2_rocm.ops import ssd as ssd_ops
 from mamba2_rocm.reference.conv1d import causal_conv1d_bwd_torch, causal_conv1d_eager
-from mamba2_rocm.reference.ssd import rmsnorm_ref, ssd_sequential
+from mamba2_rocm.reference.ssd import rmsnorm_bwd_ref, rmsnorm_ref, ssd_sequential
 
 
 @pytest.fixture
@@ -80,7 +80,18 @@ def kernel_tier(monkeypatch):
             )
         return torch.stack(rows).float()
 
+    def norm_bwd(kset, x, w, b, z, eps, gs, nbg, layer_norm, dout):
+        # the kernels' contract: dx and dz in x's dtype and shape, the fp32 (dweight, dbias) sums
+        ran.append("norm_bwd")
+        dx, dw, db, dz = rmsnorm_bwd_ref(x.double(), w.double(), None if b is None else b.double(),
+                                         None if z is None else z.double(), eps, gs, nbg,
+                                         not layer_norm, dout.double(),
+                                         compute_dtype=torch.float64)  # fmt: skip
+        sums = torch.stack([dw, db if db is not None else torch.zeros_like(dw)]).float()
+        return dx.to(x.dtype), None if dz is None else dz.to(x.dtype), sums
+
     monkeypatch.setattr(conv_ops, "_fwd_kernel", conv)
+    monkeypatch.setattr(norm_ops, "_bwd_kernel", norm_bwd)
     monkeypatch.setattr(conv_ops, "_bwd_kernel", conv_bwd)
     monkeypatch.setattr(norm_ops, "_kernel", norm)
     monkeypatch.setattr(norm_ops, "_fast_plan", lambda *args: False)  # always through _kernel
@@ -219,6 +230,7 @@ def test_gated_norm(kernel_tier, is_rms, gate, group):
     assert kernel_tier == ["norm"]
     cot = torch.randn(out.shape, generator=g)
     _close(_grads([out], ours, [cot]), _grads([want], ref, [cot.double()]), 1e-5)
+    assert kernel_tier == ["norm", "norm_bwd"]  # the backward op took the kernel path
 
 
 def _scan_inputs(g, b=2, L=70, h=4, p=8, groups=2, n=16):
@@ -371,3 +383,45 @@ def test_conv1d_training_compiles_without_graph_breaks(kernel_tier):
     for a, e in zip(got, want, strict=True):
         torch.testing.assert_close(a, e)
     assert kernel_tier.count("conv_bwd") == 2  # eager and compiled backward both reach it
+
+
+@pytest.mark.parametrize("is_rms", [True, False])
+@pytest.mark.parametrize("gate", ["none", "before", "after"])
+@pytest.mark.parametrize("group", [None, 8])
+def test_gated_norm_backward_formula(is_rms, gate, group):
+    """The written-out norm gradients (the torch tier's backward, run inside the custom op)
+    against autograd through the float64 reference."""
+    g = seeded("bwd norm formula", is_rms, gate, group)
+    t = dict(x=torch.randn(3, 5, 32, generator=g, dtype=torch.float64) * 2 + 0.3,
+             weight=torch.randn(32, generator=g, dtype=torch.float64),
+             bias=torch.randn(32, generator=g, dtype=torch.float64),
+             z=None if gate == "none" else torch.randn(3, 5, 32, generator=g, dtype=torch.float64))  # fmt: skip
+    nbg = gate != "before"
+    ref = _leaves(t)
+    out = rmsnorm_ref(ref["x"], ref["weight"], ref["bias"], ref["z"], 1e-5, group, nbg,
+                      is_rms_norm=is_rms)  # fmt: skip
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    want = _grads([out], ref, [dout])
+    dx, dw, db, dz = rmsnorm_bwd_ref(t["x"], t["weight"], t["bias"], t["z"], 1e-5, group, nbg,
+                                     is_rms, dout, compute_dtype=torch.float64)  # fmt: skip
+    got = {"x": dx, "weight": dw, "bias": db} | ({"z": dz} if gate != "none" else {})
+    assert (dz is None) == (gate == "none")
+    _close(got, want, 1e-12)
+
+
+def test_gated_norm_training_compiles_without_graph_breaks(kernel_tier):
+    g = seeded("bwd norm compile")
+    x = torch.randn(4, 7, 48, generator=g).requires_grad_()
+    z = torch.randn(4, 7, 48, generator=g).requires_grad_()
+    w = torch.randn(48, generator=g, requires_grad=True)
+
+    def loss(x, z, w):
+        return (rmsnorm_fn(x, w, None, z=z, group_size=16, norm_before_gate=False) ** 2).sum()
+
+    want = torch.autograd.grad(loss(x, z, w), (x, z, w))
+    torch._dynamo.reset()
+    got = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(x, z, w),
+                              (x, z, w))  # fmt: skip
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a, e)
+    assert kernel_tier.count("norm_bwd") == 2

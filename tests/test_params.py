@@ -78,6 +78,14 @@ def test_launch_geometry_matches_kernel_constants():
     assert cb["kThreads"] == ops._BWD_THREADS
     assert (cb["kRowsC"], cb["kRowsL"]) == ops._BWD_ROWS
     assert (cb["kClC"], cb["kClL"]) == ops._BWD_CL
+    import mamba2_rocm.ops.rmsnorm as norm
+
+    for name in ("rmsnorm.hip", "rmsnorm_bwd.hip"):
+        cn = {
+            m[0]: int(m[1])
+            for m in re.findall(r"constexpr int (k\w+) = (\d+);", (CSRC / name).read_text())
+        }
+        assert cn["kThreads"] == norm._THREADS, name
     import mamba2_rocm.ops.state_update as ssu
 
     ssu_text = (CSRC / "state_update.hip").read_text()

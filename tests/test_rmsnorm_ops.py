@@ -169,3 +169,40 @@ def test_cached_layout_skips_the_checks_but_never_a_bad_call(monkeypatch):
         rmsnorm_fn(x, w[:32], None)
     assert len(kset.launches) == 4
     ops.clear_plan_cache()
+
+
+def test_opcheck_backward_op():
+    """The norm's backward op on the CPU (the written-out formula): schema, fake tensor, no
+    aliasing between outputs; z in another dtype than x gets its gradient in its own dtype."""
+    from mamba2_rocm.ops import rmsnorm as ops
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 40, generator=g)
+    w, b = torch.randn(40, generator=g), torch.randn(40, generator=g)
+    z = torch.randn(6, 40, generator=g, dtype=torch.float64)
+    dout = torch.randn(6, 40, generator=g)
+    for args in [
+        (x, w, b, z, 1e-5, 8, False, True, dout),
+        (x, w, None, None, 1e-6, None, True, False, dout),
+    ]:
+        torch.library.opcheck(ops.rmsnorm_bwd, args)
+    assert ops.rmsnorm_bwd(x, w, b, z, 1e-5, 8, False, True, dout)[3].dtype == torch.float64
+
+
+def test_backward_op_refuses_a_mismatched_dout():
+    from mamba2_rocm.ops import rmsnorm as ops
+
+    x, w = torch.zeros(6, 40), torch.ones(40)
+    with pytest.raises(ValueError, match=r"dout must match x \(shape \(6, 40\)"):
+        ops.rmsnorm_bwd(x, w, None, None, 1e-6, None, True, True, torch.zeros(6, 41))
+    with pytest.raises(TypeError, match="dout must be a torch.Tensor"):
+        ops.rmsnorm_bwd(x, w, None, None, 1e-6, None, True, True, None)
+
+
+def test_backward_row_blocks():
+    from mamba2_rocm.ops.rmsnorm import BWD_BLOCKS_PER_SM, bwd_row_blocks
+
+    assert bwd_row_blocks(16384, 2, 132) == BWD_BLOCKS_PER_SM * 132 // 2
+    assert bwd_row_blocks(7, 1, 132) == 7  # at most one block per row
+    assert bwd_row_blocks(10**6, 1, 10**5) == 65535  # the grid's y limit
+    assert bwd_row_blocks(100, 4, 0) == 1  # no GPU (stand-ins)

@@ -2,9 +2,10 @@
 ``RMSNorm`` and ``layernorm_fn`` / ``LayerNorm`` (the same kernels; LayerNorm subtracts each
 group's mean first).
 
-Forward only (inference). Registered as ``torch.ops.mamba2_rocm.rmsnorm_fwd``. x and z may be
-any shape (..., hidden); rows that are not unit-stride along hidden are copied once; z may have
-another float dtype than x (converted to x's), weight and bias any float dtype.
+Registered as ``torch.ops.mamba2_rocm.rmsnorm_fwd`` and, for training, ``rmsnorm_bwd`` (the
+HIP backward kernels: dx, dweight, dbias, dz; dweight / dbias reduced in fp32 in a fixed order).
+x and z may be any shape (..., hidden); rows that are not unit-stride along hidden are copied
+once; z may have another float dtype than x (converted to x's), weight and bias any float dtype.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from mamba2_rocm.ops._launch import (
     launch,
     layout,
     like,
-    recompute_backward,
     remember,
+    sm_count,
     use_registered_op,
 )
-from mamba2_rocm.reference.ssd import rmsnorm_ref
+from mamba2_rocm.reference.ssd import rmsnorm_bwd_ref, rmsnorm_ref
 from mamba2_rocm.reference.ssd_checks import check_rmsnorm_args
 
 torch = require_torch()
@@ -32,7 +33,14 @@ Tensor = torch.Tensor
 
 __all__ = ["LayerNorm", "RMSNorm", "layernorm_fn", "rmsnorm_fn"]
 
-_THREADS = 256  # csrc/rmsnorm.hip: kThreads
+_THREADS = 256  # csrc/rmsnorm.hip and csrc/rmsnorm_bwd.hip: kThreads
+#: The backward's blocks per multiprocessor (column blocks x row blocks); beyond, blocks walk
+#: more rows (fewer partial dweight / dbias rows for the host to add).
+BWD_BLOCKS_PER_SM = 8
+#: Groups up to this many elements get a wavefront each in the backward's stats kernel (else a
+#: block each: 256 threads for a few elements each left most of them idle at d2048 in groups
+#: of 256, H100).
+STATS_WAVE_MAX_GROUP = 2048
 _VEC = 8  # elements per 16-byte run of the register-resident kernels
 
 
@@ -242,15 +250,165 @@ def clear_plan_cache() -> None:
     _PLANS.clear()
 
 
-def _torch_tier(x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm) -> Tensor:
-    """What the torch tier computes for ``_impl``'s arguments (the backward's recomputation)."""
-    return rmsnorm_ref(
-        x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm=is_rms_norm
-    )
-
-
 rmsnorm_fwd = torch.library.custom_op("mamba2_rocm::rmsnorm_fwd", _impl, mutates_args=())
-recompute_backward(rmsnorm_fwd, _torch_tier, differentiable=(0, 1, 2, 3))  # x, weight, bias, z
+
+
+# ---- backward --------------------------------------------------------------------------------
+
+
+def _check_bwd(x, weight, bias, z, eps, group_size, dout) -> int:
+    _, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size, allow_empty=True)
+    if not isinstance(dout, Tensor):
+        raise TypeError(f"dout must be a torch.Tensor, got {type(dout).__name__}")
+    if dout.shape != x.shape or dout.dtype != x.dtype or dout.device != x.device:
+        raise ValueError(
+            f"dout must match x (shape {tuple(x.shape)}, {x.dtype}, {x.device}), got shape "
+            f"{tuple(dout.shape)}, {dout.dtype}, {dout.device}"
+        )
+    return gs
+
+
+def bwd_row_blocks(rows: int, col_blocks: int, sms: int) -> int:
+    """Row blocks of the gradient kernel: BWD_BLOCKS_PER_SM blocks per multiprocessor over
+    the column blocks, at most one per row and at most the grid's y limit."""
+    if sms <= 0:
+        return 1
+    return max(1, min(rows, GRID_YZ_MAX, int(BWD_BLOCKS_PER_SM * sms // col_blocks)))
+
+
+def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm, dout):
+    """dx, dz (x's dtype, x's shape; dz None without z) and the fp32 (dweight, dbias) sums."""
+    hidden = x.shape[-1]
+    weight, bias = as_kernel_float(weight), as_kernel_float(bias)
+    x2, g2 = _rows(x, hidden), _rows(dout, hidden)
+    z2 = None if z is None else _rows(like(z, x), hidden)
+    rows, groups = x2.shape[0], hidden // gs
+    if rows * groups >= 2**31:
+        raise ValueError(f"rmsnorm backward supports rows * groups < 2**31, got {rows * groups}")
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dz = None if z is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx2, dz2 = dx.view(-1, hidden), None if dz is None else dz.view(-1, hidden)
+    el = x2.element_size()
+    col_blocks = -(-hidden // (_THREADS * (16 // el)))
+    row_blocks = bwd_row_blocks(rows, col_blocks, sm_count(x.device))
+    per_block = -(-rows // row_blocks)
+    row_blocks = -(-rows // per_block)
+    stats = torch.empty(rows * groups, 4, dtype=torch.float32, device=x.device)
+    partial = torch.empty(row_blocks, 2, hidden, dtype=torch.float32, device=x.device)
+    rowed = [t for t in (x2, g2, z2, dx2, dz2) if t is not None]
+    vec = all(t.data_ptr() % 16 == 0 and (t.stride(0) * el) % 16 == 0 for t in rowed)
+    ptrs = (x2.data_ptr(), 0 if z2 is None else z2.data_ptr(), weight.data_ptr(),
+            0 if bias is None else bias.data_ptr(), g2.data_ptr(), stats.data_ptr(),
+            dx2.data_ptr(), 0 if dz2 is None else dz2.data_ptr(), partial.data_ptr())  # fmt: skip
+    tail = (
+        x2.stride(0),
+        0 if z2 is None else z2.stride(0),
+        g2.stride(0),
+        dx2.stride(0),
+        0 if dz2 is None else dz2.stride(0),
+        rows,
+        hidden,
+        gs,
+        int(norm_before_gate),
+        float(eps),
+        DTYPE_CODE[weight.dtype],
+        DTYPE_CODE[bias.dtype] if bias is not None else 0,
+        int(layer_norm),
+        per_block,
+        int(vec),
+    )  # fmt: skip  (RmsNormBwdParams after the pointers, field order)
+    dt = KERNEL_DTYPE[x.dtype]
+    items = rows * groups
+    if gs <= STATS_WAVE_MAX_GROUP:  # a block holds 256 / wavefront items: 4 on wave64 targets,
+        # 8 on wave32 ones (the grid is sized for 4; wave32's extra blocks find no item and exit)
+        stats_grid, stats_name = (-(-items // 4), 1, 1), f"m2r_rmsnorm_bwd_stats_w_{dt}"
+    else:
+        stats_grid, stats_name = (items, 1, 1), f"m2r_rmsnorm_bwd_stats_{dt}"
+    launch(kset.launcher(stats_name), x2, ptrs + tail, stats_grid, _THREADS)
+    launch(kset.launcher(f"m2r_rmsnorm_bwd_{dt}"), x2, ptrs + tail, (col_blocks, row_blocks, 1),
+           _THREADS)  # fmt: skip
+    return dx, dz, partial.sum(0)
+
+
+def _bwd_impl(
+    x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor | None, eps: float,
+    group_size: int | None, norm_before_gate: bool, is_rms_norm: bool, dout: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """Gradients of the gated norm for the output gradient ``dout``: (dx, dweight, dbias, dz),
+    each in its input's dtype; dbias / dz are empty where there is no bias / no z. dweight and
+    dbias are reduced in fp32 in a fixed order (bit-identical runs)."""
+    gs = _check_bwd(x, weight, bias, z, eps, group_size, dout)
+    tier, kset = choose(x.device)
+    if x.numel() == 0 or tier != "kernel" or x.dtype not in KERNEL_DTYPE:
+        ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+        if x.numel() == 0:  # (the reference's checks refuse empty rows)
+            dx, dw = torch.zeros_like(x), torch.zeros_like(weight)
+            db = None if bias is None else torch.zeros_like(bias)
+            dz = None if z is None else torch.zeros_like(z)
+        else:
+            dx, dw, db, dz = rmsnorm_bwd_ref(x, weight, bias, z, eps, gs, norm_before_gate,
+                                             is_rms_norm, dout, compute_dtype=ct)  # fmt: skip
+        return (dx.contiguous(), dw.contiguous(),
+                db.contiguous() if db is not None else x.new_empty(0),
+                dz.contiguous() if dz is not None else x.new_empty(0))  # fmt: skip
+    dx, dz, sums = _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate,
+                               not is_rms_norm, dout)  # fmt: skip
+    dw = sums[0].to(weight.dtype, copy=True)  # (an op's outputs may not alias)
+    db = sums[1].to(bias.dtype, copy=True) if bias is not None else x.new_empty(0)
+    if dz is None:
+        dz = x.new_empty(0)
+    elif dz.dtype != z.dtype:
+        dz = dz.to(z.dtype)
+    return dx, dw, db, dz
+
+
+rmsnorm_bwd = torch.library.custom_op("mamba2_rocm::rmsnorm_bwd", _bwd_impl, mutates_args=())
+
+
+@rmsnorm_bwd.register_fake
+def _(x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm, dout):
+    _check_bwd(x, weight, bias, z, eps, group_size, dout)
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty_like(weight),
+            torch.empty_like(bias) if bias is not None else x.new_empty(0),
+            torch.empty(z.shape, dtype=z.dtype, device=z.device) if z is not None
+            else x.new_empty(0))  # fmt: skip
+
+
+def _norm_setup(ctx, inputs, output):
+    x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm = inputs
+    ctx.save_for_backward(x, weight, bias, z)
+    ctx.args = (eps, group_size, norm_before_gate, is_rms_norm)
+
+
+def _norm_backward(ctx, dout):
+    """The norm's gradients through ``rmsnorm_bwd`` (the HIP kernels on the kernel tier); the
+    registered op while compiling, the function itself in eager mode (no dispatcher)."""
+    x, weight, bias, z = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    if not any(need[:4]):
+        return (None,) * 8
+    bwd = rmsnorm_bwd if torch.compiler.is_compiling() else _bwd_impl
+    dx, dw, db, dz = bwd(x, weight, bias, z, *ctx.args, dout)
+    return (dx if need[0] else None, dw if need[1] else None,
+            db if need[2] and bias is not None else None,
+            dz if need[3] and z is not None else None, None, None, None, None)  # fmt: skip
+
+
+rmsnorm_fwd.register_autograd(_norm_backward, setup_context=_norm_setup)
+
+
+class _TrainNorm(torch.autograd.Function):
+    """``rmsnorm_fwd`` with its autograd formula, for eager mode without the dispatcher."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        out = _impl(*inputs)
+        _norm_setup(ctx, inputs, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        return _norm_backward(ctx, dout)
 
 
 @rmsnorm_fwd.register_fake
@@ -265,7 +423,9 @@ def layernorm_fn(
 ) -> Tensor:  # fmt: skip
     """Gated LayerNorm over the last dim (in groups of ``group_size``), or RMSNorm with
     ``is_rms_norm``; mamba_ssm's ``layernorm_fn``. Returns x's dtype."""
-    op = rmsnorm_fwd if use_registered_op(x, weight, bias, z) else _impl
+    op = _impl
+    if use_registered_op(x, weight, bias, z):  # compiling, or training on the kernel tier
+        op = rmsnorm_fwd if torch.compiler.is_compiling() else _TrainNorm.apply
     return op(x, weight, bias, z, float(eps), group_size, bool(norm_before_gate), bool(is_rms_norm))
 
 

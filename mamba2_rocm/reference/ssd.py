@@ -43,7 +43,8 @@ from mamba2_rocm.reference.ssd_checks import (
 )
 
 __all__ = [
-    "empty_varlen_states", "rmsnorm_ref", "selective_state_update_ref", "ssd_chunked",
+    "empty_varlen_states", "rmsnorm_bwd_ref", "rmsnorm_ref", "selective_state_update_ref",
+    "ssd_chunked",
     "ssd_sequential",
 ]  # fmt: skip
 
@@ -397,3 +398,52 @@ def rmsnorm_ref(
     if z is not None and norm_before_gate:
         y = y * F.silu(z.to(cd))
     return y.to(x.dtype)
+
+
+def rmsnorm_bwd_ref(
+    x, weight, bias, z, eps, group_size, norm_before_gate, is_rms_norm, dout,
+    compute_dtype=torch.float32,
+):  # fmt: skip
+    """The gradients of :func:`rmsnorm_ref` written out (no autograd, so it also runs inside a
+    custom op): ``(dx, dweight, dbias, dz)`` for the output gradient ``dout``, each in its
+    input's dtype (dbias / dz None without bias / z). With v the norm's input (x, times silu(z)
+    when the gate comes first), xhat = (v - mean) rstd, y = xhat w + b:
+    dy = dout (times silu(z) when the gate comes after, which gives dz = dout y silu'(z)),
+    dw = sum dy xhat, db = sum dy, dv = rstd (dy w - mean(dy w) [LayerNorm] - xhat mean(dy w xhat)),
+    dx = dv (times silu(z) when the gate comes first, which gives dz = dv x silu'(z))."""
+    hidden, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size)
+    cd = compute_dtype
+    xv, g = x.to(cd), dout.to(cd)
+    w = weight.to(cd)
+    sz = dsz = None
+    if z is not None:
+        zc = z.to(cd)
+        sz = torch.sigmoid(zc)
+        dsz = sz * (1 + zc * (1 - sz))  # silu'(z)
+        sz = zc * sz  # silu(z)
+    v = xv * sz if z is not None and not norm_before_gate else xv
+    grouped = v.unflatten(-1, (hidden // gs, gs))
+    centered = grouped - grouped.mean(-1, keepdim=True) if not is_rms_norm else grouped
+    rstd = torch.rsqrt(centered.square().mean(-1, keepdim=True) + eps)
+    xhat = (centered * rstd).flatten(-2)
+    dz = None
+    if z is not None and norm_before_gate:
+        y = xhat * w + (bias.to(cd) if bias is not None else 0)
+        dz = g * y * dsz
+        g = g * sz
+    rows = tuple(range(g.dim() - 1))
+    dweight = (g * xhat).sum(rows) if rows else g * xhat
+    dbias = (g.sum(rows) if rows else g) if bias is not None else None
+    dxhat = (g * w).unflatten(-1, (hidden // gs, gs))
+    xh = xhat.unflatten(-1, (hidden // gs, gs))
+    dv = dxhat - xh * (dxhat * xh).mean(-1, keepdim=True)
+    if not is_rms_norm:
+        dv = dv - dxhat.mean(-1, keepdim=True)
+    dv = (dv * rstd).flatten(-2)
+    dx = dv
+    if z is not None and not norm_before_gate:
+        dz = dv * xv * dsz
+        dx = dv * sz
+    return (dx.to(x.dtype), dweight.to(weight.dtype),
+            dbias.to(bias.dtype) if dbias is not None else None,
+            dz.to(z.dtype) if dz is not None else None)  # fmt: skip

@@ -391,7 +391,12 @@ def check_rmsnorm_args(
         _shape("z", z, "like x", tuple(x.shape))
     if group_size is None:
         group_size = hidden
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    # (a SymInt while torch.compile traces with dynamic shapes)
+    if (
+        isinstance(group_size, bool)
+        or not isinstance(group_size, (int, torch.SymInt))
+        or group_size < 1
+    ):
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     if hidden % group_size:
         raise ValueError(

@@ -8,7 +8,15 @@ the torch tier's formula disabled so a silent fallback fails instead of passing.
 
 import pytest
 import torch
-from helpers import DTYPES, gpu_available, make_seq_idx, make_x, poison_allocator, seeded
+from helpers import (
+    DTYPES,
+    check_grads,
+    gpu_available,
+    make_seq_idx,
+    make_x,
+    poison_allocator,
+    seeded,
+)
 
 from mamba2_rocm import causal_conv1d_fn
 from mamba2_rocm.ops import conv1d as conv_ops
@@ -67,15 +75,7 @@ def _want(x, w, b, seq, init, dout, dfin, silu):
 
 
 def _check(got, want, tol, names=("dx", "dweight", "dbias", "dinit")):
-    for name, g, r in zip(names, got, want, strict=True):
-        if r is None:
-            assert g.numel() == 0, name
-            continue
-        assert g.shape == r.shape, (name, g.shape, r.shape)
-        assert not g.isnan().any(), f"{name}: unwritten (NaN) elements"
-        scale = r.abs().max().item() + 1e-6
-        err = (g.double() - r).abs().max().item()
-        assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol} * {scale:.3g}"
+    check_grads(names, got, want, tol)
 
 
 def _run(x, w, b, seq, init, dout, dfin, silu):

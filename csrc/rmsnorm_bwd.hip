@@ -1,0 +1,235 @@
+// Gated RMSNorm and LayerNorm, backward (semantics: RmsNormBwdParams in params.h).
+//
+// With v the norm's input (x, times silu(z) when the gate comes first), xhat = (v - mean) rstd,
+// y = xhat w + b and out = y (times silu(z) when the gate comes after), for dout:
+//   dy    = dout (times silu(z) when the gate comes after; then dz = dout y silu'(z))
+//   dw   += dy xhat, db += dy                      (over rows: per-block partials, fp32)
+//   dxhat = dy w
+//   dv    = rstd (dxhat - c2 - xhat c1),  c1 = mean(dxhat xhat), c2 = mean(dxhat) (LayerNorm)
+//   dx    = dv (times silu(z) when the gate comes first; then dz = dv x silu'(z))
+// The per-(row, group) reductions (mean, rstd, c1, c2) come from the stats kernel, so the
+// gradient kernel is a streaming pass over columns, any group size and hidden size alike.
+#include "platform.h"
+#include "block_reduce.h"
+
+namespace m2r {
+namespace rmsnorm_bwd {
+
+constexpr int kThreads = 256;
+
+// ---- per (row, group): mean, rstd, c1, c2 ---------------------------------------------------
+// kWave: one wavefront per item, kThreads / kWavefront items a block, grid (ceil(items /
+// that), 1, 1), for groups up to a few thousand elements; else one block per item, grid
+// (items, 1, 1). One pass over the group for RMSNorm (sum v^2, sum dxhat v), two for LayerNorm
+// (the mean first, then sums around it, as accurate as the forward's two passes); 16-byte loads
+// where the rows and the group are aligned.
+template <int kWidth>
+M2R_DEVICE float item_sum(float v, float* partial) {
+  if constexpr (kWidth == kThreads) {
+    return block_sum<kThreads>(v, partial);
+  } else {
+#pragma unroll
+    for (int off = kWavefront / 2; off > 0; off /= 2) v += shfl_xor(v, off);
+    return v;
+  }
+}
+
+// the item's sums of f(v, dy, w) over its elements: f gets kN-element runs (or single ones)
+template <typename T, int kWidth, typename F>
+M2R_DEVICE void walk(const RmsNormBwdParams& p, int lane, int64_t start, const typename T::storage* x,
+                     const typename T::storage* z, const typename T::storage* dout, bool vec, F&& f) {
+  typedef typename T::storage S;
+  constexpr int kN = 16 / sizeof(S);
+  const int gs = p.group_size;
+  const bool gate_first = z != nullptr && !p.norm_before_gate;
+  const bool gate_after = z != nullptr && p.norm_before_gate;
+  const int vec_end = vec ? gs / kN * kN : 0;
+  for (int i = lane * kN; i < vec_end; i += kWidth * kN) {
+    float xv[kN], gv[kN], zv[kN];
+    typename Vec16<T>::U u;
+    u.v = load_stream(reinterpret_cast<const vec16_t*>(x + i));
+    Vec16<T>::unpack(u, xv);
+    u.v = load_stream(reinterpret_cast<const vec16_t*>(dout + i));
+    Vec16<T>::unpack(u, gv);
+    if (z != nullptr) {
+      u.v = load_stream(reinterpret_cast<const vec16_t*>(z + i));
+      Vec16<T>::unpack(u, zv);
+    }
+#pragma unroll
+    for (int e = 0; e < kN; ++e) {
+      float v = xv[e], dy = gv[e];
+      if (gate_first) v *= silu(zv[e]);
+      if (gate_after) dy *= silu(zv[e]);
+      f(v, dy * load_as_float(p.weight, p.weight_dtype, start + i + e));
+    }
+  }
+  for (int i = vec_end + lane; i < gs; i += kWidth) {
+    float v = T::to_float(x[i]), dy = T::to_float(dout[i]);
+    if (gate_first) v *= silu(T::to_float(z[i]));
+    if (gate_after) dy *= silu(T::to_float(z[i]));
+    f(v, dy * load_as_float(p.weight, p.weight_dtype, start + i));
+  }
+}
+
+template <typename T, bool kWave>
+M2R_DEVICE void stats(const RmsNormBwdParams& p) {
+  typedef typename T::storage S;
+  constexpr int kWidth = kWave ? kWavefront : kThreads;  // threads per item
+  constexpr int kN = 16 / sizeof(S);
+  __shared__ float partial[kThreads / kWavefront];
+  const int gs = p.group_size, groups = p.hidden / gs;
+  const int lane = static_cast<int>(threadIdx.x) % kWidth;
+  // 32-bit item arithmetic (the host checks rows * groups < 2^31): a 64-bit division is a
+  // called routine with a stack frame on NVIDIA
+  const int item = static_cast<int>(blockIdx.x) * (kThreads / kWidth) + static_cast<int>(threadIdx.x) / kWidth;
+  if (kWave && item >= p.rows * groups) return;  // (whole wavefronts; no block barrier in this form)
+  const int64_t row = item / groups, start = static_cast<int64_t>(item % groups) * gs;
+  const S* x = static_cast<const S*>(p.x) + row * p.x_row_stride + start;
+  const S* z = p.z ? static_cast<const S*>(p.z) + row * p.z_row_stride + start : nullptr;
+  const S* dout = static_cast<const S*>(p.dout) + row * p.dout_row_stride + start;
+  const bool vec = p.vec != 0 && gs % kN == 0;  // (rows aligned: the host; groups: whole vectors)
+  const float inv_gs = 1.0f / static_cast<float>(gs);
+  float mean = 0.f;
+  if (p.layer_norm) {
+    float sum = 0.f;
+    walk<T, kWidth>(p, lane, start, x, z, dout, vec, [&](float v, float) { sum += v; });
+    mean = item_sum<kWidth>(sum, partial) * inv_gs;
+  }
+  // around the mean: sum (v - mean)^2, sum dxhat (v - mean), sum dxhat
+  float ss = 0.f, dv = 0.f, d = 0.f;
+  walk<T, kWidth>(p, lane, start, x, z, dout, vec, [&](float v, float dxhat) {
+    v -= mean;
+    ss = fmaf(v, v, ss);
+    dv = fmaf(dxhat, v, dv);
+    d += dxhat;
+  });
+  const float rstd = rsqrtf(item_sum<kWidth>(ss, partial) * inv_gs + p.eps);
+  const float c1 = item_sum<kWidth>(dv, partial) * inv_gs * rstd;  // mean(dxhat xhat)
+  const float c2 = p.layer_norm ? item_sum<kWidth>(d, partial) * inv_gs : 0.f;
+  if (lane == 0) {
+    float* st = p.stats + 4 * static_cast<int64_t>(item);
+    st[0] = mean, st[1] = rstd, st[2] = c1, st[3] = c2;
+  }
+}
+
+// ---- dx, dz and the dweight / dbias partials ------------------------------------------------
+// grid (ceil(hidden / (kThreads * kN)), row blocks, 1): a thread owns kN consecutive columns
+// (one 16-byte vector) and walks its block's rows; its columns' groups are the same every row.
+template <typename T>
+M2R_DEVICE void grads(const RmsNormBwdParams& p) {
+  typedef typename T::storage S;
+  constexpr int kN = 16 / sizeof(S);
+  const int hidden = p.hidden, gs = p.group_size, groups = hidden / gs;
+  const int64_t col0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kN;
+  const bool whole = col0 + kN <= hidden;
+  const bool vec = p.vec != 0 && whole;
+  const bool gate_first = p.z != nullptr && !p.norm_before_gate;
+  const bool gate_after = p.z != nullptr && p.norm_before_gate;
+  float w[kN], bias[kN], dw[kN], db[kN];
+  int grp[kN];
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    const int64_t c = min(col0 + i, static_cast<int64_t>(hidden) - 1);
+    w[i] = load_as_float(p.weight, p.weight_dtype, c);
+    bias[i] = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
+    grp[i] = static_cast<int>(c) / gs;  // (32-bit: hidden < 2^31)
+    dw[i] = 0.f, db[i] = 0.f;
+  }
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * p.rows_per_block;
+  const int64_t r1 = min(static_cast<int64_t>(p.rows), r0 + p.rows_per_block);
+  if (col0 < hidden) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const S* x = static_cast<const S*>(p.x) + r * p.x_row_stride + col0;
+      const S* z = gate_first || gate_after ? static_cast<const S*>(p.z) + r * p.z_row_stride + col0 : nullptr;
+      const S* dout = static_cast<const S*>(p.dout) + r * p.dout_row_stride + col0;
+      float xv[kN], zv[kN], gv[kN];
+      if (vec) {
+        typename Vec16<T>::U u;
+        u.v = load_stream(reinterpret_cast<const vec16_t*>(x));
+        Vec16<T>::unpack(u, xv);
+        u.v = load_stream(reinterpret_cast<const vec16_t*>(dout));
+        Vec16<T>::unpack(u, gv);
+        if (z != nullptr) {
+          u.v = load_stream(reinterpret_cast<const vec16_t*>(z));
+          Vec16<T>::unpack(u, zv);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kN; ++i) {
+          const bool in = col0 + i < hidden;
+          xv[i] = in ? T::to_float(x[i]) : 0.f;
+          gv[i] = in ? T::to_float(dout[i]) : 0.f;
+          zv[i] = in && z != nullptr ? T::to_float(z[i]) : 0.f;
+        }
+      }
+      float dxv[kN], dzv[kN];
+      const float* st_row = p.stats + 4 * r * groups;
+      float4 st = *reinterpret_cast<const float4*>(st_row + 4 * grp[0]);
+#pragma unroll
+      for (int i = 0; i < kN; ++i) {
+        if (i > 0 && grp[i] != grp[i - 1]) st = *reinterpret_cast<const float4*>(st_row + 4 * grp[i]);
+        const float mean = st.x, rstd = st.y, c1 = st.z, c2 = st.w;
+        const float sz = z != nullptr ? silu(zv[i]) : 1.f;
+        const float v = gate_first ? xv[i] * sz : xv[i];
+        const float xhat = (v - mean) * rstd;
+        float dy = gv[i];
+        if (gate_after) {
+          const float y = fmaf(xhat, w[i], bias[i]);
+          dzv[i] = dy * y * dsilu(zv[i]);
+          dy *= sz;
+        }
+        dw[i] = fmaf(dy, xhat, dw[i]);
+        db[i] += dy;
+        const float dv = rstd * (dy * w[i] - c2 - xhat * c1);
+        if (gate_first) {
+          dzv[i] = dv * xv[i] * dsilu(zv[i]);
+          dxv[i] = dv * sz;
+        } else {
+          dxv[i] = dv;
+        }
+      }
+      S* dx = static_cast<S*>(p.dx) + r * p.dx_row_stride + col0;
+      S* dz = z != nullptr ? static_cast<S*>(p.dz) + r * p.dz_row_stride + col0 : nullptr;
+      if (vec) {
+        typename Vec16<T>::U u;
+        Vec16<T>::pack(dxv, u);
+        store_stream(reinterpret_cast<vec16_t*>(dx), u.v);
+        if (dz != nullptr) {
+          Vec16<T>::pack(dzv, u);
+          store_stream(reinterpret_cast<vec16_t*>(dz), u.v);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kN; ++i) {
+          if (col0 + i >= hidden) break;
+          dx[i] = T::from_float(dxv[i]);
+          if (dz != nullptr) dz[i] = T::from_float(dzv[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      if (col0 + i >= hidden) break;
+      p.partial[(static_cast<int64_t>(blockIdx.y) * 2) * hidden + col0 + i] = dw[i];
+      p.partial[(static_cast<int64_t>(blockIdx.y) * 2 + 1) * hidden + col0 + i] = db[i];
+    }
+  }
+}
+
+}  // namespace rmsnorm_bwd
+}  // namespace m2r
+
+#define M2R_RMSNORM_BWD(DT, T)                                                                  \
+  M2R_KERNEL(m2r::rmsnorm_bwd::kThreads) m2r_rmsnorm_bwd_stats_##DT(RmsNormBwdParams p) {     \
+    m2r::rmsnorm_bwd::stats<m2r::T, false>(p);                                                 \
+  }                                                                                             \
+  M2R_KERNEL(m2r::rmsnorm_bwd::kThreads) m2r_rmsnorm_bwd_stats_w_##DT(RmsNormBwdParams p) {   \
+    m2r::rmsnorm_bwd::stats<m2r::T, true>(p);                                                  \
+  }                                                                                             \
+  M2R_KERNEL(m2r::rmsnorm_bwd::kThreads) m2r_rmsnorm_bwd_##DT(RmsNormBwdParams p) {           \
+    m2r::rmsnorm_bwd::grads<m2r::T>(p);                                                        \
+  }
+
+M2R_RMSNORM_BWD(f32, F32)
+M2R_RMSNORM_BWD(f16, F16)
+M2R_RMSNORM_BWD(bf16, BF16)

@@ -1,0 +1,137 @@
+"""The gated norm's backward kernels (csrc/rmsnorm_bwd.hip) on a GPU against autograd through
+the float64 reference: RMSNorm and LayerNorm, the gate before / after / absent, group sizes,
+odd hidden sizes (partial vectors), unaligned rows, z in another dtype, poisoned outputs, many
+rows per block, and bit-identical reruns.
+
+The op is called directly (``rmsnorm_bwd``, what the norm's backward calls) with the torch
+tier's formula disabled, so a silent fallback fails instead of passing."""
+
+import pytest
+import torch
+from helpers import DTYPES, check_grads, gpu_available, poison_allocator, seeded
+
+from mamba2_rocm import rmsnorm_fn
+from mamba2_rocm.ops import rmsnorm as norm_ops
+from mamba2_rocm.reference.ssd import rmsnorm_ref
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu_available(), reason="needs a GPU (run on the device machine)"),
+]
+
+DEV = "cuda"
+#: error bound relative to the largest reference gradient (inputs rounded alike on both sides)
+GTOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(autouse=True)
+def no_reference_fallback(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the backward fell back to the torch tier's formula")
+
+    monkeypatch.setattr(norm_ops, "rmsnorm_bwd_ref", refuse)
+
+
+def _inputs(g, rows, hidden, dtype, gate, bias=True, z_dtype=None, layout="contiguous"):
+    def r(*shape, dt=dtype):
+        return torch.randn(*shape, device=DEV, generator=g).to(dt)
+
+    x = r(rows, hidden) * 2 + 0.5
+    if layout == "sliced":  # rows at an odd offset and stride: the element-wise path
+        x = (r(rows, hidden + 3) * 2 + 0.5)[:, 1 : hidden + 1]
+    z = None if gate == "none" else r(rows, hidden, dt=z_dtype or dtype)
+    w = r(hidden, dt=torch.float32)
+    b = r(hidden, dt=torch.float32) if bias else None
+    dout = r(rows, hidden)
+    return x, w, b, z, dout
+
+
+def _want(x, w, b, z, eps, gs, nbg, is_rms, dout):
+    leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (x, w, b, z)]
+    out = rmsnorm_ref(*leaves, eps, gs, nbg, is_rms_norm=is_rms)
+    want = [t for t in leaves if t is not None]
+    got = iter(torch.autograd.grad(out, want, dout.double()))
+    return [next(got) if t is not None else None for t in leaves]
+
+
+def _check(got, want, tol):
+    check_grads(("dx", "dweight", "dbias", "dz"), got, want, tol)
+
+
+def _run(x, w, b, z, eps, gs, nbg, is_rms, dout):
+    poison_allocator(x.numel() * 8)
+    return norm_ops.rmsnorm_bwd(x, w, b, z, eps, gs, nbg, is_rms, dout)
+
+
+@pytest.mark.parametrize("gate", ["none", "before", "after"])
+@pytest.mark.parametrize("is_rms", [True, False], ids=["rms", "layer"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("hidden", "group"), [(1024, None), (768, 256), (100, 20), (4096, 512)])
+def test_backward(hidden, group, dtype, is_rms, gate):
+    g = seeded("norm bwd", hidden, group, str(dtype), is_rms, gate, device=DEV)
+    x, w, b, z, dout = _inputs(g, 37, hidden, dtype, gate)
+    args = (x, w, b, z, 1e-5, group, gate != "before", is_rms, dout)
+    got = _run(*args)
+    assert got[0].dtype == dtype and got[1].dtype == torch.float32
+    _check(got, _want(*args), GTOL[dtype])
+
+
+@pytest.mark.parametrize("gate", ["before", "after"])
+def test_backward_unaligned_rows_and_z_dtype(gate):
+    """Rows at odd offsets (element by element), z in fp32 with bf16 x (dz comes back fp32),
+    no bias."""
+    g = seeded("norm bwd odd", gate, device=DEV)
+    x, w, b, z, dout = _inputs(g, 21, 264, torch.bfloat16, gate, bias=False,
+                               z_dtype=torch.float32, layout="sliced")  # fmt: skip
+    args = (x, w, b, z, 1e-6, 88, gate != "before", True, dout)
+    got = _run(*args)
+    assert got[3].dtype == torch.float32
+    _check(got, _want(*args), GTOL[torch.bfloat16])
+
+
+def test_backward_many_rows_per_block(monkeypatch):
+    monkeypatch.setattr(norm_ops, "BWD_BLOCKS_PER_SM", 0.05)
+    g = seeded("norm bwd rows", device=DEV)
+    x, w, b, z, dout = _inputs(g, 3000, 512, torch.float32, "before")
+    assert norm_ops.bwd_row_blocks(3000, 1, norm_ops.sm_count(x.device)) < 100
+    args = (x, w, b, z, 1e-5, 128, False, False, dout)
+    _check(_run(*args), _want(*args), GTOL[torch.float32])
+
+
+def test_backward_is_bit_identical_across_runs():
+    g = seeded("norm bwd det", device=DEV)
+    x, w, b, z, dout = _inputs(g, 16384, 2048, torch.bfloat16, "before")
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = [_run(x, w, b, z, 1e-5, 256, False, True, dout) for _ in range(5)]
+    finally:
+        torch.use_deterministic_algorithms(was)
+    for other in runs[1:]:
+        for a, e in zip(runs[0], other, strict=True):
+            assert torch.equal(a, e)
+
+
+def test_rmsnorm_fn_backward_uses_the_kernels():
+    """rmsnorm_fn's autograd on the kernel tier reaches the kernels (the fallback is refused)
+    and gives x, z, weight and bias their gradients (Mamba2's gate-first norm, 8 groups)."""
+    g = seeded("norm bwd fn", device=DEV)
+    x, w, b, z, dout = _inputs(g, 64, 2048, torch.bfloat16, "before")
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, b, z)]
+    out = rmsnorm_fn(leaves[0], leaves[1], leaves[2], z=leaves[3], eps=1e-5, group_size=256,
+                     norm_before_gate=False)  # fmt: skip
+    got = torch.autograd.grad(out, leaves, dout)
+    want = _want(x, w, b, z, 1e-5, 256, False, True, dout)
+    _check(got, want, GTOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("form", ["wave", "block"])
+@pytest.mark.parametrize(("hidden", "group"), [(1024, 256), (4096, None), (200, 40)])
+@pytest.mark.parametrize("is_rms", [True, False], ids=["rms", "layer"])
+def test_backward_both_stats_forms(monkeypatch, hidden, group, is_rms, form):
+    """The per-item statistics by a wavefront or by a block, whichever the size would pick."""
+    monkeypatch.setattr(norm_ops, "STATS_WAVE_MAX_GROUP", 10**9 if form == "wave" else 0)
+    g = seeded("norm bwd stats", hidden, group, is_rms, form, device=DEV)
+    x, w, b, z, dout = _inputs(g, 29, hidden, torch.bfloat16, "after")
+    args = (x, w, b, z, 1e-5, group, True, is_rms, dout)
+    _check(_run(*args), _want(*args), GTOL[torch.bfloat16])
