@@ -425,3 +425,20 @@ def test_gated_norm_training_compiles_without_graph_breaks(kernel_tier):
     for a, e in zip(got, want, strict=True):
         torch.testing.assert_close(a, e)
     assert kernel_tier.count("norm_bwd") == 2
+
+
+def test_chunk_scan_gradients_stay_finite_when_decays_overflow_above_the_diagonal(kernel_tier):
+    """Large dt * |A| within a chunk: exp of the (masked-out) positive exponents above the
+    diagonal overflows. The recomputation's gradients must stay finite (they were NaN: the
+    product was masked after the exp, and 0 * inf in its backward is NaN; seen in training
+    a transformers Mamba2 at step 58)."""
+    g = seeded("bwd scan overflow")
+    t = _scan_inputs(g, b=1, L=64, h=2, p=4, groups=1, n=8)
+    del t["initial_states"]
+    t["dt"] = torch.full_like(t["dt"], 30.0)  # softplus(30 + bias) ~ 30; with A ~ -5: 150/token
+    t["A"] = torch.tensor([-5.0, -4.0])
+    ours = _leaves(t)
+    out = mamba_chunk_scan_combined(**ours, chunk_size=64, dt_softplus=True)
+    got = _grads([out], ours, [torch.randn(out.shape, generator=g)])
+    for k, v in got.items():
+        assert torch.isfinite(v).all(), k

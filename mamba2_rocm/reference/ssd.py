@@ -49,6 +49,13 @@ __all__ = [
 ]  # fmt: skip
 
 
+def _masked_exp(mask, x):
+    """exp(x) where ``mask``, else 0, with the exponent selected before the exp: a masked-out
+    exponent may be large (exp inf), and ``where(mask, exp(x), 0)`` then gives NaN gradients
+    (0 * inf) to everything x depends on; exp(-inf) = 0 and its gradient path is cut."""
+    return torch.exp(torch.where(mask, x, -math.inf))
+
+
 def _effective_dt(dt, dt_bias, dt_softplus, dt_limit, cd):
     """dt' (batch, seqlen, nheads) in ``cd``: bias, softplus (threshold 20), clamp."""
     dt = dt.to(cd)
@@ -209,7 +216,7 @@ def ssd_chunked(
     #    others are selected away, never multiplied by 0)
     last_seg = seg[:, :, -1]  # (b, c)
     in_last = (seg == last_seg[..., None])[..., None, None]  # (b, c, s, 1, 1)
-    to_end = torch.where(in_last, torch.exp(Acs[:, :, -1:] - Acs) * dtc, 0.0)
+    to_end = torch.where(in_last, _masked_exp(in_last, Acs[:, :, -1:] - Acs) * dtc, 0.0)
     Bl = torch.where(in_last, Bc, 0.0)
     xl = torch.where(in_last[..., None], xc, 0.0)
     chunk_states = torch.einsum("bcsgn,bcsgr,bcsgrp->bcgrpn", Bl, to_end, xl)
@@ -232,9 +239,10 @@ def ssd_chunked(
     # 3. outputs; a non-finite x enters the product as 0 and its reach becomes NaN
     seg_diff = Acs[:, :, :, None] - Acs[:, :, None, :]  # (b, c, t, s, g, r)
     cb = torch.einsum("bctgn,bcsgn->bctsg", Cc, Bc)
-    weights = torch.where(
-        mask[..., None, None], cb[..., None] * torch.exp(seg_diff) * dtc[:, :, None], 0.0
-    )  # (b, c, t, s, g, r)
+    # (b, c, t, s, g, r); the exponent is masked too: above the diagonal seg_diff is positive
+    # and its exp may overflow, and 0 * inf in the backward would be NaN
+    m = mask[..., None, None]
+    weights = torch.where(m, cb[..., None] * _masked_exp(m, seg_diff) * dtc[:, :, None], 0.0)
     bad = ~torch.isfinite(xc)
     y = torch.einsum("bctsgr,bcsgrp->bctgrp", weights, torch.where(bad, 0.0, xc))
     if bad.any():
@@ -291,7 +299,7 @@ def _varlen_states(cu_seqlens, cs, seg, seg_before, Acs, dtc, Bc, xc, entering, 
     a_end = Acs[0, c, j]  # (i, g, r)
     diff = a_end[:, None] - Acs[0, c]  # (i, s, g, r)
     tk = take[..., None, None]
-    w = torch.where(tk, torch.exp(diff) * dtc[0, c], 0.0)  # selected, never 0 * NaN
+    w = torch.where(tk, _masked_exp(tk, diff) * dtc[0, c], 0.0)  # never 0 * NaN, nor 0 * inf
     Bt = torch.where(tk, Bc[0, c], 0.0)
     xt = torch.where(tk[..., None], xc[0, c], 0.0)
     part = torch.einsum("isgr,isgn,isgrp->igrpn", w, Bt, xt)

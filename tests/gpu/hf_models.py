@@ -64,19 +64,39 @@ PROMPT = (2, 77)  # batch, tokens: odd, more than one chunk
 NEW_TOKENS = 6
 
 
-def run(name: str, weights: Path, out: Path) -> None:
+def _model(name: str, weights: Path, overrides: dict):
+    """NAME's tiny config (with ``overrides``) and its fp32 model on the GPU, with the weights
+    in WEIGHTS (written there, seeded, if absent)."""
     import torch
     import transformers
 
     cls_name, kwargs = MODELS[name]
-    config = getattr(transformers, cls_name)(**kwargs)
+    config = getattr(transformers, cls_name)(**(kwargs | overrides))
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     if weights.exists():
         model.load_state_dict(torch.load(weights))
     else:
         torch.save(model.state_dict(), weights)
-    model = model.cuda().eval()
+    return config, model.cuda()
+
+
+def _launched() -> list[str]:
+    """The mamba2-rocm kernels this process ran (empty on transformers' torch path)."""
+    if "mamba2_rocm.runtime.loader" not in sys.modules:
+        return []
+    from mamba2_rocm.runtime.loader import kernels_for_device
+
+    kset = kernels_for_device(0)
+    return sorted(kset._launchers) if kset is not None else []
+
+
+def run(name: str, weights: Path, out: Path) -> None:
+    import torch
+    import transformers
+
+    config, model = _model(name, weights, {})
+    model = model.eval()
     ids = torch.randint(3, config.vocab_size, PROMPT, generator=torch.Generator().manual_seed(1))
     ids = ids.cuda()
     with torch.no_grad():
@@ -86,12 +106,7 @@ def run(name: str, weights: Path, out: Path) -> None:
             output_logits=True, return_dict_in_generate=True, pad_token_id=0,
         )  # fmt: skip
         full = model(gen.sequences).logits  # the whole generated sequence in one forward
-    launched: list[str] = []
-    if "mamba2_rocm.runtime.loader" in sys.modules:
-        from mamba2_rocm.runtime.loader import kernels_for_device
-
-        kset = kernels_for_device(0)
-        launched = sorted(kset._launchers) if kset is not None else []
+    launched = _launched()
     torch.save(
         {
             "logits": logits.cpu(),
@@ -103,6 +118,56 @@ def run(name: str, weights: Path, out: Path) -> None:
         },
         out,
     )
+
+
+#: the training check: a periodic-copy task (a random pattern of PERIOD tokens repeated to
+#: TRAIN_LEN; the loss on every token after the first period, which the model can learn to
+#: copy from PERIOD back), batch TRAIN_BATCH, Adam at 3e-3 for TRAIN_STEPS steps from the
+#: shared weights
+TRAIN_STEPS, PERIOD, TRAIN_LEN, TRAIN_BATCH = 200, 5, 80, 16
+#: config changes for the training check. transformers' Mamba2 torch path normalizes the gated
+#: norm over the whole d_inner, while in training mode its kernel path calls
+#: mamba_split_conv1d_scan_combined, which (as mamba_ssm's) normalizes in ngroups groups: with
+#: n_groups > 1 the two paths of transformers itself compute different models (measured: loss
+#: 5.288 vs 5.261 at n_groups 2), so the comparison takes one group.
+TRAIN_OVERRIDES = {"mamba2": {"n_groups": 1}}
+
+
+def _task_batch(gen, vocab: int):
+    import torch
+
+    pattern = torch.randint(3, vocab, (TRAIN_BATCH, PERIOD), generator=gen)
+    ids = pattern.repeat(1, -(-TRAIN_LEN // PERIOD))[:, :TRAIN_LEN]
+    labels = ids.clone()
+    labels[:, :PERIOD] = -100  # the first period cannot be predicted
+    return ids.cuda(), labels.cuda()
+
+
+def train(name: str, weights: Path, out: Path) -> None:
+    """One training step (loss and every parameter's gradient, fp32) from the shared weights,
+    then TRAIN_STEPS steps of the periodic-copy task (the loss curve), saved to OUT."""
+    import torch
+
+    config, model = _model(name, weights, TRAIN_OVERRIDES.get(name, {}))
+    model = model.train()
+    gen = torch.Generator().manual_seed(2)
+    ids, labels = _task_batch(gen, config.vocab_size)
+    loss = model(ids, labels=labels).loss
+    loss.backward()
+    grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()
+             if p.grad is not None}  # fmt: skip
+    first = loss.item()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    curve = []
+    for _ in range(TRAIN_STEPS):
+        opt.zero_grad(set_to_none=True)
+        ids, labels = _task_batch(gen, config.vocab_size)
+        loss = model(ids, labels=labels).loss
+        loss.backward()
+        opt.step()
+        curve.append(loss.item())
+    launched = _launched()
+    torch.save({"loss": first, "grads": grads, "curve": curve, "launched": launched}, out)
 
 
 if __name__ == "__main__":
