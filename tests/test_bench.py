@@ -301,7 +301,7 @@ def test_backward_flag_only_where_a_training_mode_exists(capsys):
     from mamba2_rocm import cli
 
     assert cli.main(["bench", "decode", "--backward"]) == 1
-    assert "--backward applies to bench conv1d" in capsys.readouterr().err
+    assert "--backward applies to bench conv1d / ssd" in capsys.readouterr().err
 
 
 def test_conv1d_table_shows_peak_memory_and_its_ratio(monkeypatch):
@@ -317,3 +317,22 @@ def test_conv1d_table_shows_peak_memory_and_its_ratio(monkeypatch):
     assert "worst ratio to cuDNN (device time): 2.00x" in text
     assert "highest peak memory relative to cuDNN: 1.50x" in text
     assert "worst fwd+bwd at >= 64 MB: 50.0%" in text
+
+
+def test_ssd_backward_table_has_peak_memory_and_the_ratio(monkeypatch):
+    """bench ssd --backward's table: the peak-memory column, and the summary's ratio against
+    Triton's best (the training issue's target: 1x)."""
+    from mamba2_rocm.bench import ssd, timing
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "GPU")
+    base = dict(case="issue fwd+bwd b2", graph_us=None, gbs=1.0, copy_frac=0.1, copy_gbs=10.0,
+                mbytes=5.0)  # fmt: skip
+    ours = dict(base, impl="kernel", us=300.0, best_us=300.0, peak_mb=12.5)
+    best = {
+        "issue fwd+bwd b2": dict(base, impl=timing.TRITON, us=200.0, best_us=200.0, peak_mb=9.0)
+    }
+    rows = [ours, *best.values(),
+            {"summary": timing.ratio_summary([ours], best, ssd.TARGET_BACKWARD)}]  # fmt: skip
+    text = ssd.format_table(rows)
+    assert "peak MB" in text and "12.5" in text
+    assert "0.67x  (below 1.0x)" in text

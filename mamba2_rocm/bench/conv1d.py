@@ -23,7 +23,7 @@ write out; backward: read x and dout, write dx) and the peak memory above the in
 from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.bench.timing import backend, copy_bandwidth_gbs, time_calls, time_graph
+from mamba2_rocm.bench.timing import backend, copy_bandwidth_gbs, peak_mb, time_calls, time_graph
 
 #: model -> conv channels (Mamba2: d_inner + 2 * ngroups * dstate; Mamba1: d_inner)
 CONV_MODELS = {
@@ -65,14 +65,6 @@ def run_backward(width=4, dtype="bfloat16") -> list[dict]:
     dev = "cuda"
     copy = copy_bandwidth_gbs()
     rows: list[dict] = []
-
-    def peak_mb(fn) -> float:
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fn()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
 
     for label, bt, d, L in backward_cases():
         x = torch.randn(bt, L, d, device=dev, dtype=dt).transpose(1, 2).requires_grad_()

@@ -14,6 +14,14 @@ once, out and the final states written once) as a fraction of the measured copy 
 arithmetic rate over the scan's essential FLOPs (state in and out, 4 l h p n per row, plus the
 causal C·Bᵀ·x block, l chunk h p per row), and per case the ratio to Triton's best with the
 worst over the grid (issue #17's target: 1.2x ahead everywhere).
+
+``--backward`` (:func:`run_backward`): training at the issue's two shapes, forward + backward
+through autograd (gradients of x, dt, A, B, C, D, dt_bias, with the final states' gradient
+too): our op vs the torch tier vs mamba_ssm's Triton (forward and backward both Triton; best of
+several processes), the median µs per step, the bytes that must move (forward: the inputs read,
+out written; backward: the inputs and dout read, their gradients written) as a fraction of copy
+bandwidth, the peak memory above the inputs, and per shape the ratio to Triton (the training
+issue's goal: at least 1x, stretch 1.5x).
 """
 
 from __future__ import annotations
@@ -22,10 +30,14 @@ from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench.timing import (
     TRITON,
     add_triton_best,
+    backend,
+    bandwidth_row,
     compare,
     copy_bandwidth_gbs,
     format_rows,
+    peak_mb,
     split_summary,
+    time_calls,
 )
 
 #: model -> (nheads, headdim, ngroups, dstate, chunk_size)
@@ -45,6 +57,7 @@ POINTS = ((8, 512), (4, 2048), (1, 8192), (1, 16384))  # (batch, seqlen)
 #: ngroups, dstate, chunk_size)
 ISSUE_SHAPES = ((2, 4096, 32, 64, 1, 128, 256), (1, 16384, 64, 64, 8, 128, 256))
 TARGET = 1.2  # issue #17: at least 1.2x Triton's best at every grid point
+TARGET_BACKWARD = 1.0  # the training issue: forward + backward at least as fast as Triton
 
 
 def grid() -> list[tuple[str, tuple]]:
@@ -63,10 +76,57 @@ def _triton_scan():
     return mamba_chunk_scan_combined
 
 
-def run(dtype="bfloat16", impls=None, triton_procs: int = 3) -> list[dict]:
+def run_backward(dtype="bfloat16", impls=None, triton_procs: int = 3) -> list[dict]:
+    """Training rows at the issue's shapes: our op on the kernel tier and on the torch tier
+    here, Triton's best of ``triton_procs`` processes (``impls`` as in :func:`run`)."""
+    torch = require_torch()
+    from mamba2_rocm import mamba_chunk_scan_combined
+
+    dt_ = getattr(torch, dtype)
+    copy = copy_bandwidth_gbs()
+    triton = _triton_scan()
+    fns = {"kernel": mamba_chunk_scan_combined, "torch": mamba_chunk_scan_combined, TRITON: triton}
+    rows = []
+    for b, L, h, p, groups, n, cs in ISSUE_SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(L + h)
+        r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+        x, dt = r(b, L, h, p).to(dt_), (r(b, L, h) - 2).to(dt_)
+        B, C = r(b, L, groups, n).to(dt_), r(b, L, groups, n).to(dt_)
+        A, D, dt_bias = -torch.rand(h, device="cuda", generator=g) - 0.05, r(h), r(h) * 0.5
+        leaves = [t.requires_grad_() for t in (x, dt, A, B, C, D, dt_bias)]
+        dout, dfin = r(b, L, h, p).to(dt_), r(b, h, p, n)
+        act = (x.numel() + dt.numel() + B.numel() + C.numel()) * x.element_size()
+        # forward: inputs read, out and the final states written; backward: inputs and dout
+        # (and dfinal) read, the activations' gradients written
+        nbytes = 2 * act + 3 * x.numel() * x.element_size() + act + 2 * b * h * p * n * 4
+        case = f"issue fwd+bwd b{b} l{L} h{h} p{p} g{groups} n{n} c{cs} {dtype}"
+        for impl in impls or ("kernel", "torch"):
+            fn = fns[impl]
+            if fn is None:
+                continue
+
+            def step(fn=fn, args=(*leaves[:5], cs), leaves=leaves, cot=(dout, dfin)):
+                out, fin = fn(*args, D=leaves[5], dt_bias=leaves[6], dt_softplus=True,
+                              return_final_states=True)  # fmt: skip
+                return torch.autograd.grad([out, fin], leaves, list(cot))
+
+            iters = dict(warmup=1, iters=3) if impl == "torch" else dict(warmup=3, iters=20)
+            with backend("kernel" if impl == TRITON else impl):
+                row = bandwidth_row(case, impl, time_calls(step, **iters), None, nbytes, copy)
+                row["peak_mb"] = peak_mb(step)
+            rows.append(row)
+        del x, dt, B, C, leaves
+    if impls is None and triton is not None and triton_procs > 0:
+        rows = add_triton_best(rows, "ssd", triton_procs, dtype, TARGET_BACKWARD, backward=True)
+    return rows
+
+
+def run(dtype="bfloat16", impls=None, triton_procs: int = 3, backward=False) -> list[dict]:
     """Rows of every case: our kernel (and the torch tier at the issue's shapes) here, Triton's
     best of ``triton_procs`` processes; ``impls`` restricts this process to those (the Triton
-    processes run with ``(TRITON,)``)."""
+    processes run with ``(TRITON,)``). ``backward``: :func:`run_backward` instead."""
+    if backward:
+        return run_backward(dtype, impls, triton_procs)
     torch = require_torch()
     from mamba2_rocm import mamba_chunk_scan_combined
 
@@ -103,4 +163,7 @@ def run(dtype="bfloat16", impls=None, triton_procs: int = 3) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     table, summary = split_summary(rows)
+    if any("peak_mb" in r for r in table):  # --backward
+        return "\n".join([format_rows(table, 60, 26, extra=[("peak MB", "peak_mb", ".1f")]),
+                          *summary])  # fmt: skip
     return "\n".join([format_rows(table, 52, 26, extra=[("TFLOP/s", "tflops", ".1f")]), *summary])

@@ -160,16 +160,18 @@ def compare(case: str, ours: Callable, triton: Callable | None, args: tuple, kwa
     return rows
 
 
-def triton_best_of(op: str, processes: int, dtype: str) -> dict[str, dict]:
+def triton_best_of(op: str, processes: int, dtype: str, **run_kwargs) -> dict[str, dict]:
     """mamba_ssm's Triton row per case, the fastest of ``processes`` fresh processes (its
     autotuner picks a configuration per process, and the pick changes the time): each runs
-    ``mamba2_rocm.bench.<op>.run(dtype, impls=(TRITON,))``; empty where mamba_ssm is absent."""
+    ``mamba2_rocm.bench.<op>.run(dtype, impls=(TRITON,), **run_kwargs)``; empty where
+    mamba_ssm is absent."""
     import json
     import subprocess
     import sys
 
+    extra = "".join(f", {k}={v!r}" for k, v in run_kwargs.items())
     code = (f"import json; from mamba2_rocm.bench import {op} as m; "
-            f"print(json.dumps(m.run(dtype={dtype!r}, impls=({TRITON!r},))))")  # fmt: skip
+            f"print(json.dumps(m.run(dtype={dtype!r}, impls=({TRITON!r},){extra})))")  # fmt: skip
     best: dict[str, dict] = {}
     for _ in range(processes):
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -182,10 +184,10 @@ def triton_best_of(op: str, processes: int, dtype: str) -> dict[str, dict]:
 
 
 def add_triton_best(rows: list[dict], op: str, processes: int, dtype: str,
-                    target: float) -> list[dict]:  # fmt: skip
+                    target: float, **run_kwargs) -> list[dict]:  # fmt: skip
     """``rows`` with Triton's best-of-``processes`` rows (:func:`triton_best_of`) and a summary
     row (:func:`ratio_summary` against ``target``) appended; :func:`split_summary` undoes it."""
-    best = triton_best_of(op, processes, dtype)
+    best = triton_best_of(op, processes, dtype, **run_kwargs)
     return [*rows, *best.values(), {"summary": ratio_summary(rows, best, target)}]
 
 
@@ -216,3 +218,14 @@ def ratio_summary(rows: list[dict], triton_best: dict[str, dict], target: float)
         lines.append(f"worst ratio over the grid (Triton best / ours): {worst:.2f}x device time, "
                      f"{worst_eager:.2f}x eager per call")  # fmt: skip
     return lines
+
+
+def peak_mb(fn: Callable[[], object]) -> float:
+    """Peak memory one call of ``fn`` allocates above what was allocated before it, in MiB."""
+    torch = require_torch()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
