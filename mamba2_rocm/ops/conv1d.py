@@ -468,8 +468,15 @@ def _bwd_impl(
     ``dfinal_states``. dbias / dinitial_states are empty where there is no bias / no initial
     states. dweight and dbias are reduced in fp32, in a fixed order (deterministic), and
     returned in the parameters' dtypes."""
-    width = _check_bwd(x, weight, bias, seq_idx, initial_states, dout, dfinal_states)
+    _check_bwd(x, weight, bias, seq_idx, initial_states, dout, dfinal_states)
+    return _bwd_run(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, silu)
+
+
+def _bwd_run(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, silu):
+    """``_bwd_impl`` on checked arguments (the eager backward's call: the forward checked the
+    inputs, and autograd hands over gradients of the outputs' shapes, dtypes and devices)."""
     batch, dim, _seqlen = x.shape
+    width = weight.shape[1]
     no_bias = x.new_empty(0)
     tier, kset = choose(x.device)
     if x.numel() == 0 or tier != "kernel":
@@ -536,7 +543,7 @@ def _fwd_func_backward(ctx, dout, dfinal):
     # the registered op while compiling (traced, with its fake); in eager mode the function
     # itself: the dispatcher round trip of a Python custom op costs more host time than the
     # kernel takes at training shapes
-    bwd = causal_conv1d_bwd if torch.compiler.is_compiling() else _bwd_impl
+    bwd = causal_conv1d_bwd if torch.compiler.is_compiling() else _bwd_run
     dx, dw, db, dinit = bwd(x, weight, bias, seq_idx, initial_states, dout,
                             dfinal if ctx.final else None, ctx.silu)  # fmt: skip
     return (dx if need[0] else None, dw if need[1] else None,

@@ -338,6 +338,12 @@ def _bwd_impl(
     each in its input's dtype; dbias / dz are empty where there is no bias / no z. dweight and
     dbias are reduced in fp32 in a fixed order (bit-identical runs)."""
     gs = _check_bwd(x, weight, bias, z, eps, group_size, dout)
+    return _bwd_run(x, weight, bias, z, eps, gs, norm_before_gate, is_rms_norm, dout)
+
+
+def _bwd_run(x, weight, bias, z, eps, gs, norm_before_gate, is_rms_norm, dout):
+    """``_bwd_impl`` on checked arguments, ``gs`` the group size resolved (the eager backward's
+    call: the forward checked the inputs, autograd's dout has the output's shape and dtype)."""
     tier, kset = choose(x.device)
     if x.numel() == 0 or tier != "kernel" or x.dtype not in KERNEL_DTYPE:
         ct = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -387,8 +393,12 @@ def _norm_backward(ctx, dout):
     need = ctx.needs_input_grad
     if not any(need[:4]):
         return (None,) * 8
-    bwd = rmsnorm_bwd if torch.compiler.is_compiling() else _bwd_impl
-    dx, dw, db, dz = bwd(x, weight, bias, z, *ctx.args, dout)
+    eps, group_size, norm_before_gate, is_rms_norm = ctx.args
+    if torch.compiler.is_compiling():
+        dx, dw, db, dz = rmsnorm_bwd(x, weight, bias, z, *ctx.args, dout)
+    else:  # checked by the forward; group_size resolved as check_rmsnorm_args does
+        gs = x.shape[-1] if group_size is None else group_size
+        dx, dw, db, dz = _bwd_run(x, weight, bias, z, eps, gs, norm_before_gate, is_rms_norm, dout)
     return (dx if need[0] else None, dw if need[1] else None,
             db if need[2] and bias is not None else None,
             dz if need[3] and z is not None else None, None, None, None, None)  # fmt: skip
