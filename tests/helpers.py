@@ -122,3 +122,17 @@ def check_grads(names, got, want, tol: float) -> None:
         scale = r.abs().max().item() + 1e-6
         err = (g.double() - r).abs().max().item()
         assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol} * {scale:.3g}"
+
+
+def assert_bit_identical_runs(run, runs: int = 5) -> None:
+    """``run()`` (a tuple of tensors) gives bit-identical results ``runs`` times over, in
+    torch's deterministic mode (as causal-conv1d's determinism tests run it)."""
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        results = [run() for _ in range(runs)]
+    finally:
+        torch.use_deterministic_algorithms(was)
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert torch.equal(a, b)

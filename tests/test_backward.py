@@ -364,6 +364,16 @@ def test_empty_inputs_backward_to_empty_gradients(kernel_tier):
     assert xs.grad.shape == (2, 16, 0)
 
 
+def _assert_compiled_grads_equal_eager(loss, inputs) -> None:
+    """The gradients of ``loss(*inputs)`` eager and under torch.compile(fullgraph=True)."""
+    want = torch.autograd.grad(loss(*inputs), inputs)
+    torch._dynamo.reset()
+    got = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(*inputs),
+                              inputs)  # fmt: skip
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a, e)
+
+
 def test_conv1d_training_compiles_without_graph_breaks(kernel_tier):
     """Under torch.compile the training conv is the registered op (its fake traces the forward,
     the backward op's fake the backward), and the gradients equal the eager ones (which take
@@ -376,12 +386,7 @@ def test_conv1d_training_compiles_without_graph_breaks(kernel_tier):
     def loss(x, w, b):
         return (causal_conv1d_fn(x, w, b, activation="silu") ** 2).sum()
 
-    want = torch.autograd.grad(loss(x, w, b), (x, w, b))
-    torch._dynamo.reset()
-    got = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(x, w, b),
-                              (x, w, b))  # fmt: skip
-    for a, e in zip(got, want, strict=True):
-        torch.testing.assert_close(a, e)
+    _assert_compiled_grads_equal_eager(loss, (x, w, b))
     assert kernel_tier.count("conv_bwd") == 2  # eager and compiled backward both reach it
 
 
@@ -418,12 +423,7 @@ def test_gated_norm_training_compiles_without_graph_breaks(kernel_tier):
     def loss(x, z, w):
         return (rmsnorm_fn(x, w, None, z=z, group_size=16, norm_before_gate=False) ** 2).sum()
 
-    want = torch.autograd.grad(loss(x, z, w), (x, z, w))
-    torch._dynamo.reset()
-    got = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(x, z, w),
-                              (x, z, w))  # fmt: skip
-    for a, e in zip(got, want, strict=True):
-        torch.testing.assert_close(a, e)
+    _assert_compiled_grads_equal_eager(loss, (x, z, w))
     assert kernel_tier.count("norm_bwd") == 2
 
 

@@ -22,6 +22,7 @@ from mamba2_rocm.ops._launch import (
     layout,
     needs_autograd,
     ptr,
+    register_training,
     remember,
     sm_count,
     strides,
@@ -429,15 +430,6 @@ def _fwd_func_impl(
     return _fwd_run(x, weight, bias, seq_idx, initial_states, fin, silu), fin
 
 
-def _fwd_torch_tier(x, weight, bias, seq_idx, initial_states, silu, return_final_states):
-    """What the torch tier computes for ``_fwd_func_impl``'s (checked) arguments: the
-    backward's recomputation."""
-    from mamba2_rocm.reference.conv1d import causal_conv1d_torch
-
-    out, fin = causal_conv1d_torch(x, weight, bias, seq_idx, initial_states, silu)
-    return out, fin if return_final_states else x.new_empty(0)
-
-
 causal_conv1d_fwd_func = torch.library.custom_op(
     "mamba2_rocm::causal_conv1d_fwd_func", _fwd_func_impl, mutates_args=()
 )
@@ -477,7 +469,6 @@ def _bwd_run(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, silu
     inputs, and autograd hands over gradients of the outputs' shapes, dtypes and devices)."""
     batch, dim, _seqlen = x.shape
     width = weight.shape[1]
-    no_bias = x.new_empty(0)
     tier, kset = choose(x.device)
     if x.numel() == 0 or tier != "kernel":
         return _bwd_reference(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, silu)
@@ -491,7 +482,7 @@ def _bwd_run(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, silu
     partial = _bwd_kernel(kset, x, weight, bias, seq_idx, init, dout, dfin, silu, dx, dinit)
     sums = partial.sum(0)  # (dim, width + 1), fp32
     dweight = sums[:, :width].to(weight.dtype, copy=True)  # (outputs may not alias)
-    dbias = sums[:, width].to(bias.dtype, copy=True) if bias is not None else no_bias
+    dbias = sums[:, width].to(bias.dtype, copy=True) if bias is not None else x.new_empty(0)
     return dx, dweight, dbias, dinit if dinit is not None else x.new_empty(0)
 
 
@@ -551,24 +542,8 @@ def _fwd_func_backward(ctx, dout, dfinal):
             dinit if need[4] and initial_states is not None else None, None, None)  # fmt: skip
 
 
-causal_conv1d_fwd_func.register_autograd(_fwd_func_backward, setup_context=_fwd_func_setup)
-
-
-class _TrainConv(torch.autograd.Function):
-    """``causal_conv1d_fwd_func`` with its autograd formula, for eager mode without the
-    dispatcher: the same implementation, context and backward (H100 host: a training step's
-    conv cost ~1 ms of host time through two custom-op round trips, the kernels ~0.15 ms)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, seq_idx, initial_states, silu, return_final_states):
-        inputs = (x, weight, bias, seq_idx, initial_states, silu, return_final_states)
-        out = _fwd_func_impl(*inputs)
-        _fwd_func_setup(ctx, inputs, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout, dfinal):
-        return _fwd_func_backward(ctx, dout, dfinal)
+_train_conv = register_training(causal_conv1d_fwd_func, _fwd_func_impl, _fwd_func_setup,
+                                _fwd_func_backward)  # fmt: skip
 
 
 @causal_conv1d_fwd_func.register_fake
@@ -637,7 +612,7 @@ def causal_conv1d_fn(
     grads = (x, weight, bias, initial_states)
     if use_registered_op(*grads) and needs_autograd(*grads):
         # training on the kernel tier: the functional op, whose backward recomputes
-        train = causal_conv1d_fwd_func if torch.compiler.is_compiling() else _TrainConv.apply
+        train = causal_conv1d_fwd_func if torch.compiler.is_compiling() else _train_conv
         out, fin = train(x, weight, bias, seq_idx, initial_states, silu, return_final_states)
         if not return_final_states:
             return out

@@ -21,6 +21,7 @@ from mamba2_rocm.ops._launch import (
     launch,
     layout,
     like,
+    register_training,
     remember,
     sm_count,
     use_registered_op,
@@ -404,21 +405,7 @@ def _norm_backward(ctx, dout):
             dz if need[3] and z is not None else None, None, None, None, None)  # fmt: skip
 
 
-rmsnorm_fwd.register_autograd(_norm_backward, setup_context=_norm_setup)
-
-
-class _TrainNorm(torch.autograd.Function):
-    """``rmsnorm_fwd`` with its autograd formula, for eager mode without the dispatcher."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        out = _impl(*inputs)
-        _norm_setup(ctx, inputs, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        return _norm_backward(ctx, dout)
+_train_norm = register_training(rmsnorm_fwd, _impl, _norm_setup, _norm_backward)
 
 
 @rmsnorm_fwd.register_fake
@@ -435,7 +422,7 @@ def layernorm_fn(
     ``is_rms_norm``; mamba_ssm's ``layernorm_fn``. Returns x's dtype."""
     op = _impl
     if use_registered_op(x, weight, bias, z):  # compiling, or training on the kernel tier
-        op = rmsnorm_fwd if torch.compiler.is_compiling() else _TrainNorm.apply
+        op = rmsnorm_fwd if torch.compiler.is_compiling() else _train_norm
     return op(x, weight, bias, z, float(eps), group_size, bool(norm_before_gate), bool(is_rms_norm))
 
 

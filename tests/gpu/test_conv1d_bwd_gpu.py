@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import (
     DTYPES,
+    assert_bit_identical_runs,
     check_grads,
     gpu_available,
     make_seq_idx,
@@ -134,15 +135,7 @@ def test_backward_is_bit_identical_across_runs(layout):
     runs, in torch's deterministic mode as causal-conv1d's tests run them, agree bit for bit."""
     g = seeded("conv bwd det", layout, device=DEV)
     args = _case(g, 4, 1024, 4096, 4, torch.bfloat16, layout, "plain", param_dtype=torch.float32)
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        runs = [_run(*args, True) for _ in range(5)]
-    finally:
-        torch.use_deterministic_algorithms(was)
-    for other in runs[1:]:
-        for a, b in zip(runs[0], other, strict=True):
-            assert torch.equal(a, b)
+    assert_bit_identical_runs(lambda: _run(*args, True))
 
 
 def test_training_op_backward_uses_the_kernel():

@@ -8,7 +8,14 @@ tier's formula disabled, so a silent fallback fails instead of passing."""
 
 import pytest
 import torch
-from helpers import DTYPES, check_grads, gpu_available, poison_allocator, seeded
+from helpers import (
+    DTYPES,
+    assert_bit_identical_runs,
+    check_grads,
+    gpu_available,
+    poison_allocator,
+    seeded,
+)
 
 from mamba2_rocm import rmsnorm_fn
 from mamba2_rocm.ops import rmsnorm as norm_ops
@@ -101,15 +108,7 @@ def test_backward_many_rows_per_block(monkeypatch):
 def test_backward_is_bit_identical_across_runs():
     g = seeded("norm bwd det", device=DEV)
     x, w, b, z, dout = _inputs(g, 16384, 2048, torch.bfloat16, "before")
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        runs = [_run(x, w, b, z, 1e-5, 256, False, True, dout) for _ in range(5)]
-    finally:
-        torch.use_deterministic_algorithms(was)
-    for other in runs[1:]:
-        for a, e in zip(runs[0], other, strict=True):
-            assert torch.equal(a, e)
+    assert_bit_identical_runs(lambda: _run(x, w, b, z, 1e-5, 256, False, True, dout))
 
 
 def test_rmsnorm_fn_backward_uses_the_kernels():
