@@ -23,4 +23,41 @@ M2R_DEVICE float block_sum(float v, float* partial) {
   return total;
 }
 
+// Inclusive prefix sum over the block; `wsum` holds one float per wavefront.
+M2R_DEVICE float block_inclusive_scan(float v, float* wsum) {
+  const int lane = threadIdx.x % kWavefront, wave = threadIdx.x / kWavefront;
+#pragma unroll
+  for (int off = 1; off < kWavefront; off <<= 1) {
+    const float u = shfl_up(v, off);
+    if (lane >= off) v += u;
+  }
+  if (lane == kWavefront - 1) wsum[wave] = v;
+  __syncthreads();
+  float prefix = 0.f;
+  for (int i = 0; i < wave; ++i) prefix += wsum[i];
+  __syncthreads();
+  return v + prefix;
+}
+
+// Inclusive prefix sum over the block that restarts wherever `start` is set (a token that
+// begins a new segment): a value never reaches another segment's sums, so a non-finite dt in
+// one sequence cannot spread into the next one's decays. Differences of two sums within one
+// segment are those of the plain prefix sum. `wsum`/`wstart` hold one entry per wavefront.
+M2R_DEVICE float block_segmented_scan(float v, bool start, float* wsum, int* wstart) {
+  const int lane = threadIdx.x % kWavefront, wave = threadIdx.x / kWavefront;
+  float f = start ? 1.f : 0.f;  // a start in (lane - off, lane]: what the sum already covers
+#pragma unroll
+  for (int off = 1; off < kWavefront; off <<= 1) {
+    const float u = shfl_up(v, off), g = shfl_up(f, off);
+    if (lane >= off && f == 0.f) v += u;  // select: never v + 0 * u
+    if (lane >= off) f = fmaxf(f, g);
+  }
+  if (lane == kWavefront - 1) wsum[wave] = v, wstart[wave] = f != 0.f;
+  __syncthreads();
+  float prefix = 0.f;
+  for (int i = 0; i < wave; ++i) prefix = wstart[i] ? wsum[i] : prefix + wsum[i];
+  __syncthreads();
+  return f != 0.f ? v : v + prefix;
+}
+
 }  // namespace m2r

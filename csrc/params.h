@@ -263,6 +263,50 @@ struct SsdParams {
   int32_t reserved;
 };
 
+// The SSD scan's backward (csrc/ssd_bwd.hip), after the forward's first four stages were run
+// again (SsdParams' dt_out, dA_cs, seg, cb and states: the entering state of each chunk).
+// x, B, C, z and dout are contiguous in the kernel's dtype, so their strides follow from the
+// sizes; dt is the caller's (any strides, dtype dt_dtype: the clamp and softplus derivatives
+// read it); A, D ((nheads, headdim), a (nheads,) D broadcast) and dt_bias are contiguous fp32.
+// Every reduction over tokens, heads or state elements is written as fp32 partials in a fixed
+// order and summed by the next kernel or the host: no atomics, bit-identical runs.
+struct SsdBwdParams {
+  const void* x;       // (batch, seqlen, nheads, headdim)
+  const void* B;       // (batch, seqlen, ngroups, dstate)
+  const void* C;       // (batch, seqlen, ngroups, dstate)
+  const void* z;       // like x, or null
+  const void* dout;    // like x
+  const void* dt;      // (batch, seqlen, nheads), dtype dt_dtype
+  const float* A;      // (nheads,)
+  const float* D;      // (nheads, headdim), or null
+  const float* dt_bias;   // (nheads,), or null
+  const float* dt_out;    // the forward's workspaces (SsdParams)
+  const float* dA_cs;
+  const int32_t* seg;
+  float* cb;              // C·Bᵀ of the forward, then overwritten with its gradient
+  const float* states;    // (batch, nchunks, nheads, dstate, headdim): entering each chunk
+  const float* dfinal;    // (batch, nheads, headdim, dstate), or null
+  void* dout_g;           // like x: dout times silu(z) (dout itself without z)
+  void* dz;               // like x, or null
+  void* dx;               // like x
+  float* dstates;         // like states: the gradient of each chunk's entering, then its final state
+  float* dinit;           // (batch, nheads, headdim, dstate), or null
+  float* dB;              // (batch, seqlen, ngroups, dstate)
+  float* dC;              // (batch, seqlen, ngroups, dstate)
+  float* ddt;             // (batch, seqlen, nheads)
+  float* tok;             // (3 ptiles + 2 chunk_size / 64, batch, nheads, nchunks, chunk_size)
+  float* dD_part;         // (batch, nchunks, chunk_size / 64, nheads, headdim)
+  float* dA_last_part;    // (batch, nheads, nchunks, pass_blocks)
+  float* head_part;       // (2, batch, nchunks, nheads): dA, ddt_bias
+  int64_t dt_batch_stride, dt_l_stride, dt_h_stride;
+  int32_t batch, seqlen, nheads, headdim;
+  int32_t ngroups, dstate, chunk_size, nchunks;
+  int32_t heads_per_group, has_init, dt_softplus, dt_dtype;
+  int32_t pass_blocks;
+  float dt_min, dt_max;
+  int32_t reserved;
+};
+
 // Mamba1's selective scan (mamba_ssm's selective_scan_fn), forward, real A:
 //   delta' = softplus(delta + delta_bias) if delta_softplus else delta + delta_bias
 //   h[n] = exp(delta'[t] * A[d, n]) * h[n] + delta'[t] * B[n, t] * u[t]      (h starts at 0)

@@ -19,6 +19,8 @@
 // RDNA's 64 KiB. Positions past seqlen in the last chunk behave as dt' = 0 tokens and are never
 // stored. Masked terms are selected away (never multiplied by 0), so workspace entries that are
 // never written (C·Bᵀ above the diagonal) cannot leak NaN into a result.
+#include "block_reduce.h"
+#include "fma_tile.h"
 #include "mma.h"
 #include "platform.h"
 
@@ -26,81 +28,18 @@ namespace m2r {
 namespace ssd {
 
 constexpr int kThreads = 256;
-constexpr int kSlab = 32;           // reduction-dim slab staged in LDS
+constexpr int kSlab = kFmaSlab;     // reduction-dim slab staged in LDS (fma_tile.h)
 constexpr int kPad = 4;             // LDS row padding (floats); keeps rows 16-byte aligned
 constexpr int kHeadsPerCumsum = 8;  // heads per chunk_cumsum block
 constexpr int kMaxChunk = 256;
 
 // ---- shared pieces -------------------------------------------------------------------------
 
-// Inclusive prefix sum over the block (kThreads threads); `wsum` holds one float per wavefront.
-M2R_DEVICE float block_inclusive_scan(float v, float* wsum) {
-  const int lane = threadIdx.x % kWavefront, wave = threadIdx.x / kWavefront;
-#pragma unroll
-  for (int off = 1; off < kWavefront; off <<= 1) {
-    const float u = shfl_up(v, off);
-    if (lane >= off) v += u;
-  }
-  if (lane == kWavefront - 1) wsum[wave] = v;
-  __syncthreads();
-  float prefix = 0.f;
-  for (int i = 0; i < wave; ++i) prefix += wsum[i];
-  __syncthreads();
-  return v + prefix;
-}
-
-// Inclusive prefix sum over the block that restarts wherever `start` is set (a token that
-// begins a new segment): a value never reaches another segment's sums, so a non-finite dt in
-// one sequence cannot spread into the next one's decays. Differences of two sums within one
-// segment are those of the plain prefix sum. `wsum`/`wstart` hold one entry per wavefront.
-M2R_DEVICE float block_segmented_scan(float v, bool start, float* wsum, int* wstart) {
-  const int lane = threadIdx.x % kWavefront, wave = threadIdx.x / kWavefront;
-  float f = start ? 1.f : 0.f;  // a start in (lane - off, lane]: what the sum already covers
-#pragma unroll
-  for (int off = 1; off < kWavefront; off <<= 1) {
-    const float u = shfl_up(v, off), g = shfl_up(f, off);
-    if (lane >= off && f == 0.f) v += u;  // select: never v + 0 * u
-    if (lane >= off) f = fmaxf(f, g);
-  }
-  if (lane == kWavefront - 1) wsum[wave] = v, wstart[wave] = f != 0.f;
-  __syncthreads();
-  float prefix = 0.f;
-  for (int i = 0; i < wave; ++i) prefix = wstart[i] ? wsum[i] : prefix + wsum[i];
-  __syncthreads();
-  return f != 0.f ? v : v + prefix;
-}
-
 M2R_DEVICE void store_as(void* p, int dtype, int64_t idx, float v) {
   if (dtype == M2R_DTYPE_F32) {
     static_cast<float*>(p)[idx] = v;
   } else {
     static_cast<uint16_t*>(p)[idx] = dtype == M2R_DTYPE_F16 ? float_to_fp16(v) : float_to_bf16(v);
-  }
-}
-
-// acc[i][j] += sum_k A[k][row_i] * B[k][col_j] over one LDS slab. A thread's rows are
-// kRowGroups runs of 4 at row0 + 64 g, its columns kColGroups runs of 4 at col0 + 64 g, so a
-// quarter-wavefront reads consecutive 16-byte words (no bank conflicts) or one broadcast word.
-template <int kRowGroups, int kColGroups, int kLdA, int kLdB>
-M2R_DEVICE void slab_product(float (&acc)[4 * kRowGroups][4 * kColGroups], const float* As,
-                             const float* Bs, int row0, int col0) {
-#pragma unroll
-  for (int k = 0; k < kSlab; ++k) {
-    float a[4 * kRowGroups], b[4 * kColGroups];
-#pragma unroll
-    for (int g = 0; g < kRowGroups; ++g) {
-      const float4 v = *reinterpret_cast<const float4*>(As + k * kLdA + row0 + 64 * g);
-      a[4 * g] = v.x, a[4 * g + 1] = v.y, a[4 * g + 2] = v.z, a[4 * g + 3] = v.w;
-    }
-#pragma unroll
-    for (int g = 0; g < kColGroups; ++g) {
-      const float4 v = *reinterpret_cast<const float4*>(Bs + k * kLdB + col0 + 64 * g);
-      b[4 * g] = v.x, b[4 * g + 1] = v.y, b[4 * g + 2] = v.z, b[4 * g + 3] = v.w;
-    }
-#pragma unroll
-    for (int i = 0; i < 4 * kRowGroups; ++i)
-#pragma unroll
-      for (int j = 0; j < 4 * kColGroups; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
   }
 }
 

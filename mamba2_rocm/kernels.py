@@ -17,6 +17,7 @@ from mamba2_rocm.params import (
     RmsNormBwdParams,
     RmsNormParams,
     SelectiveScanParams,
+    SsdBwdParams,
     SsdParams,
     SsuParams,
     StateRowsParams,
@@ -137,6 +138,20 @@ SOURCES: dict[str, KernelSource] = {
                     for rows in SSD_SCAN_ROWS
                     for z in ("", "_z")
                 ),
+            ),
+        ),
+        KernelSource(
+            "ssd_bwd",
+            SsdBwdParams,
+            (
+                "m2r_ssd_bwd_state_passing",
+                "m2r_ssd_bwd_cumsum",
+                *(
+                    f"m2r_ssd_bwd_{stage}_{dt}"
+                    for dt in KERNEL_DTYPES
+                    for stage in ("dstates", "dx", "dcb", "dc", "db")
+                ),
+                *(f"m2r_ssd_bwd_dz_{dt}{z}" for dt in KERNEL_DTYPES for z in ("", "_z")),
             ),
         ),
         KernelSource(

@@ -19,6 +19,7 @@ __all__ = [
     "RmsNormBwdParams",
     "RmsNormParams",
     "SelectiveScanParams",
+    "SsdBwdParams",
     "SsdParams",
     "SsuParams",
     "StateRowsParams",
@@ -118,6 +119,21 @@ class SsdParams(ctypes.Structure):
             "A_stride dt_bias_stride D_h_stride D_p_stride",
             "batch seqlen nheads headdim ngroups dstate chunk_size nchunks heads_per_group "
             "num_seqs dt_softplus dt_dtype a_dtype d_dtype dt_bias_dtype init_dtype state_dtype",
+        ),
+        ("dt_min", ctypes.c_float),
+        ("dt_max", ctypes.c_float),
+        *_fields("", "", "reserved"),
+    ]
+
+
+class SsdBwdParams(ctypes.Structure):
+    _fields_ = [
+        *_fields(
+            "x B C z dout dt A D dt_bias dt_out dA_cs seg cb states dfinal dout_g dz dx "
+            "dstates dinit dB dC ddt tok dD_part dA_last_part head_part",
+            "dt_batch_stride dt_l_stride dt_h_stride",
+            "batch seqlen nheads headdim ngroups dstate chunk_size nchunks heads_per_group "
+            "has_init dt_softplus dt_dtype pass_blocks",
         ),
         ("dt_min", ctypes.c_float),
         ("dt_max", ctypes.c_float),

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import seeded
+from torch._subclasses.fake_tensor import is_fake
 
 from mamba2_rocm import (
     causal_conv1d_fn,
@@ -26,7 +27,7 @@ from mamba2_rocm.ops import conv1d as conv_ops
 from mamba2_rocm.ops import rmsnorm as norm_ops
 from mamba2_rocm.ops import ssd as ssd_ops
 from mamba2_rocm.reference.conv1d import causal_conv1d_bwd_torch, causal_conv1d_eager
-from mamba2_rocm.reference.ssd import rmsnorm_bwd_ref, rmsnorm_ref, ssd_sequential
+from mamba2_rocm.reference.ssd import rmsnorm_bwd_ref, rmsnorm_ref, ssd_chunked_bwd, ssd_sequential
 
 
 @pytest.fixture
@@ -60,9 +61,22 @@ def kernel_tier(monkeypatch):
             varlen.copy_(res[2])
         return res[0].to(x.dtype)
 
+    def scan_bwd(kset, x, dt, A, B, C, cs, D, z, dt_bias, init, seq_idx, softplus, dims, dout,
+                 dfin):  # fmt: skip
+        # the kernels' contract: every gradient in its input's dtype, None for absent inputs
+        assert not is_fake(x), "a backward launch on fake tensors: traced into the kernel"
+        ran.append("scan_bwd")
+        d = lambda t: None if t is None else t.double()  # noqa: E731
+        got = ssd_chunked_bwd(d(x), d(dt), d(A), d(B), d(C), cs, d(D), d(z), d(dt_bias), d(init),
+                              seq_idx, softplus, dims.dt_limit, d(dout), d(dfin),
+                              compute_dtype=torch.float64)  # fmt: skip
+        like = (x, dt, A, B, C, D, z, dt_bias, init)
+        return tuple(None if g is None else g.to(t.dtype) for g, t in zip(got, like, strict=True))
+
     def conv_bwd(kset, x, w, b, seq_idx, init, dout, dfin, silu, dx, dinit):
         # the kernel's contract: dx and dinit written, dweight / dbias returned as fp32 partial
         # rows for the host to add (here one row per batch row, as a one-tile-per-block grid)
+        assert not is_fake(x), "a backward launch on fake tensors: traced into the kernel"
         ran.append("conv_bwd")
         rows = []
         for i in range(x.shape[0]):
@@ -82,6 +96,7 @@ def kernel_tier(monkeypatch):
 
     def norm_bwd(kset, x, w, b, z, eps, gs, nbg, layer_norm, dout):
         # the kernels' contract: dx and dz in x's dtype and shape, the fp32 (dweight, dbias) sums
+        assert not is_fake(x), "a backward launch on fake tensors: traced into the kernel"
         ran.append("norm_bwd")
         dx, dw, db, dz = rmsnorm_bwd_ref(x.double(), w.double(), None if b is None else b.double(),
                                          None if z is None else z.double(), eps, gs, nbg,
@@ -96,6 +111,7 @@ def kernel_tier(monkeypatch):
     monkeypatch.setattr(norm_ops, "_kernel", norm)
     monkeypatch.setattr(norm_ops, "_fast_plan", lambda *args: False)  # always through _kernel
     monkeypatch.setattr(ssd_ops, "_kernel", scan)
+    monkeypatch.setattr(ssd_ops, "_bwd_kernel", scan_bwd)
     norm_ops.clear_plan_cache()
     yield ran
     norm_ops.clear_plan_cache()
@@ -255,9 +271,9 @@ def test_chunk_scan(kernel_tier, with_seq_idx, limit):
     kw = dict(seq_idx=seq_idx, dt_softplus=True, dt_limit=limit, return_final_states=True)
     out, fin = mamba_chunk_scan_combined(**ours, chunk_size=64, **kw)
     want = ssd_sequential(**ref, **kw)
-    assert kernel_tier == ["scan"]
     cot = [torch.randn(out.shape, generator=g), torch.randn(fin.shape, generator=g)]
     _close(_grads([out, fin], ours, cot), _grads(list(want), ref, [c.double() for c in cot]), 1e-4)
+    assert kernel_tier == ["scan", "scan_bwd"]
 
 
 def test_chunk_scan_varlen_states_carry_gradients(kernel_tier):
@@ -442,3 +458,100 @@ def test_chunk_scan_gradients_stay_finite_when_decays_overflow_above_the_diagona
     got = _grads([out], ours, [torch.randn(out.shape, generator=g)])
     for k, v in got.items():
         assert torch.isfinite(v).all(), k
+
+
+def _sequence_ids(b, L, cuts, first=0):
+    s = torch.full((b, L), first, dtype=torch.int32)
+    for c in cuts:
+        s[:, c:] += 1
+    return s
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(),
+        dict(D2=True, z=False),
+        dict(bare=True),  # no D, z, dt_bias, initial states nor final-state gradient
+        dict(cuts=(10, 16, 17, 30)),  # restarts inside chunks and at a chunk's first token
+        dict(cuts=(20,), first=1),  # the row starts in another sequence: no initial states
+        dict(softplus=False, limit=(0.1, 0.9)),  # clamped both ways
+        dict(L=16),
+        dict(L=1),
+        dict(groups=1, h=3),
+        dict(L=64, cs=32, cuts=(31, 32)),
+    ],
+    ids=str,
+)
+def test_chunk_scan_backward_formula(case):
+    """The written-out scan gradients (``ssd_chunked_bwd``: the torch tier's backward and the
+    HIP kernels' steps) against autograd through the float64 recurrence."""
+    c = dict(b=2, L=45, h=4, p=6, groups=2, n=5, cs=16, cuts=None, first=0, softplus=True,
+             limit=(0.0, float("inf")), D2=False, z=True, bare=False) | case  # fmt: skip
+    g = seeded("bwd scan formula", tuple(sorted(case.items())))
+    t = {k: v.double() for k, v in _scan_inputs(g, c["b"], c["L"], c["h"], c["p"], c["groups"],
+                                                   c["n"]).items()}  # fmt: skip
+    t["dt"] = t["dt"] * 0.5 + 0.5
+    if not c["D2"]:
+        t["D"] = t["D"][:, 0].contiguous()
+    if not c["z"] or c["bare"]:
+        t["z"] = None
+    if c["bare"]:
+        t["D"] = t["dt_bias"] = t["initial_states"] = None
+    seq = None if c["cuts"] is None else _sequence_ids(c["b"], c["L"], c["cuts"], c["first"])
+    ref = _leaves(t)
+    kw = dict(seq_idx=seq, dt_softplus=c["softplus"], dt_limit=c["limit"])
+    out, fin = ssd_sequential(**ref, **kw, return_final_states=True, state_dtype=torch.float64)
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    dfin = None if c["bare"] else torch.randn(fin.shape, generator=g, dtype=torch.float64)
+    want = _grads([out] + ([fin] if dfin is not None else []), ref,
+                  [dout] + ([dfin] if dfin is not None else []))  # fmt: skip
+    got = ssd_chunked_bwd(*(t[k] for k in ("x", "dt", "A", "B", "C")), c["cs"], t["D"], t["z"],
+                          t["dt_bias"], t["initial_states"], seq, c["softplus"], c["limit"], dout,
+                          dfin, compute_dtype=torch.float64)  # fmt: skip
+    names = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+    assert [n for n, v in zip(names, got, strict=True) if v is not None] == list(want)
+    _close({n: v for n, v in zip(names, got, strict=True) if v is not None}, want, 1e-10)
+
+
+def test_chunk_scan_training_compiles_without_graph_breaks(kernel_tier):
+    g = seeded("bwd scan compile")
+    t = _scan_inputs(g, L=37)
+    inputs = tuple(v.requires_grad_() for v in t.values())
+
+    def loss(*args):
+        kw = dict(zip(t, args, strict=True))
+        out, fin = mamba_chunk_scan_combined(**kw, chunk_size=64, dt_softplus=True,
+                                             return_final_states=True)  # fmt: skip
+        return (out**2).sum() + fin.sum()
+
+    _assert_compiled_grads_equal_eager(loss, inputs)
+    assert kernel_tier.count("scan_bwd") == 2  # eager and compiled backward both reach it
+
+
+def test_chunk_scan_ops_pass_opcheck():
+    """The scan op with its autograd formula, and the backward op, on the torch tier."""
+    g = seeded("bwd scan opcheck")
+    t = _scan_inputs(g, L=21)
+    args = (*(t[k] for k in ("x", "dt", "A", "B", "C")), 64, t["D"], t["z"], t["dt_bias"],
+            t["initial_states"], None, None, True, [0.0, float("inf")], False, None)  # fmt: skip
+    grad_args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) else a
+                      for a in args)  # fmt: skip
+    torch.library.opcheck(ssd_ops.mamba_chunk_scan_combined_op, grad_args)
+    dout = torch.randn(t["x"].shape, generator=g)
+    dfin = torch.randn(t["initial_states"].shape, generator=g)
+    bwd_args = (*args[:11], True, [0.0, float("inf")], dout, dfin)
+    torch.library.opcheck(ssd_ops.mamba_chunk_scan_combined_bwd, bwd_args)
+
+
+def test_chunk_scan_backward_without_tokens():
+    """seqlen 0: the final states are the initial ones, so their gradient flows straight back;
+    every other gradient is zero."""
+    g = seeded("bwd scan empty")
+    t = _leaves(_scan_inputs(g, L=0))
+    _, fin = mamba_chunk_scan_combined(**t, chunk_size=64, return_final_states=True)
+    dfin = torch.randn(fin.shape, generator=g)
+    got = _grads([fin], t, [dfin])
+    assert torch.equal(got["initial_states"], dfin)
+    for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias"):
+        assert got[k] is None or not got[k].any(), k

@@ -8,6 +8,7 @@ from mamba2_rocm.params import DTYPE_CODES
 from mamba2_rocm.runtime.device import device_multiprocessors
 
 torch = require_torch()
+from torch._subclasses.fake_tensor import is_fake  # noqa: E402  (after the torch check)
 
 #: Tensor dtype -> the dtype part of a kernel's name (``m2r_..._bf16``).
 KERNEL_DTYPE = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -116,6 +117,14 @@ def needs_autograd(*tensors) -> bool:
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
 
 
+def traced(*tensors) -> bool:
+    """Whether this call is being traced (torch.compile, export): compiling, or any of
+    ``tensors`` is a fake / functional tensor. An op's backward runs under AOTAutograd's
+    tracing without ``torch.compiler.is_compiling()`` set, on fake tensors: it must call the
+    registered backward op (whose fake gives the shapes), never launch a kernel."""
+    return torch.compiler.is_compiling() or any(t is not None and is_fake(t) for t in tensors)
+
+
 def use_registered_op(x, *tensors) -> bool:
     """Whether a public function calls its ``torch.library`` op rather than the plain
     implementation: always while compiling, and in eager mode when the kernel tier would run
@@ -126,47 +135,61 @@ def use_registered_op(x, *tensors) -> bool:
     )
 
 
-def recompute_backward(op, reference, differentiable: tuple[int, ...]) -> None:
-    """Give the kernel op ``op`` its autograd formula: backward recomputes the forward through
-    ``reference`` (the op's PyTorch tier, same arguments, same semantics) under autograd and
-    differentiates that, for the inputs at the ``differentiable`` positions that ask for a
-    gradient. Only the inputs are saved (as mamba_ssm's checkpointing saves them), so activation
-    memory is the inputs'. The interim backward of the training issue: correct gradients for
-    every differentiable input, at the PyTorch tier's speed, until HIP backward kernels land."""
+def save_inputs(ctx, inputs, output) -> None:
+    """An autograd ``setup_context`` that saves every input (tensors through
+    ``save_for_backward``); :func:`saved_inputs` gives them back."""
     tensor = torch.Tensor
+    ctx.tensor_pos = [i for i, t in enumerate(inputs) if isinstance(t, tensor)]
+    ctx.others = [None if isinstance(t, tensor) else t for t in inputs]
+    ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_pos))
 
-    def setup_context(ctx, inputs, output):
-        ctx.tensor_pos = [i for i, t in enumerate(inputs) if isinstance(t, tensor)]
-        ctx.others = [None if isinstance(t, tensor) else t for t in inputs]
-        ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_pos))
+
+def saved_inputs(ctx) -> list:
+    """The op's inputs as :func:`save_inputs` kept them, in argument order."""
+    inputs = list(ctx.others)
+    for i, t in zip(ctx.tensor_pos, ctx.saved_tensors, strict=True):
+        inputs[i] = t
+    return inputs
+
+
+def recomputed_grads(ctx, reference, differentiable: tuple[int, ...], grads) -> tuple:
+    """The backward of an op whose inputs :func:`save_inputs` kept: recompute the forward
+    through ``reference`` (the op's PyTorch tier, same arguments, same semantics) under
+    autograd and differentiate that, for the inputs at the ``differentiable`` positions that
+    ask for a gradient. Activation memory is the inputs' (as mamba_ssm's checkpointing)."""
+    inputs = saved_inputs(ctx)
+    want = [i for i in differentiable if inputs[i] is not None and ctx.needs_input_grad[i]]
+    result: list = [None] * len(inputs)
+    if not want:
+        return tuple(result)
+    if all(g is None or g.numel() == 0 for g in grads):  # empty outputs: nothing flows back
+        for i in want:  # (and the reference may refuse empty inputs)
+            result[i] = torch.zeros_like(inputs[i])
+        return tuple(result)
+    with torch.enable_grad():
+        for i in want:
+            inputs[i] = inputs[i].detach().requires_grad_()
+        outs = reference(*inputs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        pairs = [(o, g) for o, g in zip(outs, grads, strict=True)
+                 if g is not None and o.requires_grad and o.numel()]  # fmt: skip
+        if pairs:
+            got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in want],
+                                      [g for _, g in pairs], allow_unused=True)  # fmt: skip
+            for i, g in zip(want, got, strict=True):
+                result[i] = g
+    return tuple(result)
+
+
+def recompute_backward(op, reference, differentiable: tuple[int, ...]) -> None:
+    """Give the kernel op ``op`` the autograd formula :func:`recomputed_grads`: correct
+    gradients for every differentiable input at the PyTorch tier's speed (the ops whose HIP
+    backward kernels have not landed)."""
 
     def backward(ctx, *grads):
-        inputs = list(ctx.others)
-        for i, t in zip(ctx.tensor_pos, ctx.saved_tensors, strict=True):
-            inputs[i] = t
-        want = [i for i in differentiable if inputs[i] is not None and ctx.needs_input_grad[i]]
-        result: list = [None] * len(inputs)
-        if not want:
-            return tuple(result)
-        if all(g is None or g.numel() == 0 for g in grads):  # empty outputs: nothing flows back
-            for i in want:  # (and the reference may refuse empty inputs)
-                result[i] = torch.zeros_like(inputs[i])
-            return tuple(result)
-        with torch.enable_grad():
-            for i in want:
-                inputs[i] = inputs[i].detach().requires_grad_()
-            outs = reference(*inputs)
-            outs = outs if isinstance(outs, tuple) else (outs,)
-            pairs = [(o, g) for o, g in zip(outs, grads, strict=True)
-                     if g is not None and o.requires_grad and o.numel()]  # fmt: skip
-            if pairs:
-                got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in want],
-                                          [g for _, g in pairs], allow_unused=True)  # fmt: skip
-                for i, g in zip(want, got, strict=True):
-                    result[i] = g
-        return tuple(result)
+        return recomputed_grads(ctx, reference, differentiable, grads)
 
-    op.register_autograd(backward, setup_context=setup_context)
+    op.register_autograd(backward, setup_context=save_inputs)
 
 
 def register_training(op, impl, setup_context, backward):

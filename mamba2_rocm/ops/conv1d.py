@@ -26,6 +26,7 @@ from mamba2_rocm.ops._launch import (
     remember,
     sm_count,
     strides,
+    traced,
     use_registered_op,
 )
 from mamba2_rocm.reference.ssd_checks import check_no_overlap
@@ -534,7 +535,7 @@ def _fwd_func_backward(ctx, dout, dfinal):
     # the registered op while compiling (traced, with its fake); in eager mode the function
     # itself: the dispatcher round trip of a Python custom op costs more host time than the
     # kernel takes at training shapes
-    bwd = causal_conv1d_bwd if torch.compiler.is_compiling() else _bwd_run
+    bwd = causal_conv1d_bwd if traced(x, dout) else _bwd_run
     dx, dw, db, dinit = bwd(x, weight, bias, seq_idx, initial_states, dout,
                             dfinal if ctx.final else None, ctx.silu)  # fmt: skip
     return (dx if need[0] else None, dw if need[1] else None,

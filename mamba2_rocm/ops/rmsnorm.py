@@ -24,6 +24,7 @@ from mamba2_rocm.ops._launch import (
     register_training,
     remember,
     sm_count,
+    traced,
     use_registered_op,
 )
 from mamba2_rocm.reference.ssd import rmsnorm_bwd_ref, rmsnorm_ref
@@ -395,7 +396,7 @@ def _norm_backward(ctx, dout):
     if not any(need[:4]):
         return (None,) * 8
     eps, group_size, norm_before_gate, is_rms_norm = ctx.args
-    if torch.compiler.is_compiling():
+    if traced(x, dout):
         dx, dw, db, dz = rmsnorm_bwd(x, weight, bias, z, *ctx.args, dout)
     else:  # checked by the forward; group_size resolved as check_rmsnorm_args does
         gs = x.shape[-1] if group_size is None else group_size

@@ -30,12 +30,22 @@ from mamba2_rocm.ops._launch import (
     as_kernel_float,
     launch,
     like,
+    needs_autograd,
     ptr,
-    recompute_backward,
+    recomputed_grads,
+    register_training,
+    save_inputs,
+    saved_inputs,
     strides,
+    traced,
     use_registered_op,
 )
-from mamba2_rocm.reference.ssd import empty_varlen_states, ssd_chunked, ssd_sequential
+from mamba2_rocm.reference.ssd import (
+    empty_varlen_states,
+    ssd_chunked,
+    ssd_chunked_bwd,
+    ssd_sequential,
+)
 from mamba2_rocm.reference.ssd_checks import (
     KERNEL_CHUNK_SIZES,
     check_chunk_scan_args,
@@ -54,6 +64,9 @@ _STATE_TILES = (64, 128)  # chunk_state: (headdim, dstate) per block
 _SCAN_COLS = 64  # chunk_scan: headdim per block
 _PASS_VEC = 4  # state_passing: elements per thread
 _INT32_MAX = 2**31 - 1
+# csrc/ssd_bwd.hip
+_BWD_TILE = 64  # kTile: tokens / headdim / dstate per output tile
+_BWD_CUMSUM_HEADS = 8  # kHeadsPerCumsum
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -66,7 +79,9 @@ def _unit_last(t: Tensor | None) -> Tensor | None:
 
 
 def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-            cu_seqlens, dt_softplus, dims, final, varlen) -> Tensor:  # fmt: skip
+            cu_seqlens, dt_softplus, dims, final, varlen, recompute=False):  # fmt: skip
+    """The forward's five stages; ``out``. With ``recompute`` (the backward's first step) only
+    stages 1-4, and the workspaces the backward reads: (dt', dA_cs, seg, C·Bᵀ, states)."""
     dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
     initial_states = as_kernel_float(initial_states)
     x, B, C, z = (
@@ -96,7 +111,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     seg = torch.empty(batch, nchunks, cs, dtype=torch.int32, device=dev)
     cb = torch.empty(batch, nchunks, ngroups, cs, cs, dtype=f32, device=dev)
     states = torch.empty(batch, nchunks, nheads, dstate, headdim, dtype=f32, device=dev)
-    out = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    out = None if recompute else torch.empty(x.shape, dtype=x.dtype, device=dev)
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     if D is None:
         d_strides = (0, 0)
@@ -117,8 +132,8 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         ptr(initial_states),
         ptr(seq_idx),
         ptr(cu),
-        out.data_ptr(),
-        final.data_ptr(),
+        ptr(out),
+        ptr(final),
         ptr(varlen),
         dt_out.data_ptr(),
         dA_cs.data_ptr(),
@@ -127,7 +142,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         states.data_ptr(),
         *x.stride()[:3],
         *strides(z, 4)[:3],
-        *out.stride()[:3],
+        *(x if out is None else out).stride()[:3],
         *B.stride()[:3],
         *C.stride()[:3],
         *dt.stride(),
@@ -152,7 +167,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         DTYPE_CODE[D.dtype] if D is not None else 0,
         DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0,
         DTYPE_CODE[initial_states.dtype] if initial_states is not None else 0,
-        DTYPE_CODE[final.dtype],
+        DTYPE_CODE[final.dtype] if final is not None else 0,
         lo,
         hi,
         0,
@@ -168,6 +183,8 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     run(f"m2r_ssd_bmm_{dt_name}", (nchunks * ngroups * pairs, 1, batch))
     run(f"m2r_ssd_chunk_state_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
     run("m2r_ssd_state_passing", (_cdiv(headdim * dstate, _THREADS * _PASS_VEC), nheads, batch))
+    if recompute:
+        return dt_out, dA_cs, seg, cb, states
     if varlen is not None:
         run(f"m2r_ssd_varlen_state_{dt_name}", (dims.num_seqs * state_tiles * nheads, 1, 1))
     run(f"m2r_ssd_chunk_scan_{dt_name}_t{rows}{zs}", (nchunks * scan_tiles * nheads, 1, batch))
@@ -210,7 +227,7 @@ def _scan(
     dt_limit, return_varlen_states, state_dtype, torch_tier=False,
 ):  # fmt: skip
     """``_impl``'s work; ``torch_tier`` runs the torch tier whatever the backend (the backward's
-    recomputation, see ``_launch.recompute_backward``)."""
+    recomputation, see ``_launch.recomputed_grads``)."""
     dims = check_chunk_scan_args(
         x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
@@ -264,7 +281,8 @@ def _reference(x, dt, A, B, C, chunk_size, args, dims, return_varlen_states, eag
 
 
 def _torch_tier(*args):
-    """What the torch tier computes for ``_impl``'s arguments (the backward's recomputation)."""
+    """What the torch tier computes for ``_impl``'s arguments (the backward's recomputation
+    when the varlen states take a gradient)."""
     return _scan(*args, torch_tier=True)
 
 
@@ -272,7 +290,193 @@ mamba_chunk_scan_combined_op = torch.library.custom_op(
     "mamba2_rocm::mamba_chunk_scan_combined", _impl, mutates_args=()
 )
 # x, dt, A, B, C, D, z, dt_bias, initial_states
-recompute_backward(mamba_chunk_scan_combined_op, _torch_tier, (0, 1, 2, 3, 4, 6, 7, 8, 9))
+_DIFFERENTIABLE = (0, 1, 2, 3, 4, 6, 7, 8, 9)
+
+
+def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                dt_softplus, dims, dout, dfinal):  # fmt: skip
+    """The gradients on the kernel tier: the forward's stages 1-4 again (csrc/ssd.hip), then
+    the backward's (csrc/ssd_bwd.hip); ``_bwd_impl``'s result."""
+    dt_out, dA_cs, seg, cb, states = _kernel(
+        kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, None,
+        dt_softplus, dims, None, None, recompute=True,
+    )  # fmt: skip
+    batch, seqlen, nheads, headdim = x.shape
+    g, n, cs = dims.ngroups, dims.dstate, chunk_size
+    nchunks, dev, f32 = _cdiv(seqlen, cs), x.device, torch.float32
+    xk = x.contiguous()
+    Bk, Ck = like(B, x).contiguous(), like(C, x).contiguous()
+    zk = None if z is None else like(z, x).contiguous()
+    go = dout.to(x.dtype).contiguous()
+    dtk = as_kernel_float(dt)
+    A32 = A.to(f32).contiguous()
+    D32 = None if D is None else D.to(f32).reshape(nheads, -1).expand(nheads, headdim).contiguous()
+    bias32 = None if dt_bias is None else dt_bias.to(f32).contiguous()
+    dfin = None if dfinal is None else dfinal.to(f32).contiguous()
+    ptiles, ltiles, ntiles = _cdiv(headdim, _BWD_TILE), cs // _BWD_TILE, _cdiv(n, _BWD_TILE)
+    pass_blocks = _cdiv(headdim * n, _THREADS * _PASS_VEC)
+    dout_g, dx = torch.empty_like(xk), torch.empty_like(xk)
+    dz = None if z is None else torch.empty_like(xk)
+    dstates = torch.empty_like(states)
+    dinit = None
+    if initial_states is not None:
+        dinit = torch.empty(batch, nheads, headdim, n, dtype=f32, device=dev)
+    dB = torch.empty(batch, seqlen, g, n, dtype=f32, device=dev)
+    dC = torch.empty_like(dB)
+    ddt = torch.empty(batch, seqlen, nheads, dtype=f32, device=dev)
+    # per-token partials (csrc/ssd_bwd.hip: tok_row), each written before it is read
+    tok = torch.empty(3 * ptiles + 2 * ltiles, batch, nheads, nchunks, cs, dtype=f32, device=dev)
+    dD_part = torch.empty(batch, nchunks, ltiles, nheads, headdim, dtype=f32, device=dev)
+    dA_last = torch.empty(batch, nheads, nchunks, pass_blocks, dtype=f32, device=dev)
+    head_part = torch.empty(2, batch, nchunks, nheads, dtype=f32, device=dev)
+    lo, hi = dims.dt_limit
+    params = (
+        xk.data_ptr(),
+        Bk.data_ptr(),
+        Ck.data_ptr(),
+        ptr(zk),
+        go.data_ptr(),
+        dtk.data_ptr(),
+        A32.data_ptr(),
+        ptr(D32),
+        ptr(bias32),
+        dt_out.data_ptr(),
+        dA_cs.data_ptr(),
+        seg.data_ptr(),
+        cb.data_ptr(),
+        states.data_ptr(),
+        ptr(dfin),
+        dout_g.data_ptr(),
+        ptr(dz),
+        dx.data_ptr(),
+        dstates.data_ptr(),
+        ptr(dinit),
+        dB.data_ptr(),
+        dC.data_ptr(),
+        ddt.data_ptr(),
+        tok.data_ptr(),
+        dD_part.data_ptr(),
+        dA_last.data_ptr(),
+        head_part.data_ptr(),
+        *dtk.stride(),
+        batch,
+        seqlen,
+        nheads,
+        headdim,
+        g,
+        n,
+        cs,
+        nchunks,
+        nheads // g,
+        int(initial_states is not None),
+        int(dt_softplus),
+        DTYPE_CODE[dtk.dtype],
+        pass_blocks,
+        lo,
+        hi,
+        0,
+    )  # fmt: skip  (SsdBwdParams, field order)
+    dtn = KERNEL_DTYPE[x.dtype]
+    run = lambda name, grid: launch(kset.launcher(name), x, params, grid, _THREADS)  # noqa: E731
+    pairs = ltiles * (ltiles + 1) // 2
+    run(f"m2r_ssd_bwd_dz_{dtn}{'_z' if z is not None else ''}",
+        (nchunks * ltiles * ptiles * nheads, 1, batch))  # fmt: skip
+    run(f"m2r_ssd_bwd_dstates_{dtn}", (nchunks * ntiles * ptiles * nheads, 1, batch))
+    run("m2r_ssd_bwd_state_passing", (pass_blocks, nheads, batch))
+    run(f"m2r_ssd_bwd_dx_{dtn}", (nchunks * ltiles * ptiles * nheads, 1, batch))
+    run(f"m2r_ssd_bwd_dcb_{dtn}", (nchunks * g * pairs, 1, batch))
+    run(f"m2r_ssd_bwd_dc_{dtn}", (nchunks * ltiles * ntiles * g, 1, batch))
+    run(f"m2r_ssd_bwd_db_{dtn}", (nchunks * ltiles * ntiles * g, 1, batch))
+    run("m2r_ssd_bwd_cumsum", (nchunks, _cdiv(nheads, _BWD_CUMSUM_HEADS), batch))
+    # the partials, summed in a fixed order (deterministic)
+    dD = None
+    if D is not None:
+        dD = dD_part.sum((0, 1, 2))
+        dD = (dD.sum(-1) if D.dim() == 1 else dD).to(D.dtype)
+    return (
+        dx if dx.dtype == x.dtype else dx.to(x.dtype), ddt.to(dt.dtype),
+        head_part[0].sum((0, 1)).to(A.dtype), dB.to(B.dtype), dC.to(C.dtype), dD,
+        None if z is None else dz.to(z.dtype),
+        None if dt_bias is None else head_part[1].sum((0, 1)).to(dt_bias.dtype),
+        None if initial_states is None else dinit.to(initial_states.dtype),
+    )  # fmt: skip
+
+
+def _bwd_impl(
+    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int, D: Tensor | None,
+    z: Tensor | None, dt_bias: Tensor | None, initial_states: Tensor | None,
+    seq_idx: Tensor | None, dt_softplus: bool, dt_limit: Sequence[float], dout: Tensor,
+    dfinal: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The gradients of ``out`` and the final states (``dout``, ``dfinal`` or None) for
+    (x, dt, A, B, C, D, z, dt_bias, initial_states), each in its input's dtype; an empty
+    tensor stands for an absent input. The kernel tier runs csrc/ssd_bwd.hip; the torch tiers
+    the same steps written out in PyTorch (``reference.ssd.ssd_chunked_bwd``, fp32)."""
+    dims = check_chunk_scan_args(
+        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, None,
+        chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
+        allow_empty=True,
+    )  # fmt: skip
+    if x.device.type == "meta" or x.shape[0] == 0 or x.shape[1] == 0:
+        grads = _bwd_empty(x, dt, A, B, C, D, z, dt_bias, initial_states, dfinal)
+    else:
+        tier, kset = choose(x.device)
+        args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus)
+        if tier == "kernel" and x.dtype in KERNEL_DTYPE:
+            grads = _bwd_kernel(kset, *args, dims, dout, dfinal)
+        else:
+            grads = ssd_chunked_bwd(*args, dims.dt_limit, dout, dfinal)
+    return tuple(x.new_empty(0) if g is None else g for g in grads)  # type: ignore[return-value]
+
+
+def _bwd_empty(x, dt, A, B, C, D, z, dt_bias, initial_states, dfinal):
+    """No tokens: the final states are the initial ones, every other gradient is zero."""
+    zero = lambda t: None if t is None else t.new_zeros(t.shape)  # noqa: E731  (contiguous)
+    dinit = zero(initial_states)
+    if initial_states is not None and dfinal is not None and x.device.type != "meta":
+        dinit = dfinal.to(initial_states.dtype, copy=True)
+    return (zero(x), zero(dt), zero(A), zero(B), zero(C), zero(D), zero(z), zero(dt_bias), dinit)
+
+
+mamba_chunk_scan_combined_bwd = torch.library.custom_op(
+    "mamba2_rocm::mamba_chunk_scan_combined_bwd", _bwd_impl, mutates_args=()
+)
+
+
+@mamba_chunk_scan_combined_bwd.register_fake
+def _bwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
+              dt_limit, dout, dfinal):  # fmt: skip
+    grads = _bwd_empty(x, dt, A, B, C, D, z, dt_bias, initial_states, None)
+    return tuple(x.new_empty(0) if g is None else g.new_empty(g.shape) for g in grads)
+
+
+def _scan_backward(ctx, dout, dfinal, dvarlen):
+    """The scan's gradients through ``mamba_chunk_scan_combined_bwd`` (HIP kernels on the
+    kernel tier; only the inputs are saved, the forward's workspaces are recomputed, as
+    mamba_ssm does). A gradient through the varlen states recomputes through the torch tier
+    (``_launch.recomputed_grads``)."""
+    inputs = saved_inputs(ctx)
+    need = ctx.needs_input_grad
+    if not any(need[i] and inputs[i] is not None for i in _DIFFERENTIABLE):
+        return (None,) * len(inputs)
+    if dvarlen is not None and dvarlen.numel():
+        return recomputed_grads(ctx, _torch_tier, _DIFFERENTIABLE, (dout, dfinal, dvarlen))
+    x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx = inputs[:11]
+    dt_softplus, dt_limit = inputs[12], inputs[13]
+    if dout is None:
+        dout = torch.zeros_like(x)
+    # the registered op while compiling (traced through its fake), else the function itself
+    bwd = mamba_chunk_scan_combined_bwd if traced(x, dout) else _bwd_impl
+    grads = bwd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
+                dt_limit, dout, dfinal)  # fmt: skip
+    result: list = [None] * len(inputs)
+    for i, g in zip(_DIFFERENTIABLE, grads, strict=True):
+        if need[i] and inputs[i] is not None:
+            result[i] = g
+    return tuple(result)
+
+
+_train_scan = register_training(mamba_chunk_scan_combined_op, _impl, save_inputs, _scan_backward)
 
 
 @mamba_chunk_scan_combined_op.register_fake
@@ -313,12 +517,15 @@ def mamba_chunk_scan_combined(
     (batch, nheads, headdim, dstate) if ``return_final_states``, then varlen_states
     (num_seqs, nheads, headdim, dstate) if ``return_varlen_states``; states are float32 unless
     ``state_dtype`` is given. Semantics: ``mamba2_rocm.reference.ssd``. Differentiable in x,
-    dt, A, B, C, D, z, dt_bias and initial_states, through all three outputs (on the kernel
-    tier the backward recomputes through the PyTorch tier: ``_launch.recompute_backward``).
+    dt, A, B, C, D, z, dt_bias and initial_states, through all three outputs (the backward:
+    ``_scan_backward``).
     """
     op = _impl
     if use_registered_op(x, dt, A, B, C, D, z, dt_bias, initial_states):
         op = mamba_chunk_scan_combined_op
+        if not torch.compiler.is_compiling() and needs_autograd(x, dt, A, B, C, D, z, dt_bias,
+                                                                initial_states):  # fmt: skip
+            op = _train_scan  # eager training: no dispatcher round trips
     out, final, varlen = op(
         x, dt, A, B, C, kernel_chunk_size(chunk_size), D, z, dt_bias, initial_states, seq_idx,
         cu_seqlens,

@@ -31,6 +31,7 @@ Semantics (mamba_ssm's, where it is self-consistent; see each function for the d
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +45,7 @@ from mamba2_rocm.reference.ssd_checks import (
 
 __all__ = [
     "empty_varlen_states", "rmsnorm_bwd_ref", "rmsnorm_ref", "selective_state_update_ref",
-    "ssd_chunked",
+    "ssd_chunked", "ssd_chunked_bwd",
     "ssd_sequential",
 ]  # fmt: skip
 
@@ -189,52 +190,10 @@ def ssd_chunked(
     )  # fmt: skip
     cd = compute_dtype
     batch, seqlen, nheads, headdim = x.shape
-    g, r, n, cs = dims.ngroups, dims.heads_per_group, dims.dstate, chunk_size
-    nchunks = -(-seqlen // cs)
-    pad = nchunks * cs - seqlen
-    dev = x.device
-
-    def chunked(t, *inner):  # (batch, seqlen, ...) -> padded (batch, nchunks, cs, *inner)
-        t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))
-        return t.reshape(batch, nchunks, cs, *inner)
-
-    xc = chunked(x.to(cd), g, r, headdim)  # (b, c, s, g, r, p)
-    dtc = chunked(_effective_dt(dt, dt_bias, dt_softplus, dims.dt_limit, cd), g, r)
-    Bc = chunked(B.to(cd), g, n)  # (b, c, s, g, n)
-    Cc = chunked(C.to(cd), g, n)
-    seg = _segments(seq_idx, batch, seqlen, dev)
-    seg = torch.cat([seg, seg[:, -1:].expand(batch, pad)], dim=1).reshape(batch, nchunks, cs)
-    causal = torch.ones(cs, cs, dtype=torch.bool, device=dev).tril()
-    mask = (seg[:, :, :, None] == seg[:, :, None, :]) & causal  # (b, c, t, s)
-    dA = dtc * A.to(cd).view(g, r)  # (b, c, s, g, r)
-    if seq_idx is None:
-        Acs = torch.cumsum(dA, dim=2)
-    else:  # restarted at each sequence start: a non-finite dt stays in its own sequence
-        Acs = torch.where(mask[..., None, None], dA[:, :, None], 0.0).sum(3)  # (b, c, t, g, r)
-
-    # 1. chunk states: tokens of the chunk's last segment, decayed to the chunk end (the
-    #    others are selected away, never multiplied by 0)
-    last_seg = seg[:, :, -1]  # (b, c)
-    in_last = (seg == last_seg[..., None])[..., None, None]  # (b, c, s, 1, 1)
-    to_end = torch.where(in_last, _masked_exp(in_last, Acs[:, :, -1:] - Acs) * dtc, 0.0)
-    Bl = torch.where(in_last, Bc, 0.0)
-    xl = torch.where(in_last[..., None], xc, 0.0)
-    chunk_states = torch.einsum("bcsgn,bcsgr,bcsgrp->bcgrpn", Bl, to_end, xl)
-
-    # 2. state passing: carry across a chunk only if its last token continues the segment of
-    #    the token before it (an implicit segment 0 before the row: initial_states)
-    seg_before = F.pad(last_seg[:, :-1], (1, 0), value=0)  # (b, c)
-    carries = (last_seg == seg_before)[..., None, None, None, None]  # (b, c, 1, 1, 1, 1)
-    carry = torch.exp(Acs[:, :, -1])[..., None, None]  # (b, c, g, r, 1, 1)
-    if initial_states is None:
-        state = torch.zeros(batch, g, r, headdim, n, dtype=cd, device=dev)
-    else:
-        state = initial_states.to(cd).reshape(batch, g, r, headdim, n)
-    entering = []
-    for c in range(nchunks):
-        entering.append(state)
-        state = torch.where(carries[:, c], carry[:, c] * state, 0.0) + chunk_states[:, c]
-    entering = torch.stack(entering, dim=1)  # (b, c, g, r, p, n)
+    n = dims.dstate
+    k = _chunk_parts(x, dt, A, B, C, chunk_size, dt_bias, seq_idx, dt_softplus, dims, cd)
+    xc, dtc, Bc, Cc, seg, mask, Acs = k.xc, k.dtc, k.Bc, k.Cc, k.seg, k.mask, k.Acs
+    entering, state = _entering_states(k, initial_states, headdim, n, cd)
 
     # 3. outputs; a non-finite x enters the product as 0 and its reach becomes NaN
     seg_diff = Acs[:, :, :, None] - Acs[:, :, None, :]  # (b, c, t, s, g, r)
@@ -248,12 +207,11 @@ def ssd_chunked(
     if bad.any():
         reach = torch.einsum("bcts,bcsgrp->bctgrp", mask.to(cd), bad.to(cd)) > 0
         y = torch.where(reach, math.nan, y)
-    from_prev = (seg == seg_before[..., None])[..., None, None, None]  # (b, c, t, 1, 1, 1)
     to_token = torch.exp(Acs)[..., None]  # (b, c, t, g, r, 1)
     y = y + torch.where(
-        from_prev, torch.einsum("bctgn,bcgrpn->bctgrp", Cc, entering) * to_token, 0.0
+        k.from_prev[..., None], torch.einsum("bctgn,bcgrpn->bctgrp", Cc, entering) * to_token, 0.0
     )
-    y = y.reshape(batch, nchunks * cs, nheads, headdim)[:, :seqlen]
+    y = y.reshape(batch, k.nchunks * chunk_size, nheads, headdim)[:, :seqlen]
     if D is not None:
         y = y + _d_term(D, x.to(cd), cd)
     if z is not None:
@@ -261,8 +219,9 @@ def ssd_chunked(
 
     varlen = None
     if return_varlen_states:
-        init = None if initial_states is None else initial_states.reshape(batch, g, r, headdim, n)
-        varlen = _varlen_states(cu_seqlens, cs, seg, seg_before, Acs, dtc, Bc, xc, entering, init)
+        init = None if initial_states is None else initial_states.reshape(batch, *k.gr, headdim, n)
+        varlen = _varlen_states(cu_seqlens, chunk_size, seg, k.seg_before, Acs, dtc, Bc, xc, entering,
+                                init)  # fmt: skip
         varlen = varlen.reshape(dims.num_seqs, nheads, headdim, n).to(dims.state_dtype)
     return _returns(
         y.to(x.dtype),
@@ -271,6 +230,195 @@ def ssd_chunked(
         return_final_states,
         return_varlen_states,
     )
+
+
+def ssd_chunked_bwd(
+    x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit,
+    dout, dfinal=None, compute_dtype=torch.float32,
+):  # fmt: skip
+    """The gradients of :func:`ssd_chunked`'s ``out`` and final state, written out (no
+    autograd, so it also runs inside a custom op): ``(dx, ddt, dA, dB, dC, dD, dz, ddt_bias,
+    dinitial_states)`` for the output gradient ``dout`` and the final state's ``dfinal``
+    (or None), each in its input's dtype, None for an absent input. The same steps as the
+    kernels of csrc/ssd_bwd.hip, where the derivation is spelled out:
+
+    1. with y the scan's output before D and the gate: dz = dout (y + D x) silu'(z) and the
+       gated gradient g = dout silu(z); dD = sum g x;
+    2. the gradient of the state entering each chunk, from the tokens that read it;
+    3. back through the state passing: the gradient of each chunk's own final state (G), of
+       its carry exponent, and of initial_states;
+    4. dx = dt (B·G decayed to the chunk end + the transposed intra-chunk product of g) + D g;
+    5. the gradient of C·Bᵀ, summed over a group's heads; 6. dC and dB from it and from the
+       entering states / G;
+    7. the gradients of the decay exponents summed back over each sequence segment give ddt'
+       and dA, and ddt goes back through the clamp, softplus and bias.
+    """
+    dims = check_chunk_scan_args(
+        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, None, chunk_size=chunk_size,
+        chunked=True, dt_limit=dt_limit,
+    )  # fmt: skip
+    cd = compute_dtype
+    batch, seqlen, nheads, headdim = x.shape
+    n = dims.dstate
+    k = _chunk_parts(x, dt, A, B, C, chunk_size, dt_bias, seq_idx, dt_softplus, dims, cd)
+    xc, dtc, Bc, Cc, Acs = k.xc, k.dtc, k.Bc, k.Cc, k.Acs
+    g, r = k.gr
+    entering, _ = _entering_states(k, initial_states, headdim, n, cd)
+    m = k.mask[..., None, None]  # (b, c, t, s, 1, 1)
+    decay = _masked_exp(m, Acs[:, :, :, None] - Acs[:, :, None, :])  # (b, c, t, s, g, r)
+    cb = torch.einsum("bctgn,bcsgn->bctsg", Cc, Bc)
+    to_token = torch.where(k.from_prev, torch.exp(Acs), 0.0)  # (b, c, t, g, r)
+    Dv = None
+    if D is not None:
+        Dv = D.to(cd).reshape(nheads, -1).expand(nheads, headdim).reshape(g, r, headdim)
+
+    # 1. the output before D and the gate; the gate's gradients
+    y = torch.einsum("bctsgr,bcsgrp->bctgrp", cb[..., None] * decay * dtc[:, :, None], xc)
+    y = y + torch.einsum("bctgn,bcgrpn->bctgrp", Cc, entering) * to_token[..., None]
+    go = k.chunked(dout.to(cd), g, r, headdim)
+    dzc = None
+    if z is not None:
+        zc = k.chunked(z.to(cd), g, r, headdim)
+        sz = torch.sigmoid(zc)
+        dzc = go * (y + (xc * Dv if Dv is not None else 0.0)) * (sz * (1 + zc * (1 - sz)))
+        go = go * zc * sz
+    r_tok = (go * y).sum(-1)  # (b, c, t, g, r): the exponent gradient of every output term
+
+    # 2. + 3. the entering states' gradients, then back through the state passing
+    dS = torch.einsum("bctgrp,bctgn->bcgrpn", go * to_token[..., None], Cc)
+    carries = k.carries[..., None, None]  # (b, c, 1, 1)
+    kc = torch.exp(Acs[:, :, -1])  # (b, c, g, r)
+    grad = torch.zeros_like(entering[:, 0])
+    if dfinal is not None:
+        grad = dfinal.to(cd).reshape(batch, g, r, headdim, n)
+    G, dA_last = [None] * k.nchunks, [None] * k.nchunks
+    for c in reversed(range(k.nchunks)):
+        G[c] = grad
+        dA_last[c] = torch.where(
+            carries[:, c], kc[:, c] * (grad * entering[:, c]).sum((-1, -2)), 0.0
+        )
+        grad = dS[:, c] + torch.where(
+            carries[:, c, ..., None, None], kc[:, c, ..., None, None] * grad, 0.0
+        )
+    G, dA_last = (
+        torch.stack(G, dim=1),
+        torch.stack(dA_last, dim=1),
+    )  # (b, c, g, r, p, n), (b, c, g, r)
+
+    # 4. dx
+    w_end = torch.where(
+        k.in_last, _masked_exp(k.in_last, Acs[:, :, -1:] - Acs), 0.0
+    )  # (b, c, s, g, r)
+    off = torch.einsum("bcsgn,bcgrpn->bcsgrp", Bc, G) * w_end[..., None]
+    dxpre = off + torch.einsum("bctsgr,bctgrp->bcsgrp", cb[..., None] * decay, go)
+    dxc = dtc[..., None] * dxpre + (go * Dv if Dv is not None else 0.0)
+    ddt_direct = (xc * dxpre).sum(-1)  # (b, c, s, g, r)
+    end_sum = (dtc * (xc * off).sum(-1)).sum(2) + dA_last  # (b, c, g, r): at the chunk end
+
+    # 5. + 6. dC, dB
+    dcb = torch.einsum("bctgrp,bcsgrp,bctsgr->bctsg", go, xc, decay * dtc[:, :, None])
+    dCc = torch.einsum("bctgrp,bcgrpn->bctgn", go * to_token[..., None], entering)
+    dCc = dCc + torch.einsum("bctsg,bcsgn->bctgn", dcb, Bc)
+    dBc = torch.einsum("bcsgrp,bcgrpn->bcsgn", xc * (w_end * dtc)[..., None], G)
+    dBc = dBc + torch.einsum("bctsg,bctgn->bcsgn", dcb, Cc)
+
+    # 7. the exponents: summed back over each segment (s <= t, same segment)
+    dAcs = r_tok - dtc * ddt_direct
+    dAcs = torch.cat([dAcs[:, :, :-1], dAcs[:, :, -1:] + end_sum[:, :, None]], dim=2)
+    back = torch.einsum("bcts,bctgr->bcsgr", k.mask.to(cd), dAcs)
+    ddt_eff = ddt_direct + A.to(cd).view(g, r) * back
+    dA = (dtc * back).sum((0, 1, 2)).reshape(nheads)
+
+    def unchunk(t, *inner):
+        return t.reshape(batch, k.nchunks * chunk_size, *inner)[:, :seqlen]
+
+    raw = dt.to(cd) + (dt_bias.to(cd) if dt_bias is not None else 0.0)
+    slope = torch.ones_like(raw)
+    val = raw
+    if dt_softplus:
+        slope = torch.where(raw <= 20.0, torch.sigmoid(raw), 1.0)
+        val = F.softplus(raw)
+    kept = (val >= dims.dt_limit[0]) & (val <= dims.dt_limit[1])
+    ddt = torch.where(kept, unchunk(ddt_eff, nheads) * slope, 0.0)
+    dD = None
+    if D is not None:
+        dD = (go * xc).sum((0, 1, 2)).reshape(nheads, headdim)
+        dD = dD.sum(-1) if D.dim() == 1 else dD
+
+    def out(t, like):  # contiguous, as the kernels return them
+        return None if like is None else t.to(like.dtype).contiguous()
+
+    return (
+        out(unchunk(dxc, nheads, headdim), x), out(ddt, dt), out(dA, A),
+        out(unchunk(dBc, g, n), B), out(unchunk(dCc, g, n), C), out(dD, D),
+        out(unchunk(dzc, nheads, headdim), z) if z is not None else None,
+        out(ddt.sum((0, 1)), dt_bias),
+        out(grad.reshape(batch, nheads, headdim, n), initial_states),
+    )  # fmt: skip
+
+
+def _chunk_parts(x, dt, A, B, C, cs, dt_bias, seq_idx, dt_softplus, dims, cd):
+    """What the chunked form's phases share: the inputs padded to whole chunks and split
+    (batch, nchunks, cs, ngroups, heads_per_group, ...), dt', the segments and their causal
+    mask (b, c, t, s), the decay exponents dA_cs restarted at each sequence start, and which
+    tokens read the entering state (``from_prev``) or make the chunk's final state (``in_last``)."""
+    batch, seqlen, _, headdim = x.shape
+    g, r, n = dims.ngroups, dims.heads_per_group, dims.dstate
+    nchunks = -(-seqlen // cs)
+    pad = nchunks * cs - seqlen
+    dev = x.device
+
+    def chunked(t, *inner):  # (batch, seqlen, ...) -> padded (batch, nchunks, cs, *inner)
+        t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))
+        return t.reshape(batch, nchunks, cs, *inner)
+
+    xc = chunked(x.to(cd), g, r, headdim)  # (b, c, s, g, r, p)
+    dtc = chunked(_effective_dt(dt, dt_bias, dt_softplus, dims.dt_limit, cd), g, r)
+    seg = _segments(seq_idx, batch, seqlen, dev)
+    seg = torch.cat([seg, seg[:, -1:].expand(batch, pad)], dim=1).reshape(batch, nchunks, cs)
+    causal = torch.ones(cs, cs, dtype=torch.bool, device=dev).tril()
+    mask = (seg[:, :, :, None] == seg[:, :, None, :]) & causal  # (b, c, t, s)
+    dA = dtc * A.to(cd).view(g, r)  # (b, c, s, g, r)
+    if seq_idx is None:
+        Acs = torch.cumsum(dA, dim=2)
+    else:  # restarted at each sequence start: a non-finite dt stays in its own sequence
+        Acs = torch.where(mask[..., None, None], dA[:, :, None], 0.0).sum(3)  # (b, c, t, g, r)
+    last_seg = seg[:, :, -1]  # (b, c)
+    # the segment of the token before each chunk (an implicit segment 0 before the row)
+    seg_before = F.pad(last_seg[:, :-1], (1, 0), value=0)
+    return SimpleNamespace(
+        chunked=chunked, xc=xc, dtc=dtc, Bc=chunked(B.to(cd), g, n), Cc=chunked(C.to(cd), g, n), seg=seg,
+        mask=mask, Acs=Acs, last_seg=last_seg, seg_before=seg_before, nchunks=nchunks,
+        gr=(g, r), in_last=(seg == last_seg[..., None])[..., None, None],  # (b, c, s, 1, 1)
+        from_prev=(seg == seg_before[..., None])[..., None, None],  # (b, c, t, 1, 1)
+        carries=last_seg == seg_before,  # (b, c): the chunk's end continues its entering state
+    )  # fmt: skip
+
+
+def _entering_states(k, initial_states, headdim, n, cd):
+    """The state entering each chunk (b, c, g, r, p, n) and the final state (phases 1 and 2)."""
+    # 1. chunk states: tokens of the chunk's last segment, decayed to the chunk end (the
+    #    others are selected away, never multiplied by 0)
+    in_last = k.in_last
+    to_end = torch.where(in_last, _masked_exp(in_last, k.Acs[:, :, -1:] - k.Acs) * k.dtc, 0.0)
+    Bl = torch.where(in_last, k.Bc, 0.0)
+    xl = torch.where(in_last[..., None], k.xc, 0.0)
+    chunk_states = torch.einsum("bcsgn,bcsgr,bcsgrp->bcgrpn", Bl, to_end, xl)
+
+    # 2. state passing: carry across a chunk only if its last token continues the segment of
+    #    the token before it (an implicit segment 0 before the row: initial_states)
+    batch = k.xc.shape[0]
+    carries = k.carries[..., None, None, None, None]  # (b, c, 1, 1, 1, 1)
+    carry = torch.exp(k.Acs[:, :, -1])[..., None, None]  # (b, c, g, r, 1, 1)
+    if initial_states is None:
+        state = torch.zeros(batch, *k.gr, headdim, n, dtype=cd, device=k.xc.device)
+    else:
+        state = initial_states.to(cd).reshape(batch, *k.gr, headdim, n)
+    entering = []
+    for c in range(k.nchunks):
+        entering.append(state)
+        state = torch.where(carries[:, c], carry[:, c] * state, 0.0) + chunk_states[:, c]
+    return torch.stack(entering, dim=1), state
 
 
 def empty_varlen_states(cu_seqlens, initial_states, shape, dtype):

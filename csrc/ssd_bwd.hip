@@ -1,0 +1,729 @@
+// Mamba2 SSD chunked scan, backward (the gradients of mamba_chunk_scan_combined). Parameters in
+// params.h (SsdBwdParams). The host first runs the forward's stages 1-4 again (csrc/ssd.hip:
+// dt', the per-chunk cumsum of dt' A, the segments, C·Bᵀ and the state entering every chunk:
+// nothing but the inputs is kept from the forward), then these stages, each over one
+// (batch, chunk) at a time and with every product accumulated in fp32:
+//
+//   1. dz        the chunk scan's product again (y = decayed C·entering + masked decayed C·Bᵀ x),
+//                giving dz = dout y' silu'(z) (y' = y + D x) and g = dout silu(z), the output
+//                gradient every later stage reads; per token sum_p g y (the exponent gradient of
+//                every output term) and per column sum_t g x (dD);
+//                                                        grid (chunks*ttiles*ptiles*h, 1, b)
+//   2. dstates   the gradient of each chunk's entering state: sum_t exp(dA_cs[t]) gᵀ C[t] over
+//                the tokens that read it (the chunk's first segment); grid (chunks*tiles*h, 1, b)
+//   3. state_passing  a reverse loop over chunks: the gradient of each chunk's own final state
+//                (overwriting stage 2's), per chunk the carry's exponent gradient, and the
+//                initial states' gradient;                 grid (p*n / 1024, h, b)
+//   4. dx        dx = dt (B·G decayed to the chunk end + (masked, decayed C·Bᵀ)ᵀ g) + D g; per
+//                token sum_p x dx/dt (ddt) and its chunk-state part (the chunk end's exponent);
+//                                                        grid (chunks*stiles*ptiles*h, 1, b)
+//   5. dcb       the gradient of C·Bᵀ: per group, sum over its heads of (g xᵀ) decayed and masked
+//                (overwrites the forward's C·Bᵀ, read by stages 1 and 4 before);
+//                                                        grid (chunks*g*tile pairs, 1, b)
+//   6. dC, dB    sum over the group's heads of the decayed g·entering (dC) / x·G (dB), plus
+//                dcb·B (dC) / dcbᵀ·C (dB);                grid (chunks*tiles*g, 1, b)
+//   7. cumsum    the exponent gradients of the chunk, summed back over each segment (a reversed
+//                segmented scan), give ddt' and dA; then through the clamp, softplus and bias to
+//                ddt, with per-chunk dA and ddt_bias partials;  grid (chunks, h / 8, b)
+//
+// The token and head sums are fp32 partials in fixed positions, added in a fixed order by the
+// next stage or the host: no atomics, so runs are bit-identical. Masked terms are selected away,
+// never multiplied by 0. Tiles are 64 x 64 outputs over 256 threads (4 x 4 each), operands
+// staged through LDS in slabs of 32 (fma_tile.h): the fp32 FMA path, which every target runs.
+#include "block_reduce.h"
+#include "fma_tile.h"
+#include "mma.h"
+#include "platform.h"
+
+namespace m2r {
+namespace ssd_bwd {
+
+constexpr int kThreads = 256;
+constexpr int kTile = 64;
+constexpr int kLd = kTile + 4;    // fp32 LDS rows, padded; 16-byte aligned
+constexpr int kLd16 = kTile + 8;  // 16-bit LDS rows for the matrix cores (mma.h: a multiple of 8)
+constexpr int kMaxChunk = 256;
+constexpr int kHeadsPerCumsum = 8;
+constexpr int kPassVec = 4;
+constexpr int kPassBatch = 64;  // chunks per reduction step of the reversed state passing
+
+M2R_DEVICE int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+M2R_DEVICE int64_t chunk_row(const SsdBwdParams& p, int b, int h, int c) {  // dt_out / dA_cs / tok
+  return ((static_cast<int64_t>(b) * p.nheads + h) * p.nchunks + c) * p.chunk_size;
+}
+
+M2R_DEVICE int64_t states_at(const SsdBwdParams& p, int b, int c, int h) {
+  return ((static_cast<int64_t>(b) * p.nchunks + c) * p.nheads + h) * p.dstate * p.headdim;
+}
+
+// Per-token partial sums, fp32, one plane per (kind, tile) summed by the cumsum stage:
+//   kind 0, per headdim tile: sum_p g y_off (the entering state's term)
+//   kind 1, per headdim tile: sum_p x dx/dt (ddt, without the exponents)
+//   kind 2, per headdim tile: its chunk-state part times dt (the chunk end's exponent)
+//   kind 3, per token tile ts: sum over s in tile ts of M[t][s] (intra-chunk terms, at t)
+//   kind 4, per token tile tt: sum over t in tile tt of M[t][s] (at s)
+// with M[t][s] = (g[t]·x[s]) C[t]·B[s] exp(dA_cs[t] - dA_cs[s]) dt[s] (same segment, s <= t).
+M2R_DEVICE float* tok_row(const SsdBwdParams& p, int kind, int tile, int b, int h, int c) {
+  const int ptiles = cdiv(p.headdim, kTile), ltiles = p.chunk_size / kTile;
+  const int64_t plane = static_cast<int64_t>(p.batch) * p.nheads * p.nchunks * p.chunk_size;
+  const int64_t index = kind < 3 ? static_cast<int64_t>(kind) * ptiles + tile
+                                 : 3LL * ptiles + static_cast<int64_t>(kind - 3) * ltiles + tile;
+  return p.tok + index * plane + chunk_row(p, b, h, c);
+}
+
+M2R_DEVICE const int32_t* seg_row(const SsdBwdParams& p, int b, int c) {
+  return p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
+}
+
+// Rows of x-like tensors (batch, seqlen, nheads, headdim) at the chunk's first token.
+template <typename P>
+M2R_DEVICE P* x_chunk(const SsdBwdParams& p, P* base, int b, int64_t l0, int h) {
+  return base + (static_cast<int64_t>(b) * p.seqlen + l0) * p.nheads * p.headdim + static_cast<int64_t>(h) * p.headdim;
+}
+
+template <typename P>
+M2R_DEVICE P* bc_chunk(const SsdBwdParams& p, P* base, int b, int64_t l0, int g) {
+  return base + (static_cast<int64_t>(b) * p.seqlen + l0) * p.ngroups * p.dstate + static_cast<int64_t>(g) * p.dstate;
+}
+
+// The sum of v over the 16 threads that share a tile row (consecutive lanes).
+M2R_DEVICE float row_sum16(float v) {
+#pragma unroll
+  for (int off = 8; off > 0; off /= 2) v += shfl_xor(v, off);
+  return v;
+}
+
+M2R_DEVICE float wave_sum(float v) {
+#pragma unroll
+  for (int off = kWavefront / 2; off > 0; off /= 2) v += shfl_xor(v, off);
+  return v;
+}
+
+// A value as the kernels keep it between stages: rounded to the inputs' dtype.
+template <typename T>
+M2R_DEVICE float rounded(float v) {
+  return T::to_float(T::from_float(v));
+}
+
+struct Tile {  // this thread's 4 x 4 of a 64 x 64 output tile: rows r_off.., columns c_off..
+  int r_off = 4 * (static_cast<int>(threadIdx.x) / 16), c_off = 4 * (static_cast<int>(threadIdx.x) % 16);
+};
+
+// LDS of one tile product: the staged slabs, then the result handed to the epilogue layout.
+constexpr int kSmemFloats = 2 * kFmaSlab * kLd;
+static_assert(kTile * kLd <= kSmemFloats, "the result tile must fit the staging space");
+static_assert(2 * kFmaSlab * kLd16 * 2 <= kSmemFloats * 4, "16-bit slabs must fit the staging space");
+
+// acc (this thread's 4 x 4 of the 64 x 64 tile, rows r_off.., columns c_off..) += the sum over
+// k in [k_begin, k_end) of A(k, m) B(k, n), with la(k, m) / lb(k, n) the operands (0 out of
+// range; k absolute). kMFastA / kMFastB: m (n) is the operand's unit-stride index in memory.
+// fp16 / bf16 on targets with matrix cores: operands rounded to T and multiplied there (fp32
+// accumulation; the result goes through LDS into the FMA layout), else fp32 FMA. Ends with a
+// barrier: `sm` is free again.
+template <typename T, bool kMFastA, bool kMFastB, class LA, class LB>
+M2R_DEVICE void tile_product(float (&acc)[4][4], float* sm, int k_begin, int k_end, const LA& la, const LB& lb) {
+  const Tile tl;
+#if M2R_MMA != 0
+  if constexpr (mma::kEnabled<T>) {
+    typedef typename T::storage S;
+    S* As = reinterpret_cast<S*>(sm);
+    S* Bs = As + kFmaSlab * kLd16;
+    mma::BlockTile<kThreads, kTile, kTile, 2> tile;
+    for (int k0 = k_begin; k0 < k_end; k0 += kFmaSlab) {
+#pragma unroll 4
+      for (int i = 0; i < kTile * kFmaSlab / kThreads; ++i) {
+        const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
+        const int m = kMFastA ? idx % kTile : idx / kFmaSlab, k = kMFastA ? idx / kTile : idx % kFmaSlab;
+        As[k * kLd16 + m] = T::from_float(k0 + k < k_end ? la(k0 + k, m) : 0.f);
+      }
+#pragma unroll 4
+      for (int i = 0; i < kTile * kFmaSlab / kThreads; ++i) {
+        const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
+        const int m = kMFastB ? idx % kTile : idx / kFmaSlab, k = kMFastB ? idx / kTile : idx % kFmaSlab;
+        Bs[k * kLd16 + m] = T::from_float(k0 + k < k_end ? lb(k0 + k, m) : 0.f);
+      }
+      __syncthreads();
+      tile.template product<T, kFmaSlab, true, true>(As, kLd16, Bs, kLd16);
+      __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+      for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+        for (int r = 0; r < mma::kAccRegs; ++r) sm[tile.row(i, r) * kLd + tile.col(j, r)] = tile.acc[i][j].v[r];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = *reinterpret_cast<const float4*>(sm + (tl.r_off + i) * kLd + tl.c_off);
+      acc[i][0] += v.x, acc[i][1] += v.y, acc[i][2] += v.z, acc[i][3] += v.w;
+    }
+    __syncthreads();
+    return;
+  }
+#endif
+  float* As = sm;
+  float* Bs = sm + kFmaSlab * kLd;
+  for (int k0 = k_begin; k0 < k_end; k0 += kFmaSlab) {
+    stage_slab<kThreads, kTile, kLd, kMFastA>(As, [&](int k, int m) { return k0 + k < k_end ? la(k0 + k, m) : 0.f; });
+    stage_slab<kThreads, kTile, kLd, kMFastB>(Bs, [&](int k, int m) { return k0 + k < k_end ? lb(k0 + k, m) : 0.f; });
+    __syncthreads();
+    slab_product<1, 1, kLd, kLd>(acc, As, Bs, tl.r_off, tl.c_off);
+    __syncthreads();
+  }
+}
+
+// ---- 1. dz and the gated output gradient -----------------------------------------------------
+
+template <typename T, bool kHasZ>
+M2R_DEVICE void dz(const SsdBwdParams& p) {
+  typedef typename T::storage S;
+  __shared__ __align__(16) float sm[kSmemFloats];
+  __shared__ float acs[kMaxChunk], dts[kMaxChunk];
+  __shared__ int32_t seg[kMaxChunk];
+  const int ptiles = cdiv(p.headdim, kTile), ttiles = p.chunk_size / kTile;
+  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
+  int rest = blockIdx.x / p.nheads;
+  const int pt = rest % ptiles;
+  rest /= ptiles;
+  const int tt = rest % ttiles, c = rest / ttiles;
+  const int t0 = tt * kTile, p0 = pt * kTile, pc = min(kTile, p.headdim - p0);
+  const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
+  const int xl = p.nheads * p.headdim, bl = p.ngroups * p.dstate;
+  for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
+    acs[s] = p.dA_cs[chunk_row(p, b, h, c) + s];
+    dts[s] = p.dt_out[chunk_row(p, b, h, c) + s];
+    seg[s] = seg_row(p, b, c)[s];
+  }
+  __syncthreads();
+  const Tile tl;
+  float off[4][4] = {}, acc[4][4] = {};
+  const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0;
+  if (c > 0 || p.has_init) {  // the entering state read through C (zero for chunk 0 without one)
+    const S* Cc = bc_chunk(p, static_cast<const S*>(p.C), b, l0, g);
+    const float* E = p.states + states_at(p, b, c, h) + p0;
+    tile_product<T, false, true>(
+        off, sm, 0, p.dstate,
+        [=](int n, int m) { return t0 + m < rows ? T::to_float(Cc[(t0 + m) * bl + n]) : 0.f; },
+        [=](int n, int m) { return m < pc ? E[static_cast<int64_t>(n) * p.headdim + m] : 0.f; });
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int t = t0 + tl.r_off + i;
+      const bool reads = t < rows && seg[t] == 0;  // else a sequence that started in the chunk
+      const float f = reads ? __expf(acs[t]) : 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) off[i][j] = reads ? off[i][j] * f : 0.f;
+    }
+  }
+  const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
+  const int cs = p.chunk_size;
+  tile_product<T, true, true>(
+      acc, sm, 0, min(t0 + kTile, rows),
+      [&](int s, int m) {
+        const int t = t0 + m;
+        return s <= t && t < rows && seg[s] == seg[t] ? cb[s * cs + t] * __expf(acs[t] - acs[s]) * dts[s] : 0.f;
+      },
+      [=](int s, int m) { return m < pc ? T::to_float(xc[s * xl + m]) : 0.f; });
+
+  const S* dop = x_chunk(p, static_cast<const S*>(p.dout), b, l0, h) + p0;
+  const S* zp = kHasZ ? x_chunk(p, static_cast<const S*>(p.z), b, l0, h) + p0 : nullptr;
+  S* dgp = x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0;
+  S* dzp = kHasZ ? x_chunk(p, static_cast<S*>(p.dz), b, l0, h) + p0 : nullptr;
+  const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
+  float rsum[4] = {}, dsum[4] = {};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int t = t0 + tl.r_off + i;
+    if (t >= rows) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int m = tl.c_off + j;
+      if (m >= pc) continue;
+      const float xv = T::to_float(xc[t * xl + m]);
+      float gv = T::to_float(dop[t * xl + m]);
+      if constexpr (kHasZ) {
+        const float zv = T::to_float(zp[t * xl + m]), y = off[i][j] + acc[i][j];
+        const float yd = Dp ? fmaf(Dp[m], xv, y) : y;
+        dzp[t * xl + m] = T::from_float(gv * yd * dsilu(zv));
+        gv = rounded<T>(gv * silu(zv));  // what the later stages read
+      }
+      dgp[t * xl + m] = T::from_float(gv);
+      rsum[i] = fmaf(gv, off[i][j], rsum[i]);
+      dsum[j] = fmaf(gv, xv, dsum[j]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) rsum[i] = row_sum16(rsum[i]);
+  if (threadIdx.x % 16 == 0) {
+    float* r = tok_row(p, 0, pt, b, h, c);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r[t0 + tl.r_off + i] = rsum[i];  // 0 past seqlen
+  }
+  // dD: the 16 row groups' column sums, added in order
+#pragma unroll
+  for (int j = 0; j < 4; ++j) sm[(threadIdx.x / 16) * kTile + tl.c_off + j] = dsum[j];
+  __syncthreads();
+  if (threadIdx.x < pc) {
+    float v = 0.f;
+    for (int q = 0; q < kThreads / 16; ++q) v += sm[q * kTile + threadIdx.x];
+    p.dD_part[(((static_cast<int64_t>(b) * p.nchunks + c) * ttiles + tt) * p.nheads + h) * p.headdim + p0 + threadIdx.x] = v;
+  }
+}
+
+// ---- 2. the gradient of each chunk's entering state --------------------------------------------
+
+template <typename T>
+M2R_DEVICE void dstates(const SsdBwdParams& p) {
+  typedef typename T::storage S;
+  __shared__ __align__(16) float sm[kSmemFloats];
+  __shared__ float w[kMaxChunk];
+  const int tiles_n = cdiv(p.dstate, kTile), tiles = tiles_n * cdiv(p.headdim, kTile);
+  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
+  const int tile = (blockIdx.x / p.nheads) % tiles, c = blockIdx.x / p.nheads / tiles;
+  const int p0 = (tile / tiles_n) * kTile, n0 = (tile % tiles_n) * kTile, pc = min(kTile, p.headdim - p0);
+  const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
+  const int xl = p.nheads * p.headdim, bl = p.ngroups * p.dstate;
+  const int32_t* sg = seg_row(p, b, c);
+  const float* a = p.dA_cs + chunk_row(p, b, h, c);
+  const int s = threadIdx.x;  // chunk_size <= kThreads
+  const bool reads = s < rows && sg[s] == 0;  // the chunk's first segment reads the entering state
+  if (s < p.chunk_size) w[s] = reads ? __expf(a[s]) : 0.f;
+  const int count = __syncthreads_count(reads);  // a prefix of the chunk; also w's barrier
+  const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0;
+  const S* Cc = bc_chunk(p, static_cast<const S*>(p.C), b, l0, g) + n0;
+  const int nc = min(kTile, p.dstate - n0);
+  const Tile tl;
+  float acc[4][4] = {};
+  tile_product<T, true, true>(
+      acc, sm, 0, count, [&](int t, int m) { return m < pc ? T::to_float(gp[t * xl + m]) * w[t] : 0.f; },
+      [=](int t, int m) { return m < nc ? T::to_float(Cc[t * bl + m]) : 0.f; });
+  float* out = p.dstates + states_at(p, b, c, h);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int pp = tl.r_off + i, n = tl.c_off + j;
+      if (pp < pc && n < nc) out[static_cast<int64_t>(n0 + n) * p.headdim + p0 + pp] = acc[i][j];
+    }
+}
+
+// ---- 3. state passing, reversed ---------------------------------------------------------------
+
+// The forward: after chunk c, state = k_c entering_c + own_c, with k_c = exp(dA_cs[c][last])
+// when the chunk's last token continues the segment of the token before it, else the state
+// restarts (own_c alone). Walking back from the final state's gradient: own_c's gradient is
+// the gradient after chunk c; k_c's is the sum of that times entering_c; entering_c's is the
+// chunk's own reads (stage 2) plus k_c times the gradient after it. Each thread owns kPassVec
+// consecutive (n, p) elements and loads the next chunk's while it works on this one; the sums
+// over the block are made per wavefront and added up once per kPassBatch chunks.
+M2R_DEVICE void state_passing(const SsdBwdParams& p) {
+  __shared__ float wpart[kPassBatch][kThreads / 32];
+  __shared__ float carry[kPassBatch];
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int64_t pn = static_cast<int64_t>(p.headdim) * p.dstate;
+  const int64_t e0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kPassVec;
+  const bool vec = pn % kPassVec == 0, full = e0 + kPassVec <= pn;
+  float gr[kPassVec];
+#pragma unroll
+  for (int v = 0; v < kPassVec; ++v) {
+    const int64_t e = e0 + v;
+    const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
+    gr[v] = e < pn && p.dfinal ? p.dfinal[((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n] : 0.f;
+  }
+  auto load = [&](const float* q, float (&r)[kPassVec]) {
+    if (vec && full) {
+      const float4 u = *reinterpret_cast<const float4*>(q);
+      r[0] = u.x, r[1] = u.y, r[2] = u.z, r[3] = u.w;
+    } else {
+#pragma unroll
+      for (int v = 0; v < kPassVec; ++v) r[v] = e0 + v < pn ? q[v] : 0.f;
+    }
+  };
+  const int last = p.chunk_size - 1, wave = threadIdx.x / kWavefront;
+  float E[kPassVec], S[kPassVec];
+  load(p.states + states_at(p, b, p.nchunks - 1, h) + e0, E);
+  load(p.dstates + states_at(p, b, p.nchunks - 1, h) + e0, S);
+  for (int top = p.nchunks - 1; top >= 0; top -= kPassBatch) {
+    const int count = min(kPassBatch, top + 1);
+    if (threadIdx.x < count) {  // chunk top - i: its carry, -1 where the state restarts
+      const int c = top - threadIdx.x;
+      carry[threadIdx.x] = seg_row(p, b, c)[last] == 0 ? __expf(p.dA_cs[chunk_row(p, b, h, c) + last]) : -1.f;
+    }
+    __syncthreads();
+    for (int i = 0; i < count; ++i) {
+      const int c = top - i;
+      float En[kPassVec] = {}, Sn[kPassVec] = {};
+      if (c > 0) {
+        load(p.states + states_at(p, b, c - 1, h) + e0, En);
+        load(p.dstates + states_at(p, b, c - 1, h) + e0, Sn);
+      }
+      float* at = p.dstates + states_at(p, b, c, h) + e0;
+      float part = 0.f;
+#pragma unroll
+      for (int v = 0; v < kPassVec; ++v) part = fmaf(gr[v], E[v], part);
+      if (vec && full) {
+        *reinterpret_cast<float4*>(at) = make_float4(gr[0], gr[1], gr[2], gr[3]);
+      } else {
+#pragma unroll
+        for (int v = 0; v < kPassVec; ++v)
+          if (e0 + v < pn) at[v] = gr[v];
+      }
+      const float k = carry[i];
+#pragma unroll
+      for (int v = 0; v < kPassVec; ++v) gr[v] = k < 0.f ? S[v] : fmaf(k, gr[v], S[v]);  // select
+      part = wave_sum(part);
+      if (threadIdx.x % kWavefront == 0) wpart[i][wave] = part;
+#pragma unroll
+      for (int v = 0; v < kPassVec; ++v) E[v] = En[v], S[v] = Sn[v];
+    }
+    __syncthreads();
+    if (threadIdx.x < count) {
+      float total = 0.f;
+      for (int w = 0; w < kThreads / kWavefront; ++w) total += wpart[threadIdx.x][w];
+      const float k = carry[threadIdx.x];
+      const int c = top - threadIdx.x;
+      p.dA_last_part[((static_cast<int64_t>(b) * p.nheads + h) * p.nchunks + c) * p.pass_blocks + blockIdx.x] = k < 0.f ? 0.f : k * total;
+    }
+    __syncthreads();
+  }
+  if (p.dinit) {
+#pragma unroll
+    for (int v = 0; v < kPassVec; ++v) {
+      const int64_t e = e0 + v;
+      if (e >= pn) continue;
+      const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
+      p.dinit[((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n] = gr[v];
+    }
+  }
+}
+
+// ---- 4. dx -------------------------------------------------------------------------------------
+
+template <typename T>
+M2R_DEVICE void dx(const SsdBwdParams& p) {
+  typedef typename T::storage S;
+  __shared__ __align__(16) float sm[kSmemFloats];
+  __shared__ float acs[kMaxChunk], dts[kMaxChunk];
+  __shared__ int32_t seg[kMaxChunk];
+  const int ptiles = cdiv(p.headdim, kTile), stiles = p.chunk_size / kTile;
+  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
+  int rest = blockIdx.x / p.nheads;
+  const int pt = rest % ptiles;
+  rest /= ptiles;
+  const int st = rest % stiles, c = rest / stiles;
+  const int s0 = st * kTile, p0 = pt * kTile, pc = min(kTile, p.headdim - p0);
+  const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
+  const int xl = p.nheads * p.headdim, bl = p.ngroups * p.dstate, last = p.chunk_size - 1, cs = p.chunk_size;
+  for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
+    acs[s] = p.dA_cs[chunk_row(p, b, h, c) + s];
+    dts[s] = p.dt_out[chunk_row(p, b, h, c) + s];
+    seg[s] = seg_row(p, b, c)[s];
+  }
+  __syncthreads();
+  // the chunk's last segment (a suffix) is what its final state is made of
+  const int first_last = __syncthreads_count(threadIdx.x < p.chunk_size && seg[threadIdx.x] < seg[last]);
+  const Tile tl;
+  float off[4][4] = {}, in[4][4] = {};
+  if (s0 + kTile > first_last) {
+    const S* Bc = bc_chunk(p, static_cast<const S*>(p.B), b, l0, g);
+    const float* G = p.dstates + states_at(p, b, c, h) + p0;
+    tile_product<T, false, true>(
+        off, sm, 0, p.dstate,
+        [=](int n, int m) { return s0 + m < rows ? T::to_float(Bc[(s0 + m) * bl + n]) : 0.f; },
+        [=](int n, int m) { return m < pc ? G[static_cast<int64_t>(n) * p.headdim + m] : 0.f; });
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int s = s0 + tl.r_off + i;
+      const bool to_end = s < rows && s >= first_last;
+      const float f = to_end ? __expf(acs[last] - acs[s]) : 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) off[i][j] = to_end ? off[i][j] * f : 0.f;
+    }
+  }
+  const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
+  const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0;
+  tile_product<T, false, true>(
+      in, sm, s0, rows,
+      [&](int t, int m) {
+        const int s = s0 + m;
+        return s <= t && seg[s] == seg[t] ? cb[s * cs + t] * __expf(acs[t] - acs[s]) : 0.f;
+      },
+      [=](int t, int m) { return m < pc ? T::to_float(gp[t * xl + m]) : 0.f; });
+
+  const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0;
+  S* dxp = x_chunk(p, static_cast<S*>(p.dx), b, l0, h) + p0;
+  const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
+  float ddt[4] = {}, kpart[4] = {};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int s = s0 + tl.r_off + i;
+    if (s >= rows) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int m = tl.c_off + j;
+      if (m >= pc) continue;
+      const float xv = T::to_float(xc[s * xl + m]), d = off[i][j] + in[i][j];
+      float v = dts[s] * d;
+      if (Dp) v = fmaf(Dp[m], T::to_float(gp[s * xl + m]), v);
+      dxp[s * xl + m] = T::from_float(v);
+      ddt[i] = fmaf(xv, d, ddt[i]);
+      kpart[i] = fmaf(xv, off[i][j], kpart[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ddt[i] = row_sum16(ddt[i]), kpart[i] = row_sum16(kpart[i]);
+  if (threadIdx.x % 16 == 0) {
+    float* r1 = tok_row(p, 1, pt, b, h, c);
+    float* r2 = tok_row(p, 2, pt, b, h, c);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int s = s0 + tl.r_off + i;
+      r1[s] = ddt[i];
+      r2[s] = s < rows ? kpart[i] * dts[s] : 0.f;
+    }
+  }
+}
+
+// ---- 5. the gradient of C·Bᵀ, and the intra-chunk exponent terms --------------------------------
+
+template <typename T>
+M2R_DEVICE void dcb(const SsdBwdParams& p) {
+  typedef typename T::storage S;
+  __shared__ __align__(16) float sm[kSmemFloats];
+  __shared__ float acs[kMaxChunk], dts[kMaxChunk];
+  __shared__ int32_t seg[kMaxChunk];
+  // blockIdx.x: (chunk, group) major, then the lower-triangular tile pairs (ts <= tt)
+  const int tiles = p.chunk_size / kTile, pairs = tiles * (tiles + 1) / 2;
+  int tt = 0, rem = blockIdx.x % pairs;
+  while (rem > tt) rem -= ++tt;
+  const int ts = rem;
+  const int cg = blockIdx.x / pairs, c = cg / p.ngroups, g = cg % p.ngroups, b = blockIdx.z;
+  const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
+  const int xl = p.nheads * p.headdim;
+  const int64_t cs = p.chunk_size;
+  for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) seg[s] = seg_row(p, b, c)[s];
+  const Tile tl;  // rows: s in tile ts, columns: t in tile tt
+  float* cbp = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * cs * cs;
+  float cbv[4][4], total[4][4] = {};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 v = *reinterpret_cast<const float4*>(cbp + (ts * kTile + tl.r_off + i) * cs + tt * kTile + tl.c_off);
+    cbv[i][0] = v.x, cbv[i][1] = v.y, cbv[i][2] = v.z, cbv[i][3] = v.w;
+  }
+  const int sr = min(kTile, rows - ts * kTile), tr = min(kTile, rows - tt * kTile);  // may be <= 0
+  for (int r = 0; r < p.heads_per_group; ++r) {
+    const int h = g * p.heads_per_group + r;
+    __syncthreads();  // the last head's epilogue read acs / dts
+    for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
+      acs[s] = p.dA_cs[chunk_row(p, b, h, c) + s];
+      dts[s] = p.dt_out[chunk_row(p, b, h, c) + s];
+    }
+    const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + ts * kTile * xl;
+    const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + tt * kTile * xl;
+    float acc[4][4] = {};
+    tile_product<T, false, false>(
+        acc, sm, 0, p.headdim, [=](int pp, int m) { return m < sr ? T::to_float(xc[m * xl + pp]) : 0.f; },
+        [=](int pp, int m) { return m < tr ? T::to_float(gp[m * xl + pp]) : 0.f; });
+    // M[t][s] = (g[t]·x[s]) C[t]·B[s] exp(dA_cs[t] - dA_cs[s]) dt[s]; dcb gets the same without C·B
+    float rs[4] = {}, csum[4] = {};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int s = ts * kTile + tl.r_off + i, t = tt * kTile + tl.c_off + j;
+        if (s <= t && t < rows && seg[s] == seg[t]) {
+          const float d = acc[i][j] * __expf(acs[t] - acs[s]) * dts[s];
+          total[i][j] += d;
+          const float m = d * cbv[i][j];
+          rs[i] += m, csum[j] += m;
+        }
+      }
+    // at s: the sum over this tile's t (a row); at t: over this tile's s (a column, in order)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) rs[i] = row_sum16(rs[i]);
+    if (threadIdx.x % 16 == 0) {
+      float* q = tok_row(p, 4, tt, b, h, c) + ts * kTile;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) q[tl.r_off + i] = rs[i];
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sm[(threadIdx.x / 16) * kTile + tl.c_off + j] = csum[j];
+    __syncthreads();
+    if (threadIdx.x < kTile) {
+      float v = 0.f;
+      for (int q = 0; q < kThreads / 16; ++q) v += sm[q * kTile + threadIdx.x];
+      tok_row(p, 3, ts, b, h, c)[tt * kTile + threadIdx.x] = v;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int s = ts * kTile + tl.r_off + i, t = tt * kTile + tl.c_off;
+    *reinterpret_cast<float4*>(cbp + s * cs + t) = make_float4(total[i][0], total[i][1], total[i][2], total[i][3]);
+  }
+}
+
+// ---- 6. dC and dB ------------------------------------------------------------------------------
+
+// dC[t] = sum over the group's heads of exp(dA_cs[t]) [t in the first segment] g[t]·entering
+//         + sum_{s <= t} dcb[s][t] B[s]
+// dB[s] = sum over the group's heads of exp(dA_cs[last] - dA_cs[s]) dt[s] [s in the last
+//         segment] x[s]·G  + sum_{t >= s} dcb[s][t] C[t]
+// A (64 tokens) x (64 dstate) tile; kDB picks which. The heads' sum is one product over
+// (head, headdim) pairs.
+template <typename T, bool kDB>
+M2R_DEVICE void dbc(const SsdBwdParams& p) {
+  typedef typename T::storage S;
+  __shared__ __align__(16) float sm[kSmemFloats];
+  const int ntiles = cdiv(p.dstate, kTile), ltiles = p.chunk_size / kTile;
+  const int g = blockIdx.x % p.ngroups, b = blockIdx.z;
+  int rest = blockIdx.x / p.ngroups;
+  const int nt = rest % ntiles;
+  rest /= ntiles;
+  const int lt = rest % ltiles, c = rest / ltiles;
+  const int r0 = lt * kTile, n0 = nt * kTile, nc = min(kTile, p.dstate - n0);
+  const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
+  const int xl = p.nheads * p.headdim, bl = p.ngroups * p.dstate, last = p.chunk_size - 1;
+  const int32_t* sg = seg_row(p, b, c);
+  const int s = threadIdx.x;
+  // the tokens that read the entering state (dC: the first segment, a prefix) or make the
+  // final state (dB: the last segment, a suffix)
+  const bool part = s < rows && (kDB ? sg[s] == sg[last] : sg[s] == 0);
+  const int count = __syncthreads_count(part);
+  const int lo = max(kDB ? rows - count : 0, r0) - r0, hi = min(kDB ? rows : count, r0 + kTile) - r0;
+  const Tile tl;
+  float acc[4][4] = {};
+  if (hi > lo && (kDB || c > 0 || p.has_init)) {
+    const int h0 = g * p.heads_per_group;
+    const S* rowp = x_chunk(p, static_cast<const S*>(kDB ? p.x : p.dout_g), b, l0, h0) + r0 * xl;
+    const float* st = (kDB ? p.dstates : p.states) + states_at(p, b, c, h0) + static_cast<int64_t>(n0) * p.headdim;
+    const int64_t sstride = static_cast<int64_t>(p.dstate) * p.headdim;  // the next head's state
+    tile_product<T, false, false>(
+        acc, sm, 0, p.heads_per_group * p.headdim,
+        [=](int k, int m) {
+          if (m < lo || m >= hi) return 0.f;
+          const int r = k / p.headdim, h = h0 + r;
+          const float* a = p.dA_cs + chunk_row(p, b, h, c);
+          const float w = kDB ? __expf(a[last] - a[r0 + m]) * p.dt_out[chunk_row(p, b, h, c) + r0 + m] : __expf(a[r0 + m]);
+          return T::to_float(rowp[m * xl + k]) * w;  // k = r * headdim + pp: heads are adjacent
+        },
+        [=](int k, int m) {
+          const int r = k / p.headdim, pp = k - r * p.headdim;
+          return m < nc ? st[r * sstride + static_cast<int64_t>(m) * p.headdim + pp] : 0.f;
+        });
+  }
+  // the dcb term: dcb tiles exist for s-tile <= t-tile, masked entries written as 0
+  const int64_t cs = p.chunk_size;
+  const float* d = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * cs * cs;
+  const S* other = bc_chunk(p, static_cast<const S*>(kDB ? p.C : p.B), b, l0, g) + n0;
+  const auto lb = [=](int q, int m) { return m < nc ? T::to_float(other[q * bl + m]) : 0.f; };
+  if constexpr (kDB) {  // rows s, reduction t >= s: dcb[s][t] with t unit-stride
+    tile_product<T, false, true>(
+        acc, sm, r0, rows, [=](int t, int m) { return r0 + m <= t ? d[(r0 + m) * cs + t] : 0.f; }, lb);
+  } else {  // rows t, reduction s <= t: dcb[s][t], t unit-stride
+    tile_product<T, true, true>(
+        acc, sm, 0, min(r0 + kTile, rows), [=](int sk, int m) { return sk <= r0 + m && r0 + m < rows ? d[sk * cs + r0 + m] : 0.f; }, lb);
+  }
+  float* out = bc_chunk(p, kDB ? p.dB : p.dC, b, l0, g) + n0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int t = r0 + tl.r_off + i;
+    if (t >= rows) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int n = tl.c_off + j;
+      if (n < nc) out[t * bl + n] = acc[i][j];
+    }
+  }
+}
+
+// ---- 7. cumsum: exponent gradients to ddt, dA, ddt_bias -------------------------------------------
+
+// dA_cs[t] = sum of dt'[s] A over s <= t in t's segment, so dt'[s] A gets the sum of the
+// exponent gradients of t >= s in its segment: thread i takes position chunk_size - 1 - i and
+// runs the forward's segmented scan, restarting at each segment's last token. The exponent
+// gradient at t: sum_p g y_off + sum_s M[t][s] - sum_t' M[t'][t] - (chunk-state part), and at
+// the chunk end also the chunk-state parts of every token and the carry's gradient.
+M2R_DEVICE void cumsum(const SsdBwdParams& p) {
+  __shared__ float wsum[kThreads / kWavefront], partial[kThreads / kWavefront];
+  __shared__ int wstart[kThreads / kWavefront];
+  __shared__ int32_t seg[kMaxChunk];
+  const int c = blockIdx.x, b = blockIdx.z, i = threadIdx.x, last = p.chunk_size - 1;
+  const int32_t* sg = seg_row(p, b, c);
+  if (i < p.chunk_size) seg[i] = sg[i];
+  __syncthreads();
+  const bool in = i < p.chunk_size;
+  const int q = in ? last - i : 0;
+  const int64_t pos = static_cast<int64_t>(c) * p.chunk_size + q;
+  const bool valid = in && pos < p.seqlen;
+  const bool start = in && q < last && seg[q + 1] != seg[q];
+  const int ptiles = cdiv(p.headdim, kTile), ltiles = p.chunk_size / kTile, qt = q / kTile;
+  for (int hh = 0; hh < kHeadsPerCumsum; ++hh) {
+    const int h = blockIdx.y * kHeadsPerCumsum + hh;
+    if (h >= p.nheads) break;  // uniform over the block
+    float r = 0.f, dd = 0.f, kk = 0.f;
+    if (valid) {
+      for (int pt = 0; pt < ptiles; ++pt) {
+        r += tok_row(p, 0, pt, b, h, c)[q];
+        dd += tok_row(p, 1, pt, b, h, c)[q];
+        kk += tok_row(p, 2, pt, b, h, c)[q];
+      }
+      for (int lt = 0; lt <= qt; ++lt) r += tok_row(p, 3, lt, b, h, c)[q];
+      for (int lt = qt; lt < ltiles; ++lt) r -= tok_row(p, 4, lt, b, h, c)[q];
+    }
+    const float dtq = valid ? p.dt_out[chunk_row(p, b, h, c) + q] : 0.f;
+    float dacs = valid ? r - kk : 0.f;
+    const float ksum = block_sum<kThreads>(kk, partial);
+    if (i == 0) {  // position `last`: the chunk end, which the chunk state and the carry read
+      dacs += ksum;
+      const float* lp = p.dA_last_part + ((static_cast<int64_t>(b) * p.nheads + h) * p.nchunks + c) * p.pass_blocks;
+      for (int k = 0; k < p.pass_blocks; ++k) dacs += lp[k];
+    }
+    const float back = block_segmented_scan(dacs, start, wsum, wstart);
+    float ddt_raw = 0.f;
+    if (valid) {
+      const float ddt = fmaf(p.A[h], back, dd);  // the gradient of dt' at q
+      float d = load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + pos * p.dt_l_stride + h * p.dt_h_stride);
+      if (p.dt_bias) d += p.dt_bias[h];
+      float slope = 1.f;
+      if (p.dt_softplus) {
+        if (d <= 20.f) slope = 1.f / (1.f + __expf(-d));
+        d = softplus(d);
+      }
+      const bool kept = d >= p.dt_min && d <= p.dt_max;  // clamp's gradient: where it is not clamped
+      ddt_raw = kept ? ddt * slope : 0.f;
+      p.ddt[(static_cast<int64_t>(b) * p.seqlen + pos) * p.nheads + h] = ddt_raw;
+    }
+    const float da = block_sum<kThreads>(valid ? dtq * back : 0.f, partial);
+    const float db = block_sum<kThreads>(ddt_raw, partial);
+    if (i == 0) {
+      const int64_t plane = static_cast<int64_t>(p.batch) * p.nchunks * p.nheads;
+      const int64_t at = (static_cast<int64_t>(b) * p.nchunks + c) * p.nheads + h;
+      p.head_part[at] = da;
+      p.head_part[plane + at] = db;
+    }
+  }
+}
+
+}  // namespace ssd_bwd
+}  // namespace m2r
+
+M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_state_passing(SsdBwdParams p) { m2r::ssd_bwd::state_passing(p); }
+M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_cumsum(SsdBwdParams p) { m2r::ssd_bwd::cumsum(p); }
+
+#define M2R_SSD_BWD(DT, T)                                                                                            \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dz_##DT(SsdBwdParams p) { m2r::ssd_bwd::dz<m2r::T, false>(p); }     \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dz_##DT##_z(SsdBwdParams p) { m2r::ssd_bwd::dz<m2r::T, true>(p); }  \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dstates_##DT(SsdBwdParams p) { m2r::ssd_bwd::dstates<m2r::T>(p); } \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dx_##DT(SsdBwdParams p) { m2r::ssd_bwd::dx<m2r::T>(p); }           \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dcb_##DT(SsdBwdParams p) { m2r::ssd_bwd::dcb<m2r::T>(p); }         \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dc_##DT(SsdBwdParams p) { m2r::ssd_bwd::dbc<m2r::T, false>(p); }   \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_db_##DT(SsdBwdParams p) { m2r::ssd_bwd::dbc<m2r::T, true>(p); }
+M2R_SSD_BWD(f32, F32)
+M2R_SSD_BWD(f16, F16)
+M2R_SSD_BWD(bf16, BF16)

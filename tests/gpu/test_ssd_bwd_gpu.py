@@ -1,0 +1,200 @@
+"""The SSD scan's backward kernels (csrc/ssd_bwd.hip) on a GPU against float64 references:
+every dtype, odd sizes (partial headdim / dstate tiles, seqlen around the chunk edges), the
+three chunk sizes, groups, seq_idx restarts inside chunks and at their edges, initial states
+and the final state's gradient, dt_limit, long sequences, poisoned outputs, bit-identical
+reruns, and the training entry points (eager autograd, torch.compile) reaching the kernels.
+
+The op is called directly (``mamba_chunk_scan_combined_bwd``, what the scan's autograd formula
+calls), with the torch tier's written-out formula disabled in the op so a silent fallback fails
+instead of passing. The reference is that formula in float64 (``ssd_chunked_bwd``, which the
+CPU tests hold to autograd through the recurrence); small cases also check autograd through
+the recurrence itself."""
+
+import math
+
+import pytest
+import torch
+from helpers import (
+    DTYPES,
+    assert_bit_identical_runs,
+    check_grads,
+    gpu_available,
+    poison_allocator,
+    seeded,
+)
+
+from mamba2_rocm import mamba_chunk_scan_combined
+from mamba2_rocm.ops import ssd as ssd_ops
+from mamba2_rocm.reference.ssd import ssd_chunked_bwd, ssd_sequential
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu_available(), reason="needs a GPU (run on the device machine)"),
+]
+
+DEV = "cuda"
+NAMES = ("dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dinit")
+#: error bound relative to the largest reference gradient: the inputs are rounded to the dtype
+#: for both sides; what differs is fp32 accumulation, the output gradient kept in the inputs'
+#: dtype between stages (as mamba_ssm keeps it) and each gradient's own rounding
+GTOL = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+
+
+@pytest.fixture(autouse=True)
+def no_reference_fallback(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the backward fell back to the torch tier's formula")
+
+    monkeypatch.setattr(ssd_ops, "ssd_chunked_bwd", refuse)
+
+
+def _inputs(g, b, L, h, p, gr, n, dtype, *, z=True, D="1d", bias=True, init=True, dfinal=True,
+            seq=None):  # fmt: skip
+    r = lambda *s: torch.randn(*s, device=DEV, generator=g)  # noqa: E731
+    t = dict(
+        x=r(b, L, h, p).to(dtype), dt=(r(b, L, h) * 0.5).to(dtype),
+        A=-torch.rand(h, device=DEV, generator=g) * 2 - 0.1,
+        B=r(b, L, gr, n).to(dtype), C=r(b, L, gr, n).to(dtype),
+        D=None if D is None else (r(h) if D == "1d" else r(h, p)),
+        z=r(b, L, h, p).to(dtype) if z else None,
+        dt_bias=r(h) * 0.3 if bias else None,
+        initial_states=r(b, h, p, n) if init else None,
+    )  # fmt: skip
+    dout = r(b, L, h, p).to(dtype)
+    dfin = r(b, h, p, n) if dfinal else None
+    return t, seq, dout, dfin
+
+
+def _seq_idx(b, L, cuts, first=0):
+    s = torch.full((b, L), first, dtype=torch.int32)
+    for c in cuts:
+        if c < L:
+            s[:, c:] += 1
+    return s.to(DEV)
+
+
+def _run(t, seq, dout, dfin, cs, softplus=True, limit=(0.0, math.inf)):
+    return ssd_ops.mamba_chunk_scan_combined_bwd(
+        t["x"], t["dt"], t["A"], t["B"], t["C"], cs, t["D"], t["z"], t["dt_bias"],
+        t["initial_states"], seq, softplus, list(limit), dout, dfin,
+    )  # fmt: skip
+
+
+def _want(t, seq, dout, dfin, cs, softplus=True, limit=(0.0, math.inf)):
+    d = lambda v: None if v is None else v.double()  # noqa: E731
+    return ssd_chunked_bwd(
+        d(t["x"]), d(t["dt"]), d(t["A"]), d(t["B"]), d(t["C"]), cs, d(t["D"]), d(t["z"]),
+        d(t["dt_bias"]), d(t["initial_states"]), seq, softplus, limit, d(dout), d(dfin),
+        compute_dtype=torch.float64,
+    )  # fmt: skip
+
+
+def _check(t, seq, dout, dfin, cs, dtype, **kw):
+    poison_allocator(64 << 20)
+    got = _run(t, seq, dout, dfin, cs, **kw)
+    for name, gt, inp in zip(NAMES, got, (t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"], t["z"],
+                                          t["dt_bias"], t["initial_states"]), strict=True):  # fmt: skip
+        if inp is not None:
+            assert gt.dtype == inp.dtype and gt.shape == inp.shape, name
+    check_grads(NAMES, got, _want(t, seq, dout, dfin, cs, **kw), GTOL[dtype])
+    return got
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("b", "L", "h", "p", "gr", "n", "cs"),
+    [
+        (2, 257, 4, 64, 2, 64, 64),  # seqlen one past a chunk edge
+        (1, 1000, 6, 50, 3, 100, 128),  # partial headdim and dstate tiles
+        (2, 300, 2, 96, 1, 128, 256),  # two headdim tiles, the second partial
+        (3, 63, 4, 32, 4, 16, 64),  # one group per head, less than a chunk
+        (1, 1, 2, 64, 1, 128, 256),  # one token
+        (2, 512, 8, 64, 1, 128, 256),  # the Mamba2 layout: 8 heads per group, whole chunks
+    ],
+)
+def test_matches_reference(dtype, b, L, h, p, gr, n, cs):
+    g = seeded("ssd bwd", dtype, b, L, h, p, gr, n, cs, device=DEV)
+    _check(*_inputs(g, b, L, h, p, gr, n, dtype), cs, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("cuts", "first", "init"),
+    [
+        (
+            (40, 64, 65, 200),
+            0,
+            True,
+        ),  # restarts inside chunks, at a chunk's first token, twice in one
+        ((128,), 1, True),  # the row starts in another sequence: initial_states unused
+        ((5, 6, 7, 130, 255), 0, False),
+    ],
+)
+def test_seq_idx(dtype, cuts, first, init):
+    b, L, h, p, gr, n, cs = 2, 300, 4, 64, 2, 64, 64
+    g = seeded("ssd bwd seq", dtype, cuts, first, device=DEV)
+    t, _, dout, dfin = _inputs(g, b, L, h, p, gr, n, dtype, init=init)
+    _check(t, _seq_idx(b, L, cuts, first), dout, dfin, cs, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("opts", "softplus", "limit"),
+    [
+        (dict(z=False, D=None, bias=False, init=False, dfinal=False), True, (0.0, math.inf)),
+        (dict(D="2d"), False, (0.05, 0.6)),  # dt clamped both ways: no gradient where clamped
+        (dict(z=False, init=True, dfinal=False), True, (0.0, 0.4)),
+    ],
+)
+def test_optional_inputs(dtype, opts, softplus, limit):
+    g = seeded("ssd bwd opts", dtype, tuple(opts.items()), softplus, limit, device=DEV)
+    t, seq, dout, dfin = _inputs(g, 2, 200, 4, 64, 2, 64, dtype, **opts)
+    _check(t, seq, dout, dfin, 128, dtype, softplus=softplus, limit=limit)
+
+
+def test_small_case_against_autograd_through_the_recurrence():
+    g = seeded("ssd bwd recurrence", device=DEV)
+    t, _, dout, dfin = _inputs(g, 2, 70, 4, 16, 2, 8, torch.float32)
+    seq = _seq_idx(2, 70, (33, 64))
+    got = _run(t, seq, dout, dfin, 64)
+    leaves = {k: None if v is None else v.double().requires_grad_() for k, v in t.items()}
+    out, fin = ssd_sequential(**leaves, seq_idx=seq, dt_softplus=True, return_final_states=True)
+    names = [k for k, v in leaves.items() if v is not None]
+    want = torch.autograd.grad(
+        [out, fin], [leaves[k] for k in names], [dout.double(), dfin.double()]
+    )
+    check_grads(names, [gt for gt, k in zip(got, t, strict=True) if t[k] is not None], want, 2e-4)
+
+
+def test_long_sequence():
+    g = seeded("ssd bwd long", device=DEV)
+    t, _, dout, dfin = _inputs(g, 1, 8192, 4, 64, 1, 128, torch.bfloat16)
+    _check(t, _seq_idx(1, 8192, (3000,)), dout, dfin, 256, torch.bfloat16)
+
+
+def test_bit_identical_runs():
+    g = seeded("ssd bwd determinism", device=DEV)
+    t, _, dout, dfin = _inputs(g, 2, 1000, 8, 64, 2, 128, torch.bfloat16)
+    assert_bit_identical_runs(lambda: _run(t, None, dout, dfin, 256))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_training_reaches_the_kernels(compiled):
+    """mamba_chunk_scan_combined under autograd (eager, and compiled with fullgraph) gives the
+    kernels' gradients: the fallback formula is refused by the fixture."""
+    g = seeded("ssd bwd train", compiled, device=DEV)
+    t, _, dout, dfin = _inputs(g, 2, 190, 4, 64, 2, 64, torch.bfloat16)
+    leaves = {k: None if v is None else v.detach().clone().requires_grad_() for k, v in t.items()}
+
+    def loss(**kw):
+        out, fin = mamba_chunk_scan_combined(**kw, chunk_size=64, dt_softplus=True,
+                                             return_final_states=True)  # fmt: skip
+        return (out.float() * dout.float()).sum() + (fin * dfin).sum()
+
+    fn = torch.compile(loss, fullgraph=True) if compiled else loss
+    names = [k for k, v in leaves.items() if v is not None]
+    got = torch.autograd.grad(fn(**leaves), [leaves[k] for k in names])
+    want = _run(t, None, dout, dfin, 64)
+    want = [w for w, k in zip(want, t, strict=True) if t[k] is not None]
+    for name, a, e in zip(names, got, want, strict=True):
+        torch.testing.assert_close(a, e, rtol=2e-2, atol=2e-2 * e.abs().max().item(), msg=name)
