@@ -36,19 +36,4 @@ M2R_DEVICE void slab_product(float (&acc)[4 * kRowGroups][4 * kColGroups], const
   }
 }
 
-// Stage one slab of an operand into LDS k-major: dst[k][m] = load(k, m) for k < kFmaSlab and
-// m < kM, by the block's kThreads threads. `load` returns the element as float (0 out of
-// range). kMFast: consecutive threads take consecutive m (m is the operand's unit-stride index
-// in memory), else consecutive k: either way a wavefront's global reads are contiguous.
-template <int kThreads, int kM, int kLd, bool kMFast, class Load>
-M2R_DEVICE void stage_slab(float* dst, const Load& load) {
-  static_assert(kM * kFmaSlab % kThreads == 0, "slab does not split over the block");
-#pragma unroll 4  // more keeps every address live
-  for (int i = 0; i < kM * kFmaSlab / kThreads; ++i) {
-    const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
-    const int m = kMFast ? idx % kM : idx / kFmaSlab, k = kMFast ? idx / kM : idx % kFmaSlab;
-    dst[k * kLd + m] = load(k, m);
-  }
-}
-
 }  // namespace m2r

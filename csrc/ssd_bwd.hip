@@ -113,65 +113,176 @@ struct Tile {  // this thread's 4 x 4 of a 64 x 64 output tile: rows r_off.., co
 // LDS of one tile product: the staged slabs, then the result handed to the epilogue layout.
 constexpr int kSmemFloats = 2 * kFmaSlab * kLd;
 static_assert(kTile * kLd <= kSmemFloats, "the result tile must fit the staging space");
-static_assert(2 * kFmaSlab * kLd16 * 2 <= kSmemFloats * 4, "16-bit slabs must fit the staging space");
+static_assert(2 * kTile * (kFmaSlab + 8) * 2 <= kSmemFloats * 4, "16-bit slabs must fit the staging space");
 
 // acc (this thread's 4 x 4 of the 64 x 64 tile, rows r_off.., columns c_off..) += the sum over
 // k in [k_begin, k_end) of A(k, m) B(k, n), with la(k, m) / lb(k, n) the operands (0 out of
-// range; k absolute). kMFastA / kMFastB: m (n) is the operand's unit-stride index in memory.
-// fp16 / bf16 on targets with matrix cores: operands rounded to T and multiplied there (fp32
-// accumulation; the result goes through LDS into the FMA layout), else fp32 FMA. Ends with a
-// barrier: `sm` is free again.
-template <typename T, bool kMFastA, bool kMFastB, class LA, class LB>
-M2R_DEVICE void tile_product(float (&acc)[4][4], float* sm, int k_begin, int k_end, const LA& la, const LB& lb) {
-  const Tile tl;
-#if M2R_MMA != 0
-  if constexpr (mma::kEnabled<T>) {
-    typedef typename T::storage S;
-    S* As = reinterpret_cast<S*>(sm);
-    S* Bs = As + kFmaSlab * kLd16;
-    mma::BlockTile<kThreads, kTile, kTile, 2> tile;
-    for (int k0 = k_begin; k0 < k_end; k0 += kFmaSlab) {
-#pragma unroll 4
-      for (int i = 0; i < kTile * kFmaSlab / kThreads; ++i) {
-        const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
-        const int m = kMFastA ? idx % kTile : idx / kFmaSlab, k = kMFastA ? idx / kTile : idx % kFmaSlab;
-        As[k * kLd16 + m] = T::from_float(k0 + k < k_end ? la(k0 + k, m) : 0.f);
-      }
-#pragma unroll 4
-      for (int i = 0; i < kTile * kFmaSlab / kThreads; ++i) {
-        const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
-        const int m = kMFastB ? idx % kTile : idx / kFmaSlab, k = kMFastB ? idx / kTile : idx % kFmaSlab;
-        Bs[k * kLd16 + m] = T::from_float(k0 + k < k_end ? lb(k0 + k, m) : 0.f);
-      }
-      __syncthreads();
-      tile.template product<T, kFmaSlab, true, true>(As, kLd16, Bs, kLd16);
-      __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < tile.kFm; ++i)
-#pragma unroll
-      for (int j = 0; j < tile.kFn; ++j)
-#pragma unroll
-        for (int r = 0; r < mma::kAccRegs; ++r) sm[tile.row(i, r) * kLd + tile.col(j, r)] = tile.acc[i][j].v[r];
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float4 v = *reinterpret_cast<const float4*>(sm + (tl.r_off + i) * kLd + tl.c_off);
-      acc[i][0] += v.x, acc[i][1] += v.y, acc[i][2] += v.z, acc[i][3] += v.w;
-    }
-    __syncthreads();
-    return;
-  }
+// range; k absolute). kMFastA / kMFastB: m (n) is the operand's unit-stride index in memory,
+// which consecutive threads read. On the matrix cores, slabs of kFmaSlab along k are
+// software-pipelined: the next slab's operands are read into registers while the current one is
+// multiplied. fp16 / bf16 on
+// targets with matrix cores: operands rounded to T and multiplied there (fp32 accumulation),
+// each staged as it lies in memory ([k][m] when m is unit-stride, else [m][k]: the LDS stores
+// are conflict-free either way), the result handed to the FMA layout through LDS; else fp32
+// FMA. Ends with a barrier: `sm` is free again.
+constexpr int kPer = kTile * kFmaSlab / kThreads;  // operand elements per thread and slab
+constexpr int kLdK = kFmaSlab + 8;                  // [m][k] 16-bit tiles: rows 16-byte aligned
+// Matrix-core slabs without prefetch: read into registers, all loads in flight, then stored
+// (NVIDIA: measured faster), or stored element by element as read (AMD, and the emulation
+// builds that run AMD's code on the NVIDIA GPU: holding a slab in registers ran gfx9's scalar
+// registers out through the uniform parts of its addresses).
+#if M2R_AMD || defined(M2R_MMA_EMULATED)
+constexpr bool kRegStaging = false;
+#else
+constexpr bool kRegStaging = true;
 #endif
-  float* As = sm;
-  float* Bs = sm + kFmaSlab * kLd;
-  for (int k0 = k_begin; k0 < k_end; k0 += kFmaSlab) {
-    stage_slab<kThreads, kTile, kLd, kMFastA>(As, [&](int k, int m) { return k0 + k < k_end ? la(k0 + k, m) : 0.f; });
-    stage_slab<kThreads, kTile, kLd, kMFastB>(Bs, [&](int k, int m) { return k0 + k < k_end ? lb(k0 + k, m) : 0.f; });
-    __syncthreads();
-    slab_product<1, 1, kLd, kLd>(acc, As, Bs, tl.r_off, tl.c_off);
-    __syncthreads();
+
+template <bool kMFast>
+M2R_DEVICE void slab_index(int i, int& m, int& k) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if constexpr (kRegStaging) {  // the index that is the same for every i, spelled out (fewer registers)
+    m = kMFast ? tid % kTile : tid / kFmaSlab + i * (kThreads / kFmaSlab);
+    k = kMFast ? tid / kTile + i * (kThreads / kTile) : tid % kFmaSlab;
+  } else {  // (AMD: the spelled-out form moves the per-i address offsets to scalar registers)
+    const int idx = tid + i * kThreads;
+    m = kMFast ? idx % kTile : idx / kFmaSlab;
+    k = kMFast ? idx / kTile : idx % kFmaSlab;
   }
+}
+
+template <bool kMFast, class L>
+M2R_DEVICE void slab_fetch(float (&r)[kPer], int k0, int k_end, const L& load) {
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    int m, k;
+    slab_index<kMFast>(i, m, k);
+    r[i] = k0 + k < k_end ? load(k0 + k, m) : 0.f;
+  }
+}
+
+// One 64 x 64 fp32 product accumulated over any number of run() calls (each a range of k with
+// its own operands) and added into `out` (the FMA layout): directly on the FMA path, by
+// finish() through LDS on the matrix cores.
+// Stage one slab straight into LDS (no registers held across the product): element (k, m) at
+// dst[k * kLdS + m] (kKMajor) or dst[m * kLdS + k], as T's storage (fp32 when T is F32 or the
+// FMA path stages).
+template <typename T, bool kMFast, bool kKMajor, int kLdS, typename D, class L>
+M2R_DEVICE void slab_put(D* dst, int k0, int k_end, const L& load) {
+#pragma unroll 4  // more keeps every address live
+  for (int i = 0; i < kPer; ++i) {
+    int m, k;
+    slab_index<kMFast>(i, m, k);
+    const float v = k0 + k < k_end ? load(k0 + k, m) : 0.f;
+    if constexpr (sizeof(D) == 2) dst[kKMajor ? k * kLdS + m : m * kLdS + k] = T::from_float(v);
+    else dst[kKMajor ? k * kLdS + m : m * kLdS + k] = v;
+  }
+}
+
+template <typename T>
+struct TileAcc {
+#if M2R_MMA != 0
+  static constexpr bool kMma = mma::kEnabled<T>;
+#else
+  static constexpr bool kMma = false;
+#endif
+  typedef typename T::storage S;
+  float (&out)[4][4];
+#if M2R_MMA != 0
+  mma::BlockTile<kThreads, kTile, kTile, 2> tile;
+#endif
+  M2R_DEVICE explicit TileAcc(float (&acc)[4][4]) : out(acc) {}
+
+  // kPrefetch: read the next slab's operands while multiplying (matrix cores; costs registers)
+  template <bool kMFastA, bool kMFastB, bool kPrefetch = true, class LA, class LB>
+  M2R_DEVICE void run(float* sm, int k_begin, int k_end, const LA& la, const LB& lb) {
+    if (k_begin >= k_end) return;
+#if M2R_MMA != 0
+    if constexpr (kMma) {
+      float ra[kPer], rb[kPer];
+      if constexpr (kPrefetch) {
+        slab_fetch<kMFastA>(ra, k_begin, k_end, la);
+        slab_fetch<kMFastB>(rb, k_begin, k_end, lb);
+      }
+      constexpr int kLdA = kMFastA ? kLd16 : kLdK, kLdB = kMFastB ? kLd16 : kLdK;
+      constexpr int kSizeA = kMFastA ? kFmaSlab * kLd16 : kTile * kLdK;
+      S* As = reinterpret_cast<S*>(sm);
+      S* Bs = As + kSizeA;
+      for (int k0 = k_begin; k0 < k_end; k0 += kFmaSlab) {
+        if constexpr (kPrefetch) {
+#pragma unroll
+          for (int i = 0; i < kPer; ++i) {
+            int m, k;
+            slab_index<kMFastA>(i, m, k);
+            As[kMFastA ? k * kLdA + m : m * kLdA + k] = T::from_float(ra[i]);
+            slab_index<kMFastB>(i, m, k);
+            Bs[kMFastB ? k * kLdB + m : m * kLdB + k] = T::from_float(rb[i]);
+          }
+        } else if constexpr (kRegStaging) {  // the whole slab's loads in flight at once
+          slab_fetch<kMFastA>(ra, k0, k_end, la);
+          slab_fetch<kMFastB>(rb, k0, k_end, lb);
+#pragma unroll
+          for (int i = 0; i < kPer; ++i) {
+            int m, k;
+            slab_index<kMFastA>(i, m, k);
+            As[kMFastA ? k * kLdA + m : m * kLdA + k] = T::from_float(ra[i]);
+            slab_index<kMFastB>(i, m, k);
+            Bs[kMFastB ? k * kLdB + m : m * kLdB + k] = T::from_float(rb[i]);
+          }
+        } else {
+          slab_put<T, kMFastA, kMFastA, kLdA>(As, k0, k_end, la);
+          slab_put<T, kMFastB, kMFastB, kLdB>(Bs, k0, k_end, lb);
+        }
+        __syncthreads();
+        if (kPrefetch && k0 + kFmaSlab < k_end) {
+          slab_fetch<kMFastA>(ra, k0 + kFmaSlab, k_end, la);
+          slab_fetch<kMFastB>(rb, k0 + kFmaSlab, k_end, lb);
+        }
+        tile.template product<T, kFmaSlab, kMFastA, kMFastB>(As, kLdA, Bs, kLdB);
+        __syncthreads();
+      }
+      return;
+    }
+#endif
+    const Tile tl;
+    float* As = sm;
+    float* Bs = sm + kFmaSlab * kLd;
+    for (int k0 = k_begin; k0 < k_end; k0 += kFmaSlab) {  // no prefetch: registers go to the tile
+      slab_put<T, kMFastA, true, kLd>(As, k0, k_end, la);
+      slab_put<T, kMFastB, true, kLd>(Bs, k0, k_end, lb);
+      __syncthreads();
+      if constexpr (!kMma) slab_product<1, 1, kLd, kLd>(out, As, Bs, tl.r_off, tl.c_off);
+      __syncthreads();
+    }
+  }
+
+  // out += the product; uses sm and ends with a barrier on the matrix-core path
+  M2R_DEVICE void finish(float* sm) {
+#if M2R_MMA != 0
+    if constexpr (kMma) {
+      const Tile tl;
+#pragma unroll
+      for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+        for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+          for (int r = 0; r < mma::kAccRegs; ++r) sm[tile.row(i, r) * kLd + tile.col(j, r)] = tile.acc[i][j].v[r];
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 v = *reinterpret_cast<const float4*>(sm + (tl.r_off + i) * kLd + tl.c_off);
+        out[i][0] += v.x, out[i][1] += v.y, out[i][2] += v.z, out[i][3] += v.w;
+      }
+      __syncthreads();
+    }
+#endif
+  }
+};
+
+template <typename T, bool kMFastA, bool kMFastB, bool kPrefetch = true, class LA, class LB>
+M2R_DEVICE void tile_product(float (&acc)[4][4], float* sm, int k_begin, int k_end, const LA& la, const LB& lb) {
+  TileAcc<T> t(acc);
+  t.template run<kMFastA, kMFastB, kPrefetch>(sm, k_begin, k_end, la, lb);
+  t.finish(sm);
 }
 
 // ---- 1. dz and the gated output gradient -----------------------------------------------------
@@ -199,22 +310,32 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
   }
   __syncthreads();
   const Tile tl;
-  float off[4][4] = {}, acc[4][4] = {};
+  float acc[4][4] = {}, rsum[4] = {};
   const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0;
+  const S* dop = x_chunk(p, static_cast<const S*>(p.dout), b, l0, h) + p0;
+  const S* zp = kHasZ ? x_chunk(p, static_cast<const S*>(p.z), b, l0, h) + p0 : nullptr;
+  // g = dout silu(z), rounded to T as the later stages read it
+  auto gated = [&](int t, int m) {
+    const float gv = T::to_float(dop[t * xl + m]);
+    if constexpr (kHasZ) return rounded<T>(gv * silu(T::to_float(zp[t * xl + m])));
+    return gv;
+  };
   if (c > 0 || p.has_init) {  // the entering state read through C (zero for chunk 0 without one)
     const S* Cc = bc_chunk(p, static_cast<const S*>(p.C), b, l0, g);
     const float* E = p.states + states_at(p, b, c, h) + p0;
     tile_product<T, false, true>(
-        off, sm, 0, p.dstate,
-        [=](int n, int m) { return t0 + m < rows ? T::to_float(Cc[(t0 + m) * bl + n]) : 0.f; },
-        [=](int n, int m) { return m < pc ? E[static_cast<int64_t>(n) * p.headdim + m] : 0.f; });
+        acc, sm, 0, p.dstate, [&](int n, int m) { return t0 + m < rows ? T::to_float(Cc[(t0 + m) * bl + n]) : 0.f; },
+        [&](int n, int m) { return m < pc ? E[static_cast<int64_t>(n) * p.headdim + m] : 0.f; });
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int t = t0 + tl.r_off + i;
       const bool reads = t < rows && seg[t] == 0;  // else a sequence that started in the chunk
       const float f = reads ? __expf(acs[t]) : 0.f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) off[i][j] = reads ? off[i][j] * f : 0.f;
+      for (int j = 0; j < 4; ++j) {
+        acc[i][j] = reads ? acc[i][j] * f : 0.f;
+        if (reads && tl.c_off + j < pc) rsum[i] = fmaf(gated(t, tl.c_off + j), acc[i][j], rsum[i]);
+      }
     }
   }
   const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
@@ -225,14 +346,12 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
         const int t = t0 + m;
         return s <= t && t < rows && seg[s] == seg[t] ? cb[s * cs + t] * __expf(acs[t] - acs[s]) * dts[s] : 0.f;
       },
-      [=](int s, int m) { return m < pc ? T::to_float(xc[s * xl + m]) : 0.f; });
+      [&](int s, int m) { return m < pc ? T::to_float(xc[s * xl + m]) : 0.f; });
 
-  const S* dop = x_chunk(p, static_cast<const S*>(p.dout), b, l0, h) + p0;
-  const S* zp = kHasZ ? x_chunk(p, static_cast<const S*>(p.z), b, l0, h) + p0 : nullptr;
   S* dgp = x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0;
   S* dzp = kHasZ ? x_chunk(p, static_cast<S*>(p.dz), b, l0, h) + p0 : nullptr;
   const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
-  float rsum[4] = {}, dsum[4] = {};
+  float dsum[4] = {};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int t = t0 + tl.r_off + i;
@@ -242,15 +361,13 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
       const int m = tl.c_off + j;
       if (m >= pc) continue;
       const float xv = T::to_float(xc[t * xl + m]);
-      float gv = T::to_float(dop[t * xl + m]);
       if constexpr (kHasZ) {
-        const float zv = T::to_float(zp[t * xl + m]), y = off[i][j] + acc[i][j];
+        const float zv = T::to_float(zp[t * xl + m]), y = acc[i][j];
         const float yd = Dp ? fmaf(Dp[m], xv, y) : y;
-        dzp[t * xl + m] = T::from_float(gv * yd * dsilu(zv));
-        gv = rounded<T>(gv * silu(zv));  // what the later stages read
+        dzp[t * xl + m] = T::from_float(T::to_float(dop[t * xl + m]) * yd * dsilu(zv));
       }
+      const float gv = gated(t, m);
       dgp[t * xl + m] = T::from_float(gv);
-      rsum[i] = fmaf(gv, off[i][j], rsum[i]);
       dsum[j] = fmaf(gv, xv, dsum[j]);
     }
   }
@@ -299,7 +416,7 @@ M2R_DEVICE void dstates(const SsdBwdParams& p) {
   float acc[4][4] = {};
   tile_product<T, true, true>(
       acc, sm, 0, count, [&](int t, int m) { return m < pc ? T::to_float(gp[t * xl + m]) * w[t] : 0.f; },
-      [=](int t, int m) { return m < nc ? T::to_float(Cc[t * bl + m]) : 0.f; });
+      [&](int t, int m) { return m < nc ? T::to_float(Cc[t * bl + m]) : 0.f; });
   float* out = p.dstates + states_at(p, b, c, h);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -427,37 +544,39 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   // the chunk's last segment (a suffix) is what its final state is made of
   const int first_last = __syncthreads_count(threadIdx.x < p.chunk_size && seg[threadIdx.x] < seg[last]);
   const Tile tl;
-  float off[4][4] = {}, in[4][4] = {};
-  if (s0 + kTile > first_last) {
+  const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0;
+  float acc[4][4] = {}, kpart[4] = {};
+  if (s0 + kTile > first_last) {  // B·G, decayed to the chunk end; its share of ddt first
     const S* Bc = bc_chunk(p, static_cast<const S*>(p.B), b, l0, g);
     const float* G = p.dstates + states_at(p, b, c, h) + p0;
-    tile_product<T, false, true>(
-        off, sm, 0, p.dstate,
-        [=](int n, int m) { return s0 + m < rows ? T::to_float(Bc[(s0 + m) * bl + n]) : 0.f; },
-        [=](int n, int m) { return m < pc ? G[static_cast<int64_t>(n) * p.headdim + m] : 0.f; });
+    tile_product<T, false, true, false>(
+        acc, sm, 0, p.dstate, [&](int n, int m) { return s0 + m < rows ? T::to_float(Bc[(s0 + m) * bl + n]) : 0.f; },
+        [&](int n, int m) { return m < pc ? G[static_cast<int64_t>(n) * p.headdim + m] : 0.f; });
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int s = s0 + tl.r_off + i;
       const bool to_end = s < rows && s >= first_last;
       const float f = to_end ? __expf(acs[last] - acs[s]) : 0.f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) off[i][j] = to_end ? off[i][j] * f : 0.f;
+      for (int j = 0; j < 4; ++j) {
+        acc[i][j] = to_end ? acc[i][j] * f : 0.f;
+        if (to_end && tl.c_off + j < pc) kpart[i] = fmaf(T::to_float(xc[s * xl + tl.c_off + j]), acc[i][j], kpart[i]);
+      }
     }
   }
   const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
   const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0;
-  tile_product<T, false, true>(
-      in, sm, s0, rows,
+  tile_product<T, false, true, false>(
+      acc, sm, s0, rows,
       [&](int t, int m) {
         const int s = s0 + m;
         return s <= t && seg[s] == seg[t] ? cb[s * cs + t] * __expf(acs[t] - acs[s]) : 0.f;
       },
-      [=](int t, int m) { return m < pc ? T::to_float(gp[t * xl + m]) : 0.f; });
+      [&](int t, int m) { return m < pc ? T::to_float(gp[t * xl + m]) : 0.f; });
 
-  const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0;
   S* dxp = x_chunk(p, static_cast<S*>(p.dx), b, l0, h) + p0;
   const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
-  float ddt[4] = {}, kpart[4] = {};
+  float ddt[4] = {};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int s = s0 + tl.r_off + i;
@@ -466,12 +585,11 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
     for (int j = 0; j < 4; ++j) {
       const int m = tl.c_off + j;
       if (m >= pc) continue;
-      const float xv = T::to_float(xc[s * xl + m]), d = off[i][j] + in[i][j];
+      const float xv = T::to_float(xc[s * xl + m]), d = acc[i][j];
       float v = dts[s] * d;
       if (Dp) v = fmaf(Dp[m], T::to_float(gp[s * xl + m]), v);
       dxp[s * xl + m] = T::from_float(v);
       ddt[i] = fmaf(xv, d, ddt[i]);
-      kpart[i] = fmaf(xv, off[i][j], kpart[i]);
     }
   }
 #pragma unroll
@@ -498,10 +616,13 @@ M2R_DEVICE void dcb(const SsdBwdParams& p) {
   __shared__ int32_t seg[kMaxChunk];
   // blockIdx.x: (chunk, group) major, then the lower-triangular tile pairs (ts <= tt)
   const int tiles = p.chunk_size / kTile, pairs = tiles * (tiles + 1) / 2;
-  int tt = 0, rem = blockIdx.x % pairs;
-  while (rem > tt) rem -= ++tt;
-  const int ts = rem;
-  const int cg = blockIdx.x / pairs, c = cg / p.ngroups, g = cg % p.ngroups, b = blockIdx.z;
+  int tq = 0, rem = blockIdx.x % pairs;
+  while (rem > tq) rem -= ++tq;
+  // the block's coordinates as per-lane values: AMD's compiler would keep everything derived
+  // from them in scalar registers, which this kernel's per-head addresses run out of
+  const int tt = per_lane(tq), ts = per_lane(rem);
+  const int cg = blockIdx.x / pairs, c = per_lane(cg / p.ngroups), g = per_lane(cg % p.ngroups);
+  const int b = per_lane(static_cast<int>(blockIdx.z));
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   const int xl = p.nheads * p.headdim;
@@ -526,9 +647,9 @@ M2R_DEVICE void dcb(const SsdBwdParams& p) {
     const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + ts * kTile * xl;
     const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + tt * kTile * xl;
     float acc[4][4] = {};
-    tile_product<T, false, false>(
-        acc, sm, 0, p.headdim, [=](int pp, int m) { return m < sr ? T::to_float(xc[m * xl + pp]) : 0.f; },
-        [=](int pp, int m) { return m < tr ? T::to_float(gp[m * xl + pp]) : 0.f; });
+    tile_product<T, false, false, false>(
+        acc, sm, 0, p.headdim, [&](int pp, int m) { return m < sr ? T::to_float(xc[m * xl + pp]) : 0.f; },
+        [&](int pp, int m) { return m < tr ? T::to_float(gp[m * xl + pp]) : 0.f; });
     // M[t][s] = (g[t]·x[s]) C[t]·B[s] exp(dA_cs[t] - dA_cs[s]) dt[s]; dcb gets the same without C·B
     float rs[4] = {}, csum[4] = {};
 #pragma unroll
@@ -578,7 +699,9 @@ M2R_DEVICE void dcb(const SsdBwdParams& p) {
 template <typename T, bool kDB>
 M2R_DEVICE void dbc(const SsdBwdParams& p) {
   typedef typename T::storage S;
+  constexpr int kWHeads = 16;  // heads whose weights sit in LDS at a time
   __shared__ __align__(16) float sm[kSmemFloats];
+  __shared__ float w[kWHeads * kTile];
   const int ntiles = cdiv(p.dstate, kTile), ltiles = p.chunk_size / kTile;
   const int g = blockIdx.x % p.ngroups, b = blockIdx.z;
   int rest = blockIdx.x / p.ngroups;
@@ -597,38 +720,46 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
   const int count = __syncthreads_count(part);
   const int lo = max(kDB ? rows - count : 0, r0) - r0, hi = min(kDB ? rows : count, r0 + kTile) - r0;
   const Tile tl;
+  const int hd = p.headdim;
   float acc[4][4] = {};
+  TileAcc<T> prod(acc);
   if (hi > lo && (kDB || c > 0 || p.has_init)) {
     const int h0 = g * p.heads_per_group;
     const S* rowp = x_chunk(p, static_cast<const S*>(kDB ? p.x : p.dout_g), b, l0, h0) + r0 * xl;
     const float* st = (kDB ? p.dstates : p.states) + states_at(p, b, c, h0) + static_cast<int64_t>(n0) * p.headdim;
     const int64_t sstride = static_cast<int64_t>(p.dstate) * p.headdim;  // the next head's state
-    tile_product<T, false, false>(
-        acc, sm, 0, p.heads_per_group * p.headdim,
-        [=](int k, int m) {
-          if (m < lo || m >= hi) return 0.f;
-          const int r = k / p.headdim, h = h0 + r;
-          const float* a = p.dA_cs + chunk_row(p, b, h, c);
-          const float w = kDB ? __expf(a[last] - a[r0 + m]) * p.dt_out[chunk_row(p, b, h, c) + r0 + m] : __expf(a[r0 + m]);
-          return T::to_float(rowp[m * xl + k]) * w;  // k = r * headdim + pp: heads are adjacent
-        },
-        [=](int k, int m) {
-          const int r = k / p.headdim, pp = k - r * p.headdim;
-          return m < nc ? st[r * sstride + static_cast<int64_t>(m) * p.headdim + pp] : 0.f;
-        });
+    for (int hb = 0; hb < p.heads_per_group; hb += kWHeads) {  // the heads' weights in LDS
+      const int nh = min(kWHeads, p.heads_per_group - hb);
+      for (int e = threadIdx.x; e < nh * kTile; e += kThreads) {
+        const int r = e / kTile, m = e % kTile, h = h0 + hb + r, t = r0 + m;
+        const float* a = p.dA_cs + chunk_row(p, b, h, c);
+        float v = 0.f;
+        if (m >= lo && m < hi) v = kDB ? __expf(a[last] - a[t]) * p.dt_out[chunk_row(p, b, h, c) + t] : __expf(a[t]);
+        w[e] = v;
+      }
+      __syncthreads();
+      for (int r = 0; r < nh; ++r) {
+        const S* rp = per_lane(rowp + (hb + r) * hd);  // (per_lane: see dcb)
+        const float* sp = per_lane(st + (hb + r) * sstride);
+        const float* wr = w + r * kTile;
+        prod.template run<false, false, false>(
+            sm, 0, hd, [&](int pp, int m) { return m >= lo && m < hi ? T::to_float(rp[m * xl + pp]) * wr[m] : 0.f; },
+            [&](int pp, int m) { return m < nc ? sp[m * hd + pp] : 0.f; });
+      }
+    }
   }
   // the dcb term: dcb tiles exist for s-tile <= t-tile, masked entries written as 0
   const int64_t cs = p.chunk_size;
-  const float* d = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * cs * cs;
-  const S* other = bc_chunk(p, static_cast<const S*>(kDB ? p.C : p.B), b, l0, g) + n0;
-  const auto lb = [=](int q, int m) { return m < nc ? T::to_float(other[q * bl + m]) : 0.f; };
+  const float* d = per_lane(p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * cs * cs);
+  const S* other = per_lane(bc_chunk(p, static_cast<const S*>(kDB ? p.C : p.B), b, l0, g) + n0);
+  const auto lb = [&](int q, int m) { return m < nc ? T::to_float(other[q * bl + m]) : 0.f; };
   if constexpr (kDB) {  // rows s, reduction t >= s: dcb[s][t] with t unit-stride
-    tile_product<T, false, true>(
-        acc, sm, r0, rows, [=](int t, int m) { return r0 + m <= t ? d[(r0 + m) * cs + t] : 0.f; }, lb);
+    prod.template run<false, true, false>(sm, r0, rows, [&](int t, int m) { return r0 + m <= t ? d[(r0 + m) * cs + t] : 0.f; }, lb);
   } else {  // rows t, reduction s <= t: dcb[s][t], t unit-stride
-    tile_product<T, true, true>(
-        acc, sm, 0, min(r0 + kTile, rows), [=](int sk, int m) { return sk <= r0 + m && r0 + m < rows ? d[sk * cs + r0 + m] : 0.f; }, lb);
+    prod.template run<true, true, false>(
+        sm, 0, min(r0 + kTile, rows), [&](int sk, int m) { return sk <= r0 + m && r0 + m < rows ? d[sk * cs + r0 + m] : 0.f; }, lb);
   }
+  prod.finish(sm);
   float* out = bc_chunk(p, kDB ? p.dB : p.dC, b, l0, g) + n0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -724,6 +855,7 @@ M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_cumsum(SsdBwdParams
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dcb_##DT(SsdBwdParams p) { m2r::ssd_bwd::dcb<m2r::T>(p); }         \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dc_##DT(SsdBwdParams p) { m2r::ssd_bwd::dbc<m2r::T, false>(p); }   \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_db_##DT(SsdBwdParams p) { m2r::ssd_bwd::dbc<m2r::T, true>(p); }
+// ptxas' register cap (NVIDIA only): 2 blocks per SM (dx and dB skip the prefetch to fit it)
 M2R_SSD_BWD(f32, F32)
 M2R_SSD_BWD(f16, F16)
 M2R_SSD_BWD(bf16, BF16)
