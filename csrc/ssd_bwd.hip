@@ -115,69 +115,91 @@ constexpr int kSmemFloats = 2 * kFmaSlab * kLd;
 static_assert(kTile * kLd <= kSmemFloats, "the result tile must fit the staging space");
 static_assert(2 * kTile * (kFmaSlab + 8) * 2 <= kSmemFloats * 4, "16-bit slabs must fit the staging space");
 
-// acc (this thread's 4 x 4 of the 64 x 64 tile, rows r_off.., columns c_off..) += the sum over
-// k in [k_begin, k_end) of A(k, m) B(k, n), with la(k, m) / lb(k, n) the operands (0 out of
-// range; k absolute). kMFastA / kMFastB: m (n) is the operand's unit-stride index in memory,
-// which consecutive threads read. On the matrix cores, slabs of kFmaSlab along k are
-// software-pipelined: the next slab's operands are read into registers while the current one is
-// multiplied. fp16 / bf16 on
-// targets with matrix cores: operands rounded to T and multiplied there (fp32 accumulation),
-// each staged as it lies in memory ([k][m] when m is unit-stride, else [m][k]: the LDS stores
-// are conflict-free either way), the result handed to the FMA layout through LDS; else fp32
-// FMA. Ends with a barrier: `sm` is free again.
-constexpr int kPer = kTile * kFmaSlab / kThreads;  // operand elements per thread and slab
-constexpr int kLdK = kFmaSlab + 8;                  // [m][k] 16-bit tiles: rows 16-byte aligned
-// Matrix-core slabs without prefetch: read into registers, all loads in flight, then stored
-// (NVIDIA: measured faster), or stored element by element as read (AMD, and the emulation
-// builds that run AMD's code on the NVIDIA GPU: holding a slab in registers ran gfx9's scalar
-// registers out through the uniform parts of its addresses).
-#if M2R_AMD || defined(M2R_MMA_EMULATED)
-constexpr bool kRegStaging = false;
-#else
-constexpr bool kRegStaging = true;
-#endif
+// The tile-product engine. A product's operands are given by loaders: la(k, m, kv, v) fills
+// v[0..8) with A at (k, m) and the 7 elements after it along the operand's unit-stride index in
+// memory (m when kMFast, else k; kv = how many of those k are below the range's end), 0 where
+// out of range. Each thread loads one run of 8 per operand and slab (16 bytes of a 16-bit
+// tensor, when aligned), so a slab's loads are few and wide: a slab of 32 along k is 64 x 32 =
+// 256 runs. On the matrix cores the runs go to LDS as 16-byte stores, [k][m] for m-runs and
+// [m][k] for k-runs (each read by ldmatrix-style fragment loads; mma.h), and with kPrefetch the
+// next slab's runs are loaded while the current one is multiplied. The FMA path stages fp32
+// [k][m] (fma_tile.h).
+constexpr int kRun = 8;
+constexpr int kLdK = kFmaSlab + 8;  // [m][k] 16-bit tiles: rows 16-byte aligned
 
+M2R_DEVICE bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; }
+
+// n (<= 0: none) elements from q into v[0..8), 0 past them: one 16-byte load where it can
+template <typename T>
+M2R_DEVICE void load_run(const typename T::storage* q, int n, float (&v)[kRun]) {
+  if constexpr (sizeof(typename T::storage) == 2) {
+    if (n >= kRun && aligned16(q)) {
+      unpack8<T>(*reinterpret_cast<const uint4*>(q), v);
+      return;
+    }
+  } else {
+    if (n >= kRun && aligned16(q)) {
+      const float4 u = reinterpret_cast<const float4*>(q)[0], w = reinterpret_cast<const float4*>(q)[1];
+      v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w, v[4] = w.x, v[5] = w.y, v[6] = w.z, v[7] = w.w;
+      return;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kRun; ++e) v[e] = e < n ? T::to_float(q[e]) : 0.f;
+}
+
+M2R_DEVICE void load_run32(const float* q, int n, float (&v)[kRun]) { load_run<F32>(q, n, v); }
+
+// this thread's run in a slab: its first (m, k)
 template <bool kMFast>
-M2R_DEVICE void slab_index(int i, int& m, int& k) {
+M2R_DEVICE void run_origin(int& m, int& k) {
   const int tid = static_cast<int>(threadIdx.x);
-  if constexpr (kRegStaging) {  // the index that is the same for every i, spelled out (fewer registers)
-    m = kMFast ? tid % kTile : tid / kFmaSlab + i * (kThreads / kFmaSlab);
-    k = kMFast ? tid / kTile + i * (kThreads / kTile) : tid % kFmaSlab;
-  } else {  // (AMD: the spelled-out form moves the per-i address offsets to scalar registers)
-    const int idx = tid + i * kThreads;
-    m = kMFast ? idx % kTile : idx / kFmaSlab;
-    k = kMFast ? idx / kTile : idx % kFmaSlab;
+  m = kMFast ? (tid % (kTile / kRun)) * kRun : tid / (kFmaSlab / kRun);
+  k = kMFast ? tid / (kTile / kRun) : (tid % (kFmaSlab / kRun)) * kRun;
+}
+static_assert(kTile * kFmaSlab == kThreads * kRun, "one run per thread and slab");
+
+template <bool kMFast, class L>
+M2R_DEVICE void run_fetch(float (&v)[kRun], int k0, int k_end, const L& load) {
+  int m, k;
+  run_origin<kMFast>(m, k);
+  if (kMFast && k0 + k >= k_end) {
+#pragma unroll
+    for (int e = 0; e < kRun; ++e) v[e] = 0.f;
+    return;
+  }
+  load(k0 + k, m, min(kRun, k_end - k0 - k), v);
+  if constexpr (!kMFast) {
+#pragma unroll
+    for (int e = 0; e < kRun; ++e)
+      if (k0 + k + e >= k_end) v[e] = 0.f;
   }
 }
 
-template <bool kMFast, class L>
-M2R_DEVICE void slab_fetch(float (&r)[kPer], int k0, int k_end, const L& load) {
+template <typename T, bool kMFast>
+M2R_DEVICE void run_store16(typename T::storage* dst, const float (&v)[kRun]) {
+  int m, k;
+  run_origin<kMFast>(m, k);
+  const uint4 q = make_uint4(T::pack(v), T::pack(v + 2), T::pack(v + 4), T::pack(v + 6));
+  *reinterpret_cast<uint4*>(dst + (kMFast ? k * kLd16 + m : m * kLdK + k)) = q;
+}
+
+template <bool kMFast>
+M2R_DEVICE void run_store32(float* dst, const float (&v)[kRun]) {  // [k][m], ld kLd
+  int m, k;
+  run_origin<kMFast>(m, k);
+  if constexpr (kMFast) {
+    *reinterpret_cast<float4*>(dst + k * kLd + m) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(dst + k * kLd + m + 4) = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    int m, k;
-    slab_index<kMFast>(i, m, k);
-    r[i] = k0 + k < k_end ? load(k0 + k, m) : 0.f;
+    for (int e = 0; e < kRun; ++e) dst[(k + e) * kLd + m] = v[e];
   }
 }
 
 // One 64 x 64 fp32 product accumulated over any number of run() calls (each a range of k with
 // its own operands) and added into `out` (the FMA layout): directly on the FMA path, by
 // finish() through LDS on the matrix cores.
-// Stage one slab straight into LDS (no registers held across the product): element (k, m) at
-// dst[k * kLdS + m] (kKMajor) or dst[m * kLdS + k], as T's storage (fp32 when T is F32 or the
-// FMA path stages).
-template <typename T, bool kMFast, bool kKMajor, int kLdS, typename D, class L>
-M2R_DEVICE void slab_put(D* dst, int k0, int k_end, const L& load) {
-#pragma unroll 4  // more keeps every address live
-  for (int i = 0; i < kPer; ++i) {
-    int m, k;
-    slab_index<kMFast>(i, m, k);
-    const float v = k0 + k < k_end ? load(k0 + k, m) : 0.f;
-    if constexpr (sizeof(D) == 2) dst[kKMajor ? k * kLdS + m : m * kLdS + k] = T::from_float(v);
-    else dst[kKMajor ? k * kLdS + m : m * kLdS + k] = v;
-  }
-}
-
 template <typename T>
 struct TileAcc {
 #if M2R_MMA != 0
@@ -192,51 +214,25 @@ struct TileAcc {
 #endif
   M2R_DEVICE explicit TileAcc(float (&acc)[4][4]) : out(acc) {}
 
-  // kPrefetch: read the next slab's operands while multiplying (matrix cores; costs registers)
+  // kPrefetch: load the next slab's runs while multiplying (matrix cores; costs registers)
   template <bool kMFastA, bool kMFastB, bool kPrefetch = true, class LA, class LB>
   M2R_DEVICE void run(float* sm, int k_begin, int k_end, const LA& la, const LB& lb) {
     if (k_begin >= k_end) return;
+    float ra[kRun], rb[kRun];
 #if M2R_MMA != 0
     if constexpr (kMma) {
-      float ra[kPer], rb[kPer];
-      if constexpr (kPrefetch) {
-        slab_fetch<kMFastA>(ra, k_begin, k_end, la);
-        slab_fetch<kMFastB>(rb, k_begin, k_end, lb);
-      }
       constexpr int kLdA = kMFastA ? kLd16 : kLdK, kLdB = kMFastB ? kLd16 : kLdK;
       constexpr int kSizeA = kMFastA ? kFmaSlab * kLd16 : kTile * kLdK;
       S* As = reinterpret_cast<S*>(sm);
       S* Bs = As + kSizeA;
+      if constexpr (kPrefetch) run_fetch<kMFastA>(ra, k_begin, k_end, la), run_fetch<kMFastB>(rb, k_begin, k_end, lb);
       for (int k0 = k_begin; k0 < k_end; k0 += kFmaSlab) {
-        if constexpr (kPrefetch) {
-#pragma unroll
-          for (int i = 0; i < kPer; ++i) {
-            int m, k;
-            slab_index<kMFastA>(i, m, k);
-            As[kMFastA ? k * kLdA + m : m * kLdA + k] = T::from_float(ra[i]);
-            slab_index<kMFastB>(i, m, k);
-            Bs[kMFastB ? k * kLdB + m : m * kLdB + k] = T::from_float(rb[i]);
-          }
-        } else if constexpr (kRegStaging) {  // the whole slab's loads in flight at once
-          slab_fetch<kMFastA>(ra, k0, k_end, la);
-          slab_fetch<kMFastB>(rb, k0, k_end, lb);
-#pragma unroll
-          for (int i = 0; i < kPer; ++i) {
-            int m, k;
-            slab_index<kMFastA>(i, m, k);
-            As[kMFastA ? k * kLdA + m : m * kLdA + k] = T::from_float(ra[i]);
-            slab_index<kMFastB>(i, m, k);
-            Bs[kMFastB ? k * kLdB + m : m * kLdB + k] = T::from_float(rb[i]);
-          }
-        } else {
-          slab_put<T, kMFastA, kMFastA, kLdA>(As, k0, k_end, la);
-          slab_put<T, kMFastB, kMFastB, kLdB>(Bs, k0, k_end, lb);
-        }
+        if constexpr (!kPrefetch) run_fetch<kMFastA>(ra, k0, k_end, la), run_fetch<kMFastB>(rb, k0, k_end, lb);
+        run_store16<T, kMFastA>(As, ra);
+        run_store16<T, kMFastB>(Bs, rb);
         __syncthreads();
-        if (kPrefetch && k0 + kFmaSlab < k_end) {
-          slab_fetch<kMFastA>(ra, k0 + kFmaSlab, k_end, la);
-          slab_fetch<kMFastB>(rb, k0 + kFmaSlab, k_end, lb);
-        }
+        if (kPrefetch && k0 + kFmaSlab < k_end)
+          run_fetch<kMFastA>(ra, k0 + kFmaSlab, k_end, la), run_fetch<kMFastB>(rb, k0 + kFmaSlab, k_end, lb);
         tile.template product<T, kFmaSlab, kMFastA, kMFastB>(As, kLdA, Bs, kLdB);
         __syncthreads();
       }
@@ -246,9 +242,11 @@ struct TileAcc {
     const Tile tl;
     float* As = sm;
     float* Bs = sm + kFmaSlab * kLd;
-    for (int k0 = k_begin; k0 < k_end; k0 += kFmaSlab) {  // no prefetch: registers go to the tile
-      slab_put<T, kMFastA, true, kLd>(As, k0, k_end, la);
-      slab_put<T, kMFastB, true, kLd>(Bs, k0, k_end, lb);
+    for (int k0 = k_begin; k0 < k_end; k0 += kFmaSlab) {
+      run_fetch<kMFastA>(ra, k0, k_end, la);
+      run_fetch<kMFastB>(rb, k0, k_end, lb);
+      run_store32<kMFastA>(As, ra);
+      run_store32<kMFastB>(Bs, rb);
       __syncthreads();
       if constexpr (!kMma) slab_product<1, 1, kLd, kLd>(out, As, Bs, tl.r_off, tl.c_off);
       __syncthreads();
@@ -324,8 +322,9 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
     const S* Cc = bc_chunk(p, static_cast<const S*>(p.C), b, l0, g);
     const float* E = p.states + states_at(p, b, c, h) + p0;
     tile_product<T, false, true>(
-        acc, sm, 0, p.dstate, [&](int n, int m) { return t0 + m < rows ? T::to_float(Cc[(t0 + m) * bl + n]) : 0.f; },
-        [&](int n, int m) { return m < pc ? E[static_cast<int64_t>(n) * p.headdim + m] : 0.f; });
+        acc, sm, 0, p.dstate,
+        [&](int n, int m, int kv, float (&v)[kRun]) { load_run<T>(Cc + (t0 + m) * bl + n, t0 + m < rows ? kv : 0, v); },
+        [&](int n, int m, int, float (&v)[kRun]) { load_run32(E + static_cast<int64_t>(n) * p.headdim + m, pc - m, v); });
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int t = t0 + tl.r_off + i;
@@ -342,11 +341,17 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
   const int cs = p.chunk_size;
   tile_product<T, true, true>(
       acc, sm, 0, min(t0 + kTile, rows),
-      [&](int s, int m) {
-        const int t = t0 + m;
-        return s <= t && t < rows && seg[s] == seg[t] ? cb[s * cs + t] * __expf(acs[t] - acs[s]) * dts[s] : 0.f;
+      [&](int s, int m, int, float (&v)[kRun]) {  // the decayed, masked C·Bᵀ dt
+        load_run32(cb + s * cs + t0 + m, rows - t0 - m, v);
+        const float as = acs[s], ds = dts[s];
+        const int sg = seg[s];
+#pragma unroll
+        for (int e = 0; e < kRun; ++e) {
+          const int t = t0 + m + e;
+          v[e] = s <= t && t < rows && seg[t] == sg ? v[e] * __expf(acs[t] - as) * ds : 0.f;
+        }
       },
-      [&](int s, int m) { return m < pc ? T::to_float(xc[s * xl + m]) : 0.f; });
+      [&](int s, int m, int, float (&v)[kRun]) { load_run<T>(xc + s * xl + m, pc - m, v); });
 
   S* dgp = x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0;
   S* dzp = kHasZ ? x_chunk(p, static_cast<S*>(p.dz), b, l0, h) + p0 : nullptr;
@@ -415,8 +420,14 @@ M2R_DEVICE void dstates(const SsdBwdParams& p) {
   const Tile tl;
   float acc[4][4] = {};
   tile_product<T, true, true>(
-      acc, sm, 0, count, [&](int t, int m) { return m < pc ? T::to_float(gp[t * xl + m]) * w[t] : 0.f; },
-      [&](int t, int m) { return m < nc ? T::to_float(Cc[t * bl + m]) : 0.f; });
+      acc, sm, 0, count,
+      [&](int t, int m, int, float (&v)[kRun]) {
+        load_run<T>(gp + t * xl + m, pc - m, v);
+        const float wt = w[t];
+#pragma unroll
+        for (int e = 0; e < kRun; ++e) v[e] *= wt;
+      },
+      [&](int t, int m, int, float (&v)[kRun]) { load_run<T>(Cc + t * bl + m, nc - m, v); });
   float* out = p.dstates + states_at(p, b, c, h);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -550,8 +561,9 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
     const S* Bc = bc_chunk(p, static_cast<const S*>(p.B), b, l0, g);
     const float* G = p.dstates + states_at(p, b, c, h) + p0;
     tile_product<T, false, true, false>(
-        acc, sm, 0, p.dstate, [&](int n, int m) { return s0 + m < rows ? T::to_float(Bc[(s0 + m) * bl + n]) : 0.f; },
-        [&](int n, int m) { return m < pc ? G[static_cast<int64_t>(n) * p.headdim + m] : 0.f; });
+        acc, sm, 0, p.dstate,
+        [&](int n, int m, int kv, float (&v)[kRun]) { load_run<T>(Bc + (s0 + m) * bl + n, s0 + m < rows ? kv : 0, v); },
+        [&](int n, int m, int, float (&v)[kRun]) { load_run32(G + static_cast<int64_t>(n) * p.headdim + m, pc - m, v); });
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int s = s0 + tl.r_off + i;
@@ -568,11 +580,15 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0;
   tile_product<T, false, true, false>(
       acc, sm, s0, rows,
-      [&](int t, int m) {
+      [&](int t, int m, int kv, float (&v)[kRun]) {  // the decayed, masked C·Bᵀ (t runs along k)
         const int s = s0 + m;
-        return s <= t && seg[s] == seg[t] ? cb[s * cs + t] * __expf(acs[t] - acs[s]) : 0.f;
+        load_run32(cb + s * cs + t, kv, v);
+        const float as = acs[s];
+        const int sg = seg[s];
+#pragma unroll
+        for (int e = 0; e < kRun; ++e) v[e] = e < kv && s <= t + e && seg[t + e] == sg ? v[e] * __expf(acs[t + e] - as) : 0.f;
       },
-      [&](int t, int m) { return m < pc ? T::to_float(gp[t * xl + m]) : 0.f; });
+      [&](int t, int m, int, float (&v)[kRun]) { load_run<T>(gp + t * xl + m, pc - m, v); });
 
   S* dxp = x_chunk(p, static_cast<S*>(p.dx), b, l0, h) + p0;
   const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
@@ -648,8 +664,9 @@ M2R_DEVICE void dcb(const SsdBwdParams& p) {
     const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + tt * kTile * xl;
     float acc[4][4] = {};
     tile_product<T, false, false, false>(
-        acc, sm, 0, p.headdim, [&](int pp, int m) { return m < sr ? T::to_float(xc[m * xl + pp]) : 0.f; },
-        [&](int pp, int m) { return m < tr ? T::to_float(gp[m * xl + pp]) : 0.f; });
+        acc, sm, 0, p.headdim,
+        [&](int pp, int m, int kv, float (&v)[kRun]) { load_run<T>(xc + m * xl + pp, m < sr ? kv : 0, v); },
+        [&](int pp, int m, int kv, float (&v)[kRun]) { load_run<T>(gp + m * xl + pp, m < tr ? kv : 0, v); });
     // M[t][s] = (g[t]·x[s]) C[t]·B[s] exp(dA_cs[t] - dA_cs[s]) dt[s]; dcb gets the same without C·B
     float rs[4] = {}, csum[4] = {};
 #pragma unroll
@@ -743,8 +760,14 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
         const float* sp = per_lane(st + (hb + r) * sstride);
         const float* wr = w + r * kTile;
         prod.template run<false, false, false>(
-            sm, 0, hd, [&](int pp, int m) { return m >= lo && m < hi ? T::to_float(rp[m * xl + pp]) * wr[m] : 0.f; },
-            [&](int pp, int m) { return m < nc ? sp[m * hd + pp] : 0.f; });
+            sm, 0, hd,
+            [&](int pp, int m, int kv, float (&v)[kRun]) {
+              load_run<T>(rp + m * xl + pp, m >= lo && m < hi ? kv : 0, v);
+              const float wm = wr[m];
+#pragma unroll
+              for (int e = 0; e < kRun; ++e) v[e] *= wm;
+            },
+            [&](int pp, int m, int kv, float (&v)[kRun]) { load_run32(sp + m * hd + pp, m < nc ? kv : 0, v); });
       }
     }
   }
@@ -752,12 +775,25 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
   const int64_t cs = p.chunk_size;
   const float* d = per_lane(p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * cs * cs);
   const S* other = per_lane(bc_chunk(p, static_cast<const S*>(kDB ? p.C : p.B), b, l0, g) + n0);
-  const auto lb = [&](int q, int m) { return m < nc ? T::to_float(other[q * bl + m]) : 0.f; };
+  const auto lb = [&](int q, int m, int, float (&v)[kRun]) { load_run<T>(other + q * bl + m, q < rows ? nc - m : 0, v); };
   if constexpr (kDB) {  // rows s, reduction t >= s: dcb[s][t] with t unit-stride
-    prod.template run<false, true, false>(sm, r0, rows, [&](int t, int m) { return r0 + m <= t ? d[(r0 + m) * cs + t] : 0.f; }, lb);
+    prod.template run<false, true, false>(
+        sm, r0, rows,
+        [&](int t, int m, int kv, float (&v)[kRun]) {
+          load_run32(d + (r0 + m) * cs + t, kv, v);
+#pragma unroll
+          for (int e = 0; e < kRun; ++e) v[e] = r0 + m <= t + e ? v[e] : 0.f;
+        },
+        lb);
   } else {  // rows t, reduction s <= t: dcb[s][t], t unit-stride
     prod.template run<true, true, false>(
-        sm, 0, min(r0 + kTile, rows), [&](int sk, int m) { return sk <= r0 + m && r0 + m < rows ? d[sk * cs + r0 + m] : 0.f; }, lb);
+        sm, 0, min(r0 + kTile, rows),
+        [&](int sk, int m, int, float (&v)[kRun]) {
+          load_run32(d + sk * cs + r0 + m, rows - r0 - m, v);
+#pragma unroll
+          for (int e = 0; e < kRun; ++e) v[e] = sk <= r0 + m + e ? v[e] : 0.f;
+        },
+        lb);
   }
   prod.finish(sm);
   float* out = bc_chunk(p, kDB ? p.dB : p.dC, b, l0, g) + n0;
