@@ -24,6 +24,7 @@ from mamba2_rocm import (
 )
 from mamba2_rocm.ops import _launch
 from mamba2_rocm.ops import conv1d as conv_ops
+from mamba2_rocm.ops import mamba2 as block_ops
 from mamba2_rocm.ops import rmsnorm as norm_ops
 from mamba2_rocm.ops import ssd as ssd_ops
 from mamba2_rocm.reference.conv1d import causal_conv1d_bwd_torch, causal_conv1d_eager
@@ -36,7 +37,7 @@ def kernel_tier(monkeypatch):
     which kernels 'ran'."""
     ran = []
     kernel = lambda device: ("kernel", object())  # noqa: E731
-    for mod in (_launch, conv_ops, norm_ops, ssd_ops):
+    for mod in (_launch, conv_ops, norm_ops, ssd_ops, block_ops):
         monkeypatch.setattr(mod, "choose", kernel)
 
     def conv(kset, x, w, b, seq_idx, init, fin, silu, out):
@@ -290,32 +291,61 @@ def test_chunk_scan_varlen_states_carry_gradients(kernel_tier):
     _close(_grads([out, var], ours, cot), _grads(list(want), ref, [c.double() for c in cot]), 1e-4)
 
 
-@pytest.mark.parametrize("norm", [False, True])
-def test_fused_block(kernel_tier, norm):
-    """mamba_split_conv1d_scan_combined: every parameter gets its gradient through the kernel
-    ops (conv, scan, norm) and agrees with the same block on the torch tier."""
-    g = seeded("bwd block", norm)
-    b, L, h, p, n, groups, width = 2, 50, 4, 8, 16, 2, 4
+def _block_inputs(g, norm, outproj=True, b=2, L=50, h=4, p=8, n=16, groups=2, width=4):
     dim = h * p
     conv_dim = dim + 2 * groups * n
     r = lambda *s: torch.randn(*s, generator=g) * 0.5  # noqa: E731
     t = dict(zxbcdt=r(b, L, 2 * dim + 2 * groups * n + h), conv1d_weight=r(conv_dim, width),
              conv1d_bias=r(conv_dim), dt_bias=r(h), A=-torch.rand(h, generator=g) - 0.1, D=r(h),
-             rmsnorm_weight=r(dim) + 1 if norm else None, outproj_weight=r(24, dim),
-             outproj_bias=r(24))  # fmt: skip
-    kw = dict(chunk_size=64, headdim=p, ngroups=groups, dt_limit=(0.0, float("inf")))
+             rmsnorm_weight=r(dim) + 1 if norm else None,
+             outproj_weight=r(24, dim) if outproj else None,
+             outproj_bias=r(24) if outproj else None)  # fmt: skip
+    return t, dict(chunk_size=64, headdim=p, ngroups=groups, dt_limit=(0.0, float("inf")))
+
+
+@pytest.mark.parametrize(("norm", "outproj"), [(False, True), (True, True), (True, False),
+                                               (False, False)])  # fmt: skip
+def test_fused_block(kernel_tier, norm, outproj):
+    """mamba_split_conv1d_scan_combined: every parameter gets its gradient through the kernel
+    ops' backward implementations (conv, scan, norm: the checkpointing _FusedBlock) and agrees
+    with the same block on the torch tier (plain autograd through the ops)."""
+    g = seeded("bwd block", norm, outproj)
+    t, kw = _block_inputs(g, norm, outproj)
     ours, plain = _leaves(t), _leaves(t)
     out = mamba_split_conv1d_scan_combined(**ours, **kw)
     assert sorted(set(kernel_tier)) == (["conv", "norm", "scan"] if norm else ["conv", "scan"])
+    assert out.grad_fn.name() == "_FusedBlockBackward"
     kernel_tier.clear()
     with pytest.MonkeyPatch.context() as mp:  # the same block on the torch tier: plain autograd
-        for mod in (_launch, conv_ops, norm_ops, ssd_ops):
+        for mod in (_launch, conv_ops, norm_ops, ssd_ops, block_ops):
             mp.setattr(mod, "choose", lambda device: ("torch", None))
         want = mamba_split_conv1d_scan_combined(**plain, **kw)
     assert kernel_tier == []
     cot = torch.randn(out.shape, generator=g)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     _close(_grads([out], ours, [cot]), _grads([want], plain, [cot]), 1e-4)
+    assert {"conv_bwd", "scan_bwd"} <= set(kernel_tier)  # the backward reached the kernels
+    assert ("norm_bwd" in kernel_tier) == norm
+
+
+def test_fused_block_saves_what_mamba_ssm_checkpointing_saves(kernel_tier):
+    """Activation memory: the training block keeps zxbcdt, the parameters and the scan's output
+    before the norm (mamba_ssm's checkpoint_lvl=1), not the conv's output nor the norm's."""
+    g = seeded("bwd block memory")
+    t, kw = _block_inputs(g, norm=True, L=64)
+    leaves = _leaves(t)
+    saved = {}
+
+    def pack(x):
+        saved[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        mamba_split_conv1d_scan_combined(**leaves, **kw)
+    b, L = t["zxbcdt"].shape[:2]
+    dim = t["rmsnorm_weight"].shape[0]
+    allowed = sum(v.numel() for v in t.values() if v is not None) + b * L * dim
+    assert sum(saved.values()) <= 4 * allowed, (sum(saved.values()), 4 * allowed)
 
 
 def test_only_requested_gradients_are_computed(kernel_tier):

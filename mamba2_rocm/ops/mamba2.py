@@ -5,6 +5,12 @@ zxbcdt (batch, seqlen, 2 dim + 2 ngroups dstate + nheads) is split into z, xBC a
 mamba_ssm does; xBC goes through the depthwise causal conv (its channel-last view, no copy)
 and SiLU, then splits into x, B, C (views); the scan adds D and, without an RMSNorm, the z
 gate; with ``rmsnorm_weight`` the gated norm applies z instead; ``outproj_weight`` projects last.
+
+Training on the kernel tier (eager) goes through ``_FusedBlock``, which keeps what mamba_ssm's
+``checkpoint_lvl=1`` keeps: the inputs and the scan's output before the norm; the conv's
+output and the norm's output are computed again in the backward, which calls the ops'
+backward implementations (HIP kernels) directly. Elsewhere (compiling, the torch tiers) the
+block differentiates through its ops, each of which saves its own inputs.
 """
 
 from __future__ import annotations
@@ -12,9 +18,15 @@ from __future__ import annotations
 import math
 
 from mamba2_rocm._torch import require_torch
+from mamba2_rocm.ops import conv1d as conv_ops
+from mamba2_rocm.ops import rmsnorm as norm_ops
+from mamba2_rocm.ops import ssd as ssd_ops
+from mamba2_rocm.ops._backend import choose
+from mamba2_rocm.ops._launch import needs_autograd
 from mamba2_rocm.ops.conv1d import causal_conv1d_fn
 from mamba2_rocm.ops.rmsnorm import rmsnorm_fn
 from mamba2_rocm.ops.ssd import mamba_chunk_scan_combined
+from mamba2_rocm.reference.ssd_checks import kernel_chunk_size
 
 torch = require_torch()
 Tensor = torch.Tensor
@@ -61,6 +73,103 @@ def _sizes(zxbcdt, conv1d_weight, D, headdim, ngroups) -> tuple[int, int, int, i
     return nheads, headdim, dim, dstate
 
 
+class _FusedBlock(torch.autograd.Function):
+    """The block for eager training, saving what mamba_ssm's checkpoint_lvl=1 saves (the
+    inputs and the scan's output before the norm) and recomputing the rest in the backward."""
+
+    @staticmethod
+    def forward(ctx, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states,
+                rmsnorm_weight, outproj_weight, outproj_bias, seq_idx, cfg):  # fmt: skip
+        b, seqlen = zxbcdt.shape[:2]
+        dim = cfg.sizes[2]
+        z, x, B, C, dt = _FusedBlock._inputs(zxbcdt, conv1d_weight, conv1d_bias, seq_idx, cfg)
+        out, final, _ = ssd_ops._impl(
+            x, dt, A, B, C, cfg.chunk_size, D, None if rmsnorm_weight is not None else z,
+            dt_bias, initial_states, seq_idx, None, True, list(cfg.dt_limit), False, None,
+        )  # fmt: skip
+        out_x = out.reshape(b, seqlen, dim)
+        y = _FusedBlock._head(out_x, z, rmsnorm_weight, outproj_weight, outproj_bias, cfg)
+        ctx.cfg = cfg
+        keep = out_x if rmsnorm_weight is not None or outproj_weight is not None else None
+        ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states,
+                              rmsnorm_weight, outproj_weight, outproj_bias, seq_idx, keep)  # fmt: skip
+        if not cfg.return_final_states:
+            ctx.mark_non_differentiable(final)
+        return y, final
+
+    @staticmethod
+    def _inputs(zxbcdt, conv1d_weight, conv1d_bias, seq_idx, cfg):
+        """z, then the scan's x, B, C (the conv's output, split) and dt: views, no copies."""
+        nheads, headdim, dim, dstate, ngroups = cfg.sizes
+        z, xbc, dt = torch.split(zxbcdt, [dim, dim + 2 * ngroups * dstate, nheads], dim=-1)
+        xbc, _ = conv_ops._fwd_func_impl(xbc.transpose(1, 2), conv1d_weight, conv1d_bias, seq_idx,
+                                         None, cfg.silu, False)  # fmt: skip
+        x, B, C = torch.split(xbc.transpose(1, 2), [dim, ngroups * dstate, ngroups * dstate], -1)
+        return (z.unflatten(-1, (nheads, headdim)), x.unflatten(-1, (nheads, headdim)),
+                B.unflatten(-1, (ngroups, dstate)), C.unflatten(-1, (ngroups, dstate)), dt)  # fmt: skip
+
+    @staticmethod
+    def _head(out_x, z, rmsnorm_weight, outproj_weight, outproj_bias, cfg):
+        """The norm and the out-projection after the scan."""
+        y = out_x
+        if rmsnorm_weight is not None:
+            dim = out_x.shape[-1]
+            y = norm_ops._impl(out_x, rmsnorm_weight, None, z.flatten(-2), cfg.eps,
+                               dim // cfg.sizes[4], cfg.norm_before_gate, True)  # fmt: skip
+        if outproj_weight is not None:
+            y = torch.nn.functional.linear(y, outproj_weight, outproj_bias)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy, dfinal):
+        (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, rmsnorm_weight,
+         outproj_weight, outproj_bias, seq_idx, out_x) = ctx.saved_tensors  # fmt: skip
+        cfg = ctx.cfg
+        nheads, headdim, dim, dstate, ngroups = cfg.sizes
+        b, seqlen = zxbcdt.shape[:2]
+        z, x, B, C, dt = _FusedBlock._inputs(zxbcdt, conv1d_weight, conv1d_bias, seq_idx, cfg)
+        if dy is None:
+            dy = zxbcdt.new_zeros((*zxbcdt.shape[:2], dim))
+        dW = dWb = drms = None
+        if outproj_weight is not None:
+            y = _FusedBlock._head(out_x, z, rmsnorm_weight, None, None, cfg)
+            dW = (
+                dy.flatten(0, -2).t().matmul(y.flatten(0, -2).to(dy.dtype)).to(outproj_weight.dtype)
+            )
+            if outproj_bias is not None:
+                dWb = dy.flatten(0, -2).sum(0).to(outproj_bias.dtype)
+            dy = dy.matmul(outproj_weight.to(dy.dtype))
+        dz = None
+        if rmsnorm_weight is not None:
+            dy, drms, _, dz = norm_ops._bwd_run(out_x, rmsnorm_weight, None, z.flatten(-2), cfg.eps,
+                                                dim // ngroups, cfg.norm_before_gate, True,
+                                                dy.to(out_x.dtype).contiguous())  # fmt: skip
+        g = ssd_ops._bwd_impl(
+            x, dt, A, B, C, cfg.chunk_size, D, None if rmsnorm_weight is not None else z, dt_bias,
+            initial_states, seq_idx, True, list(cfg.dt_limit),
+            dy.reshape(b, seqlen, nheads, headdim).to(x.dtype), dfinal,
+        )  # fmt: skip
+        if rmsnorm_weight is None:
+            dz = g[6].flatten(-2)
+        dxbc = torch.cat([g[0].flatten(-2), g[3].flatten(-2).to(x.dtype),
+                          g[4].flatten(-2).to(x.dtype)], dim=-1)  # fmt: skip
+        xbc_in = torch.split(zxbcdt, [dim, dim + 2 * ngroups * dstate, nheads], dim=-1)[1]
+        dxbc_in, dw, db, _ = conv_ops._bwd_run(xbc_in.transpose(1, 2), conv1d_weight, conv1d_bias,
+                                               seq_idx, None, dxbc.transpose(1, 2), None, cfg.silu)  # fmt: skip
+        dzxbcdt = torch.cat([dz.to(zxbcdt.dtype), dxbc_in.transpose(1, 2).to(zxbcdt.dtype),
+                             g[1].to(zxbcdt.dtype)], dim=-1)  # fmt: skip
+        opt = lambda t, like: None if like is None else t  # noqa: E731
+        return (dzxbcdt, dw, opt(db, conv1d_bias), opt(g[7], dt_bias), g[2], g[5],
+                opt(g[8], initial_states), drms, dW, dWb, None, None)  # fmt: skip
+
+
+class _BlockConfig:
+    """The block's non-tensor arguments, for _FusedBlock."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
 def mamba_split_conv1d_scan_combined(
     zxbcdt: Tensor, conv1d_weight: Tensor, conv1d_bias: Tensor | None, dt_bias: Tensor | None,
     A: Tensor, D: Tensor, chunk_size: int, initial_states: Tensor | None = None,
@@ -77,6 +186,18 @@ def mamba_split_conv1d_scan_combined(
         raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
     nheads, headdim, dim, dstate = _sizes(zxbcdt, conv1d_weight, D, headdim, ngroups)
     batch, seqlen, _ = zxbcdt.shape
+    tensors = (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, initial_states, rmsnorm_weight,
+               outproj_weight, outproj_bias)  # fmt: skip
+    if (batch and seqlen and not torch.compiler.is_compiling() and needs_autograd(*tensors)
+            and choose(zxbcdt.device)[0] == "kernel"):  # fmt: skip
+        cfg = _BlockConfig(
+            sizes=(nheads, headdim, dim, dstate, ngroups), chunk_size=kernel_chunk_size(chunk_size),
+            dt_limit=(float(dt_limit[0]), float(dt_limit[1])), silu=activation is not None,
+            eps=float(rmsnorm_eps), norm_before_gate=bool(norm_before_gate),
+            return_final_states=return_final_states,
+        )  # fmt: skip
+        out, final = _FusedBlock.apply(*tensors, seq_idx, cfg)
+        return (out, final) if return_final_states else out
     z, xbc, dt = torch.split(zxbcdt, [dim, dim + 2 * ngroups * dstate, nheads], dim=-1)
     xbc = causal_conv1d_fn(
         xbc.transpose(1, 2), conv1d_weight, conv1d_bias, seq_idx=seq_idx,
