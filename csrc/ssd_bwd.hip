@@ -6,8 +6,8 @@
 //
 //   1. dz        the chunk scan's product again (y = decayed C·entering + masked decayed C·Bᵀ x),
 //                giving dz = dout y' silu'(z) (y' = y + D x) and g = dout silu(z), the output
-//                gradient every later stage reads; per token sum_p g y (the exponent gradient of
-//                every output term) and per column sum_t g x (dD);
+//                gradient every later stage reads; per token sum_p g y_off (the exponent
+//                gradient of the entering state's term) and per column sum_t g x (dD);
 //                                                        grid (chunks*ttiles*ptiles*h, 1, b)
 //   2. dstates   the gradient of each chunk's entering state: sum_t exp(dA_cs[t]) gᵀ C[t] over
 //                the tokens that read it (the chunk's first segment); grid (chunks*tiles*h, 1, b)
@@ -18,7 +18,8 @@
 //                token sum_p x dx/dt (ddt) and its chunk-state part (the chunk end's exponent);
 //                                                        grid (chunks*stiles*ptiles*h, 1, b)
 //   5. dcb       the gradient of C·Bᵀ: per group, sum over its heads of (g xᵀ) decayed and masked
-//                (overwrites the forward's C·Bᵀ, read by stages 1 and 4 before);
+//                (overwrites the forward's C·Bᵀ, read by stages 1 and 4 before), and per head
+//                the intra-chunk terms' exponent gradients, summed per row and column;
 //                                                        grid (chunks*g*tile pairs, 1, b)
 //   6. dC, dB    sum over the group's heads of the decayed g·entering (dC) / x·G (dB), plus
 //                dcb·B (dC) / dcbᵀ·C (dB);                grid (chunks*tiles*g, 1, b)
@@ -28,8 +29,10 @@
 //
 // The token and head sums are fp32 partials in fixed positions, added in a fixed order by the
 // next stage or the host: no atomics, so runs are bit-identical. Masked terms are selected away,
-// never multiplied by 0. Tiles are 64 x 64 outputs over 256 threads (4 x 4 each), operands
-// staged through LDS in slabs of 32 (fma_tile.h): the fp32 FMA path, which every target runs.
+// never multiplied by 0. Every product is a 64 x 64 output tile over 256 threads (TileAcc below):
+// fp16/bf16 on the matrix cores where the target has them (mma.h), else the fp32 FMA path
+// (fma_tile.h: fp32 inputs, and gfx10.3 for every dtype); either way the epilogues see each
+// thread's 4 x 4 of the tile.
 #include "block_reduce.h"
 #include "fma_tile.h"
 #include "mma.h"
