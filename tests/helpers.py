@@ -109,6 +109,16 @@ def stand_in_kernels(monkeypatch, ops) -> RecordingKernels:
     return kset
 
 
+def refuse_fallback(monkeypatch, module, name: str) -> None:
+    """Replace ``module.name`` (an op's torch-tier backward formula) by one that fails: a GPU
+    test of a backward kernel then cannot pass through a silent fallback."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the backward fell back to the torch tier's formula")
+
+    monkeypatch.setattr(module, name, refuse)
+
+
 def check_grads(names, got, want, tol: float) -> None:
     """Kernel gradients ``got`` against float64 references ``want`` (None: the op returns an
     empty tensor for an absent input): written everywhere (no NaN left from poisoned memory),

@@ -16,6 +16,7 @@ block differentiates through its ops, each of which saves its own inputs.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.ops import conv1d as conv_ops
@@ -163,13 +164,6 @@ class _FusedBlock(torch.autograd.Function):
                 opt(g[8], initial_states), drms, dW, dWb, None, None)  # fmt: skip
 
 
-class _BlockConfig:
-    """The block's non-tensor arguments, for _FusedBlock."""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
 def mamba_split_conv1d_scan_combined(
     zxbcdt: Tensor, conv1d_weight: Tensor, conv1d_bias: Tensor | None, dt_bias: Tensor | None,
     A: Tensor, D: Tensor, chunk_size: int, initial_states: Tensor | None = None,
@@ -190,7 +184,7 @@ def mamba_split_conv1d_scan_combined(
                outproj_weight, outproj_bias)  # fmt: skip
     if (batch and seqlen and not torch.compiler.is_compiling() and needs_autograd(*tensors)
             and choose(zxbcdt.device)[0] == "kernel"):  # fmt: skip
-        cfg = _BlockConfig(
+        cfg = SimpleNamespace(  # the block's non-tensor arguments
             sizes=(nheads, headdim, dim, dstate, ngroups), chunk_size=kernel_chunk_size(chunk_size),
             dt_limit=(float(dt_limit[0]), float(dt_limit[1])), silu=activation is not None,
             eps=float(rmsnorm_eps), norm_before_gate=bool(norm_before_gate),

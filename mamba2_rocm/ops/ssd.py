@@ -394,7 +394,7 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
         dD = dD_part.sum((0, 1, 2))
         dD = (dD.sum(-1) if D.dim() == 1 else dD).to(D.dtype)
     return (
-        dx if dx.dtype == x.dtype else dx.to(x.dtype), ddt.to(dt.dtype),
+        dx, ddt.to(dt.dtype),
         head_part[0].sum((0, 1)).to(A.dtype), dB.to(B.dtype), dC.to(C.dtype), dD,
         None if z is None else dz.to(z.dtype),
         None if dt_bias is None else head_part[1].sum((0, 1)).to(dt_bias.dtype),

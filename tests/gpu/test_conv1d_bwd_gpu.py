@@ -16,6 +16,7 @@ from helpers import (
     make_seq_idx,
     make_x,
     poison_allocator,
+    refuse_fallback,
     seeded,
 )
 
@@ -37,10 +38,7 @@ GTOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 @pytest.fixture(autouse=True)
 def no_reference_fallback(monkeypatch):
-    def refuse(*args):
-        raise AssertionError("the backward fell back to the torch tier's formula")
-
-    monkeypatch.setattr(conv_ops, "_bwd_reference", refuse)
+    refuse_fallback(monkeypatch, conv_ops, "_bwd_reference")
 
 
 def _case(g, batch, dim, seqlen, width, dtype, layout, mode, param_dtype=None):

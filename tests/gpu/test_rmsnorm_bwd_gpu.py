@@ -14,6 +14,7 @@ from helpers import (
     check_grads,
     gpu_available,
     poison_allocator,
+    refuse_fallback,
     seeded,
 )
 
@@ -33,10 +34,7 @@ GTOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
 
 @pytest.fixture(autouse=True)
 def no_reference_fallback(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("the backward fell back to the torch tier's formula")
-
-    monkeypatch.setattr(norm_ops, "rmsnorm_bwd_ref", refuse)
+    refuse_fallback(monkeypatch, norm_ops, "rmsnorm_bwd_ref")
 
 
 def _inputs(g, rows, hidden, dtype, gate, bias=True, z_dtype=None, layout="contiguous"):

@@ -20,6 +20,7 @@ from helpers import (
     check_grads,
     gpu_available,
     poison_allocator,
+    refuse_fallback,
     seeded,
 )
 
@@ -42,10 +43,7 @@ GTOL = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 
 @pytest.fixture(autouse=True)
 def no_reference_fallback(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("the backward fell back to the torch tier's formula")
-
-    monkeypatch.setattr(ssd_ops, "ssd_chunked_bwd", refuse)
+    refuse_fallback(monkeypatch, ssd_ops, "ssd_chunked_bwd")
 
 
 def _inputs(g, b, L, h, p, gr, n, dtype, *, z=True, D="1d", bias=True, init=True, dfinal=True,
