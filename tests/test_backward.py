@@ -585,3 +585,33 @@ def test_chunk_scan_backward_without_tokens():
     assert torch.equal(got["initial_states"], dfin)
     for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias"):
         assert got[k] is None or not got[k].any(), k
+
+
+@pytest.mark.parametrize(
+    ("which", "bad", "error", "match"),
+    [
+        ("dout", lambda t: t[:, :-1], ValueError,
+         r"dout must have shape x's shape = \(2, 21, 4, 8\), got \(2, 20, 4, 8\)"),
+        ("dout", lambda t: t[0], ValueError,
+         r"dout must have 4 dimensions \(batch, seqlen, nheads, headdim\), got shape \(21, 4, 8\)"),
+        ("dout", lambda t: t.to(torch.int32), TypeError, r"dout must be one of .*, got int32"),
+        ("dfinal", lambda t: t[..., :-1], ValueError,
+         r"dfinal must have shape \(batch, nheads, headdim, dstate\) = \(2, 4, 8, 16\), "
+         r"got \(2, 4, 8, 15\)"),
+    ],
+)  # fmt: skip
+def test_chunk_scan_backward_op_refuses_bad_gradients(which, bad, error, match):
+    """The backward op (callable directly, and what compile traces) checks the output
+    gradients it is handed, real and fake alike: a kernel would read past a short dout."""
+    g = seeded("bwd scan bad grads")
+    t = _scan_inputs(g, L=21)
+    grads = {"dout": torch.randn(t["x"].shape, generator=g),
+             "dfinal": torch.randn(t["initial_states"].shape, generator=g)}  # fmt: skip
+    grads[which] = bad(grads[which])
+    args = (*(t[k] for k in ("x", "dt", "A", "B", "C")), 64, t["D"], t["z"], t["dt_bias"],
+            t["initial_states"], None, True, [0.0, float("inf")], grads["dout"], grads["dfinal"])  # fmt: skip
+    with pytest.raises(error, match=match):
+        ssd_ops.mamba_chunk_scan_combined_bwd(*args)
+    with pytest.raises(error, match=match), torch._subclasses.FakeTensorMode() as mode:
+        ssd_ops.mamba_chunk_scan_combined_bwd(*(mode.from_tensor(a) if isinstance(a, torch.Tensor)
+                                                else a for a in args))  # fmt: skip

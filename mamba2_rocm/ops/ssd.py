@@ -49,6 +49,7 @@ from mamba2_rocm.reference.ssd import (
 from mamba2_rocm.reference.ssd_checks import (
     KERNEL_CHUNK_SIZES,
     check_chunk_scan_args,
+    check_chunk_scan_grads,
     kernel_chunk_size,
 )
 
@@ -417,6 +418,7 @@ def _bwd_impl(
         chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
         allow_empty=True,
     )  # fmt: skip
+    check_chunk_scan_grads(x, dims, dout, dfinal)
     if x.device.type == "meta" or x.shape[0] == 0 or x.shape[1] == 0:
         grads = _bwd_empty(x, dt, A, B, C, D, z, dt_bias, initial_states, dfinal)
     else:
@@ -446,6 +448,12 @@ mamba_chunk_scan_combined_bwd = torch.library.custom_op(
 @mamba_chunk_scan_combined_bwd.register_fake
 def _bwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
               dt_limit, dout, dfinal):  # fmt: skip
+    dims = check_chunk_scan_args(
+        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, None,
+        chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
+        inspect_values=False, allow_empty=True,
+    )  # fmt: skip
+    check_chunk_scan_grads(x, dims, dout, dfinal)
     grads = _bwd_empty(x, dt, A, B, C, D, z, dt_bias, initial_states, None)
     return tuple(x.new_empty(0) if g is None else g.new_empty(g.shape) for g in grads)
 

@@ -27,6 +27,7 @@ __all__ = [
     "ChunkScanDims",
     "StateUpdateDims",
     "check_chunk_scan_args",
+    "check_chunk_scan_grads",
     "check_no_overlap",
     "check_rmsnorm_args",
     "check_state_rows",
@@ -61,6 +62,19 @@ def _tensor(name: str, t, *, dims: int, layout: str, dtypes, device=None) -> Non
 def _shape(name: str, t, layout: str, expected: tuple[int, ...]) -> None:
     if tuple(t.shape) != expected:
         raise ValueError(f"{name} must have shape {layout} = {expected}, got {tuple(t.shape)}")
+
+
+def check_chunk_scan_grads(x, dims, dout, dfinal) -> None:
+    """The output gradients the scan's backward takes: ``dout`` like x, ``dfinal`` (or None)
+    (batch, nheads, headdim, dstate), float tensors on x's device."""
+    b, _, h, p = x.shape
+    _tensor("dout", dout, dims=4, layout="(batch, seqlen, nheads, headdim)",
+            dtypes=REFERENCE_FLOATS, device=x.device)  # fmt: skip
+    _shape("dout", dout, "x's shape", tuple(x.shape))
+    if dfinal is not None:
+        _tensor("dfinal", dfinal, dims=4, layout="(batch, nheads, headdim, dstate)",
+                dtypes=REFERENCE_FLOATS, device=x.device)  # fmt: skip
+        _shape("dfinal", dfinal, "(batch, nheads, headdim, dstate)", (b, h, p, dims.dstate))
 
 
 def check_no_overlap(name: str, t) -> None:
