@@ -334,3 +334,42 @@ struct SelectiveScanParams {
   int32_t d_dtype, delta_bias_dtype;
   int32_t seg_len;  // the channel form's tokens per segment (a multiple of its chunk), 0: one
 };
+
+// Mamba1's selective scan, backward (csrc/selective_scan_bwd.hip): the gradients of out and of
+// the last state (dout, dlast) for u, delta, A, B, C, D, z and delta_bias. Inputs as in
+// SelectiveScanParams (contiguous; B / C / A float32), dout like u. Outputs: du, ddelta, dz in
+// the kernel's dtype (batch, dim, seqlen); fp32 partials the host sums in a fixed order:
+//   dA_part (batch, dim, dstate); dD_part, ddb_part (batch, dim) (null without D / delta_bias);
+//   dB_part / dC_part: fixed B / C (batch, dim, dstate); variable ones (batch, groups, slices,
+//   dstate, seqlen), one slice per block, summed over the slice's channels.
+// groups: the finer of the variable B / C groupings (a block's channels share a group of each;
+// 1 when both are fixed); slices, slice_ch: the blocks per group and channels per block.
+// ckpt: (batch, dim, nchunks, dstate) fp32 workspace, the state entering each chunk.
+struct SelectiveScanBwdParams {
+  const void* u;
+  const void* delta;
+  const float* A;
+  const float* B;
+  const float* C;
+  const void* D;
+  const void* z;
+  const void* delta_bias;
+  const void* dout;
+  const float* dlast;  // (batch, dim, dstate), or null
+  float* ckpt;
+  void* du;
+  void* ddelta;
+  void* dz;  // null without z
+  float* dA_part;
+  float* dB_part;
+  float* dC_part;
+  float* dD_part;
+  float* ddb_part;
+  int32_t batch, dim, seqlen, dstate;
+  int32_t b_groups, c_groups;
+  int32_t delta_softplus;
+  int32_t d_dtype, delta_bias_dtype;
+  int32_t groups, slices, slice_ch;
+  int32_t ld;   // row length of variable B / C and their partials: seqlen rounded up to 256
+  int32_t nck;  // chunks per channel in ckpt and the per-chunk partials: seqlen / 128 rounded up
+};

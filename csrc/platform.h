@@ -135,6 +135,29 @@ M2R_DEVICE float shfl_up(float v, unsigned delta) {
 #endif
 }
 
+// v of the lane delta above (a lane within delta of the wave's end keeps its own v).
+M2R_DEVICE float shfl_down(float v, unsigned delta) {
+#if M2R_AMD
+  return __shfl_down(v, delta, kWavefront);
+#elif defined(M2R_EMULATE_WAVE64)
+  const int l = wave64::lane();
+  return wave64::from_lane(v, l + static_cast<int>(delta) < 64 ? l + static_cast<int>(delta) : l);
+#else
+  return __shfl_down_sync(0xffffffffu, v, delta, kWavefront);
+#endif
+}
+
+// v of lane src of the wave.
+M2R_DEVICE float shfl_idx(float v, int src) {
+#if M2R_AMD
+  return __shfl(v, src, kWavefront);
+#elif defined(M2R_EMULATE_WAVE64)
+  return wave64::from_lane(v, src);
+#else
+  return __shfl_sync(0xffffffffu, v, src, kWavefront);
+#endif
+}
+
 // Within aligned groups of `width` lanes (width <= 32: one warp even where wave64 is emulated):
 // v of the lane delta below (a lane below delta keeps its own v), and v of lane src of the group.
 M2R_DEVICE float shfl_up_width(float v, unsigned delta, int width) {

@@ -25,6 +25,7 @@
 //                                    FMA per state element and token on its critical path) and
 //                                    is unrolled to issue the next tokens' loads and exps early.
 #include "platform.h"
+#include "token_runs.h"
 
 namespace m2r {
 namespace sscan {
@@ -224,44 +225,6 @@ M2R_DEVICE void scan(const SelectiveScanParams& p) {
 // warp's loads are contiguous. Tokens past seqlen (the last chunk's tail) take delta 0 and u 0:
 // the identity step, so the carry and the last state are untouched by them.
 
-// 32-bit word i of a run of 16-byte words (i a compile-time constant after unrolling: no
-// indexed register arrays, which AMD's compiler would put in scratch memory)
-template <int kWords>
-M2R_DEVICE uint32_t word(const uint4 (&w)[kWords], int i) {
-  const uint4 q = w[i / 4];
-  return (i & 3) == 0 ? q.x : (i & 3) == 1 ? q.y : (i & 3) == 2 ? q.z : q.w;
-}
-
-// element k of a run of 16-byte words holding kTok elements of T's storage, as float
-template <typename T, int kWords>
-M2R_DEVICE float element(const uint4 (&w)[kWords], int k) {
-  if constexpr (sizeof(typename T::storage) == 4) {
-    return __uint_as_float(word(w, k));
-  } else {
-    return T::to_float(static_cast<typename T::storage>((word(w, k / 2) >> (16 * (k & 1))) & 0xffffu));
-  }
-}
-
-// kTok consecutive elements of a row from token t on, as float (0 past len)
-template <typename T, int kTok>
-M2R_DEVICE void load_seg(const typename T::storage* row, int64_t t, int64_t len, bool vec,
-                         float* out) {
-  constexpr int kWords = kTok * static_cast<int>(sizeof(typename T::storage)) / 16;
-  static_assert(kWords * 16 == kTok * static_cast<int>(sizeof(typename T::storage)),
-                "whole 16-byte loads");
-  if (vec && t + kTok <= len) {
-    uint4 w[kWords];
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) w[i] = reinterpret_cast<const uint4*>(row + t)[i];
-#pragma unroll
-    for (int k = 0; k < kTok; ++k) out[k] = element<T>(w, k);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kTok; ++k) out[k] = t + k < len ? T::to_float(row[t + k]) : 0.f;
-  }
-}
-
-M2R_DEVICE bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; }
 
 template <typename T, int kN>
 M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
@@ -413,27 +376,7 @@ M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
       y[k] = fmaf(dcoef, u[k], y[k]);
       if (z_row) y[k] *= silu(zv[k]);
     }
-    if (vec_x && t + kTok <= L) {
-      constexpr int kWords = kTok * static_cast<int>(sizeof(S)) / 16;
-      uint32_t v[4 * kWords];
-#pragma unroll
-      for (int i = 0; i < 4 * kWords; ++i) {
-        if constexpr (sizeof(S) == 4) {
-          v[i] = __float_as_uint(y[i]);
-        } else {
-          v[i] = static_cast<uint32_t>(T::from_float(y[2 * i])) |
-                 (static_cast<uint32_t>(T::from_float(y[2 * i + 1])) << 16);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kWords; ++i)
-        reinterpret_cast<uint4*>(o_row + t)[i] =
-            make_uint4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kTok; ++k)
-        if (t + k < L) o_row[t + k] = T::from_float(y[k]);
-    }
+    store_seg<T, kTok>(o_row, t, L, vec_x, y);
   }
   if (p.last_state != nullptr && live && j == 0) {
     for (int n = 0; n < nst; ++n) p.last_state[(b * p.dim + d) * nst + n] = s_carry[n][tid];

@@ -16,6 +16,7 @@ from mamba2_rocm.params import (
     MmaProbeParams,
     RmsNormBwdParams,
     RmsNormParams,
+    SelectiveScanBwdParams,
     SelectiveScanParams,
     SsdBwdParams,
     SsdParams,
@@ -119,6 +120,16 @@ SOURCES: dict[str, KernelSource] = {
                 for dt in KERNEL_DTYPES
                 for n in SELECTIVE_SCAN_SEGMENT_TIERS
                 for part in ("_ch", "_chs")
+            ),
+        ),
+        KernelSource(
+            "selective_scan_bwd",
+            SelectiveScanBwdParams,
+            tuple(
+                f"m2r_selective_scan_bwd_{dt}_{bc}{z}"
+                for dt in KERNEL_DTYPES
+                for bc in ("vv", "vf", "fv", "ff")  # B, C variable or fixed
+                for z in ("", "_z")
             ),
         ),
         KernelSource(

@@ -18,6 +18,7 @@ __all__ = [
     "MmaProbeParams",
     "RmsNormBwdParams",
     "RmsNormParams",
+    "SelectiveScanBwdParams",
     "SelectiveScanParams",
     "SsdBwdParams",
     "SsdParams",
@@ -195,4 +196,14 @@ class SelectiveScanParams(ctypes.Structure):
         "u delta A B C D z delta_bias out last_state seg_state",
         "",
         "batch dim seqlen dstate b_groups c_groups delta_softplus d_dtype delta_bias_dtype seg_len",
+    )
+
+
+class SelectiveScanBwdParams(ctypes.Structure):
+    _fields_ = _fields(
+        "u delta A B C D z delta_bias dout dlast ckpt du ddelta dz dA_part dB_part dC_part "
+        "dD_part ddb_part",
+        "",
+        "batch dim seqlen dstate b_groups c_groups delta_softplus d_dtype delta_bias_dtype "
+        "groups slices slice_ch ld nck",
     )

@@ -299,13 +299,14 @@ def test_channel_form_refuses_what_it_cannot_take():
     assert _channel_form_takes(16, NS(**{**dims, "seqlen": 2**25 - 1}))
 
 
-def test_kernel_path_trains_by_recomputation(kernel_stand_in, monkeypatch):
-    """With the launch stood in for by the float64 ground truth, the public function takes the
-    registered op and its backward (recomputation through the torch tier) gives the ground
+def test_kernel_path_trains_through_the_backward_op(kernel_stand_in, monkeypatch):
+    """With the launches stood in for (the forward by the float64 ground truth, the backward
+    kernel by the PyTorch tier's autograd), the public function takes the eager training entry
+    and its backward calls the backward kernel's host code once, which gives the ground
     truth's gradients for every input."""
     from mamba2_rocm.ops import selective_scan as ops
 
-    ran = []
+    ran, bwd = [], []
 
     def stand_in(kset, u, delta, A, B, C, D, z, delta_bias, softplus, dims, out, last):
         ran.append(1)
@@ -314,9 +315,67 @@ def test_kernel_path_trains_by_recomputation(kernel_stand_in, monkeypatch):
         if last is not None:
             last.copy_(res[1])
 
+    def bwd_stand_in(kset, u, delta, A, B, C, D, z, delta_bias, softplus, dims, dout, dlast):
+        bwd.append(1)
+        return ops._torch_grads((u, delta, A, B, C, D, z, delta_bias), softplus, dout, dlast)
+
     monkeypatch.setattr(ops, "_kernel", stand_in)
+    monkeypatch.setattr(ops, "_bwd_kernel", bwd_stand_in)
     _train_against_ground_truth("ss-kernel-train", 30, "grouped", "fixed", check_forward=True)
-    assert ran == [1]
+    assert ran == [1] and bwd == [1]
+
+
+@pytest.mark.parametrize(("bmode", "cmode", "groups", "kind"), [
+    ("var", "var", 1, "vv"), ("grouped", "fixed", 2, "vf"), ("fixed", "grouped", 2, "fv"),
+    ("fixed", "fixed", 1, "ff"), ("var", "grouped", 2, "vv"),
+])  # fmt: skip
+@pytest.mark.parametrize("with_z", [False, True])
+def test_backward_launch_fields(kernel_stand_in, bmode, cmode, groups, kind, with_z):
+    """The backward's one launch: its kernel by B / C kind and z, a grid of (groups x slices,
+    batch), variable B / C padded to 256-token rows, zeros for the absent D / delta_bias / last
+    state's gradient, the chunk capacity for 128-token chunks, every slice with channels."""
+    from mamba2_rocm.ops import selective_scan as ops
+    from mamba2_rocm.params import SelectiveScanBwdParams
+
+    a = _inputs(seeded("ss-bwd-launch", bmode, cmode), d=20, n=5, L=300, bmode=bmode,
+                cmode=cmode, dtype=torch.bfloat16)  # fmt: skip
+    z = torch.randn(2, 20, 300).to(torch.bfloat16) if with_z else None
+    dims = ops.check_selective_scan_args(a["u"], a["delta"], a["A"], a["B"], a["C"], None, z)
+    dout = torch.randn(2, 20, 300).to(torch.bfloat16)
+    grads = ops._bwd_impl(a["u"], a["delta"], a["A"], a["B"], a["C"], None, z, None, True,
+                          dout, None)  # fmt: skip
+    (name, params, grid), = kernel_stand_in.launches  # fmt: skip
+    assert name == f"m2r_selective_scan_bwd_bf16_{kind}{'_z' if with_z else ''}"
+    f = dict(zip((k for k, _ in SelectiveScanBwdParams._fields_), params, strict=True))
+    assert f["groups"] == groups and grid == (groups * f["slices"], 2, 1)
+    assert f["ld"] == 512 and f["nck"] == 3  # 300 tokens: two 256-token rows, three 128-chunks
+    assert f["slice_ch"] % 8 == 0 and (f["slices"] - 1) * f["slice_ch"] < 20 // groups
+    assert all(f[k] != 0 for k in ("D", "delta_bias", "dlast", "dD_part", "ddb_part"))
+    assert (f["z"] != 0) == with_z and (f["dz"] != 0) == with_z
+    assert f["u"] == a["u"].data_ptr() and f["dout"] == dout.data_ptr()  # contiguous: as they are
+    assert (f["b_groups"], f["c_groups"]) == (dims.b_groups, dims.c_groups)
+    shapes = [g.shape for g in grads]
+    assert shapes[:5] == [a[k].shape for k in ("u", "delta", "A", "B", "C")]
+    assert shapes[5] == shapes[7] == (0,) and shapes[6] == ((2, 20, 300) if with_z else (0,))
+
+
+def test_backward_checks_its_output_gradients():
+    from mamba2_rocm.ops import selective_scan as ops
+
+    a = _inputs(seeded("ss-bwd-bad"), d=4, n=3, L=10, bmode="var", cmode="var")
+    args = (a["u"], a["delta"], a["A"], a["B"], a["C"], None, None, None, False)
+    with pytest.raises(ValueError, match="dout must be"):
+        ops._bwd_impl(*args, torch.zeros(2, 4, 9), None)
+    with pytest.raises(TypeError, match="dout must be floating"):
+        ops._bwd_impl(*args, torch.zeros(2, 4, 10, dtype=torch.int32), None)
+    with pytest.raises(ValueError, match="last state's gradient must be"):
+        ops._bwd_impl(*args, torch.zeros(2, 4, 10), torch.zeros(2, 4, 4))
+    with pytest.raises(TypeError, match="last state's gradient must be"):
+        ops._bwd_impl(*args, torch.zeros(2, 4, 10), torch.zeros(2, 4, 3, dtype=torch.float64))
+    fake = ops.selective_scan_bwd  # the registered op's fake checks the same
+    with pytest.raises(ValueError, match="dout must be"):
+        fake(*(t.to("meta") if isinstance(t, torch.Tensor) else t for t in args),
+             torch.zeros(2, 4, 9, device="meta"), None)  # fmt: skip
 
 
 # --- mamba_inner_fn: the Mamba1 block, against a float64 composition of the references ------

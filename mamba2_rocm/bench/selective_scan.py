@@ -15,6 +15,11 @@ device-event median, the CUDA-graph time, the bytes that must move at least (u, 
 once, out written once, B / C once) against the measured copy bandwidth, and the scan's
 arithmetic rate over 6 FLOPs per (batch, dim, token, state) element (decay, exp, input, output
 product and sum).
+
+``--backward`` (:func:`run_backward`): training at the same shapes, forward + backward through
+autograd with every input's gradient (the backward kernel, csrc/selective_scan_bwd.hip) vs the
+PyTorch tier (and mamba_ssm's reference when importable), with the bytes that must move at least
+and the peak memory of one step.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from mamba2_rocm.bench.timing import (
     bandwidth_row,
     copy_bandwidth_gbs,
     format_rows,
+    peak_mb,
     time_calls,
     time_graph,
 )
@@ -65,7 +71,61 @@ def _mamba_ssm_ref():
     return selective_scan_ref
 
 
-def run(shapes=SHAPES, dtype="bfloat16") -> list[dict]:
+def _layer_inputs(b, d, L, n, dt_):
+    """A Mamba1 layer's prefill call (variable B / C, D, z, delta_bias), and an output gradient."""
+    torch = require_torch()
+    g = torch.Generator(device="cuda").manual_seed(d + L)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+    u, z = r(b, d, L).to(dt_), r(b, d, L).to(dt_)
+    delta = (torch.rand(b, d, L, device="cuda", generator=g) * 0.5).to(dt_)
+    A = -torch.rand(d, n, device="cuda", generator=g) - 0.1
+    B, C = r(b, n, L), r(b, n, L)
+    D, delta_bias = r(d), torch.rand(d, device="cuda", generator=g) * 0.5
+    return u, delta, A, B, C, D, z, delta_bias, r(b, d, L).to(dt_)
+
+
+def run_backward(shapes=SHAPES, dtype="bfloat16") -> list[dict]:
+    """Training rows: forward + backward of every input (u, delta, A, B, C, D, z, delta_bias)
+    on the kernel tier and the PyTorch tier (and the peer's reference)."""
+    torch = require_torch()
+    from mamba2_rocm import selective_scan_fn
+
+    dt_ = getattr(torch, dtype)
+    copy = copy_bandwidth_gbs()
+    peer = _mamba_ssm_ref()
+    rows = []
+    for b, d, L, n in shapes:
+        u, delta, A, B, C, D, z, delta_bias, dout = _layer_inputs(b, d, L, n, dt_)
+        leaves = [t.requires_grad_() for t in (u, delta, A, B, C, D, z, delta_bias)]
+        act = u.numel() * u.element_size()
+        bc = (B.numel() + C.numel()) * 4
+        # forward: u, delta, z, B, C read, out written; backward: u, delta, z, dout, B, C read,
+        # du, ddelta, dz, dB, dC written
+        nbytes = 4 * act + bc + 7 * act + 2 * bc
+        case = f"sscan fwd+bwd b{b} d{d} l{L} n{n} {dtype}"
+        impls = [("kernel", selective_scan_fn, dict(warmup=2, iters=10)),
+                 ("torch", selective_scan_fn, dict(warmup=0, iters=2))]  # fmt: skip
+        if peer is not None:
+            impls.append((REF, peer, dict(warmup=0, iters=2)))
+        for impl, fn, calls in impls:
+
+            def step(fn=fn, leaves=leaves, dout=dout):
+                out = fn(*leaves, True)
+                return torch.autograd.grad(out, leaves, dout)
+
+            with backend("torch" if impl == REF else impl):
+                row = bandwidth_row(case, impl, time_calls(step, **calls), None, nbytes, copy)
+                row["peak_mb"] = peak_mb(step)
+            row["tflops"] = 0.0
+            rows.append(row)
+        del u, z, delta, B, C
+    return rows
+
+
+def run(shapes=SHAPES, dtype="bfloat16", backward=False) -> list[dict]:
+    """Forward rows (``backward``: :func:`run_backward`)."""
+    if backward:
+        return run_backward(shapes, dtype)
     torch = require_torch()
     from mamba2_rocm import selective_scan_fn
     from mamba2_rocm.ops import selective_scan as ops
@@ -77,13 +137,7 @@ def run(shapes=SHAPES, dtype="bfloat16") -> list[dict]:
     peer = _mamba_ssm_ref()
     rows = []
     for b, d, L, n in shapes:
-        g = torch.Generator(device="cuda").manual_seed(d + L)
-        r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
-        u, z = r(b, d, L).to(dt_), r(b, d, L).to(dt_)
-        delta = (torch.rand(b, d, L, device="cuda", generator=g) * 0.5).to(dt_)
-        A = -torch.rand(d, n, device="cuda", generator=g) - 0.1
-        B, C = r(b, n, L), r(b, n, L)
-        D, delta_bias = r(d), torch.rand(d, device="cuda", generator=g) * 0.5
+        u, delta, A, B, C, D, z, delta_bias, _ = _layer_inputs(b, d, L, n, dt_)
         args = (u, delta, A, B, C, D, z, delta_bias, True)
         elt = u.element_size()
         nbytes = 4 * u.numel() * elt + (B.numel() + C.numel() + A.numel()) * 4
@@ -110,13 +164,18 @@ def run(shapes=SHAPES, dtype="bfloat16") -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = [format_rows(rows, 34, 28, extra=[("TFLOP/s", "tflops", ".2f")])]
+    extra = [("TFLOP/s", "tflops", ".2f")]
+    if any("peak_mb" in r for r in rows):  # --backward
+        extra = [("peak MB", "peak_mb", ".1f")]
+    lines = [format_rows(rows, 34, 28, extra=extra)]
     by_case: dict[str, dict[str, float]] = {}
     for r in rows:
         by_case.setdefault(r["case"], {})[r["impl"]] = r["best_us"]
     worst = None
     for case, impls in by_case.items():
-        ours = impls["kernel"]
+        ours = impls.get("kernel")
+        if ours is None:
+            continue
         for impl, form in FORMS.items():
             if impl in impls:
                 lines.append(f"{case}: the default form is {impls[impl] / ours:.2f}x as fast as "

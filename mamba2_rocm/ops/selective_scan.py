@@ -5,12 +5,16 @@ other ops (``MAMBA2_ROCM_BACKEND``): the GPU kernel (``csrc/selective_scan.hip``
 float32, the host converts) where code objects serve the device; the PyTorch tier elsewhere,
 which steps through time with all (batch, dim, dstate) elements at once in float32 and
 differentiates as plain PyTorch code; ``eager`` runs the float64 ground truth (cast back). On
-the kernel tier the op is ``torch.ops.mamba2_rocm.selective_scan`` and its backward recomputes
-through the PyTorch tier (``_launch.recompute_backward``). Complex A runs on the PyTorch tier
-(mamba_ssm's conventions, see the reference module); the kernels take real A.
+the kernel tier the op is ``torch.ops.mamba2_rocm.selective_scan``; its backward is
+``torch.ops.mamba2_rocm.selective_scan_bwd`` (csrc/selective_scan_bwd.hip: the states recomputed
+from the saved inputs as mamba_ssm does, every reduction in a fixed order: bit-identical runs).
+Complex A runs on the PyTorch tier (mamba_ssm's conventions, see the reference module), forward
+and backward; the kernels take real A.
 """
 
 from __future__ import annotations
+
+import math
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.kernels import SELECTIVE_SCAN_DSTATE_TIERS, SELECTIVE_SCAN_SEGMENT_TIERS
@@ -22,9 +26,14 @@ from mamba2_rocm.ops._launch import (
     as_kernel_float,
     launch,
     like,
+    needs_autograd,
     ptr,
-    recompute_backward,
+    recomputed_grads,
+    register_training,
+    save_inputs,
+    saved_inputs,
     sm_count,
+    traced,
     use_registered_op,
 )
 from mamba2_rocm.reference.selective_scan import (
@@ -207,8 +216,225 @@ def _torch_tier(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last
 
 
 selective_scan_op = torch.library.custom_op("mamba2_rocm::selective_scan", _impl, mutates_args=())
-# u, delta, A, B, C, D, z, delta_bias
-recompute_backward(selective_scan_op, _torch_tier, (0, 1, 2, 3, 4, 5, 6, 7))
+_DIFFERENTIABLE = (0, 1, 2, 3, 4, 5, 6, 7)  # u, delta, A, B, C, D, z, delta_bias
+
+# csrc/selective_scan_bwd.hip
+_BWD_THREADS = 256
+_BWD_LD = 256  # variable B / C rows padded to a multiple of every kChunk (128 / 256 tokens)
+_BWD_MIN_CHUNK = 128  # the smallest kChunk: ckpt and the per-chunk partials are sized by it
+_BWD_CH = 8  # channels per block on wave32 (4 on wave64, which divides it)
+#: Blocks the backward's grid aims at per multiprocessor; fewer slices (each a partial of the
+#: variable dB / dC the host sums) where that fills the GPU.
+BWD_BLOCKS_PER_SM = 4
+#: Bytes of variable dB / dC partials allowed beyond this many times u's size (more slices
+#: than that run fewer, longer blocks instead).
+BWD_PARTIAL_FACTOR = 4
+
+
+def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, dout, dlast):
+    """The gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias; None for an absent input)
+    by m2r_selective_scan_bwd_<dt>_<B><C>[_z] (csrc/selective_scan_bwd.hip): one launch; the
+    kernel's fp32 partials summed here in a fixed order (torch's reductions: bit-identical)."""
+    batch, dim, L, N = dims.batch, dims.dim, dims.seqlen, dims.dstate
+    if batch > GRID_YZ_MAX:
+        raise ValueError(f"the selective-scan kernel takes batch <= {GRID_YZ_MAX}, got {batch}")
+    dev, f32 = u.device, torch.float32
+    x = u.contiguous()
+    dl = like(delta, x).contiguous()
+    zk = None if z is None else like(z, x).contiguous()
+    go = like(dout, x).contiguous()
+    gb, gc = dims.b_groups, dims.c_groups
+    groups = math.lcm(gb or 1, gc or 1)
+    ld = -(-L // _BWD_LD) * _BWD_LD
+    nck = -(-L // _BWD_MIN_CHUNK)
+
+    def padded(t, g):  # variable: (batch, groups, dstate, ld) float32, zeros past seqlen
+        if not g:
+            return t.float().contiguous()
+        out = torch.zeros(batch, g, N, ld, dtype=f32, device=dev)
+        out[..., :L] = t.reshape(batch, g, N, L)
+        return out
+
+    Bk, Ck = padded(B, gb), padded(C, gc)
+    Ak = A.float().contiguous()
+    zeros = lambda *shape: torch.zeros(shape, dtype=f32, device=dev)  # noqa: E731
+    Dk = zeros(dim) if D is None else as_kernel_float(D).contiguous()
+    bias = zeros(dim) if delta_bias is None else as_kernel_float(delta_bias).contiguous()
+    dl_last = zeros(batch, dim, N) if dlast is None else dlast.float().contiguous()
+    gdim = dim // groups
+    octets = -(-gdim // _BWD_CH)
+    var_bytes = (bool(gb) + bool(gc)) * batch * groups * N * ld * 4
+    slices = -(-BWD_BLOCKS_PER_SM * max(1, sm_count(dev)) // (batch * groups))
+    if var_bytes:
+        cap = max(1, BWD_PARTIAL_FACTOR * x.numel() * x.element_size() // var_bytes)
+        slices = min(slices, cap)
+    slices = max(1, min(slices, octets))
+    slice_ch = -(-octets // slices) * _BWD_CH
+    slices = -(-gdim // slice_ch)  # every slice has channels
+    ckpt = torch.empty(batch * dim * nck * N, dtype=f32, device=dev)
+    du, ddl = torch.empty_like(x), torch.empty_like(x)
+    dz = None if zk is None else torch.empty_like(x)
+    per_chunk = lambda: zeros(batch, dim, nck, N)  # noqa: E731  (chunks past the kernel's: 0)
+    dA_part = per_chunk()
+    dB_part = zeros(batch, groups, slices, N, ld) if gb else per_chunk()
+    dC_part = zeros(batch, groups, slices, N, ld) if gc else per_chunk()
+    dD_part, ddb_part = (
+        torch.empty(batch, dim, dtype=f32, device=dev),
+        torch.empty(batch, dim, dtype=f32, device=dev),
+    )
+    params = (
+        x.data_ptr(),
+        dl.data_ptr(),
+        Ak.data_ptr(),
+        Bk.data_ptr(),
+        Ck.data_ptr(),
+        Dk.data_ptr(),
+        ptr(zk),
+        bias.data_ptr(),
+        go.data_ptr(),
+        dl_last.data_ptr(),
+        ckpt.data_ptr(),
+        du.data_ptr(),
+        ddl.data_ptr(),
+        ptr(dz),
+        dA_part.data_ptr(),
+        dB_part.data_ptr(),
+        dC_part.data_ptr(),
+        dD_part.data_ptr(),
+        ddb_part.data_ptr(),
+        batch,
+        dim,
+        L,
+        N,
+        gb,
+        gc,
+        int(delta_softplus),
+        DTYPE_CODE[Dk.dtype],
+        DTYPE_CODE[bias.dtype],
+        groups,
+        slices,
+        slice_ch,
+        ld,
+        nck,
+    )  # fmt: skip  (SelectiveScanBwdParams, field order)
+    kind = ("v" if gb else "f") + ("v" if gc else "f")
+    name = f"m2r_selective_scan_bwd_{KERNEL_DTYPE[x.dtype]}_{kind}{'_z' if z is not None else ''}"
+    launch(kset.launcher(name), x, params, (groups * slices, batch, 1), _BWD_THREADS)
+
+    def bc_grad(part, t, g):
+        if not g:  # fixed: (dim, dstate), summed over the batch and the chunks
+            return part.sum((0, 2)).to(t.dtype)
+        s = part[..., :L].sum(2)  # (batch, groups, dstate, seqlen): the slices
+        if g < groups:  # the finer grouping's groups back to the tensor's
+            s = s.view(batch, g, groups // g, N, L).sum(2)
+        return s.reshape(t.shape).to(t.dtype)
+
+    return (
+        du, ddl.to(delta.dtype), dA_part.sum((0, 2)).to(A.dtype), bc_grad(dB_part, B, gb),
+        bc_grad(dC_part, C, gc), None if D is None else dD_part.sum(0).to(D.dtype),
+        None if dz is None else dz.to(z.dtype),
+        None if delta_bias is None else ddb_part.sum(0).to(delta_bias.dtype),
+    )  # fmt: skip
+
+
+def _bwd_impl(
+    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
+    z: Tensor | None, delta_bias: Tensor | None, delta_softplus: bool, dout: Tensor,
+    dlast: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The gradients of out and the last state (``dout``, ``dlast`` or None) for (u, delta,
+    A, B, C, D, z, delta_bias), each in its input's dtype; an empty tensor stands for an
+    absent input. The kernel tier runs csrc/selective_scan_bwd.hip (real A); otherwise
+    autograd through the forward's PyTorch tier."""
+    dims = check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias)
+    _check_grads(u, dims, A, dout, dlast)
+    inputs = (u, delta, A, B, C, D, z, delta_bias)
+    if u.device.type == "meta" or dims.batch == 0 or dims.seqlen == 0:
+        grads = tuple(None if t is None else torch.zeros_like(t) for t in inputs)
+    else:
+        tier, kset = choose(u.device)
+        if tier == "kernel" and u.dtype in KERNEL_DTYPE and not dims.complex_a:
+            grads = _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
+                                dout, dlast)  # fmt: skip
+        else:
+            grads = _torch_grads(inputs, delta_softplus, dout, dlast)
+    return tuple(u.new_empty(0) if g is None else g for g in grads)  # type: ignore[return-value]
+
+
+def _check_grads(u, dims, A, dout, dlast) -> None:
+    """dout like out; dlast (batch, dim, dstate) in the last state's dtype, or None."""
+    if dout.shape != u.shape or dout.device != u.device:
+        raise ValueError(f"selective_scan backward: dout must be {tuple(u.shape)} on {u.device}, "
+                         f"got {tuple(dout.shape)} on {dout.device}")  # fmt: skip
+    if dout.dtype not in KERNEL_DTYPE:
+        raise TypeError(f"selective_scan backward: dout must be floating, got {dout.dtype}")
+    if dlast is not None:
+        want = (dims.batch, dims.dim, dims.dstate)
+        if tuple(dlast.shape) != want or dlast.device != u.device:
+            raise ValueError(f"selective_scan backward: the last state's gradient must be {want} "
+                             f"on {u.device}, got {tuple(dlast.shape)} on {dlast.device}")  # fmt: skip
+        if dlast.dtype != last_state_dtype(A):
+            raise TypeError(f"selective_scan backward: the last state's gradient must be "
+                            f"{last_state_dtype(A)}, got {dlast.dtype}")  # fmt: skip
+
+
+def _torch_grads(inputs, delta_softplus, dout, dlast):
+    """The gradients through the PyTorch tier (the kernel's stand-in elsewhere), by
+    ``torch.func.vjp``: its own autograd level, which also works inside the registered op,
+    where the dispatcher has turned autograd off."""
+    present = [i for i, t in enumerate(inputs) if t is not None]
+
+    def fn(*vals):
+        args = list(inputs)
+        for i, v in zip(present, vals, strict=True):
+            args[i] = v
+        out, last = _torch_tier(*args, delta_softplus, dlast is not None)
+        return (out, last) if dlast is not None else (out,)
+
+    _, pull = torch.func.vjp(fn, *(inputs[i] for i in present))
+    got = iter(pull((dout, dlast) if dlast is not None else (dout,)))
+    return tuple(None if t is None else next(got) for t in inputs)
+
+
+selective_scan_bwd = torch.library.custom_op(
+    "mamba2_rocm::selective_scan_bwd", _bwd_impl, mutates_args=()
+)
+
+
+@selective_scan_bwd.register_fake
+def _bwd_fake(u, delta, A, B, C, D, z, delta_bias, delta_softplus, dout, dlast):
+    dims = check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias)
+    _check_grads(u, dims, A, dout, dlast)
+    return tuple(u.new_empty(0) if t is None else torch.empty_like(t)
+                 for t in (u, delta, A, B, C, D, z, delta_bias))  # fmt: skip
+
+
+def _scan_backward(ctx, dout, dlast):
+    """The selective scan's gradients through ``selective_scan_bwd`` (the HIP kernel on the
+    kernel tier; only the inputs are saved, the states are recomputed, as mamba_ssm does).
+    Complex A recomputes through the PyTorch tier (``_launch.recomputed_grads``)."""
+    inputs = saved_inputs(ctx)
+    need = ctx.needs_input_grad
+    if not any(need[i] and inputs[i] is not None for i in _DIFFERENTIABLE):
+        return (None,) * len(inputs)
+    u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state = inputs
+    if A.is_complex():
+        return recomputed_grads(ctx, _torch_tier, _DIFFERENTIABLE, (dout, dlast))
+    if dout is None:
+        dout = torch.zeros_like(u)
+    if dlast is not None and (not return_last_state or dlast.numel() == 0):
+        dlast = None
+    # the registered op while compiling (traced through its fake), else the function itself
+    bwd = selective_scan_bwd if traced(u, dout) else _bwd_impl
+    grads = bwd(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus), dout, dlast)
+    result: list = [None] * len(inputs)
+    for i, g in zip(_DIFFERENTIABLE, grads, strict=True):
+        if need[i] and inputs[i] is not None:
+            result[i] = g
+    return tuple(result)
+
+
+_train_scan = register_training(selective_scan_op, _impl, save_inputs, _scan_backward)
 
 
 @selective_scan_op.register_fake
@@ -230,7 +456,11 @@ def selective_scan_fn(
     grads = (u, delta, A, B, C, D, z, delta_bias)
     # the registered op (autograd by recomputation) where the kernel would run, or compiling;
     # else plain PyTorch code, which autograd differentiates directly
-    op = selective_scan_op if use_registered_op(*grads) else _impl
+    op = _impl
+    if use_registered_op(*grads):
+        op = selective_scan_op
+        if not torch.compiler.is_compiling() and needs_autograd(*grads):
+            op = _train_scan  # eager training: no dispatcher round trips
     out, last = op(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus),
                    bool(return_last_state))  # fmt: skip
     return (out, last) if return_last_state else out

@@ -1,0 +1,428 @@
+// Mamba1's selective scan, backward (parameters and outputs: params.h, SelectiveScanBwdParams).
+//
+// The forward (params.h, SelectiveScanParams): with the decay a[t][n] = exp(delta'[t] A[n]),
+//   h[t] = a[t] h[t-1] + delta'[t] B[t] u[t],   y[t] = sum_n C[t] h[t] + D u[t],
+//   out[t] = y[t] silu(z[t]).
+// Going backward, dy = dout silu(z), and the state's adjoint g[t] = C[t] dy[t] + a[t+1] g[t+1]
+// (past the last token: the last state's gradient) gives
+//   du[t] = delta'[t] sum_n g B + D dy[t]          ddelta'[t] = sum_n g (A a h[t-1] + B u[t])
+//   dA[n] = sum_t g delta' a h[t-1]                 dB[t][n] = g delta' u,  dC[t][n] = dy h[t]
+//   dD = sum_t dy u                                 dz[t] = dout y dsilu(z)
+// and ddelta through softplus and the bias; dB / dC summed over the channels of a group
+// (variable B / C) or over the tokens (fixed ones).
+//
+// Work split, parallel along the sequence as the forward's segment form: a channel takes a
+// wavefront (32 lanes, 64 on CDNA), a block of 256 threads kCh = 8 (4) channels of one group of
+// B and of C (the host lays the grid out so: blockIdx.x = group * slices + slice), walking the
+// slice_ch channels of its slice kCh at a time. The sequence goes in chunks of kChunk tokens,
+// lane j owning the kTok consecutive tokens from j * kTok (kTok 8 on NVIDIA, 4 on AMD: 256 or
+// 128 tokens per chunk on wave32, 256 on wave64). Per kCh channels:
+//   1. forward over the chunks: the lanes' maps h -> P h + hl (P the product of the decays, hl
+//      the state from zero) composed by a prefix scan over the lanes, per state element; the
+//      state entering every chunk goes to ckpt (dstate floats per chunk and channel: nothing
+//      per token is stored);
+//   2. backward over the chunks, last first, per state element: the lane's decays and states
+//      again from the chunk's entering state (the same prefix scan), then the adjoint, carried
+//      right to left as w = a g through the lanes' maps w -> P w + wl (a suffix scan, from the
+//      next chunk's carry), then every token's terms. The sums over state elements (du, ddelta,
+//      y) stay in the lane's registers (y in LDS); dA and fixed dB / dC are summed over the
+//      wave per (chunk, element) and written per chunk (the host sums the chunks); variable
+//      dB / dC are summed over the block's channels in LDS, in channel order, and added to the
+//      block's slice of the partial (read-modify-write: no other block touches it; the host
+//      zeroes it and sums the slices).
+// No per-token state is stored, and nothing is atomic: every sum has a fixed order, runs are
+// bit-identical. Tokens past seqlen (the last chunk's tail) take step 0, u 0 and dy 0: the
+// identity, contributing nothing. Variable B / C rows (and their partials) are padded by the
+// host to ld tokens, so their loads need no tail.
+//
+// Kernels: m2r_selective_scan_bwd_<dtype>_<B><C>[_z], B / C variable (v) or fixed (f), with z
+// or without. AMD's compiler keeps uniform flags and base pointers in scalar registers (masks
+// of two on wave64) through the loops: the variants are kernels of their own, absent D /
+// delta_bias / last-state gradient come as zeros, lane conditions are bit selects (pick) and
+// pointers sit in vector registers (per_lane); so every recipe target compiles without spills.
+#include "platform.h"
+#include "token_runs.h"
+
+namespace m2r {
+namespace sscan_bwd {
+
+// A channel per wavefront: its lanes' shuffles are the wave's own (on wave64 the scans take six
+// steps), and per-channel values are wave-uniform.
+constexpr int kSeg = kWavefront;
+// tokens per lane and chunk: 8 on NVIDIA (16-byte runs of half-precision rows, the measured
+// form); 4 on AMD and in the NVIDIA builds that emulate it (AMD's compiler holds about twice the
+// vector registers for the same code: 8 spilled on every recipe target)
+#ifndef M2R_SSCAN_BWD_TOK
+#if M2R_AMD || defined(M2R_EMULATE_GFX1030) || defined(M2R_EMULATE_GFX11) || \
+    defined(M2R_EMULATE_GFX12) || defined(M2R_EMULATE_GFX9)
+#define M2R_SSCAN_BWD_TOK 4
+#else
+#define M2R_SSCAN_BWD_TOK 8
+#endif
+#endif
+constexpr int kTok = M2R_SSCAN_BWD_TOK;
+constexpr int kChunk = kSeg * kTok;  // 128 or 256: the host sizes its buffers for both
+constexpr int kThreads = 256;
+constexpr int kCh = kThreads / kSeg;  // channels per block: 8, or 4 on wave64
+constexpr int kMaxN = 256;  // dstate
+constexpr float kLog2e = 1.4426950408889634f;
+
+// a where the lane mask m is all ones, b where it is 0: bit operations on a mask held in a
+// vector register. A compare would give a scalar mask per condition, which AMD's compiler
+// hoists out of the loops and keeps (wave64: two scalar registers each) until it runs out.
+M2R_DEVICE float pick(int m, float a, float b) {
+  return __int_as_float((__float_as_int(a) & m) | (__float_as_int(b) & ~m));
+}
+
+// Inclusive prefix scan of the maps x -> P x + v over a channel's lanes (lane j: lanes 0..j,
+// the later map applied last). j: the lane in the channel, opaque (per_lane).
+M2R_DEVICE void scan_up(int j, float& P, float& v) {
+#pragma unroll
+  for (int s = 1; s < kSeg; s *= 2) {
+    const float vp = shfl_up(v, s);
+    const float Pp = shfl_up(P, s);
+    const int m = -min(j / s, 1);  // lanes j >= s take the map below
+    v = pick(m, fmaf(P, vp, v), v);
+    P = pick(m, P * Pp, P);
+  }
+}
+
+// Inclusive suffix scan of the same maps (lane j: lanes j..31, lane j's map applied last).
+M2R_DEVICE void scan_down(int j, float& P, float& v) {
+#pragma unroll
+  for (int s = 1; s < kSeg; s *= 2) {
+    const float vn = shfl_down(v, s);
+    const float Pn = shfl_down(P, s);
+    const int m = ((j + s) / kSeg) - 1;  // lanes j + s < kSeg take the map above
+    v = pick(m, fmaf(P, vn, v), v);
+    P = pick(m, P * Pn, P);
+  }
+}
+
+// The sum over a channel's lanes (butterfly: the same order every run), in every lane.
+M2R_DEVICE float lane_sum(float v) {
+#pragma unroll
+  for (int s = kSeg / 2; s > 0; s /= 2) v += shfl_xor(v, s);
+  return v;
+}
+
+// step' (bias, then softplus where the mask sp is all ones) of kTok tokens from t on; 0 past the
+// sequence (the identity step)
+M2R_DEVICE void steps(const float* raw, float dbias, int sp, int t, int L, float* dt) {
+#pragma unroll
+  for (int k = 0; k < kTok; ++k) {
+    const float v = raw[k] + dbias;
+    dt[k] = t + k < L ? pick(sp, softplus(v), v) : 0.f;
+  }
+}
+
+// B or C of state element n at the lane's tokens: a group's row (variable; rows of ld floats,
+// padded to whole chunks and 16-byte aligned by the host: whole-run loads, no tail) or the
+// channel's fixed value
+template <bool kVar>
+M2R_DEVICE void load_bc(const float* blk, const float* fixed, int n, int t, int ld,
+                        float* out) {
+  if constexpr (kVar) {
+    const float4* q = reinterpret_cast<const float4*>(blk + static_cast<int64_t>(n) * ld + t);
+#pragma unroll
+    for (int i = 0; i < kTok / 4; ++i) {
+      const float4 w = q[i];
+      out[4 * i] = w.x, out[4 * i + 1] = w.y, out[4 * i + 2] = w.z, out[4 * i + 3] = w.w;
+    }
+  } else {
+    const float v = fixed[n];
+#pragma unroll
+    for (int k = 0; k < kTok; ++k) out[k] = v;
+  }
+}
+
+template <typename T, bool kZ, bool kVarB, bool kVarC>
+M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
+  typedef typename T::storage S;
+  // every pointer in vector registers from the start (per_lane): AMD's compiler keeps the
+  // whole argument struct in scalar registers otherwise, and ran out of them
+  // z is a kernel of its own; every other optional tensor is always there (the host passes
+  // zeros for an absent D, delta_bias or last state's gradient and always takes dD / ddelta_bias
+  // partials): no flags, whose masks AMD's compiler keeps in scalar registers throughout
+  constexpr bool has_z = kZ;
+  SelectiveScanBwdParams p = params;
+  if constexpr (kWavefront == 64) {  // wave64: the row bases too (the masks there are 64-bit)
+    p.u = per_lane(p.u), p.delta = per_lane(p.delta), p.dout = per_lane(p.dout);
+    p.z = per_lane(p.z), p.du = per_lane(p.du), p.ddelta = per_lane(p.ddelta), p.dz = per_lane(p.dz);
+  }
+  p.A = per_lane(p.A), p.B = per_lane(p.B), p.C = per_lane(p.C), p.D = per_lane(p.D);
+  p.delta_bias = per_lane(p.delta_bias), p.dlast = per_lane(p.dlast), p.ckpt = per_lane(p.ckpt);
+  p.dA_part = per_lane(p.dA_part), p.dB_part = per_lane(p.dB_part);
+  p.dC_part = per_lane(p.dC_part), p.dD_part = per_lane(p.dD_part);
+  p.ddb_part = per_lane(p.ddb_part);
+  __shared__ float s_red[2][kCh][kChunk];  // one (chunk, n)'s variable dB / dC terms per channel
+  __shared__ float s_carry[kCh][kMaxN];  // per channel and element, the carry between chunks
+  // the thread's tokens' y (sum over the state elements of C h) in the backward walk, for dz: a
+  // column per thread (AMD's compiler ran out of vector registers with y in them)
+  __shared__ float s_y[kTok][kThreads];
+  const int tid = threadIdx.x;
+  const int j0 = per_lane(static_cast<int>(tid % kSeg));
+  const int ch = tid / kSeg;
+  const int b = blockIdx.y;
+  const int g = blockIdx.x / p.slices;
+  const int slice = blockIdx.x % p.slices;
+  // 32-bit indices (channels, tokens, chunks all < 2^31); 64-bit only in offsets: fewer
+  // scalar registers on AMD
+  const int gdim = p.dim / p.groups;
+  const int c_begin = g * gdim + slice * p.slice_ch;
+  const int c_end = min(c_begin + p.slice_ch, (g + 1) * gdim);
+  const int L = p.seqlen;
+  const int nst = p.dstate;  // <= kMaxN
+  const int nchunks = (L + kChunk - 1) / kChunk;  // <= p.nck
+  const int ld = p.ld;  // row length of variable B / C and their partials (>= nchunks * kChunk)
+  constexpr bool b_var = kVarB, c_var = kVarC;  // kernels of their own, as z
+  // softplus on or off as a lane mask (bit selects, no scalar mask live across the loops)
+  const int sp_m = per_lane(p.delta_softplus != 0 ? -1 : 0);
+  // the group's B / C rows (variable: every channel of the block reads the same ones) and the
+  // block's slices of the dB / dC partials
+  const float* const b_blk =
+      b_var ? p.B + static_cast<int64_t>(b * p.b_groups + c_begin / (p.dim / p.b_groups)) * nst * ld : p.B;
+  const float* const c_blk =
+      c_var ? p.C + static_cast<int64_t>(b * p.c_groups + c_begin / (p.dim / p.c_groups)) * nst * ld : p.C;
+  const int64_t part = (static_cast<int64_t>(b * p.groups + g) * p.slices + slice) * nst * ld;
+
+#pragma unroll 1
+  for (int o = c_begin; o < c_end; o += kCh) {  // the slice's channels, 8 at a time
+    const int d = o + ch;
+    const bool live = d < c_end;
+    const int live_m = per_lane(live ? -1 : 0);
+    const int dd = live ? d : o;  // a channel past the slice computes on channel o, adds 0
+    const int64_t cd = static_cast<int64_t>(b) * p.dim + dd;  // the (batch row, channel)
+    const int64_t row = per_lane(cd * L);
+    // the rows of u, delta, dout, z and the outputs: the scalar base pointers plus the row's
+    // offset, made again at every use (an opaque offset: AMD's compiler would otherwise keep
+    // seven 64-bit row pointers live through the loops)
+    const auto in = [&](const void* base) { return static_cast<const S*>(base) + per_lane(row); };
+    const auto out = [&](void* base) { return static_cast<S*>(base) + per_lane(row); };
+    const bool vec_x = (row * static_cast<int64_t>(sizeof(S))) % 16 == 0 && aligned16(params.u) &&
+                       aligned16(params.delta) && aligned16(params.dout) && aligned16(params.du) &&
+                       aligned16(params.ddelta) &&
+                       (!has_z || (aligned16(params.z) && aligned16(params.dz)));
+    const float dbias = load_as_float(p.delta_bias, p.delta_bias_dtype, dd);
+    const float dcoef = load_as_float(p.D, p.d_dtype, dd);
+    const float* const a_row = per_lane(p.A + dd * nst);
+    const float* const b_fix = per_lane(p.B + dd * nst);  // read only when fixed
+    const float* const c_fix = per_lane(p.C + dd * nst);
+    // this channel's rows of ckpt and the per-chunk partials: (nck, dstate) each
+    const int64_t crow = cd * p.nck * nst;
+    float* const ck = per_lane(p.ckpt + crow);
+
+    // 1. the state entering each chunk (chunk 0: zero; the last chunk's end is not needed)
+    if (j0 == 0) {
+      for (int n = 0; n < nst; ++n) s_carry[ch][n] = 0.f, ck[n] = 0.f;
+    }
+#pragma unroll 1
+    for (int c = 0; c + 1 < nchunks; ++c) {
+      const int t0 = c * kChunk + j0 * kTok;
+      float u[kTok], dt[kTok];
+      load_seg<T, kTok>(in(p.u), t0, L, vec_x, u);
+      load_seg<T, kTok>(in(p.delta), t0, L, vec_x, dt);
+      steps(dt, dbias, sp_m, t0, L, dt);
+#pragma unroll 1
+      for (int n = 0; n < nst; ++n) {
+        const int j = j0;
+        const int t = t0;
+        const float a2 = a_row[n] * kLog2e;
+        float bv[kTok];
+        load_bc<kVarB>(b_blk, b_fix, n, t, ld, bv);
+        float P = 1.f, v = 0.f;
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) {
+          const float dec = fast_exp2(a2 * dt[k]);
+          v = fmaf(dec, v, dt[k] * u[k] * bv[k]);
+          P *= dec;
+        }
+        scan_up(j, P, v);
+        const float P_all = shfl_idx(P, kSeg - 1);
+        const float v_all = shfl_idx(v, kSeg - 1);
+        // every lane reads the carry, then every lane writes the same new one (no lane mask)
+        const float h = fmaf(P_all, s_carry[ch][n], v_all);
+        s_carry[ch][n] = h;
+        ck[(c + 1) * nst + n] = h;
+      }
+    }
+    // ckpt (lane 0's writes) is read by every lane of the channel
+    __syncthreads();
+
+    // 2. backward over the chunks; the adjoint's carry starts at the last state's gradient
+    if (j0 == 0) {
+      for (int n = 0; n < nst; ++n) {
+        s_carry[ch][n] = p.dlast[cd * nst + n];
+      }
+    }
+    float dD_l = 0.f, ddb_l = 0.f;
+#pragma unroll 1
+    for (int c = nchunks - 1; c >= 0; --c) {
+      const int t0 = c * kChunk + j0 * kTok;
+      const int t = t0;
+      float u[kTok], dt[kTok], dy[kTok];
+      load_seg<T, kTok>(in(p.u), t, L, vec_x, u);
+      load_seg<T, kTok>(in(p.delta), t, L, vec_x, dt);
+      steps(dt, dbias, sp_m, t, L, dt);
+      load_seg<T, kTok>(in(p.dout), t, L, vec_x, dy);
+      if constexpr (has_z) {
+        float zv[kTok];
+        load_seg<T, kTok>(in(p.z), t, L, vec_x, zv);
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) dy[k] *= silu(zv[k]);
+      }
+      float du_acc[kTok], ddt_acc[kTok];
+#pragma unroll
+      for (int k = 0; k < kTok; ++k) du_acc[k] = 0.f, ddt_acc[k] = 0.f, s_y[k][tid] = 0.f;
+#pragma unroll 1
+      for (int n = 0; n < nst; ++n) {
+        const int j = j0;
+        const float an = a_row[n];
+        const float a2 = an * kLog2e;
+        float bv[kTok], cv[kTok], dec[kTok], hk[kTok];
+        load_bc<kVarB>(b_blk, b_fix, n, t, ld, bv);
+        load_bc<kVarC>(c_blk, c_fix, n, t, ld, cv);
+        // the state entering the lane's first token: the prefix of the lanes' maps applied to
+        // the chunk's entering state
+        float P = 1.f, v = 0.f;
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) {
+          dec[k] = fast_exp2(a2 * dt[k]);
+          v = fmaf(dec[k], v, dt[k] * u[k] * bv[k]);
+          P *= dec[k];
+        }
+        const float P_lane = P;
+        scan_up(j, P, v);
+        const float P_ex = shfl_up(P, 1);
+        const float v_ex = shfl_up(v, 1);
+        const float h_in = ck[c * nst + n];
+        const float hs = pick(-min(j, 1), fmaf(P_ex, h_in, v_ex), h_in);  // lane 0: h_in
+        float h = hs;
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) {
+          h = fmaf(dec[k], h, dt[k] * u[k] * bv[k]);
+          hk[k] = h;
+          if (has_z) s_y[k][tid] = fmaf(cv[k], h, s_y[k][tid]);
+        }
+        // the adjoint entering the lane's last token from the right: the suffix of the lanes'
+        // maps applied to the carry out of the next chunk
+        float w = 0.f;
+#pragma unroll
+        for (int k = kTok - 1; k >= 0; --k) w = dec[k] * fmaf(cv[k], dy[k], w);
+        float Pw = P_lane;
+        scan_down(j, Pw, w);
+        const float w_nx = shfl_down(w, 1);
+        const float P_nx = shfl_down(Pw, 1);
+        const float carry = s_carry[ch][n];
+        // into the previous chunk: lane 0's inclusive map, written by every lane
+        s_carry[ch][n] = fmaf(shfl_idx(Pw, 0), carry, shfl_idx(w, 0));
+        float wv = pick((j + 1) / kSeg - 1, fmaf(P_nx, carry, w_nx), carry);  // the last lane: carry
+        // every token's terms, right to left; variable dB / dC terms go to LDS (0 from a
+        // channel past the slice), fixed ones are summed over the lane's tokens
+        float dA_l = 0.f, sb = 0.f, sc = 0.f;
+#pragma unroll
+        for (int k = kTok - 1; k >= 0; --k) {
+          const float gk = fmaf(cv[k], dy[k], wv);
+          const float hp = dec[k] * (k > 0 ? hk[k - 1] : hs);  // a h[t-1]
+          du_acc[k] = fmaf(gk, bv[k], du_acc[k]);
+          ddt_acc[k] = fmaf(gk, fmaf(an, hp, bv[k] * u[k]), ddt_acc[k]);
+          dA_l = fmaf(gk * dt[k], hp, dA_l);
+          const float rb = gk * dt[k] * u[k], rc = dy[k] * hk[k];
+          // both kinds kept whichever B / C are (no branch in the loop): a variable one's terms
+          // are read from s_red below, a fixed one's sum from sb / sc
+          s_red[0][ch][j * kTok + k] = pick(live_m, rb, 0.f);
+          s_red[1][ch][j * kTok + k] = pick(live_m, rc, 0.f);
+          sb += rb, sc += rc;
+          wv = dec[k] * gk;
+        }
+        dA_l = lane_sum(dA_l);
+        // the chunk's sums over its tokens, per element (every lane writes the same value): the
+        // host sums the chunks
+        const int64_t at = crow + static_cast<int64_t>(c) * nst + n;
+        p.dA_part[at] = dA_l;
+        if constexpr (!b_var) p.dB_part[at] = lane_sum(sb);
+        if constexpr (!c_var) p.dC_part[at] = lane_sum(sc);
+        if constexpr (b_var || c_var) {  // the block's channels' terms of each token, summed in order
+          __syncthreads();
+          static_assert(kChunk % kThreads == 0 || kThreads % kChunk == 0, "whole passes");
+#pragma unroll
+          for (int q0 = 0; q0 < kChunk; q0 += kThreads) {  // a thread per token of the chunk
+            const int q = q0 + tid;
+            if (kChunk < kThreads && q >= kChunk) break;  // 128-token chunks: half the threads
+            const int tok = c * kChunk + q;
+            if constexpr (b_var) {  // the partial's rows are padded as B's: no tail
+              float sum = 0.f;
+#pragma unroll
+              for (int k = 0; k < kCh; ++k) sum += s_red[0][k][q];
+              float* const dst = p.dB_part + part + n * ld + tok;
+              *dst += sum;  // zeroed by the host
+            }
+            if constexpr (c_var) {
+              float sum = 0.f;
+#pragma unroll
+              for (int k = 0; k < kCh; ++k) sum += s_red[1][k][q];
+              float* const dst = p.dC_part + part + n * ld + tok;
+              *dst += sum;
+            }
+          }
+          __syncthreads();  // s_red is free for the next element
+        }
+      }
+      // the chunk's outputs: du, ddelta (through softplus and the bias), dz
+      float raw[kTok], gout[kTok];
+      load_seg<T, kTok>(in(p.delta), t, L, vec_x, raw);
+      load_seg<T, kTok>(in(p.dout), t, L, vec_x, gout);
+      float dz[kTok];
+      if constexpr (has_z) {
+        float zv[kTok];
+        load_seg<T, kTok>(in(p.z), t, L, vec_x, zv);
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) dz[k] = gout[k] * fmaf(dcoef, u[k], s_y[k][tid]) * dsilu(zv[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < kTok; ++k) {
+        dD_l = fmaf(dy[k], u[k], dD_l);
+        du_acc[k] = fmaf(dt[k], du_acc[k], dcoef * dy[k]);
+        // through softplus: its derivative, the sigmoid (1 above torch's threshold 20)
+        const float x = raw[k] + dbias;
+        const float sig = x <= 20.f ? __fdividef(1.f, 1.f + __expf(-x)) : 1.f;
+        const float ddt = ddt_acc[k] * pick(sp_m, sig, 1.f);
+        ddt_acc[k] = ddt;
+        if (t + k < L) ddb_l += ddt;
+      }
+      if (live) {
+        store_seg<T, kTok>(out(p.du), t, L, vec_x, du_acc);
+        store_seg<T, kTok>(out(p.ddelta), t, L, vec_x, ddt_acc);
+        if constexpr (has_z) store_seg<T, kTok>(out(p.dz), t, L, vec_x, dz);
+      }
+    }
+    // the channel's sums over the tokens
+    dD_l = lane_sum(dD_l);
+    ddb_l = lane_sum(ddb_l);
+    if (live && j0 == 0) {
+      p.dD_part[cd] = dD_l;
+      p.ddb_part[cd] = ddb_l;
+    }
+  }
+}
+
+}  // namespace sscan_bwd
+}  // namespace m2r
+
+// m2r_selective_scan_bwd_<dtype>_<B><C>[_z]: B / C variable (v) or fixed (f), with z or not
+#define M2R_SSCAN_BWD1(DT, T, BC, VB, VC)                                             \
+  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, 1)                                  \
+  m2r_selective_scan_bwd_##DT##_##BC(SelectiveScanBwdParams p) {                      \
+    m2r::sscan_bwd::scan_bwd<m2r::T, false, VB, VC>(p);                               \
+  }                                                                                   \
+  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, 1)                                  \
+  m2r_selective_scan_bwd_##DT##_##BC##_z(SelectiveScanBwdParams p) {                  \
+    m2r::sscan_bwd::scan_bwd<m2r::T, true, VB, VC>(p);                                \
+  }
+#define M2R_SSCAN_BWD(DT, T)                                                          \
+  M2R_SSCAN_BWD1(DT, T, vv, true, true) M2R_SSCAN_BWD1(DT, T, vf, true, false)        \
+  M2R_SSCAN_BWD1(DT, T, fv, false, true) M2R_SSCAN_BWD1(DT, T, ff, false, false)
+
+M2R_SSCAN_BWD(f32, F32)
+M2R_SSCAN_BWD(f16, F16)
+M2R_SSCAN_BWD(bf16, BF16)
