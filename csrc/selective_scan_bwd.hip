@@ -12,11 +12,11 @@
 // (variable B / C) or over the tokens (fixed ones).
 //
 // Work split, parallel along the sequence as the forward's segment form: a channel takes a
-// wavefront (32 lanes, 64 on CDNA), a block of 256 threads kCh = 8 (4) channels of one group of
+// wavefront (32 lanes, 64 on CDNA), a block of 128 threads kCh = 4 (2) channels of one group of
 // B and of C (the host lays the grid out so: blockIdx.x = group * slices + slice), walking the
 // slice_ch channels of its slice kCh at a time. The sequence goes in chunks of kChunk tokens,
-// lane j owning the kTok consecutive tokens from j * kTok (kTok 8 on NVIDIA, 4 on AMD: 256 or
-// 128 tokens per chunk on wave32, 256 on wave64). Per kCh channels:
+// lane j owning the kTok consecutive tokens from j * kTok (kTok 8 on NVIDIA: 256 tokens a chunk;
+// 4 on AMD wave32, 2 on wave64: 128). Per kCh channels:
 //   1. forward over the chunks: the lanes' maps h -> P h + hl (P the product of the decays, hl
 //      the state from zero) composed by a prefix scan over the lanes, per state element; the
 //      state entering every chunk goes to ckpt (dstate floats per chunk and channel: nothing
@@ -50,20 +50,22 @@ namespace sscan_bwd {
 // steps), and per-channel values are wave-uniform.
 constexpr int kSeg = kWavefront;
 // tokens per lane and chunk: 8 on NVIDIA (16-byte runs of half-precision rows, the measured
-// form); 4 on AMD and in the NVIDIA builds that emulate it (AMD's compiler holds about twice the
-// vector registers for the same code: 8 spilled on every recipe target)
+// form); 4 on AMD wave32 and 2 on wave64 (chunks of 128 tokens), and so in the NVIDIA builds that
+// emulate them: AMD's compiler holds about twice the vector registers for the same code (8
+// spilled on every recipe target), and on wave64 a chunk of 256 tokens needed two reduction
+// passes per thread, which spilled scalar registers on gfx90a
 #ifndef M2R_SSCAN_BWD_TOK
 #if M2R_AMD || defined(M2R_EMULATE_GFX1030) || defined(M2R_EMULATE_GFX11) || \
     defined(M2R_EMULATE_GFX12) || defined(M2R_EMULATE_GFX9)
-#define M2R_SSCAN_BWD_TOK 4
+#define M2R_SSCAN_BWD_TOK (M2R_WAVEFRONT_SIZE == 64 ? 2 : 4)
 #else
 #define M2R_SSCAN_BWD_TOK 8
 #endif
 #endif
 constexpr int kTok = M2R_SSCAN_BWD_TOK;
-constexpr int kChunk = kSeg * kTok;  // 128 or 256: the host sizes its buffers for both
-constexpr int kThreads = 256;
-constexpr int kCh = kThreads / kSeg;  // channels per block: 8, or 4 on wave64
+constexpr int kChunk = kSeg * kTok;  // 256 (NVIDIA) or 128 (AMD): the host sizes for both
+constexpr int kThreads = 128;  // 3 blocks per multiprocessor on the H100 (168 registers)
+constexpr int kCh = kThreads / kSeg;  // channels per block: 4, or 2 on wave64
 constexpr int kMaxN = 256;  // dstate
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -87,15 +89,18 @@ M2R_DEVICE void scan_up(int j, float& P, float& v) {
   }
 }
 
-// Inclusive suffix scan of the same maps (lane j: lanes j..31, lane j's map applied last).
-M2R_DEVICE void scan_down(int j, float& P, float& v) {
+// Both scans at once (independent chains, interleaved): the prefix of (P, v) as scan_up, and
+// the inclusive suffix of (Pw, w) (lane j: lanes j..last, lane j's map applied last).
+M2R_DEVICE void scan_both(int j, float& P, float& v, float& Pw, float& w) {
 #pragma unroll
   for (int s = 1; s < kSeg; s *= 2) {
-    const float vn = shfl_down(v, s);
-    const float Pn = shfl_down(P, s);
-    const int m = ((j + s) / kSeg) - 1;  // lanes j + s < kSeg take the map above
-    v = pick(m, fmaf(P, vn, v), v);
-    P = pick(m, P * Pn, P);
+    const float vp = shfl_up(v, s), Pp = shfl_up(P, s);
+    const float wn = shfl_down(w, s), Pn = shfl_down(Pw, s);
+    const int mu = -min(j / s, 1), md = ((j + s) / kSeg) - 1;
+    v = pick(mu, fmaf(P, vp, v), v);
+    P = pick(mu, P * Pp, P);
+    w = pick(md, fmaf(Pw, wn, w), w);
+    Pw = pick(md, Pw * Pn, Pw);
   }
 }
 
@@ -122,7 +127,10 @@ M2R_DEVICE void steps(const float* raw, float dbias, int sp, int t, int L, float
 template <bool kVar>
 M2R_DEVICE void load_bc(const float* blk, const float* fixed, int n, int t, int ld,
                         float* out) {
-  if constexpr (kVar) {
+  if constexpr (kVar && kTok == 2) {
+    const float2 w = *reinterpret_cast<const float2*>(blk + static_cast<int64_t>(n) * ld + t);
+    out[0] = w.x, out[1] = w.y;
+  } else if constexpr (kVar) {
     const float4* q = reinterpret_cast<const float4*>(blk + static_cast<int64_t>(n) * ld + t);
 #pragma unroll
     for (int i = 0; i < kTok / 4; ++i) {
@@ -155,7 +163,9 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
   p.dA_part = per_lane(p.dA_part), p.dB_part = per_lane(p.dB_part);
   p.dC_part = per_lane(p.dC_part), p.dD_part = per_lane(p.dD_part);
   p.ddb_part = per_lane(p.ddb_part);
-  __shared__ float s_red[2][kCh][kChunk];  // one (chunk, n)'s variable dB / dC terms per channel
+  // one (chunk, n)'s variable dB / dC terms per channel, two buffers (by n's parity: one
+  // barrier per element)
+  __shared__ float s_red[2][2][kCh][kChunk];
   __shared__ float s_carry[kCh][kMaxN];  // per channel and element, the carry between chunks
   // the thread's tokens' y (sum over the state elements of C h) in the backward walk, for dz: a
   // column per thread (AMD's compiler ran out of vector registers with y in them)
@@ -274,14 +284,36 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
       float du_acc[kTok], ddt_acc[kTok];
 #pragma unroll
       for (int k = 0; k < kTok; ++k) du_acc[k] = 0.f, ddt_acc[k] = 0.f, s_y[k][tid] = 0.f;
+      // element n's B / C, A and entering state are loaded one element ahead: the block meets
+      // at a barrier every element, so a load issued at its start would stall every wave at once
+      float nb[kTok], nc[kTok];
+      load_bc<kVarB>(b_blk, b_fix, 0, t, ld, nb);
+      load_bc<kVarC>(c_blk, c_fix, 0, t, ld, nc);
+      float n_an = a_row[0], n_hin = ck[c * nst];
 #pragma unroll 1
       for (int n = 0; n < nst; ++n) {
         const int j = j0;
-        const float an = a_row[n];
+        const int buf = n & 1;
+        // this thread's tokens of the dB / dC partials' rows (the reduction below): their old
+        // values are read here, ahead of the element's work
+        constexpr int kPass = (kChunk + kThreads - 1) / kThreads;
+        const int64_t prow = part + static_cast<int64_t>(n) * ld + c * kChunk;
+        float db_old[kPass], dc_old[kPass];
+#pragma unroll
+        for (int i = 0; i < kPass; ++i) {
+          const int q = tid + i * kThreads;
+          db_old[i] = kVarB && q < kChunk ? p.dB_part[prow + q] : 0.f;
+          dc_old[i] = kVarC && q < kChunk ? p.dC_part[prow + q] : 0.f;
+        }
+        const float an = n_an, h_in = n_hin;
         const float a2 = an * kLog2e;
         float bv[kTok], cv[kTok], dec[kTok], hk[kTok];
-        load_bc<kVarB>(b_blk, b_fix, n, t, ld, bv);
-        load_bc<kVarC>(c_blk, c_fix, n, t, ld, cv);
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) bv[k] = nb[k], cv[k] = nc[k];
+        const int nn = min(n + 1, nst - 1);  // the next element (the last loads itself again)
+        load_bc<kVarB>(b_blk, b_fix, nn, t, ld, nb);
+        load_bc<kVarC>(c_blk, c_fix, nn, t, ld, nc);
+        n_an = a_row[nn], n_hin = ck[c * nst + nn];
         // the state entering the lane's first token: the prefix of the lanes' maps applied to
         // the chunk's entering state
         float P = 1.f, v = 0.f;
@@ -291,11 +323,19 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
           v = fmaf(dec[k], v, dt[k] * u[k] * bv[k]);
           P *= dec[k];
         }
-        const float P_lane = P;
-        scan_up(j, P, v);
+        // the adjoint's map over the lane's tokens, right to left (w = a g)
+        float w = 0.f;
+#pragma unroll
+        for (int k = kTok - 1; k >= 0; --k) w = dec[k] * fmaf(cv[k], dy[k], w);
+        // the prefix of the lanes' maps (the state entering the lane's first token, from the
+        // chunk's entering state) and the suffix of the adjoint's (entering its last token
+        // from the right, from the carry out of the next chunk), both scans at once
+        float Pw = P;
+        scan_both(j, P, v, Pw, w);
         const float P_ex = shfl_up(P, 1);
         const float v_ex = shfl_up(v, 1);
-        const float h_in = ck[c * nst + n];
+        const float w_nx = shfl_down(w, 1);
+        const float P_nx = shfl_down(Pw, 1);
         const float hs = pick(-min(j, 1), fmaf(P_ex, h_in, v_ex), h_in);  // lane 0: h_in
         float h = hs;
 #pragma unroll
@@ -304,15 +344,6 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
           hk[k] = h;
           if (has_z) s_y[k][tid] = fmaf(cv[k], h, s_y[k][tid]);
         }
-        // the adjoint entering the lane's last token from the right: the suffix of the lanes'
-        // maps applied to the carry out of the next chunk
-        float w = 0.f;
-#pragma unroll
-        for (int k = kTok - 1; k >= 0; --k) w = dec[k] * fmaf(cv[k], dy[k], w);
-        float Pw = P_lane;
-        scan_down(j, Pw, w);
-        const float w_nx = shfl_down(w, 1);
-        const float P_nx = shfl_down(Pw, 1);
         const float carry = s_carry[ch][n];
         // into the previous chunk: lane 0's inclusive map, written by every lane
         s_carry[ch][n] = fmaf(shfl_idx(Pw, 0), carry, shfl_idx(w, 0));
@@ -330,8 +361,8 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
           const float rb = gk * dt[k] * u[k], rc = dy[k] * hk[k];
           // both kinds kept whichever B / C are (no branch in the loop): a variable one's terms
           // are read from s_red below, a fixed one's sum from sb / sc
-          s_red[0][ch][j * kTok + k] = pick(live_m, rb, 0.f);
-          s_red[1][ch][j * kTok + k] = pick(live_m, rc, 0.f);
+          s_red[buf][0][ch][j * kTok + k] = pick(live_m, rb, 0.f);
+          s_red[buf][1][ch][j * kTok + k] = pick(live_m, rc, 0.f);
           sb += rb, sc += rc;
           wv = dec[k] * gk;
         }
@@ -343,29 +374,25 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
         if constexpr (!b_var) p.dB_part[at] = lane_sum(sb);
         if constexpr (!c_var) p.dC_part[at] = lane_sum(sc);
         if constexpr (b_var || c_var) {  // the block's channels' terms of each token, summed in order
+          // (the other buffer's readers of the previous element are past this barrier too)
           __syncthreads();
-          static_assert(kChunk % kThreads == 0 || kThreads % kChunk == 0, "whole passes");
 #pragma unroll
-          for (int q0 = 0; q0 < kChunk; q0 += kThreads) {  // a thread per token of the chunk
-            const int q = q0 + tid;
-            if (kChunk < kThreads && q >= kChunk) break;  // 128-token chunks: half the threads
-            const int tok = c * kChunk + q;
+          for (int i = 0; i < kPass; ++i) {  // a thread per token of the chunk, kPass passes
+            const int q = tid + i * kThreads;
+            if (q >= kChunk) break;
             if constexpr (b_var) {  // the partial's rows are padded as B's: no tail
               float sum = 0.f;
 #pragma unroll
-              for (int k = 0; k < kCh; ++k) sum += s_red[0][k][q];
-              float* const dst = p.dB_part + part + n * ld + tok;
-              *dst += sum;  // zeroed by the host
+              for (int k = 0; k < kCh; ++k) sum += s_red[buf][0][k][q];
+              p.dB_part[prow + q] = db_old[i] + sum;  // zeroed by the host; read ahead
             }
             if constexpr (c_var) {
               float sum = 0.f;
 #pragma unroll
-              for (int k = 0; k < kCh; ++k) sum += s_red[1][k][q];
-              float* const dst = p.dC_part + part + n * ld + tok;
-              *dst += sum;
+              for (int k = 0; k < kCh; ++k) sum += s_red[buf][1][k][q];
+              p.dC_part[prow + q] = dc_old[i] + sum;
             }
           }
-          __syncthreads();  // s_red is free for the next element
         }
       }
       // the chunk's outputs: du, ddelta (through softplus and the bias), dz
@@ -411,11 +438,11 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
 
 // m2r_selective_scan_bwd_<dtype>_<B><C>[_z]: B / C variable (v) or fixed (f), with z or not
 #define M2R_SSCAN_BWD1(DT, T, BC, VB, VC)                                             \
-  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, 1)                                  \
+  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, 3)                                  \
   m2r_selective_scan_bwd_##DT##_##BC(SelectiveScanBwdParams p) {                      \
     m2r::sscan_bwd::scan_bwd<m2r::T, false, VB, VC>(p);                               \
   }                                                                                   \
-  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, 1)                                  \
+  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, 3)                                  \
   m2r_selective_scan_bwd_##DT##_##BC##_z(SelectiveScanBwdParams p) {                  \
     m2r::sscan_bwd::scan_bwd<m2r::T, true, VB, VC>(p);                                \
   }

@@ -24,14 +24,19 @@ M2R_DEVICE float element(const uint4 (&w)[kWords], int k) {
 }
 
 // kTok consecutive elements of a row from token t on, as float (0 past len): 16-byte loads, or
-// one 8-byte load for a run of 8 bytes
+// one 8- or 4-byte load for a shorter run
 template <typename T, int kTok>
 M2R_DEVICE void load_seg(const typename T::storage* row, int64_t t, int64_t len, bool vec,
                          float* out) {
   constexpr int kBytes = kTok * static_cast<int>(sizeof(typename T::storage));
-  static_assert(kBytes % 16 == 0 || kBytes == 8, "whole 16-byte loads or one 8-byte load");
+  static_assert(kBytes % 16 == 0 || kBytes == 8 || kBytes == 4,
+                "whole 16-byte loads, or one 8- or 4-byte load");
   if (vec && t + kTok <= len) {
-    if constexpr (kBytes == 8) {
+    if constexpr (kBytes == 4) {
+      const uint4 w[1] = {make_uint4(*reinterpret_cast<const uint32_t*>(row + t), 0u, 0u, 0u)};
+#pragma unroll
+      for (int k = 0; k < kTok; ++k) out[k] = element<T>(w, k);
+    } else if constexpr (kBytes == 8) {
       const uint2 q = *reinterpret_cast<const uint2*>(row + t);
       const uint4 w[1] = {make_uint4(q.x, q.y, 0u, 0u)};
 #pragma unroll
@@ -56,7 +61,8 @@ M2R_DEVICE void store_seg(typename T::storage* row, int64_t t, int64_t len, bool
                           const float* v) {
   typedef typename T::storage S;
   constexpr int kBytes = kTok * static_cast<int>(sizeof(S));
-  static_assert(kBytes % 16 == 0 || kBytes == 8, "whole 16-byte stores or one 8-byte store");
+  static_assert(kBytes % 16 == 0 || kBytes == 8 || kBytes == 4,
+                "whole 16-byte stores, or one 8- or 4-byte store");
   if (vec && t + kTok <= len) {
     constexpr int kU32 = kBytes / 4;
     uint32_t w[kU32];
@@ -69,7 +75,9 @@ M2R_DEVICE void store_seg(typename T::storage* row, int64_t t, int64_t len, bool
                (static_cast<uint32_t>(T::from_float(v[2 * i + 1])) << 16);
       }
     }
-    if constexpr (kBytes == 8) {
+    if constexpr (kBytes == 4) {
+      *reinterpret_cast<uint32_t*>(row + t) = w[0];
+    } else if constexpr (kBytes == 8) {
       *reinterpret_cast<uint2*>(row + t) = make_uint2(w[0], w[1]);
     } else {
 #pragma unroll
