@@ -181,17 +181,6 @@ def recomputed_grads(ctx, reference, differentiable: tuple[int, ...], grads) -> 
     return tuple(result)
 
 
-def recompute_backward(op, reference, differentiable: tuple[int, ...]) -> None:
-    """Give the kernel op ``op`` the autograd formula :func:`recomputed_grads`: correct
-    gradients for every differentiable input at the PyTorch tier's speed (the ops whose HIP
-    backward kernels have not landed)."""
-
-    def backward(ctx, *grads):
-        return recomputed_grads(ctx, reference, differentiable, grads)
-
-    op.register_autograd(backward, setup_context=save_inputs)
-
-
 def register_training(op, impl, setup_context, backward):
     """Give the custom op ``op`` (implementation ``impl``) its autograd formula, and return
     the eager training entry: a ``torch.autograd.Function`` over ``impl`` with the same
