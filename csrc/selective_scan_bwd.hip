@@ -64,6 +64,18 @@ constexpr int kSeg = kWavefront;
 #endif
 constexpr int kTok = M2R_SSCAN_BWD_TOK;
 constexpr int kChunk = kSeg * kTok;  // 256 (NVIDIA) or 128 (AMD): the host sizes for both
+// state elements a step of the backward walk (a build-time knob for measuring): 1, the measured
+// best (H100, b8 d4096 l2048 n16 bf16: 6.9 ms; 2 elements a step at 2 blocks per multiprocessor,
+// their registers' cost: 8.3 ms)
+#ifndef M2R_SSCAN_BWD_INTER
+#define M2R_SSCAN_BWD_INTER 1
+#endif
+constexpr int kInter = M2R_SSCAN_BWD_INTER;
+static_assert(kInter == 1 || kInter == 2, "one or two elements a step");
+// NVIDIA: blocks per multiprocessor the registers are capped for (3: 168 registers, no spills)
+#ifndef M2R_SSCAN_BWD_MIN_BLOCKS
+#define M2R_SSCAN_BWD_MIN_BLOCKS 3
+#endif
 constexpr int kThreads = 128;  // 3 blocks per multiprocessor on the H100 (168 registers)
 constexpr int kCh = kThreads / kSeg;  // channels per block: 4, or 2 on wave64
 constexpr int kMaxN = 256;  // dstate
@@ -165,7 +177,7 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
   p.ddb_part = per_lane(p.ddb_part);
   // one (chunk, n)'s variable dB / dC terms per channel, two buffers (by n's parity: one
   // barrier per element)
-  __shared__ float s_red[2][2][kCh][kChunk];
+  __shared__ float s_red[2][kInter][2][kCh][kChunk];
   __shared__ float s_carry[kCh][kMaxN];  // per channel and element, the carry between chunks
   // the thread's tokens' y (sum over the state elements of C h) in the backward walk, for dz: a
   // column per thread (AMD's compiler ran out of vector registers with y in them)
@@ -284,113 +296,142 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
       float du_acc[kTok], ddt_acc[kTok];
 #pragma unroll
       for (int k = 0; k < kTok; ++k) du_acc[k] = 0.f, ddt_acc[k] = 0.f, s_y[k][tid] = 0.f;
-      // element n's B / C, A and entering state are loaded one element ahead: the block meets
-      // at a barrier every element, so a load issued at its start would stall every wave at once
-      float nb[kTok], nc[kTok];
-      load_bc<kVarB>(b_blk, b_fix, 0, t, ld, nb);
-      load_bc<kVarC>(c_blk, c_fix, 0, t, ld, nc);
-      float n_an = a_row[0], n_hin = ck[c * nst];
+      // kInter state elements a step (their chains interleave, one barrier for all); their B / C,
+      // A and entering state are loaded one step ahead: the block meets at a barrier every
+      // step, so a load issued at its start would stall every wave at once. An element past
+      // dstate (odd dstate, kInter 2) runs on zeros: A 0, B = C = 0, zero state and carry
+      constexpr int kI = kInter;
+      constexpr int kPass = (kChunk + kThreads - 1) / kThreads;
+      float nb[kI][kTok], nc[kI][kTok], n_an[kI], n_hin[kI];
+      const auto fetch = [&](int n, float* bq, float* cq, float& an, float& hin) {
+        const int m = min(n, nst - 1);
+        load_bc<kVarB>(b_blk, b_fix, m, t, ld, bq);
+        load_bc<kVarC>(c_blk, c_fix, m, t, ld, cq);
+        const bool ok = n < nst;
+        an = ok ? a_row[m] : 0.f, hin = ok ? ck[c * nst + m] : 0.f;
+        if (!ok) {
+#pragma unroll
+          for (int k = 0; k < kTok; ++k) bq[k] = 0.f, cq[k] = 0.f;
+        }
+      };
+#pragma unroll
+      for (int i = 0; i < kI; ++i) fetch(i, nb[i], nc[i], n_an[i], n_hin[i]);
 #pragma unroll 1
-      for (int n = 0; n < nst; ++n) {
+      for (int n0 = 0; n0 < nst; n0 += kI) {
         const int j = j0;
-        const int buf = n & 1;
+        const int buf = (n0 / kI) & 1;
         // this thread's tokens of the dB / dC partials' rows (the reduction below): their old
-        // values are read here, ahead of the element's work
-        constexpr int kPass = (kChunk + kThreads - 1) / kThreads;
-        const int64_t prow = part + static_cast<int64_t>(n) * ld + c * kChunk;
-        float db_old[kPass], dc_old[kPass];
+        // values are read here, ahead of the step's work
+        int64_t prow[kI];
+        float db_old[kI][kPass], dc_old[kI][kPass];
+        float bv[kI][kTok], cv[kI][kTok], an[kI], h_in[kI];
 #pragma unroll
-        for (int i = 0; i < kPass; ++i) {
-          const int q = tid + i * kThreads;
-          db_old[i] = kVarB && q < kChunk ? p.dB_part[prow + q] : 0.f;
-          dc_old[i] = kVarC && q < kChunk ? p.dC_part[prow + q] : 0.f;
+        for (int i = 0; i < kI; ++i) {
+          prow[i] = part + static_cast<int64_t>(min(n0 + i, nst - 1)) * ld + c * kChunk;
+#pragma unroll
+          for (int e = 0; e < kPass; ++e) {
+            const int q = tid + e * kThreads;
+            db_old[i][e] = kVarB && q < kChunk ? p.dB_part[prow[i] + q] : 0.f;
+            dc_old[i][e] = kVarC && q < kChunk ? p.dC_part[prow[i] + q] : 0.f;
+          }
+          an[i] = n_an[i], h_in[i] = n_hin[i];
+#pragma unroll
+          for (int k = 0; k < kTok; ++k) bv[i][k] = nb[i][k], cv[i][k] = nc[i][k];
         }
-        const float an = n_an, h_in = n_hin;
-        const float a2 = an * kLog2e;
-        float bv[kTok], cv[kTok], dec[kTok], hk[kTok];
+        if (n0 + kI < nst) {
 #pragma unroll
-        for (int k = 0; k < kTok; ++k) bv[k] = nb[k], cv[k] = nc[k];
-        const int nn = min(n + 1, nst - 1);  // the next element (the last loads itself again)
-        load_bc<kVarB>(b_blk, b_fix, nn, t, ld, nb);
-        load_bc<kVarC>(c_blk, c_fix, nn, t, ld, nc);
-        n_an = a_row[nn], n_hin = ck[c * nst + nn];
-        // the state entering the lane's first token: the prefix of the lanes' maps applied to
-        // the chunk's entering state
-        float P = 1.f, v = 0.f;
-#pragma unroll
-        for (int k = 0; k < kTok; ++k) {
-          dec[k] = fast_exp2(a2 * dt[k]);
-          v = fmaf(dec[k], v, dt[k] * u[k] * bv[k]);
-          P *= dec[k];
+          for (int i = 0; i < kI; ++i) fetch(n0 + kI + i, nb[i], nc[i], n_an[i], n_hin[i]);
         }
-        // the adjoint's map over the lane's tokens, right to left (w = a g)
-        float w = 0.f;
 #pragma unroll
-        for (int k = kTok - 1; k >= 0; --k) w = dec[k] * fmaf(cv[k], dy[k], w);
-        // the prefix of the lanes' maps (the state entering the lane's first token, from the
-        // chunk's entering state) and the suffix of the adjoint's (entering its last token
-        // from the right, from the carry out of the next chunk), both scans at once
-        float Pw = P;
-        scan_both(j, P, v, Pw, w);
-        const float P_ex = shfl_up(P, 1);
-        const float v_ex = shfl_up(v, 1);
-        const float w_nx = shfl_down(w, 1);
-        const float P_nx = shfl_down(Pw, 1);
-        const float hs = pick(-min(j, 1), fmaf(P_ex, h_in, v_ex), h_in);  // lane 0: h_in
-        float h = hs;
+        for (int i = 0; i < kI; ++i) {
+          const int n = n0 + i;
+          const bool valid = kI == 1 || n < nst;
+          const float a2 = an[i] * kLog2e;
+          float dec[kTok], hk[kTok];
+          // the lane's maps: the state's over its tokens (P, v) and the adjoint's right to left
+          // (w = a g); then the prefix of the lanes' state maps (the state entering the lane's
+          // first token, from the chunk's entering state) and the suffix of the adjoint's
+          // (entering its last token from the right, from the carry out of the next chunk),
+          // both scans at once
+          float P = 1.f, v = 0.f, w = 0.f;
 #pragma unroll
-        for (int k = 0; k < kTok; ++k) {
-          h = fmaf(dec[k], h, dt[k] * u[k] * bv[k]);
-          hk[k] = h;
-          if (has_z) s_y[k][tid] = fmaf(cv[k], h, s_y[k][tid]);
+          for (int k = 0; k < kTok; ++k) {
+            dec[k] = fast_exp2(a2 * dt[k]);
+            v = fmaf(dec[k], v, dt[k] * u[k] * bv[i][k]);
+            P *= dec[k];
+          }
+#pragma unroll
+          for (int k = kTok - 1; k >= 0; --k) w = dec[k] * fmaf(cv[i][k], dy[k], w);
+          float Pw = P;
+          scan_both(j, P, v, Pw, w);
+          const float P_ex = shfl_up(P, 1);
+          const float v_ex = shfl_up(v, 1);
+          const float w_nx = shfl_down(w, 1);
+          const float P_nx = shfl_down(Pw, 1);
+          const float hs = pick(-min(j, 1), fmaf(P_ex, h_in[i], v_ex), h_in[i]);  // lane 0: h_in
+          float h = hs;
+#pragma unroll
+          for (int k = 0; k < kTok; ++k) {
+            h = fmaf(dec[k], h, dt[k] * u[k] * bv[i][k]);
+            hk[k] = h;
+            if (has_z) s_y[k][tid] = fmaf(cv[i][k], h, s_y[k][tid]);
+          }
+          const float carry = valid ? s_carry[ch][n] : 0.f;
+          // into the previous chunk: lane 0's inclusive map, written by every lane
+          if (valid) s_carry[ch][n] = fmaf(shfl_idx(Pw, 0), carry, shfl_idx(w, 0));
+          float wv = pick((j + 1) / kSeg - 1, fmaf(P_nx, carry, w_nx), carry);  // the last lane: carry
+          // every token's terms, right to left; variable dB / dC terms go to LDS (0 from a
+          // channel past the slice), fixed ones are summed over the lane's tokens
+          float dA_l = 0.f, sb = 0.f, sc = 0.f;
+#pragma unroll
+          for (int k = kTok - 1; k >= 0; --k) {
+            const float gk = fmaf(cv[i][k], dy[k], wv);
+            const float hp = dec[k] * (k > 0 ? hk[k - 1] : hs);  // a h[t-1]
+            du_acc[k] = fmaf(gk, bv[i][k], du_acc[k]);
+            ddt_acc[k] = fmaf(gk, fmaf(an[i], hp, bv[i][k] * u[k]), ddt_acc[k]);
+            dA_l = fmaf(gk * dt[k], hp, dA_l);
+            const float rb = gk * dt[k] * u[k], rc = dy[k] * hk[k];
+            // both kinds kept whichever B / C are (no branch in the loop): a variable one's
+            // terms are read from s_red below, a fixed one's sum from sb / sc
+            s_red[buf][i][0][ch][j * kTok + k] = pick(live_m, rb, 0.f);
+            s_red[buf][i][1][ch][j * kTok + k] = pick(live_m, rc, 0.f);
+            sb += rb, sc += rc;
+            wv = dec[k] * gk;
+          }
+          dA_l = lane_sum(dA_l);
+          if constexpr (!b_var) sb = lane_sum(sb);
+          if constexpr (!c_var) sc = lane_sum(sc);
+          // the chunk's sums over its tokens, per element (every lane writes the same value):
+          // the host sums the chunks
+          if (valid) {
+            const int64_t at = crow + static_cast<int64_t>(c) * nst + n;
+            p.dA_part[at] = dA_l;
+            if constexpr (!b_var) p.dB_part[at] = sb;
+            if constexpr (!c_var) p.dC_part[at] = sc;
+          }
         }
-        const float carry = s_carry[ch][n];
-        // into the previous chunk: lane 0's inclusive map, written by every lane
-        s_carry[ch][n] = fmaf(shfl_idx(Pw, 0), carry, shfl_idx(w, 0));
-        float wv = pick((j + 1) / kSeg - 1, fmaf(P_nx, carry, w_nx), carry);  // the last lane: carry
-        // every token's terms, right to left; variable dB / dC terms go to LDS (0 from a
-        // channel past the slice), fixed ones are summed over the lane's tokens
-        float dA_l = 0.f, sb = 0.f, sc = 0.f;
-#pragma unroll
-        for (int k = kTok - 1; k >= 0; --k) {
-          const float gk = fmaf(cv[k], dy[k], wv);
-          const float hp = dec[k] * (k > 0 ? hk[k - 1] : hs);  // a h[t-1]
-          du_acc[k] = fmaf(gk, bv[k], du_acc[k]);
-          ddt_acc[k] = fmaf(gk, fmaf(an, hp, bv[k] * u[k]), ddt_acc[k]);
-          dA_l = fmaf(gk * dt[k], hp, dA_l);
-          const float rb = gk * dt[k] * u[k], rc = dy[k] * hk[k];
-          // both kinds kept whichever B / C are (no branch in the loop): a variable one's terms
-          // are read from s_red below, a fixed one's sum from sb / sc
-          s_red[buf][0][ch][j * kTok + k] = pick(live_m, rb, 0.f);
-          s_red[buf][1][ch][j * kTok + k] = pick(live_m, rc, 0.f);
-          sb += rb, sc += rc;
-          wv = dec[k] * gk;
-        }
-        dA_l = lane_sum(dA_l);
-        // the chunk's sums over its tokens, per element (every lane writes the same value): the
-        // host sums the chunks
-        const int64_t at = crow + static_cast<int64_t>(c) * nst + n;
-        p.dA_part[at] = dA_l;
-        if constexpr (!b_var) p.dB_part[at] = lane_sum(sb);
-        if constexpr (!c_var) p.dC_part[at] = lane_sum(sc);
-        if constexpr (b_var || c_var) {  // the block's channels' terms of each token, summed in order
-          // (the other buffer's readers of the previous element are past this barrier too)
+        if constexpr (b_var || c_var) {  // the block's channels' terms of each token, in order
+          // (the other buffer's readers of the previous step are past this barrier too)
           __syncthreads();
 #pragma unroll
-          for (int i = 0; i < kPass; ++i) {  // a thread per token of the chunk, kPass passes
-            const int q = tid + i * kThreads;
-            if (q >= kChunk) break;
-            if constexpr (b_var) {  // the partial's rows are padded as B's: no tail
-              float sum = 0.f;
+          for (int i = 0; i < kI; ++i) {
+            if (kI > 1 && n0 + i >= nst) break;
 #pragma unroll
-              for (int k = 0; k < kCh; ++k) sum += s_red[buf][0][k][q];
-              p.dB_part[prow + q] = db_old[i] + sum;  // zeroed by the host; read ahead
-            }
-            if constexpr (c_var) {
-              float sum = 0.f;
+            for (int e = 0; e < kPass; ++e) {  // a thread per token of the chunk, kPass passes
+              const int q = tid + e * kThreads;
+              if (q >= kChunk) break;
+              if constexpr (b_var) {  // the partial's rows are padded as B's: no tail
+                float sum = 0.f;
 #pragma unroll
-              for (int k = 0; k < kCh; ++k) sum += s_red[buf][1][k][q];
-              p.dC_part[prow + q] = dc_old[i] + sum;
+                for (int k = 0; k < kCh; ++k) sum += s_red[buf][i][0][k][q];
+                p.dB_part[prow[i] + q] = db_old[i][e] + sum;  // zeroed by the host; read ahead
+              }
+              if constexpr (c_var) {
+                float sum = 0.f;
+#pragma unroll
+                for (int k = 0; k < kCh; ++k) sum += s_red[buf][i][1][k][q];
+                p.dC_part[prow[i] + q] = dc_old[i][e] + sum;
+              }
             }
           }
         }
@@ -438,11 +479,11 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
 
 // m2r_selective_scan_bwd_<dtype>_<B><C>[_z]: B / C variable (v) or fixed (f), with z or not
 #define M2R_SSCAN_BWD1(DT, T, BC, VB, VC)                                             \
-  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, 3)                                  \
+  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, M2R_SSCAN_BWD_MIN_BLOCKS)                                  \
   m2r_selective_scan_bwd_##DT##_##BC(SelectiveScanBwdParams p) {                      \
     m2r::sscan_bwd::scan_bwd<m2r::T, false, VB, VC>(p);                               \
   }                                                                                   \
-  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, 3)                                  \
+  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, M2R_SSCAN_BWD_MIN_BLOCKS)                                  \
   m2r_selective_scan_bwd_##DT##_##BC##_z(SelectiveScanBwdParams p) {                  \
     m2r::sscan_bwd::scan_bwd<m2r::T, true, VB, VC>(p);                                \
   }
