@@ -471,6 +471,39 @@ def test_opcheck_with_gradients():
     torch.library.opcheck(selective_scan_op, (*args[:5], None, None, None, False, False))
 
 
+@pytest.mark.parametrize("with_last", [False, True])
+def test_backward_op_through_the_dispatcher(with_last):
+    """The registered backward op (what the scan's autograd formula calls while tracing),
+    called through the dispatcher on the CPU, gives the ground truth's gradients (its body
+    differentiates the PyTorch tier by torch.func, which works below the dispatcher's autograd);
+    its fake gives every gradient's shape and dtype. (opcheck's cross-checking modes cannot
+    look inside torch.func's tensor wrappers, so it does not run on this op.)"""
+    from mamba2_rocm.ops.selective_scan import selective_scan_bwd
+
+    g = seeded("ss-opcheck-bwd", with_last)
+    a = _inputs(g, L=21, bmode="var", cmode="grouped")
+    D, z = torch.randn(8, generator=g), torch.randn(2, 8, 21, generator=g)
+    bias = torch.rand(8, generator=g)
+    dout = torch.randn(2, 8, 21, generator=g)
+    dlast = torch.randn(2, 8, 16, generator=g) if with_last else None
+    args = (a["u"], a["delta"], a["A"], a["B"], a["C"], D, z, bias, True, dout, dlast)
+    meta = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in args]
+    fake = selective_scan_bwd(*meta)
+    assert [(f.shape, f.dtype) for f in fake] == [(t.shape, t.dtype) for t in args[:8]]
+    got = selective_scan_bwd(*args)
+    leaves = {k: v.clone().double().requires_grad_() for k, v in
+              dict(u=a["u"], delta=a["delta"], A=a["A"], B=a["B"], C=a["C"], D=D, z=z,
+                   delta_bias=bias).items()}  # fmt: skip
+    out, last = selective_scan_ref(**leaves, delta_softplus=True, return_last_state=True)
+    outs, cots = [out], [dout.double()]
+    if with_last:
+        outs.append(last)
+        cots.append(dlast.double())
+    torch.autograd.backward(outs, cots)
+    for name, gv, leaf in zip(leaves, got, leaves.values(), strict=True):
+        torch.testing.assert_close(gv.double(), leaf.grad, rtol=1e-4, atol=1e-4, msg=name)
+
+
 def test_compiles_forward_and_backward_without_graph_breaks():
     """torch.compile(fullgraph=True) traces the op and its autograd formula (aot_eager on the
     CPU); the gradients equal the eager ones."""
