@@ -181,6 +181,32 @@ def recomputed_grads(ctx, reference, differentiable: tuple[int, ...], grads) -> 
     return tuple(result)
 
 
+def wants_grads(ctx, inputs, differentiable: tuple[int, ...]) -> bool:
+    """Whether any present input at the ``differentiable`` positions asks for a gradient."""
+    return any(ctx.needs_input_grad[i] and inputs[i] is not None for i in differentiable)
+
+
+def placed_grads(ctx, inputs, differentiable: tuple[int, ...], grads) -> tuple:
+    """An autograd formula's result: ``grads`` (one per ``differentiable`` position) at their
+    inputs' positions where that input is present and asks for it, None elsewhere."""
+    result: list = [None] * len(inputs)
+    for i, g in zip(differentiable, grads, strict=True):
+        if ctx.needs_input_grad[i] and inputs[i] is not None:
+            result[i] = g
+    return tuple(result)
+
+
+def entry(impl, op, train, *tensors):
+    """What a public function calls: its ``torch.library`` op where :func:`use_registered_op`
+    says so, and there, in eager training, ``train`` (the :func:`register_training` entry,
+    without the dispatcher's round trips); else the plain implementation ``impl``."""
+    if not use_registered_op(*tensors):
+        return impl
+    if not torch.compiler.is_compiling() and needs_autograd(*tensors):
+        return train
+    return op
+
+
 def register_training(op, impl, setup_context, backward):
     """Give the custom op ``op`` (implementation ``impl``) its autograd formula, and return
     the eager training entry: a ``torch.autograd.Function`` over ``impl`` with the same

@@ -24,9 +24,10 @@ from mamba2_rocm.ops._launch import (
     GRID_YZ_MAX,
     KERNEL_DTYPE,
     as_kernel_float,
+    entry,
     launch,
     like,
-    needs_autograd,
+    placed_grads,
     ptr,
     recomputed_grads,
     register_training,
@@ -34,7 +35,7 @@ from mamba2_rocm.ops._launch import (
     saved_inputs,
     sm_count,
     traced,
-    use_registered_op,
+    wants_grads,
 )
 from mamba2_rocm.reference.selective_scan import (
     check_selective_scan_args,
@@ -264,15 +265,15 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
     bias = zeros(dim) if delta_bias is None else as_kernel_float(delta_bias).contiguous()
     dl_last = zeros(batch, dim, N) if dlast is None else dlast.float().contiguous()
     gdim = dim // groups
-    octets = -(-gdim // _BWD_CH)
+    tiles = -(-gdim // _BWD_CH)  # kCh-channel tiles of a group
     var_bytes = (bool(gb) + bool(gc)) * batch * groups * N * ld * 4
     slices = -(-BWD_BLOCKS_PER_SM * max(1, sm_count(dev)) // (batch * groups))
     if var_bytes:
         allowed = max(BWD_PARTIAL_FACTOR * x.numel() * x.element_size(), BWD_PARTIAL_MIN_BYTES)
         cap = max(1, allowed // var_bytes)
         slices = min(slices, cap)
-    slices = max(1, min(slices, octets))
-    slice_ch = -(-octets // slices) * _BWD_CH
+    slices = max(1, min(slices, tiles))
+    slice_ch = -(-tiles // slices) * _BWD_CH
     slices = -(-gdim // slice_ch)  # every slice has channels
     ckpt = torch.empty(batch * dim * nck * N, dtype=f32, device=dev)
     du, ddl = torch.empty_like(x), torch.empty_like(x)
@@ -417,8 +418,7 @@ def _scan_backward(ctx, dout, dlast):
     kernel tier; only the inputs are saved, the states are recomputed, as mamba_ssm does).
     Complex A recomputes through the PyTorch tier (``_launch.recomputed_grads``)."""
     inputs = saved_inputs(ctx)
-    need = ctx.needs_input_grad
-    if not any(need[i] and inputs[i] is not None for i in _DIFFERENTIABLE):
+    if not wants_grads(ctx, inputs, _DIFFERENTIABLE):
         return (None,) * len(inputs)
     u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state = inputs
     if A.is_complex():
@@ -430,11 +430,7 @@ def _scan_backward(ctx, dout, dlast):
     # the registered op while compiling (traced through its fake), else the function itself
     bwd = selective_scan_bwd if traced(u, dout) else _bwd_impl
     grads = bwd(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus), dout, dlast)
-    result: list = [None] * len(inputs)
-    for i, g in zip(_DIFFERENTIABLE, grads, strict=True):
-        if need[i] and inputs[i] is not None:
-            result[i] = g
-    return tuple(result)
+    return placed_grads(ctx, inputs, _DIFFERENTIABLE, grads)
 
 
 _train_scan = register_training(selective_scan_op, _impl, save_inputs, _scan_backward)
@@ -457,13 +453,9 @@ def selective_scan_fn(
     (dim, dstate), (batch, dstate, seqlen) or (batch, groups, dstate, seqlen); D, delta_bias
     (dim,). Returns out (u's dtype) [, last_state (batch, dim, dstate), A's type (>= fp32)]."""
     grads = (u, delta, A, B, C, D, z, delta_bias)
-    # the registered op (autograd by recomputation) where the kernel would run, or compiling;
+    # the registered op (or its eager training entry) where the kernel would run, or compiling;
     # else plain PyTorch code, which autograd differentiates directly
-    op = _impl
-    if use_registered_op(*grads):
-        op = selective_scan_op
-        if not torch.compiler.is_compiling() and needs_autograd(*grads):
-            op = _train_scan  # eager training: no dispatcher round trips
+    op = entry(_impl, selective_scan_op, _train_scan, *grads)
     out, last = op(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus),
                    bool(return_last_state))  # fmt: skip
     return (out, last) if return_last_state else out

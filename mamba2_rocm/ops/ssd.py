@@ -28,9 +28,10 @@ from mamba2_rocm.ops._launch import (
     GRID_YZ_MAX,
     KERNEL_DTYPE,
     as_kernel_float,
+    entry,
     launch,
     like,
-    needs_autograd,
+    placed_grads,
     ptr,
     recomputed_grads,
     register_training,
@@ -38,7 +39,7 @@ from mamba2_rocm.ops._launch import (
     saved_inputs,
     strides,
     traced,
-    use_registered_op,
+    wants_grads,
 )
 from mamba2_rocm.reference.ssd import (
     empty_varlen_states,
@@ -464,8 +465,7 @@ def _scan_backward(ctx, dout, dfinal, dvarlen):
     mamba_ssm does). A gradient through the varlen states recomputes through the torch tier
     (``_launch.recomputed_grads``)."""
     inputs = saved_inputs(ctx)
-    need = ctx.needs_input_grad
-    if not any(need[i] and inputs[i] is not None for i in _DIFFERENTIABLE):
+    if not wants_grads(ctx, inputs, _DIFFERENTIABLE):
         return (None,) * len(inputs)
     if dvarlen is not None and dvarlen.numel():
         return recomputed_grads(ctx, _torch_tier, _DIFFERENTIABLE, (dout, dfinal, dvarlen))
@@ -477,11 +477,7 @@ def _scan_backward(ctx, dout, dfinal, dvarlen):
     bwd = mamba_chunk_scan_combined_bwd if traced(x, dout) else _bwd_impl
     grads = bwd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
                 dt_limit, dout, dfinal)  # fmt: skip
-    result: list = [None] * len(inputs)
-    for i, g in zip(_DIFFERENTIABLE, grads, strict=True):
-        if need[i] and inputs[i] is not None:
-            result[i] = g
-    return tuple(result)
+    return placed_grads(ctx, inputs, _DIFFERENTIABLE, grads)
 
 
 _train_scan = register_training(mamba_chunk_scan_combined_op, _impl, save_inputs, _scan_backward)
@@ -528,12 +524,8 @@ def mamba_chunk_scan_combined(
     dt, A, B, C, D, z, dt_bias and initial_states, through all three outputs (the backward:
     ``_scan_backward``).
     """
-    op = _impl
-    if use_registered_op(x, dt, A, B, C, D, z, dt_bias, initial_states):
-        op = mamba_chunk_scan_combined_op
-        if not torch.compiler.is_compiling() and needs_autograd(x, dt, A, B, C, D, z, dt_bias,
-                                                                initial_states):  # fmt: skip
-            op = _train_scan  # eager training: no dispatcher round trips
+    op = entry(_impl, mamba_chunk_scan_combined_op, _train_scan, x, dt, A, B, C, D, z, dt_bias,
+               initial_states)  # fmt: skip
     out, final, varlen = op(
         x, dt, A, B, C, kernel_chunk_size(chunk_size), D, z, dt_bias, initial_states, seq_idx,
         cu_seqlens,
