@@ -179,6 +179,59 @@ def test_selective_scan_peer_is_never_the_drop_in():
                 del sys.modules[name]
 
 
+def test_selective_scan_cuda_peer_gets_its_own_argument_forms(monkeypatch):
+    """mamba_ssm's CUDA forward takes variable B / C in the input dtype, grouped (b, 1, n, l):
+    the peer is called the way mamba_ssm's wrapper calls it, everything else passed as is."""
+    import types
+
+    from mamba2_rocm.bench.selective_scan import _mamba_ssm_cuda
+
+    seen = []
+    fake = types.ModuleType("selective_scan_cuda")
+    fake.fwd = lambda *a: (seen.append(a) or a[0] * 2, None)
+    monkeypatch.setitem(sys.modules, "selective_scan_cuda", fake)
+    u, delta, z = (torch.randn(2, 3, 5, dtype=torch.bfloat16) for _ in range(3))
+    A, B, C = torch.randn(3, 4), torch.randn(2, 4, 5), torch.randn(2, 4, 5)
+    D, bias = torch.randn(3), torch.randn(3)
+    call = _mamba_ssm_cuda()(u, delta, A, B, C, D, z, bias, True)
+    assert not seen  # prepared, not run
+    assert torch.equal(call(), u * 2)
+    (args,) = seen
+    for t, src in ((args[3], B), (args[4], C)):
+        assert t.shape == (2, 1, 4, 5) and t.dtype == torch.bfloat16 and t.is_contiguous()
+        assert torch.equal(t[:, 0], src.to(torch.bfloat16))
+    assert args[0] is u and args[1] is delta and args[2] is A and args[5] is D
+    assert args[6] is z and args[7] is bias and args[8] is True
+
+
+def test_selective_scan_cuda_peer_is_absent_without_its_module(monkeypatch):
+    from mamba2_rocm.bench.selective_scan import _mamba_ssm_cuda
+
+    monkeypatch.setitem(sys.modules, "selective_scan_cuda", None)  # import raises ImportError
+    assert _mamba_ssm_cuda() is None
+
+
+def test_selective_scan_table_says_when_the_cuda_peer_disagrees(monkeypatch):
+    import mamba2_rocm.bench.timing as timing
+    from mamba2_rocm.bench.selective_scan import CUDA_PEER, format_table
+
+    monkeypatch.setattr(timing, "require_torch", lambda: type("T", (), {"cuda": type(
+        "C", (), {"get_device_name": staticmethod(lambda: "GPU")})}))  # fmt: skip
+    row = dict(mbytes=1.0, us=1.0, graph_us=None, gbs=1.0, copy_frac=0.5, copy_gbs=2.0, tflops=1.0)
+    peer = dict(row, impl=CUDA_PEER)
+    rows = [
+        {**row, "case": "a", "impl": "kernel", "best_us": 10.0},
+        {**peer, "case": "a", "best_us": 15.0, "agrees": True, "max_diff_vs_kernel": 0.01},
+        {**row, "case": "b", "impl": "kernel", "best_us": 10.0},
+        {**peer, "case": "b", "best_us": 5.0, "agrees": False, "max_diff_vs_kernel": 3.0},
+    ]
+    table = format_table(rows)
+    assert f"a: kernel is 1.5x faster than {CUDA_PEER}" in table
+    disagrees = f"b: {CUDA_PEER} DISAGREES with the kernel (max |diff| 3): its timing is not"
+    assert disagrees in table
+    assert f"a: {CUDA_PEER} DISAGREES" not in table
+
+
 # --- bench host: the launch switch and the table ------------------------------------------
 
 

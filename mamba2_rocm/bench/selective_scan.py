@@ -1,7 +1,9 @@
 """Mamba1 selective-scan benchmark: ``selective_scan_fn``'s kernel vs its PyTorch tier, and
 mamba_ssm's ``selective_scan_ref`` (pure PyTorch, when ``mamba_ssm`` is importable: its CUDA
 ``selective_scan_cuda`` does not build on ROCm, so the reference is what an AMD user of
-mamba_ssm runs).
+mamba_ssm runs), and, where mamba_ssm's CUDA extension ``selective_scan_cuda`` is importable (a
+build of it on the NVIDIA test machine), that kernel as the peer: the same inputs, with the
+variable B / C in the input dtype as it requires (ours read them in fp32, 2x their bytes).
 
 Every form of the kernel is timed (csrc/selective_scan.hip): the default (the channel form: a
 thread per channel, the sequence cut into segments only where too few channels fill the GPU),
@@ -42,6 +44,7 @@ from mamba2_rocm.bench.timing import (
 #: the two of issue #16 (Mamba1 at training batch; one long sequence) and mamba-130m at batch 1
 SHAPES = ((8, 4096, 2048, 16), (1, 5120, 8192, 16), (1, 1536, 2048, 16))
 REF = "mamba_ssm selective_scan_ref"
+CUDA_PEER = "mamba_ssm CUDA selective_scan"
 DEFERRED = "kernel, deferred sums"
 BUTTERFLY = "kernel, butterfly"
 SEGMENTS = "kernel, segment form"
@@ -69,6 +72,23 @@ def _mamba_ssm_ref():
     if selective_scan_ref.__module__.startswith("mamba2_rocm"):
         return None  # the drop-in's name is ours, not a peer
     return selective_scan_ref
+
+
+def _mamba_ssm_cuda():
+    """mamba_ssm's CUDA forward (module ``selective_scan_cuda``) where it is importable: a
+    function of selective_scan_fn's positional arguments returning a call of the kernel, the
+    arguments converted as mamba_ssm's own wrapper converts them (variable B / C in the input
+    dtype, grouped (batch, 1, dstate, seqlen)); None when it is not built here."""
+    try:
+        import selective_scan_cuda
+    except Exception:  # only NVIDIA builds of mamba_ssm have it
+        return None
+
+    def prepare(u, delta, A, B, C, D, z, delta_bias, softplus):
+        B, C = (t.to(u.dtype).unsqueeze(1).contiguous() if t.dim() == 3 else t for t in (B, C))
+        return lambda: selective_scan_cuda.fwd(u, delta, A, B, C, D, z, delta_bias, softplus)[0]
+
+    return prepare
 
 
 def _layer_inputs(b, d, L, n, dt_):
@@ -134,7 +154,7 @@ def run(shapes=SHAPES, dtype="bfloat16", backward=False) -> list[dict]:
         raise RuntimeError("bench selective-scan needs a GPU")
     dt_ = getattr(torch, dtype)
     copy = copy_bandwidth_gbs()
-    peer = _mamba_ssm_ref()
+    peer, cuda_peer = _mamba_ssm_ref(), _mamba_ssm_cuda()
     rows = []
     for b, d, L, n in shapes:
         u, delta, A, B, C, D, z, delta_bias, _ = _layer_inputs(b, d, L, n, dt_)
@@ -150,8 +170,11 @@ def run(shapes=SHAPES, dtype="bfloat16", backward=False) -> list[dict]:
                  ("torch", selective_scan_fn, dict(warmup=1, iters=3), False)]  # fmt: skip
         if peer is not None:
             impls.append((REF, peer, dict(warmup=1, iters=3), False))
+        if cuda_peer is not None:
+            impls.append((CUDA_PEER, cuda_peer(*args), dict(warmup=3, iters=30), True))
+        ours = selective_scan_fn(*args)
         for impl, fn, calls, graph in impls:
-            call = functools.partial(fn, *args)
+            call = fn if impl == CUDA_PEER else functools.partial(fn, *args)
             tier = "torch" if impl == REF else "kernel" if impl in FORMS else impl
             form = FORMS.get(impl, ops.kernel_form)
             with backend(tier), kernel_form(form):
@@ -159,6 +182,10 @@ def run(shapes=SHAPES, dtype="bfloat16", backward=False) -> list[dict]:
                 gr = time_graph(call, replays=5, per_graph=5) if graph else None
             row = bandwidth_row(case, impl, t, gr, nbytes, copy)
             row["tflops"] = flops / (row["best_us"] * 1e-6) / 1e12
+            if impl == CUDA_PEER:  # a peer that computes something else is no peer
+                diff = (call().float() - ours.float()).abs().max().item()
+                row["max_diff_vs_kernel"] = diff
+                row["agrees"] = diff <= 0.05 * ours.float().abs().max().item()
             rows.append(row)
     return rows
 
@@ -188,4 +215,8 @@ def format_table(rows: list[dict]) -> str:
             worst = low if worst is None else min(worst, low)
     if worst is not None:
         lines.append(f"worst ratio over all cases: {worst:.1f}x")
+    for r in rows:
+        if "agrees" in r and not r["agrees"]:
+            lines.append(f"{r['case']}: {CUDA_PEER} DISAGREES with the kernel (max |diff| "
+                         f"{r['max_diff_vs_kernel']:.3g}): its timing is not comparable")  # fmt: skip
     return "\n".join(lines)
