@@ -188,20 +188,21 @@ def test_selective_scan_cuda_peer_gets_its_own_argument_forms(monkeypatch):
 
     seen = []
     fake = types.ModuleType("selective_scan_cuda")
-    fake.fwd = lambda *a: (seen.append(a) or a[0] * 2, None)
+    fake.fwd = lambda *a: (seen.append(a) or a[0] * 2, None, a[0] * 3)  # (out, states, out_z)
     monkeypatch.setitem(sys.modules, "selective_scan_cuda", fake)
     u, delta, z = (torch.randn(2, 3, 5, dtype=torch.bfloat16) for _ in range(3))
     A, B, C = torch.randn(3, 4), torch.randn(2, 4, 5), torch.randn(2, 4, 5)
     D, bias = torch.randn(3), torch.randn(3)
     call = _mamba_ssm_cuda()(u, delta, A, B, C, D, z, bias, True)
     assert not seen  # prepared, not run
-    assert torch.equal(call(), u * 2)
+    assert torch.equal(call(), u * 3)  # with z: the gated output
     (args,) = seen
     for t, src in ((args[3], B), (args[4], C)):
         assert t.shape == (2, 1, 4, 5) and t.dtype == torch.bfloat16 and t.is_contiguous()
         assert torch.equal(t[:, 0], src.to(torch.bfloat16))
     assert args[0] is u and args[1] is delta and args[2] is A and args[5] is D
     assert args[6] is z and args[7] is bias and args[8] is True
+    assert torch.equal(_mamba_ssm_cuda()(u, delta, A, B, C, D, None, bias, True)(), u * 2)
 
 
 def test_selective_scan_cuda_peer_is_absent_without_its_module(monkeypatch):

@@ -78,7 +78,8 @@ def _mamba_ssm_cuda():
     """mamba_ssm's CUDA forward (module ``selective_scan_cuda``) where it is importable: a
     function of selective_scan_fn's positional arguments returning a call of the kernel, the
     arguments converted as mamba_ssm's own wrapper converts them (variable B / C in the input
-    dtype, grouped (batch, 1, dstate, seqlen)); None when it is not built here."""
+    dtype, grouped (batch, 1, dstate, seqlen)) and its result picked as the wrapper picks it (the
+    gated output when z is given); None when it is not built here."""
     try:
         import selective_scan_cuda
     except Exception:  # only NVIDIA builds of mamba_ssm have it
@@ -86,7 +87,8 @@ def _mamba_ssm_cuda():
 
     def prepare(u, delta, A, B, C, D, z, delta_bias, softplus):
         B, C = (t.to(u.dtype).unsqueeze(1).contiguous() if t.dim() == 3 else t for t in (B, C))
-        return lambda: selective_scan_cuda.fwd(u, delta, A, B, C, D, z, delta_bias, softplus)[0]
+        pick = 0 if z is None else 2  # (out, states, out_z): with z the gated output is third
+        return lambda: selective_scan_cuda.fwd(u, delta, A, B, C, D, z, delta_bias, softplus)[pick]
 
     return prepare
 
