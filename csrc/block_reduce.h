@@ -60,4 +60,34 @@ M2R_DEVICE float block_segmented_scan(float v, bool start, float* wsum, int* wst
   return f != 0.f ? v : v + prefix;
 }
 
+// The same over a wavefront's runs: lane j holds the kPer consecutive values v[0..kPer) that
+// follow lane j - 1's, start[e] marks a value that begins a new segment. Each lane sums its run
+// in order, one shuffle scan combines the runs' sums (a run with a start passes on only what
+// follows its last start), and values before the lane's first start take the earlier lanes'
+// sum by selection (never + 0 x NaN). No LDS, no barrier: a wavefront does a whole sequence.
+template <int kPer>
+M2R_DEVICE void wave_runs_segmented_scan(float (&v)[kPer], const bool (&start)[kPer]) {
+  const int lane = static_cast<int>(threadIdx.x) % kWavefront;
+  float run = 0.f, f = 0.f;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    run = start[e] ? v[e] : run + v[e];
+    f = start[e] ? 1.f : f;
+    v[e] = run;
+  }
+#pragma unroll
+  for (int off = 1; off < kWavefront; off <<= 1) {
+    const float u = shfl_up(run, off), g = shfl_up(f, off);
+    if (lane >= off && f == 0.f) run += u;
+    if (lane >= off) f = fmaxf(f, g);
+  }
+  const float before = shfl_up(run, 1);  // the earlier lanes' sum since their last start
+  bool open = lane > 0;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    open = open && !start[e];
+    v[e] = open ? v[e] + before : v[e];
+  }
+}
+
 }  // namespace m2r

@@ -1,11 +1,12 @@
 // One 16x16x16 matrix-core step, fp16/bf16 operands and fp32 accumulation, behind one interface
 // for every target that has matrix cores. Kernels stage both operands in LDS as 16-bit
 // [row][k] tiles (k contiguous: A is M x K, B is N x K), load 16x16 fragments with
-// `load_lane` (at the tile plus `lane_off`), multiply with `mma<T>` and find the (row, col) of
+// `load_lane` (at the tile plus `lane_off`; a B operand's at `lane_off_b`, which may order
+// the sub-matrices differently), multiply with `mma<T>` and find the (row, col) of
 // each accumulator register with `acc_row` / `acc_col`, so no kernel depends on a vendor's
 // register layout. An operand whose reduction dim is the slow one in LDS ([k][row]) is read
-// with `load_lane_t` / `lane_off_t` instead, so kernels stage every operand as its rows lie in
-// memory. BlockTile wraps these for a block-wide product.
+// with `load_lane_t` / `lane_off_t` (`lane_off_bt`) instead, so kernels stage every operand as
+// its rows lie in memory. BlockTile wraps these for a block-wide product.
 //
 //   M2R_MMA 1  NVIDIA sm_80+: ldmatrix.x4 + two mma.sync.m16n8k16 per step (the build we run)
 //   M2R_MMA 2  AMD CDNA2/3/4 (gfx90a, gfx94x, gfx950), wave64: v_mfma_f32_16x16x16{f16,bf16_1k}
@@ -91,7 +92,7 @@ M2R_DEVICE V gather(const uint16_t* p, int ld) {
 
 #if M2R_MMA == 1  // ---------------------------------------------------------------- NVIDIA
 struct Frag {
-  uint32_t r[4];  // 8x8 sub-matrices (rows 0-7|8-15) x (k 0-7|8-15): r[h + 2 kh]
+  uint32_t r[4];  // 8x8 sub-matrices (rows 0-7|8-15) x (k 0-7|8-15): A r[h + 2 kh], B r[2 h + kh]
 };
 struct Acc {
   float v[8];  // two m16n8 halves: v[4 j + i] is column half j
@@ -107,6 +108,17 @@ M2R_DEVICE int lane_off(int ld) {
 M2R_DEVICE int lane_off_t(int ld) {
   const int l = lane(), mi = l / 8;
   return (8 * (mi >> 1) + l % 8) * ld + 8 * (mi & 1);
+}
+// The same for a B operand: its sub-matrices in the order (rows 0-7 | 8-15) x (k 0-7 | 8-15)
+// r[2 h + kh], so each n8 half's two registers are neighbours, as mma.sync takes them (the
+// A order made ptxas copy two registers per mma: a quarter of chunk_scan's instructions).
+M2R_DEVICE int lane_off_b(int ld) {
+  const int l = lane(), mi = l / 8;
+  return ((l % 8) + 8 * (mi >> 1)) * ld + 8 * (mi & 1);
+}
+M2R_DEVICE int lane_off_bt(int ld) {
+  const int l = lane(), mi = l / 8;
+  return (8 * (mi & 1) + l % 8) * ld + 8 * (mi >> 1);
 }
 
 M2R_DEVICE Frag load_lane(const uint16_t* p, int) {
@@ -137,13 +149,13 @@ M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
           "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
           "{%8,%9}, {%0,%1,%2,%3};"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[j]), "r"(b.r[j + 2]));
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[2 * j]), "r"(b.r[2 * j + 1]));
     } else {
       asm volatile(
           "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
           "{%8,%9}, {%0,%1,%2,%3};"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[j]), "r"(b.r[j + 2]));
+          : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[2 * j]), "r"(b.r[2 * j + 1]));
     }
   }
 }
@@ -261,6 +273,12 @@ M2R_DEVICE int acc_row(int r) { return r + 8 * (lane() / 16); }
 M2R_DEVICE int acc_col(int) { return lane() % 16; }
 #endif
 
+#if M2R_MMA != 0 && M2R_MMA != 1
+// AMD layouts: a B fragment is read as an A fragment
+M2R_DEVICE int lane_off_b(int ld) { return lane_off(ld); }
+M2R_DEVICE int lane_off_bt(int ld) { return lane_off_t(ld); }
+#endif
+
 #if M2R_MMA != 0
 // A block-wide product C (kM x kN) += A (kM x K) B (kN x K)^T, the waves of the block each
 // owning a (kM / kWavesM) x (kN / kWavesN) sub-tile of 16x16 fragments.
@@ -291,7 +309,7 @@ struct BlockTile {
   M2R_DEVICE void product(const uint16_t* As, int lda, const uint16_t* Bs, int ldb) {
     // this lane's addresses once; every fragment is a constant offset from them
     const uint16_t* a = As + (kTransA ? lane_off_t(lda) + m0 : lane_off(lda) + m0 * lda);
-    const uint16_t* b = Bs + (kTransB ? lane_off_t(ldb) + n0 : lane_off(ldb) + n0 * ldb);
+    const uint16_t* b = Bs + (kTransB ? lane_off_bt(ldb) + n0 : lane_off_b(ldb) + n0 * ldb);
 #pragma unroll
     for (int k = 0; k < kK; k += 16) {
       Frag fb[kFn];

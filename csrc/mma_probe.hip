@@ -40,8 +40,8 @@ M2R_DEVICE void mma_probe(const MmaProbeParams& p) {
   if (t >= kWavefront) return;  // wave32: the step is one wave's
   const mma::Frag fa = ta ? mma::load_lane_t(As + mma::lane_off_t(kLd), kLd)
                           : mma::load_lane(As + mma::lane_off(kLd), kLd);
-  const mma::Frag fb = tb ? mma::load_lane_t(Bs + mma::lane_off_t(kLd), kLd)
-                          : mma::load_lane(Bs + mma::lane_off(kLd), kLd);
+  const mma::Frag fb = tb ? mma::load_lane_t(Bs + mma::lane_off_bt(kLd), kLd)
+                          : mma::load_lane(Bs + mma::lane_off_b(kLd), kLd);
   mma::Acc acc;
 #pragma unroll
   for (int r = 0; r < mma::kAccRegs; ++r) acc.v[r] = p.c[mma::acc_row(r) * 16 + mma::acc_col(r)];

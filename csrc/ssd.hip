@@ -93,44 +93,73 @@ M2R_DEVICE int64_t states_at(const SsdParams& p, int b, int c, int h) {
 
 // ---- 1. chunk cumsum ----------------------------------------------------------------------
 
-M2R_DEVICE void chunk_cumsum(const SsdParams& p) {
-  __shared__ float wsum[kThreads / kWavefront];
-  __shared__ int wstart[kThreads / kWavefront];
-  const int t = threadIdx.x, c = blockIdx.x, b = blockIdx.z;
-  const int64_t pos = static_cast<int64_t>(c) * p.chunk_size + t;
-  const bool valid = t < p.chunk_size && pos < p.seqlen;
-  float change = 0.f;  // seq_idx changes at this token (from the implicit id 0 before token 0)
-  if (valid && p.seq_idx) {
-    const int32_t* row = p.seq_idx + b * p.seq_idx_batch_stride;
-    const int32_t prev = pos == 0 ? 0 : row[(pos - 1) * p.seq_idx_l_stride];
-    change = row[pos * p.seq_idx_l_stride] != prev ? 1.f : 0.f;
-  }
+// A wavefront per head: lane j owns the run of kCumsumPer tokens from j * kCumsumPer, loads them
+// together and sums them in order; one shuffle scan joins the runs (wave_runs_segmented_scan).
+// The block's waves share its kHeadsPerCumsum heads; there is no block barrier.
+constexpr int kCumsumPer = kMaxChunk / kWavefront;
 
-  if (blockIdx.y == 0) {  // segments: changes of seq_idx since the token before the chunk
-    const float seg = block_inclusive_scan(change, wsum);
-    if (t < p.chunk_size) p.seg[(static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size + t] = static_cast<int32_t>(seg);
+M2R_DEVICE void chunk_cumsum(const SsdParams& p) {
+  const int lane = static_cast<int>(threadIdx.x) % kWavefront, wave = static_cast<int>(threadIdx.x) / kWavefront;
+  const int c = blockIdx.x, b = blockIdx.z, t0 = lane * kCumsumPer;
+  const int64_t pos0 = static_cast<int64_t>(c) * p.chunk_size + t0;
+  bool valid[kCumsumPer], start[kCumsumPer];
+  float change[kCumsumPer];  // seq_idx changes at this token (from the implicit id 0 before token 0)
+#pragma unroll
+  for (int e = 0; e < kCumsumPer; ++e) {
+    valid[e] = t0 + e < p.chunk_size && pos0 + e < p.seqlen;
+    change[e] = 0.f;
   }
-  const bool start = t > 0 && change != 0.f;
-  for (int i = 0; i < kHeadsPerCumsum; ++i) {
-    const int h = blockIdx.y * kHeadsPerCumsum + i;
-    if (h >= p.nheads) break;  // uniform over the block
-    float d = 0.f;
-    if (valid) {
-      d = load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + pos * p.dt_l_stride + h * p.dt_h_stride);
-      if (p.dt_bias) d += load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_stride);
-      if (p.dt_softplus) d = softplus(d);
-      // fminf/fmaxf return the other operand for a NaN: clamp only numbers, so a NaN dt
-      // stays NaN (contained to its sequence by the scans below) instead of vanishing
-      if (!isnan(d)) d = fminf(fmaxf(d, p.dt_min), p.dt_max);
+  if (p.seq_idx) {
+    const int32_t* row = p.seq_idx + b * p.seq_idx_batch_stride;
+    int32_t prev = pos0 == 0 || !valid[0] ? 0 : row[(pos0 - 1) * p.seq_idx_l_stride];
+#pragma unroll
+    for (int e = 0; e < kCumsumPer; ++e) {
+      const int32_t id = valid[e] ? row[(pos0 + e) * p.seq_idx_l_stride] : prev;
+      change[e] = valid[e] && id != prev ? 1.f : 0.f;
+      prev = id;
     }
+  }
+#pragma unroll
+  for (int e = 0; e < kCumsumPer; ++e) start[e] = t0 + e > 0 && change[e] != 0.f;
+
+  if (blockIdx.y == 0 && wave == 0) {  // segments: changes of seq_idx since the token before the chunk
+    const bool none[kCumsumPer] = {};
+    wave_runs_segmented_scan(change, none);
+    int32_t* seg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size + t0;
+#pragma unroll
+    for (int e = 0; e < kCumsumPer; ++e)
+      if (t0 + e < p.chunk_size) seg[e] = static_cast<int32_t>(change[e]);
+  }
+  for (int i = wave; i < kHeadsPerCumsum; i += kThreads / kWavefront) {
+    const int h = blockIdx.y * kHeadsPerCumsum + i;
+    if (h >= p.nheads) break;  // uniform over the wave
+    const float bias = p.dt_bias ? load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_stride) : 0.f;
     const float a = load_as_float(p.A, p.a_dtype, h * p.A_stride);
+    float d[kCumsumPer], cum[kCumsumPer];
+#pragma unroll
+    for (int e = 0; e < kCumsumPer; ++e)
+      d[e] = valid[e] ? load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + (pos0 + e) * p.dt_l_stride + h * p.dt_h_stride) : 0.f;
+#pragma unroll
+    for (int e = 0; e < kCumsumPer; ++e) {
+      if (valid[e]) {
+        d[e] += bias;
+        if (p.dt_softplus) d[e] = softplus(d[e]);
+        // fminf/fmaxf return the other operand for a NaN: clamp only numbers, so a NaN dt
+        // stays NaN (contained to its sequence by the scan) instead of vanishing
+        if (!isnan(d[e])) d[e] = fminf(fmaxf(d[e], p.dt_min), p.dt_max);
+      }
+      cum[e] = d[e] * a;
+    }
     // dA_cs restarts at every sequence start inside the chunk (its readers only take
     // differences within a segment, and the first segment's values from the chunk start)
-    const float cum = block_segmented_scan(d * a, start, wsum, wstart);
-    if (t < p.chunk_size) {
-      const int64_t o = chunk_row(p, b, h, c) + t;
-      p.dt_out[o] = d;
-      p.dA_cs[o] = cum;
+    wave_runs_segmented_scan(cum, start);
+    const int64_t o = chunk_row(p, b, h, c) + t0;
+    if (t0 + kCumsumPer <= p.chunk_size) {  // chunk rows are 16-byte aligned (chunk_size % 16 == 0)
+#pragma unroll
+      for (int e = 0; e < kCumsumPer; e += 4) {
+        *reinterpret_cast<float4*>(p.dt_out + o + e) = make_float4(d[e], d[e + 1], d[e + 2], d[e + 3]);
+        *reinterpret_cast<float4*>(p.dA_cs + o + e) = make_float4(cum[e], cum[e + 1], cum[e + 2], cum[e + 3]);
+      }
     }
   }
 }
@@ -318,7 +347,27 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
       own = next, next = after;
     }
   }
-  if (p.final_states) {
+  if (!p.final_states) return;  // uniform over the block
+  constexpr int kSpan = kThreads * kPassVec;  // the block's elements e: whole n rows when
+  if (kSpan % p.headdim == 0) {                // headdim divides kSpan
+    // final_states is [p][n]: through LDS, so neighbouring threads write neighbouring n
+    // (rows padded to headdim + 1 floats: conflict-free reads down a column)
+    __shared__ float fin[2 * kSpan];
+    const int hd = p.headdim, rows_all = kSpan / hd;
+    const int n_first = static_cast<int>(static_cast<int64_t>(blockIdx.x) * kSpan / hd);
+    const int rows = min(rows_all, p.dstate - n_first);
+#pragma unroll
+    for (int v = 0; v < kPassVec; ++v) {
+      const int el = static_cast<int>(threadIdx.x) * kPassVec + v;
+      if (el / hd < rows) fin[(el / hd) * (hd + 1) + el % hd] = s.v[v];
+    }
+    __syncthreads();
+    const int64_t out0 = (static_cast<int64_t>(b) * p.nheads + h) * hd * p.dstate + n_first;
+    for (int o = threadIdx.x; o < rows * hd; o += kThreads) {
+      const int n = o % rows, pp = o / rows;
+      store_as(p.final_states, p.state_dtype, out0 + static_cast<int64_t>(pp) * p.dstate + n, fin[n * (hd + 1) + pp]);
+    }
+  } else {
 #pragma unroll
     for (int v = 0; v < kPassVec; ++v) {
       const int64_t e = e0 + v;
@@ -511,6 +560,15 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
 constexpr int kWaves = kThreads / kWavefront;
 constexpr int kLdH = kSlab + 8;  // [row][k] tiles with k = kSlab: rows 16-byte aligned
 constexpr float kLog2e = 1.4426950408889634f;
+// Build knobs (measurement only): M2R_SSD_SPLIT_SCAN / M2R_SSD_SPLIT_STATE = 0 round chunk_scan's /
+// chunk_state's fp32-computed operands once, as mamba_ssm's Triton kernels do (half the products).
+#ifndef M2R_SSD_SPLIT_SCAN
+#define M2R_SSD_SPLIT_SCAN 1
+#endif
+#ifndef M2R_SSD_SPLIT_STATE
+#define M2R_SSD_SPLIT_STATE 1
+#endif
+constexpr bool kSplitScan = M2R_SSD_SPLIT_SCAN != 0, kSplitState = M2R_SSD_SPLIT_STATE != 0;
 
 template <int kCols>
 struct KMajor {  // a [kSlab][kCols] tile: rows 16-byte aligned, ldmatrix conflict-free
@@ -655,21 +713,23 @@ struct Rows32 : Fetch<kRows, kCols, 4> {
     }
   }
   // rounded to T at hi, the rounding remainder at lo (tiles with row stride ld)
-  template <typename T>
+  template <typename T, bool kSplit>
   M2R_DEVICE void put_split(uint16_t* hi, uint16_t* lo, int ld) const {
 #pragma unroll
     for (int i = 0; i < F::kN; ++i) {
       float v[4] = {q[i].x, q[i].y, q[i].z, q[i].w};
       const int o = F::row(i) * ld + F::col();
-      store_split<T, true>(hi + o, lo + o, v);
+      store_split<T, kSplit>(hi + o, lo + o, v);
     }
   }
 };
 
 template <typename T>
 M2R_DEVICE void bmm_mma(const SsdParams& p) {
-  __shared__ __align__(16) uint16_t Bs[64 * kLdH];
-  __shared__ __align__(16) uint16_t Cs[64 * kLdH];
+  constexpr int kLdO = 64 + 4, kOperands = 2 * 64 * kLdH, kOut = 64 * kLdO * 2;
+  __shared__ __align__(16) uint16_t smem[kOperands > kOut ? kOperands : kOut];
+  uint16_t* Bs = smem;
+  uint16_t* Cs = smem + 64 * kLdH;
   const int tiles = p.chunk_size / 64, pairs = tiles * (tiles + 1) / 2;
   int tt = 0, rem = blockIdx.x % pairs;
   while (rem > tt) rem -= ++tt;
@@ -695,24 +755,32 @@ M2R_DEVICE void bmm_mma(const SsdParams& p) {
     tile.template product<T, kSlab, false, false>(Bs, kLdH, Cs, kLdH);
     __syncthreads();
   }
+  // through LDS (over the operands, free after the loop's last barrier): 16-byte row stores
   const int64_t cs = p.chunk_size;
-  float* out = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * cs * cs;
+  float* out = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * cs * cs + (ts * 64) * cs + tt * 64;
+  float* O = reinterpret_cast<float*>(smem);
 #pragma unroll
   for (int i = 0; i < tile.kFm; ++i)
 #pragma unroll
     for (int j = 0; j < tile.kFn; ++j)
 #pragma unroll
-      for (int r = 0; r < mma::kAccRegs; ++r)
-        out[(ts * 64 + tile.row(i, r)) * cs + tt * 64 + tile.col(j, r)] = tile.acc[i][j].v[r];
+      for (int r = 0; r < mma::kAccRegs; ++r) O[tile.row(i, r) * kLdO + tile.col(j, r)] = tile.acc[i][j].v[r];
+  __syncthreads();
+  const int cq = 4 * (threadIdx.x % 16);
+#pragma unroll
+  for (int rr = threadIdx.x / 16; rr < 64; rr += kThreads / 16)
+    *reinterpret_cast<float4*>(out + rr * cs + cq) = *reinterpret_cast<const float4*>(O + rr * kLdO + cq);
 }
 
 template <typename T, bool kVarlen>
 M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   typedef KMajor<128> LB;
   typedef KMajor<64> LX;
-  __shared__ __align__(16) uint16_t Bs[LB::kSize];  // [s][n]
-  __shared__ __align__(16) uint16_t Xh[LX::kSize];  // [s][p], decay-weighted x rounded
-  __shared__ __align__(16) uint16_t Xl[LX::kSize];  // its rounding remainder
+  constexpr int kLdO = 64 + 4, kOperands = LB::kSize + 2 * LX::kSize, kOut = 64 * kLdO * 2;
+  __shared__ __align__(16) uint16_t smem[kOperands > kOut ? kOperands : kOut];
+  uint16_t* Bs = smem;                // [s][n]
+  uint16_t* Xh = Bs + LB::kSize;      // [s][p], decay-weighted x rounded
+  uint16_t* Xl = Xh + LX::kSize;      // its rounding remainder
   __shared__ float w[kMaxChunk];
   const int tiles_n = (p.dstate + 127) / 128, tiles = tiles_n * ((p.headdim + 63) / 64);
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group;
@@ -762,17 +830,51 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
       const float ws = s0 + s < rows ? w[s0 + s] : 0.f;  // s0 need not be slab-aligned (first)
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] *= ws;
-      store_split<T, true>(Xh + s * LX::kLd + xf.col(), Xl + s * LX::kLd + xf.col(), v);
+      store_split<T, kSplitState>(Xh + s * LX::kLd + xf.col(), Xl + s * LX::kLd + xf.col(), v);
     }
     __syncthreads();
     const int s1 = s0 + kSlab;
     if (s1 < rows) bf.fetch(Bp + s1 * bl, bl, rows - s1, ncols, bvec), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
     tile.template product<T, kSlab, true, true>(Bs, LB::kLd, Xh, LX::kLd);
-    tile.template product<T, kSlab, true, true>(Bs, LB::kLd, Xl, LX::kLd);
+    if constexpr (kSplitState) tile.template product<T, kSlab, true, true>(Bs, LB::kLd, Xl, LX::kLd);
     __syncthreads();
   }
 
   float* st = p.states + states_at(p, b, c, h);  // varlen: the entering state; else: written
+  if constexpr (!kVarlen) {
+    // through LDS, 64 rows n at a time (over the operand tiles), so each row of the state
+    // ([n][p], p contiguous) is written by 16-byte stores of neighbouring threads
+    float* O = reinterpret_cast<float*>(smem);
+    const int cq = 4 * (threadIdx.x % 16), vec = p.headdim % 4 == 0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < tile.kFm; ++i) {
+        if ((tile.m0 + 16 * i) / 64 != half) continue;  // uniform over the fragment
+#pragma unroll
+        for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+          for (int r = 0; r < mma::kAccRegs; ++r) O[(tile.row(i, r) - 64 * half) * kLdO + tile.col(j, r)] = tile.acc[i][j].v[r];
+      }
+      __syncthreads();
+      for (int rr = threadIdx.x / 16; rr < 64; rr += kThreads / 16) {
+        const int n = n0 + 64 * half + rr;
+        if (n >= p.dstate) break;
+        const float4 v = *reinterpret_cast<const float4*>(O + rr * kLdO + cq);
+        float* row = st + static_cast<int64_t>(n) * p.headdim + p0 + cq;
+        if (vec && cq + 3 < pcols) {
+          *reinterpret_cast<float4*>(row) = v;
+        } else {
+          const float e4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (cq + e < pcols) row[e] = e4[e];
+        }
+      }
+    }
+    return;
+  }
   const bool carries = seg_end == 0;  // varlen: the sequence began before this chunk
   const float carry = __expf(a_end);
 #pragma unroll
@@ -783,13 +885,8 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
       for (int r = 0; r < mma::kAccRegs; ++r) {
         const int n = n0 + tile.row(i, r), pp = p0 + tile.col(j, r);
         if (n >= p.dstate || pp >= p.headdim) continue;
-        const int64_t e = static_cast<int64_t>(n) * p.headdim + pp;
-        if constexpr (kVarlen) {
-          const float v = carries ? fmaf(carry, st[e], tile.acc[i][j].v[r]) : tile.acc[i][j].v[r];
-          store_as(p.varlen_states, p.state_dtype, ((static_cast<int64_t>(item) * p.nheads + h) * p.headdim + pp) * p.dstate + n, v);
-        } else {
-          st[e] = tile.acc[i][j].v[r];
-        }
+        const float v = carries ? fmaf(carry, st[static_cast<int64_t>(n) * p.headdim + pp], tile.acc[i][j].v[r]) : tile.acc[i][j].v[r];
+        store_as(p.varlen_states, p.state_dtype, ((static_cast<int64_t>(item) * p.nheads + h) * p.headdim + pp) * p.dstate + n, v);
       }
 }
 
@@ -838,13 +935,13 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     __syncthreads();  // acs, dts, seg
     for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
       cf.put(As, kLdH);
-      ef.template put_split<T>(Bs, Bs_lo, LX::kLd);
+      ef.template put_split<T, kSplitScan>(Bs, Bs_lo, LX::kLd);
       __syncthreads();
       const int n1 = n0 + kSlab;
       if (n1 < p.dstate)
         cf.fetch(Cp + n1, cl, crows, p.dstate - n1, cvec), ef.fetch(E + n1 * p.headdim, p.headdim, p.dstate - n1, pcols, evec);
       tile.template product<T, kSlab, false, true>(As, kLdH, Bs, LX::kLd);
-      tile.template product<T, kSlab, false, true>(As, kLdH, Bs_lo, LX::kLd);
+      if constexpr (kSplitScan) tile.template product<T, kSlab, false, true>(As, kLdH, Bs_lo, LX::kLd);
       __syncthreads();
     }
 #pragma unroll
@@ -898,14 +995,14 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
         for (int e = 0; e < 4; ++e)
           v[e] = s < rows && s <= tq + e && sgs == seg_t[e] ? v[e] * ds * fast_exp2(a_t[e] - as) : 0.f;
       }
-      store_split<T, true>(As + k * LM::kLd + mf.col(), As_lo + k * LM::kLd + mf.col(), v);
+      store_split<T, kSplitScan>(As + k * LM::kLd + mf.col(), As_lo + k * LM::kLd + mf.col(), v);
     }
     xf.template put_finite<T>(Bs, LX::kLd, bad, s0);  // the masked weights are 0: no NaN x
     __syncthreads();
     const int s1 = s0 + kSlab;
     if (s1 < s_end) mf.fetch(cb + s1 * cs, cs, kSlab, kRows, true), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
     tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
-    tile.template product<T, kSlab, true, true>(As_lo, LM::kLd, Bs, LX::kLd);
+    if constexpr (kSplitScan) tile.template product<T, kSlab, true, true>(As_lo, LM::kLd, Bs, LX::kLd);
     __syncthreads();
   }
 

@@ -88,6 +88,19 @@ def test_seq_idx_restarts(dtype, chunk):
     _check(args, chunk, dtype, dt_softplus=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("dt_shift", "a_scale"), [(1.0, 2.0), (3.0, 6.0), (5.0, 16.0)])
+def test_steep_decays(dtype, dt_shift, a_scale):
+    """Decays of about 2^-5 .. 2^-150 per token (dt * A up to ~ -100): the intra-chunk weights
+    underflow a few tokens apart and the entering states vanish; masked and underflowed terms
+    must stay 0 (no inf * 0 NaN), against the recurrence."""
+    g = seeded("steep", str(dtype), dt_shift, a_scale, device=DEV)
+    args = _inputs(g, 2, 301, 4, 64, 2, 64, dtype, z=True)
+    args["dt"] = (args["dt"].float() + 2.0 + dt_shift).to(dtype)
+    args["A"] = args["A"] * a_scale
+    _check(args, 128, dtype, dt_softplus=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("chunk", [64, 256])
 def test_long_sequence_chunk_boundaries(dtype, chunk):
