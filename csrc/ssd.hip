@@ -560,6 +560,9 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
 constexpr int kWaves = kThreads / kWavefront;
 constexpr int kLdH = kSlab + 8;  // [row][k] tiles with k = kSlab: rows 16-byte aligned
 constexpr float kLog2e = 1.4426950408889634f;
+// fp32 output tiles staged in LDS for coalesced stores: 64 columns, rows padded to 72 floats
+// (8 banks apart: the accumulators' 8-byte stores, 4 rows at a time, do not conflict)
+constexpr int kLdO = 64 + 8;
 // Build knobs (measurement only): M2R_SSD_SPLIT_SCAN / M2R_SSD_SPLIT_STATE = 0 round chunk_scan's /
 // chunk_state's fp32-computed operands once, as mamba_ssm's Triton kernels do (half the products).
 #ifndef M2R_SSD_SPLIT_SCAN
@@ -726,7 +729,7 @@ struct Rows32 : Fetch<kRows, kCols, 4> {
 
 template <typename T>
 M2R_DEVICE void bmm_mma(const SsdParams& p) {
-  constexpr int kLdO = 64 + 4, kOperands = 2 * 64 * kLdH, kOut = 64 * kLdO * 2;
+  constexpr int kOperands = 2 * 64 * kLdH, kOut = 64 * kLdO * 2;
   __shared__ __align__(16) uint16_t smem[kOperands > kOut ? kOperands : kOut];
   uint16_t* Bs = smem;
   uint16_t* Cs = smem + 64 * kLdH;
@@ -776,7 +779,7 @@ template <typename T, bool kVarlen>
 M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   typedef KMajor<128> LB;
   typedef KMajor<64> LX;
-  constexpr int kLdO = 64 + 4, kOperands = LB::kSize + 2 * LX::kSize, kOut = 64 * kLdO * 2;
+  constexpr int kOperands = LB::kSize + 2 * LX::kSize, kOut = 64 * kLdO * 2;
   __shared__ __align__(16) uint16_t smem[kOperands > kOut ? kOperands : kOut];
   uint16_t* Bs = smem;                // [s][n]
   uint16_t* Xh = Bs + LB::kSize;      // [s][p], decay-weighted x rounded
@@ -895,7 +898,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   typedef KMajor<kRows> LM;
   typedef KMajor<64> LX;
   constexpr int kASize = kRows * kLdH > LM::kSize ? kRows * kLdH : LM::kSize;
-  constexpr int kOperands = kASize + LM::kSize + 2 * LX::kSize, kOut = 64 * (64 + 4) * 2;
+  constexpr int kOperands = kASize + LM::kSize + 2 * LX::kSize, kOut = 64 * kLdO * 2;
   __shared__ __align__(16) uint16_t smem[kOperands > kOut ? kOperands : kOut];
   uint16_t* As = smem;                   // C [t][n], then C·Bᵀ weighted [s][t]
   uint16_t* As_lo = As + kASize;         // the weighted C·Bᵀ's rounding remainder
@@ -1009,7 +1012,6 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // D, the gate and the store, 64 rows at a time through LDS (over the operand tiles): each
   // thread then owns 4 consecutive headdim columns of every 16th row, 8 bytes at a time.
   float* O = reinterpret_cast<float*>(smem);
-  constexpr int kLdO = 64 + 4;
   const int cq = 4 * (threadIdx.x % 16), r_first = threadIdx.x / 16;
   // which of those outputs a non-finite x reaches: 4 bits per row, read before O overwrites
   // the marks
@@ -1068,7 +1070,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       }
       const Packed4 q = pack4<T>(y);
       if (vec && cq + 3 < pcols) {
-        *reinterpret_cast<uint2*>(out + t * ol + cq) = make_uint2(q.lo, q.hi);
+        // one 8-byte store: nvcc split a uint2 store of the two words into two 4-byte ones
+        *reinterpret_cast<uint64_t*>(out + t * ol + cq) = static_cast<uint64_t>(q.hi) << 32 | q.lo;
       } else {
         const uint16_t e4[4] = {static_cast<uint16_t>(q.lo), static_cast<uint16_t>(q.lo >> 16),
                                 static_cast<uint16_t>(q.hi), static_cast<uint16_t>(q.hi >> 16)};
