@@ -1,57 +1,114 @@
-"""Per-kernel device time of mamba_chunk_scan_combined at the benchmark shapes (torch.profiler).
+"""Per-kernel device time of the SSD forward (torch.profiler), ours or mamba_ssm's Triton, at
+the shapes where the two differ most, with the per-call graph time and the accuracy of the
+output and final states against the float64 chunked reference.
 
-Usage (on the GPU machine, kernels built): python scripts/profile_ssd.py [--once SHAPE]
-``--once 1`` makes one warm-up and one timed call at shape 1 (index into the benchmark's issue
-shapes, ISSUE_SHAPES, from 0), no
-profiler: the target for ncu (scripts/device_profile.sh).
+Usage (on the GPU machine, kernels built; mamba_ssm's Triton ops importable for --triton):
+    python scripts/profile_ssd.py [--triton] [--json FILE] [SHAPE ...]
+SHAPE names a row of SHAPES (default: all). Each shape prints one line: graph µs per call, the
+kernels' mean device µs per call, and (shapes up to 2^19 tokens x heads) the relative L2 error
+of out and of the final states against ``ssd_chunked(..., compute_dtype=float64)``; --json
+appends the rows to FILE. ``--once SHAPE`` makes one warm-up and one timed call, no profiler:
+the target for ncu (scripts/device_profile.sh).
 """
 
 import argparse
+import json
+from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mamba2_rocm import mamba_chunk_scan_combined
-from mamba2_rocm.bench.ssd import ISSUE_SHAPES as SHAPES
+#: name -> (batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size): the issue's two
+#: shapes, then bench ssd's grid points where ours is furthest behind Triton
+SHAPES = {
+    "issue-g1": (2, 4096, 32, 64, 1, 128, 256),
+    "issue-g8": (1, 16384, 64, 64, 8, 128, 256),
+    "mamba2-130m": (8, 512, 24, 64, 1, 128, 256),
+    "mamba2-2.7b": (4, 2048, 80, 64, 1, 128, 256),
+    "nemotron-h": (1, 8192, 128, 64, 8, 128, 128),
+    "falcon-h1": (8, 512, 24, 128, 1, 256, 128),
+}
 
 
-def make_call(b, L, h, p, groups, n, cs=256):
-    g = torch.Generator(device="cuda").manual_seed(0)
+def make_call(fn, b, L, h, p, groups, n, cs):
+    g = torch.Generator(device="cuda").manual_seed(L + h)
     r = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
     x, dt = r(b, L, h, p).bfloat16(), (r(b, L, h) - 2).bfloat16()
     B, C = r(b, L, groups, n).bfloat16(), r(b, L, groups, n).bfloat16()
-    A, D, bias = -torch.rand(h, device="cuda") - 0.05, r(h), r(h)
-
-    def call():
-        return mamba_chunk_scan_combined(x, dt, A, B, C, cs, D=D, dt_bias=bias, dt_softplus=True)
-
-    return call
+    A, D, bias = -torch.rand(h, device="cuda", generator=g) - 0.05, r(h), r(h) * 0.5
+    args = (x, dt, A, B, C, cs)
+    kw = dict(D=D, dt_bias=bias, dt_softplus=True, return_final_states=True)
+    return (lambda: fn(*args, **kw)), args, kw
 
 
-def profile_shape(shape):
-    call = make_call(*shape)
+def rel(a, ref):
+    return ((a.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def profile_shape(name, fn, label, iters=20):
+    from mamba2_rocm.bench.timing import time_graph
+    from mamba2_rocm.reference.ssd import ssd_chunked
+
+    shape = SHAPES[name]
+    call, args, kw = make_call(fn, *shape)
     for _ in range(3):
         call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
+        for _ in range(iters):
             call()
         torch.cuda.synchronize()
-    print("--- b{} l{} h{} p{} g{} n{} c{} (10 calls)".format(*shape))
-    print(
-        prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=40)
+    per = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name.split("(")[0]] += e.device_time / iters
+    row = {"impl": label, "shape": name, "graph_us": round(time_graph(call).median_us, 1),
+           "kernels_us": {k: round(v, 1) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}}  # fmt: skip
+    _, L, h = shape[:3]
+    if L * h <= 2**19:  # the fp64 reference's memory grows with chunk_size x tokens x heads
+        out, fin = call()
+        ref, ref_fin = ssd_chunked(*args, **kw, compute_dtype=torch.float64)
+        row.update(out_rel=rel(out, ref), final_rel=rel(fin, ref_fin))
+    return row
+
+
+def format_row(r):
+    acc = ""
+    if "out_rel" in r:
+        acc = f"  out {r['out_rel']:.2e} final {r['final_rel']:.2e}"
+    kernels = " ".join(f"{k[-28:]}={v}" for k, v in list(r["kernels_us"].items())[:6])
+    return f"{r['shape']:12} {r['impl']:7} graph {r['graph_us']:8.1f} us{acc} | {kernels}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "shapes", nargs="*", metavar="SHAPE", help=f"of {', '.join(SHAPES)} (default: all)"
     )
+    ap.add_argument("--triton", action="store_true", help="mamba_ssm's Triton kernels, not ours")
+    ap.add_argument("--json", metavar="FILE", help="append the rows to FILE (JSON lines)")
+    ap.add_argument("--once", choices=list(SHAPES), help="one call at this shape, for ncu")
+    args = ap.parse_args()
+    unknown = sorted(set(args.shapes) - set(SHAPES))
+    if unknown:
+        ap.error(f"unknown shape(s) {', '.join(unknown)}; choose from {', '.join(SHAPES)}")
+    if args.triton:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as fn
+    else:
+        from mamba2_rocm import mamba_chunk_scan_combined as fn
+    if args.once:
+        call = make_call(fn, *SHAPES[args.once])[0]
+        call()
+        call()
+        torch.cuda.synchronize()
+        return
+    for name in args.shapes or SHAPES:
+        row = profile_shape(name, fn, "triton" if args.triton else "ours")
+        print(format_row(row), flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--once", type=int, default=None, help="one call at SHAPES[ONCE], for ncu")
-    args = ap.parse_args()
-    if args.once is not None:
-        call = make_call(*SHAPES[args.once])
-        call()
-        call()
-        torch.cuda.synchronize()
-    else:
-        for shape in SHAPES:
-            profile_shape(shape)
+    main()
