@@ -286,7 +286,7 @@ struct SsdBwdParams {
   float* cb;              // C·Bᵀ of the forward, then overwritten with its gradient
   const float* states;    // (batch, nchunks, nheads, dstate, headdim): entering each chunk
   const float* dfinal;    // (batch, nheads, headdim, dstate), or null
-  void* dout_g;           // like x: dout times silu(z) (dout itself without z)
+  void* dout_g;           // like x: dout times silu(z), written by dz; without z: dout itself (read only)
   void* dz;               // like x, or null
   void* dx;               // like x
   float* dstates;         // like states: the gradient of each chunk's entering, then its final state

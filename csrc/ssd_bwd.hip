@@ -356,7 +356,7 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
       },
       [&](int s, int m, int, float (&v)[kRun]) { load_run<T>(xc + s * xl + m, pc - m, v); });
 
-  S* dgp = x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0;
+  S* dgp = kHasZ ? x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0 : nullptr;
   S* dzp = kHasZ ? x_chunk(p, static_cast<S*>(p.dz), b, l0, h) + p0 : nullptr;
   const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
   float dsum[4] = {};
@@ -375,7 +375,7 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
         dzp[t * xl + m] = T::from_float(T::to_float(dop[t * xl + m]) * yd * dsilu(zv));
       }
       const float gv = gated(t, m);
-      dgp[t * xl + m] = T::from_float(gv);
+      if constexpr (kHasZ) dgp[t * xl + m] = T::from_float(gv);  // without z: dout_g is dout
       dsum[j] = fmaf(gv, xv, dsum[j]);
     }
   }

@@ -317,7 +317,10 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     dfin = None if dfinal is None else dfinal.to(f32).contiguous()
     ptiles, ltiles, ntiles = _cdiv(headdim, _BWD_TILE), cs // _BWD_TILE, _cdiv(n, _BWD_TILE)
     pass_blocks = _cdiv(headdim * n, _THREADS * _PASS_VEC)
-    dout_g, dx = torch.empty_like(xk), torch.empty_like(xk)
+    # the gated output gradient dout * silu(z), which the later stages read: without z it is
+    # dout itself, so no x-sized copy is made (the dz stage writes it only with z)
+    dout_g = go if z is None else torch.empty_like(xk)
+    dx = torch.empty_like(xk)
     dz = None if z is None else torch.empty_like(xk)
     dstates = torch.empty_like(states)
     dinit = None
