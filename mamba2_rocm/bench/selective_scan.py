@@ -174,7 +174,7 @@ def run(shapes=SHAPES, dtype="bfloat16", backward=False) -> list[dict]:
             impls.append((REF, peer, dict(warmup=1, iters=3), False))
         if cuda_peer is not None:
             impls.append((CUDA_PEER, cuda_peer(*args), dict(warmup=3, iters=30), True))
-        ours = selective_scan_fn(*args)
+            ours = selective_scan_fn(*args)  # what the peer's output is checked against
         for impl, fn, calls, graph in impls:
             call = fn if impl == CUDA_PEER else functools.partial(fn, *args)
             tier = "torch" if impl == REF else "kernel" if impl in FORMS else impl
