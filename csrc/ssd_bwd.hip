@@ -7,7 +7,8 @@
 //   1. dz        the chunk scan's product again (y = decayed C·entering + masked decayed C·Bᵀ x),
 //                giving dz = dout y' silu'(z) (y' = y + D x) and g = dout silu(z), the output
 //                gradient every later stage reads; per token sum_p g y_off (the exponent
-//                gradient of the entering state's term) and per column sum_t g x (dD);
+//                gradient of the entering state's term) and per column sum_t g x (dD). Without
+//                z only the entering state's term is multiplied (g is dout);
 //                                                        grid (chunks*ttiles*ptiles*h, 1, b)
 //   2. dstates   the gradient of each chunk's entering state: sum_t exp(dA_cs[t]) gᵀ C[t] over
 //                the tokens that read it (the chunk's first segment); grid (chunks*tiles*h, 1, b)
@@ -114,21 +115,26 @@ struct Tile {  // this thread's 4 x 4 of a 64 x 64 output tile: rows r_off.., co
 };
 
 // LDS of one tile product: the staged slabs, then the result handed to the epilogue layout.
-constexpr int kSmemFloats = 2 * kFmaSlab * kLd;
+// The matrix cores take slabs of kMmaSlab along k (kRuns runs per thread and operand, so more
+// loads are in flight per slab and half the barriers); the FMA path takes kFmaSlab.
+constexpr int kMmaSlab = 64;
+constexpr int kLdK = kMmaSlab + 8;  // [m][k] 16-bit tiles: rows 16-byte aligned
+constexpr int kSmemFloats = 2 * kTile * kLdK / 2;
 static_assert(kTile * kLd <= kSmemFloats, "the result tile must fit the staging space");
-static_assert(2 * kTile * (kFmaSlab + 8) * 2 <= kSmemFloats * 4, "16-bit slabs must fit the staging space");
+static_assert(2 * kFmaSlab * kLd <= kSmemFloats, "fp32 slabs must fit the staging space");
+static_assert(kMmaSlab * kLd16 <= kTile * kLdK, "16-bit slabs must fit the staging space");
 
 // The tile-product engine. A product's operands are given by loaders: la(k, m, kv, v) fills
 // v[0..8) with A at (k, m) and the 7 elements after it along the operand's unit-stride index in
 // memory (m when kMFast, else k; kv = how many of those k are below the range's end), 0 where
-// out of range. Each thread loads one run of 8 per operand and slab (16 bytes of a 16-bit
-// tensor, when aligned), so a slab's loads are few and wide: a slab of 32 along k is 64 x 32 =
-// 256 runs. On the matrix cores the runs go to LDS as 16-byte stores, [k][m] for m-runs and
-// [m][k] for k-runs (each read by ldmatrix-style fragment loads; mma.h), and with kPrefetch the
+// out of range. Each thread loads runs of 8 per operand and slab (16 bytes of a 16-bit tensor,
+// when aligned), so a slab's loads are few and wide: a slab of 64 along k is 64 x 64 = 512 runs,
+// two per thread. On the matrix cores the runs are held packed in the inputs' dtype (the
+// rounding the LDS store would make) and go to LDS as 16-byte stores, [k][m] for m-runs and
+// [m][k] for k-runs (each read by ldmatrix-style fragment loads; mma.h); with kPrefetch the
 // next slab's runs are loaded while the current one is multiplied. The FMA path stages fp32
-// [k][m] (fma_tile.h).
+// [k][m] (fma_tile.h), a run per thread and slab of 32.
 constexpr int kRun = 8;
-constexpr int kLdK = kFmaSlab + 8;  // [m][k] 16-bit tiles: rows 16-byte aligned
 
 M2R_DEVICE bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; }
 
@@ -153,19 +159,27 @@ M2R_DEVICE void load_run(const typename T::storage* q, int n, float (&v)[kRun]) 
 
 M2R_DEVICE void load_run32(const float* q, int n, float (&v)[kRun]) { load_run<F32>(q, n, v); }
 
-// this thread's run in a slab: its first (m, k)
-template <bool kMFast>
-M2R_DEVICE void run_origin(int& m, int& k) {
-  const int tid = static_cast<int>(threadIdx.x);
-  m = kMFast ? (tid % (kTile / kRun)) * kRun : tid / (kFmaSlab / kRun);
-  k = kMFast ? tid / (kTile / kRun) : (tid % (kFmaSlab / kRun)) * kRun;
+// run r of this thread in a slab of kSlab along k: its first (m, k)
+template <bool kMFast, int kSlab>
+M2R_DEVICE void run_origin(int r, int& m, int& k) {
+  const int q = static_cast<int>(threadIdx.x) + r * kThreads;
+  m = kMFast ? (q % (kTile / kRun)) * kRun : q / (kSlab / kRun);
+  k = kMFast ? q / (kTile / kRun) : (q % (kSlab / kRun)) * kRun;
 }
-static_assert(kTile * kFmaSlab == kThreads * kRun, "one run per thread and slab");
+static_assert(kTile * kFmaSlab == kThreads * kRun, "one run per thread and FMA slab");
+// runs per thread and operand in a matrix-core slab of kSlab (32 or kMmaSlab) along k
+template <int kSlab>
+constexpr int kRuns = kTile * kSlab / (kThreads * kRun);
+static_assert(kRuns<kMmaSlab> * kThreads * kRun == kTile * kMmaSlab, "whole runs per thread and matrix-core slab");
+// The slab a kernel with many live addresses takes: on the wave64 targets a slab of 64's second
+// run per operand overruns the 102 scalar registers in some kernels (its addresses are uniform
+// values the compiler hoists), so those take slabs of 32 there.
+constexpr int kNarrowSlab = kWavefront == 64 ? 32 : kMmaSlab;
 
-template <bool kMFast, class L>
-M2R_DEVICE void run_fetch(float (&v)[kRun], int k0, int k_end, const L& load) {
+template <bool kMFast, int kSlab, class L>
+M2R_DEVICE void run_fetch(float (&v)[kRun], int r, int k0, int k_end, const L& load) {
   int m, k;
-  run_origin<kMFast>(m, k);
+  run_origin<kMFast, kSlab>(r, m, k);
   if (kMFast && k0 + k >= k_end) {
 #pragma unroll
     for (int e = 0; e < kRun; ++e) v[e] = 0.f;
@@ -179,18 +193,31 @@ M2R_DEVICE void run_fetch(float (&v)[kRun], int k0, int k_end, const L& load) {
   }
 }
 
-template <typename T, bool kMFast>
-M2R_DEVICE void run_store16(typename T::storage* dst, const float (&v)[kRun]) {
-  int m, k;
-  run_origin<kMFast>(m, k);
-  const uint4 q = make_uint4(T::pack(v), T::pack(v + 2), T::pack(v + 4), T::pack(v + 6));
-  *reinterpret_cast<uint4*>(dst + (kMFast ? k * kLd16 + m : m * kLdK + k)) = q;
+// the kRuns runs of one operand's matrix-core slab, rounded to T and packed
+template <typename T, bool kMFast, int kSlab, class L>
+M2R_DEVICE void run_fetch16(uint4 (&q)[kRuns<kSlab>], int k0, int k_end, const L& load) {
+#pragma unroll
+  for (int r = 0; r < kRuns<kSlab>; ++r) {
+    float v[kRun];
+    run_fetch<kMFast, kSlab>(v, r, k0, k_end, load);
+    q[r] = make_uint4(T::pack(v), T::pack(v + 2), T::pack(v + 4), T::pack(v + 6));
+  }
+}
+
+template <bool kMFast, int kSlab>
+M2R_DEVICE void run_store16(uint16_t* dst, const uint4 (&q)[kRuns<kSlab>]) {
+#pragma unroll
+  for (int r = 0; r < kRuns<kSlab>; ++r) {
+    int m, k;
+    run_origin<kMFast, kSlab>(r, m, k);
+    *reinterpret_cast<uint4*>(dst + (kMFast ? k * kLd16 + m : m * kLdK + k)) = q[r];
+  }
 }
 
 template <bool kMFast>
 M2R_DEVICE void run_store32(float* dst, const float (&v)[kRun]) {  // [k][m], ld kLd
   int m, k;
-  run_origin<kMFast>(m, k);
+  run_origin<kMFast, kFmaSlab>(0, m, k);
   if constexpr (kMFast) {
     *reinterpret_cast<float4*>(dst + k * kLd + m) = make_float4(v[0], v[1], v[2], v[3]);
     *reinterpret_cast<float4*>(dst + k * kLd + m + 4) = make_float4(v[4], v[5], v[6], v[7]);
@@ -217,26 +244,26 @@ struct TileAcc {
 #endif
   M2R_DEVICE explicit TileAcc(float (&acc)[4][4]) : out(acc) {}
 
-  // kPrefetch: load the next slab's runs while multiplying (matrix cores; costs registers)
-  template <bool kMFastA, bool kMFastB, bool kPrefetch = true, class LA, class LB>
+  // kPrefetch: load the next slab's runs while multiplying (matrix cores; costs registers);
+  // kSlab: the matrix cores' slab along k (kMmaSlab, or kNarrowSlab)
+  template <bool kMFastA, bool kMFastB, bool kPrefetch = true, int kSlab = kMmaSlab, class LA, class LB>
   M2R_DEVICE void run(float* sm, int k_begin, int k_end, const LA& la, const LB& lb) {
     if (k_begin >= k_end) return;
-    float ra[kRun], rb[kRun];
 #if M2R_MMA != 0
     if constexpr (kMma) {
       constexpr int kLdA = kMFastA ? kLd16 : kLdK, kLdB = kMFastB ? kLd16 : kLdK;
-      constexpr int kSizeA = kMFastA ? kFmaSlab * kLd16 : kTile * kLdK;
-      S* As = reinterpret_cast<S*>(sm);
-      S* Bs = As + kSizeA;
-      if constexpr (kPrefetch) run_fetch<kMFastA>(ra, k_begin, k_end, la), run_fetch<kMFastB>(rb, k_begin, k_end, lb);
-      for (int k0 = k_begin; k0 < k_end; k0 += kFmaSlab) {
-        if constexpr (!kPrefetch) run_fetch<kMFastA>(ra, k0, k_end, la), run_fetch<kMFastB>(rb, k0, k_end, lb);
-        run_store16<T, kMFastA>(As, ra);
-        run_store16<T, kMFastB>(Bs, rb);
+      uint16_t* As = reinterpret_cast<uint16_t*>(sm);
+      uint16_t* Bs = As + kTile * kLdK;
+      uint4 qa[kRuns<kSlab>], qb[kRuns<kSlab>];
+      if constexpr (kPrefetch) run_fetch16<T, kMFastA, kSlab>(qa, k_begin, k_end, la), run_fetch16<T, kMFastB, kSlab>(qb, k_begin, k_end, lb);
+      for (int k0 = k_begin; k0 < k_end; k0 += kSlab) {
+        if constexpr (!kPrefetch) run_fetch16<T, kMFastA, kSlab>(qa, k0, k_end, la), run_fetch16<T, kMFastB, kSlab>(qb, k0, k_end, lb);
+        run_store16<kMFastA, kSlab>(As, qa);
+        run_store16<kMFastB, kSlab>(Bs, qb);
         __syncthreads();
-        if (kPrefetch && k0 + kFmaSlab < k_end)
-          run_fetch<kMFastA>(ra, k0 + kFmaSlab, k_end, la), run_fetch<kMFastB>(rb, k0 + kFmaSlab, k_end, lb);
-        tile.template product<T, kFmaSlab, kMFastA, kMFastB>(As, kLdA, Bs, kLdB);
+        if (kPrefetch && k0 + kSlab < k_end)
+          run_fetch16<T, kMFastA, kSlab>(qa, k0 + kSlab, k_end, la), run_fetch16<T, kMFastB, kSlab>(qb, k0 + kSlab, k_end, lb);
+        tile.template product<T, kSlab, kMFastA, kMFastB>(As, kLdA, Bs, kLdB);
         __syncthreads();
       }
       return;
@@ -245,9 +272,10 @@ struct TileAcc {
     const Tile tl;
     float* As = sm;
     float* Bs = sm + kFmaSlab * kLd;
+    float ra[kRun], rb[kRun];
     for (int k0 = k_begin; k0 < k_end; k0 += kFmaSlab) {
-      run_fetch<kMFastA>(ra, k0, k_end, la);
-      run_fetch<kMFastB>(rb, k0, k_end, lb);
+      run_fetch<kMFastA, kFmaSlab>(ra, 0, k0, k_end, la);
+      run_fetch<kMFastB, kFmaSlab>(rb, 0, k0, k_end, lb);
       run_store32<kMFastA>(As, ra);
       run_store32<kMFastB>(Bs, rb);
       __syncthreads();
@@ -279,10 +307,10 @@ struct TileAcc {
   }
 };
 
-template <typename T, bool kMFastA, bool kMFastB, bool kPrefetch = true, class LA, class LB>
+template <typename T, bool kMFastA, bool kMFastB, bool kPrefetch = true, int kSlab = kMmaSlab, class LA, class LB>
 M2R_DEVICE void tile_product(float (&acc)[4][4], float* sm, int k_begin, int k_end, const LA& la, const LB& lb) {
   TileAcc<T> t(acc);
-  t.template run<kMFastA, kMFastB, kPrefetch>(sm, k_begin, k_end, la, lb);
+  t.template run<kMFastA, kMFastB, kPrefetch, kSlab>(sm, k_begin, k_end, la, lb);
   t.finish(sm);
 }
 
@@ -313,8 +341,11 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
   const Tile tl;
   float acc[4][4] = {}, rsum[4] = {};
   const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0;
-  const S* dop = x_chunk(p, static_cast<const S*>(p.dout), b, l0, h) + p0;
-  const S* zp = kHasZ ? x_chunk(p, static_cast<const S*>(p.z), b, l0, h) + p0 : nullptr;
+  const S* dop = kHasZ ? per_lane(x_chunk(p, static_cast<const S*>(p.dout), b, l0, h) + p0)
+                       : x_chunk(p, static_cast<const S*>(p.dout), b, l0, h) + p0;
+  // (per_lane: with z, its pointers and dout's in vector registers, or the wave64 targets run
+  // out of scalar ones)
+  const S* zp = kHasZ ? per_lane(x_chunk(p, static_cast<const S*>(p.z), b, l0, h) + p0) : nullptr;
   // g = dout silu(z), rounded to T as the later stages read it
   auto gated = [&](int t, int m) {
     const float gv = T::to_float(dop[t * xl + m]);
@@ -340,24 +371,26 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
       }
     }
   }
-  const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
-  const int cs = p.chunk_size;
-  tile_product<T, true, true>(
-      acc, sm, 0, min(t0 + kTile, rows),
-      [&](int s, int m, int, float (&v)[kRun]) {  // the decayed, masked C·Bᵀ dt
-        load_run32(cb + s * cs + t0 + m, rows - t0 - m, v);
-        const float as = acs[s], ds = dts[s];
-        const int sg = seg[s];
+  if constexpr (kHasZ) {  // y's intra-chunk term, which only dz reads
+    const float* cb = per_lane(p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size);
+    const int cs = p.chunk_size;
+    tile_product<T, true, true, true, kNarrowSlab>(
+        acc, sm, 0, min(t0 + kTile, rows),
+        [&](int s, int m, int, float (&v)[kRun]) {  // the decayed, masked C·Bᵀ dt
+          load_run32(cb + s * cs + t0 + m, rows - t0 - m, v);
+          const float as = acs[s], ds = dts[s];
+          const int sg = seg[s];
 #pragma unroll
-        for (int e = 0; e < kRun; ++e) {
-          const int t = t0 + m + e;
-          v[e] = s <= t && t < rows && seg[t] == sg ? v[e] * __expf(acs[t] - as) * ds : 0.f;
-        }
-      },
-      [&](int s, int m, int, float (&v)[kRun]) { load_run<T>(xc + s * xl + m, pc - m, v); });
+          for (int e = 0; e < kRun; ++e) {
+            const int t = t0 + m + e;
+            v[e] = s <= t && t < rows && seg[t] == sg ? v[e] * __expf(acs[t] - as) * ds : 0.f;
+          }
+        },
+        [&](int s, int m, int, float (&v)[kRun]) { load_run<T>(xc + s * xl + m, pc - m, v); });
+  }
 
-  S* dgp = kHasZ ? x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0 : nullptr;
-  S* dzp = kHasZ ? x_chunk(p, static_cast<S*>(p.dz), b, l0, h) + p0 : nullptr;
+  S* dgp = kHasZ ? per_lane(x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0) : nullptr;
+  S* dzp = kHasZ ? per_lane(x_chunk(p, static_cast<S*>(p.dz), b, l0, h) + p0) : nullptr;
   const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
   float dsum[4] = {};
 #pragma unroll
@@ -563,7 +596,7 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   if (s0 + kTile > first_last) {  // B·G, decayed to the chunk end; its share of ddt first
     const S* Bc = bc_chunk(p, static_cast<const S*>(p.B), b, l0, g);
     const float* G = p.dstates + states_at(p, b, c, h) + p0;
-    tile_product<T, false, true, false>(
+    tile_product<T, false, true, false, kNarrowSlab>(
         acc, sm, 0, p.dstate,
         [&](int n, int m, int kv, float (&v)[kRun]) { load_run<T>(Bc + (s0 + m) * bl + n, s0 + m < rows ? kv : 0, v); },
         [&](int n, int m, int, float (&v)[kRun]) { load_run32(G + static_cast<int64_t>(n) * p.headdim + m, pc - m, v); });
@@ -581,7 +614,7 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   }
   const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
   const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0;
-  tile_product<T, false, true, false>(
+  tile_product<T, false, true, false, kNarrowSlab>(
       acc, sm, s0, rows,
       [&](int t, int m, int kv, float (&v)[kRun]) {  // the decayed, masked C·Bᵀ (t runs along k)
         const int s = s0 + m;

@@ -1,9 +1,11 @@
 """Per-kernel device time of the SSD forward (torch.profiler), ours or mamba_ssm's Triton, at
 the shapes where the two differ most, with the per-call graph time and the accuracy of the
-output and final states against the float64 chunked reference.
+output and final states against the float64 chunked reference. ``--backward``: a training step
+instead (forward, then every input's gradient through autograd, the final states' included),
+per kernel of the forward, the recomputation and the backward stages; no accuracy columns.
 
 Usage (on the GPU machine, kernels built; mamba_ssm's Triton ops importable for --triton):
-    python scripts/profile_ssd.py [--triton] [--json FILE] [SHAPE ...]
+    python scripts/profile_ssd.py [--triton] [--backward] [--json FILE] [SHAPE ...]
 SHAPE names a row of SHAPES (default: all). Each shape prints one line: graph µs per call, the
 kernels' mean device µs per call, and (shapes up to 2^19 tokens x heads) the relative L2 error
 of out and of the final states against ``ssd_chunked(..., compute_dtype=float64)``; --json
@@ -30,7 +32,7 @@ SHAPES = {
 }
 
 
-def make_call(fn, b, L, h, p, groups, n, cs):
+def make_call(fn, b, L, h, p, groups, n, cs, backward=False):
     g = torch.Generator(device="cuda").manual_seed(L + h)
     r = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
     x, dt = r(b, L, h, p).bfloat16(), (r(b, L, h) - 2).bfloat16()
@@ -38,19 +40,27 @@ def make_call(fn, b, L, h, p, groups, n, cs):
     A, D, bias = -torch.rand(h, device="cuda", generator=g) - 0.05, r(h), r(h) * 0.5
     args = (x, dt, A, B, C, cs)
     kw = dict(D=D, dt_bias=bias, dt_softplus=True, return_final_states=True)
-    return (lambda: fn(*args, **kw)), args, kw
+    if not backward:
+        return (lambda: fn(*args, **kw)), args, kw
+    leaves = [t.requires_grad_() for t in (x, dt, A, B, C, D, bias)]
+    cot = [r(b, L, h, p).bfloat16(), r(b, h, p, n)]
+
+    def step():
+        return torch.autograd.grad(list(fn(*args, **kw)), leaves, cot)
+
+    return step, args, kw
 
 
 def rel(a, ref):
     return ((a.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def profile_shape(name, fn, label, iters=20):
-    from mamba2_rocm.bench.timing import time_graph
+def profile_shape(name, fn, label, iters=20, backward=False):
+    from mamba2_rocm.bench.timing import time_calls, time_graph
     from mamba2_rocm.reference.ssd import ssd_chunked
 
     shape = SHAPES[name]
-    call, args, kw = make_call(fn, *shape)
+    call, args, kw = make_call(fn, *shape, backward=backward)
     for _ in range(3):
         call()
     torch.cuda.synchronize()
@@ -62,10 +72,13 @@ def profile_shape(name, fn, label, iters=20):
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             per[e.name.split("(")[0]] += e.device_time / iters
-    row = {"impl": label, "shape": name, "graph_us": round(time_graph(call).median_us, 1),
+    # autograd's backward runs on its own thread: no graph capture; device-event medians instead
+    timed = time_calls(call, warmup=2, iters=iters) if backward else time_graph(call)
+    row = {"impl": label, "shape": name, "backward": backward,
+           "graph_us" if not backward else "step_us": round(timed.median_us, 1),
            "kernels_us": {k: round(v, 1) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}}  # fmt: skip
     _, L, h = shape[:3]
-    if L * h <= 2**19:  # the fp64 reference's memory grows with chunk_size x tokens x heads
+    if not backward and L * h <= 2**19:  # the fp64 reference's memory grows with chunk_size x tokens x heads
         out, fin = call()
         ref, ref_fin = ssd_chunked(*args, **kw, compute_dtype=torch.float64)
         row.update(out_rel=rel(out, ref), final_rel=rel(fin, ref_fin))
@@ -76,8 +89,11 @@ def format_row(r):
     acc = ""
     if "out_rel" in r:
         acc = f"  out {r['out_rel']:.2e} final {r['final_rel']:.2e}"
-    kernels = " ".join(f"{k[-28:]}={v}" for k, v in list(r["kernels_us"].items())[:6])
-    return f"{r['shape']:12} {r['impl']:7} graph {r['graph_us']:8.1f} us{acc} | {kernels}"
+    top = 16 if r.get("backward") else 6
+    kernels = " ".join(f"{k[-28:]}={v}" for k, v in list(r["kernels_us"].items())[:top])
+    total = f"step {r['step_us']:8.1f}" if r.get("backward") else f"graph {r['graph_us']:8.1f}"
+    summed = sum(r["kernels_us"].values())
+    return f"{r['shape']:12} {r['impl']:7} {total} us (kernels {summed:.1f}){acc} | {kernels}"
 
 
 def main():
@@ -87,6 +103,7 @@ def main():
     )
     ap.add_argument("--triton", action="store_true", help="mamba_ssm's Triton kernels, not ours")
     ap.add_argument("--json", metavar="FILE", help="append the rows to FILE (JSON lines)")
+    ap.add_argument("--backward", action="store_true", help="a training step: forward + backward")
     ap.add_argument("--once", choices=list(SHAPES), help="one call at this shape, for ncu")
     args = ap.parse_args()
     unknown = sorted(set(args.shapes) - set(SHAPES))
@@ -97,13 +114,13 @@ def main():
     else:
         from mamba2_rocm import mamba_chunk_scan_combined as fn
     if args.once:
-        call = make_call(fn, *SHAPES[args.once])[0]
+        call = make_call(fn, *SHAPES[args.once], backward=args.backward)[0]
         call()
         call()
         torch.cuda.synchronize()
         return
     for name in args.shapes or SHAPES:
-        row = profile_shape(name, fn, "triton" if args.triton else "ours")
+        row = profile_shape(name, fn, "triton" if args.triton else "ours", backward=args.backward)
         print(format_row(row), flush=True)
         if args.json:
             with open(args.json, "a") as f:
