@@ -291,8 +291,8 @@ struct SsdBwdParams {
   void* dx;               // like x
   float* dstates;         // like states: the gradient of each chunk's entering, then its final state
   float* dinit;           // (batch, nheads, headdim, dstate), or null
-  float* dB;              // (batch, seqlen, ngroups, dstate)
-  float* dC;              // (batch, seqlen, ngroups, dstate)
+  void* dB;               // (batch, seqlen, ngroups, dstate): float32, or x's dtype (dbc_io bit 0)
+  void* dC;               // (batch, seqlen, ngroups, dstate): float32, or x's dtype (dbc_io bit 1)
   float* ddt;             // (batch, seqlen, nheads)
   float* tok;             // (3 ptiles + 2 chunk_size / 64, batch, nheads, nchunks, chunk_size)
   float* dD_part;         // (batch, nchunks, chunk_size / 64, nheads, headdim)
@@ -304,7 +304,7 @@ struct SsdBwdParams {
   int32_t heads_per_group, has_init, dt_softplus, dt_dtype;
   int32_t pass_blocks;
   float dt_min, dt_max;
-  int32_t reserved;
+  int32_t dbc_io;  // bit 0: dB in x's dtype (B is), bit 1: dC (C is); else float32
 };
 
 // Mamba1's selective scan (mamba_ssm's selective_scan_fn), forward, real A:

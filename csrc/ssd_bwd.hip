@@ -832,7 +832,12 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
         lb);
   }
   prod.finish(sm);
-  float* out = bc_chunk(p, kDB ? p.dB : p.dC, b, l0, g) + n0;
+  // the gradient in B's (C's) dtype when that is x's, rounded once as a float32 result would be
+  // by the host's conversion; else float32
+  void* dst = kDB ? p.dB : p.dC;
+  const bool io16 = (p.dbc_io >> (kDB ? 0 : 1)) & 1;
+  float* out32 = bc_chunk(p, static_cast<float*>(dst), b, l0, g) + n0;
+  S* out16 = bc_chunk(p, static_cast<S*>(dst), b, l0, g) + n0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int t = r0 + tl.r_off + i;
@@ -840,7 +845,11 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int n = tl.c_off + j;
-      if (n < nc) out[t * bl + n] = acc[i][j];
+      if (n >= nc) continue;
+      if (io16)
+        out16[t * bl + n] = T::from_float(acc[i][j]);
+      else
+        out32[t * bl + n] = acc[i][j];
     }
   }
 }
@@ -922,7 +931,7 @@ M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_cumsum(SsdBwdParams
 #define M2R_SSD_BWD(DT, T)                                                                                            \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dz_##DT(SsdBwdParams p) { m2r::ssd_bwd::dz<m2r::T, false>(p); }     \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dz_##DT##_z(SsdBwdParams p) { m2r::ssd_bwd::dz<m2r::T, true>(p); }  \
-  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dstates_##DT(SsdBwdParams p) { m2r::ssd_bwd::dstates<m2r::T>(p); } \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 3) m2r_ssd_bwd_dstates_##DT(SsdBwdParams p) { m2r::ssd_bwd::dstates<m2r::T>(p); } \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dx_##DT(SsdBwdParams p) { m2r::ssd_bwd::dx<m2r::T>(p); }           \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dcb_##DT(SsdBwdParams p) { m2r::ssd_bwd::dcb<m2r::T>(p); }         \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dc_##DT(SsdBwdParams p) { m2r::ssd_bwd::dbc<m2r::T, false>(p); }   \

@@ -138,7 +138,7 @@ class SsdBwdParams(ctypes.Structure):
         ),
         ("dt_min", ctypes.c_float),
         ("dt_max", ctypes.c_float),
-        *_fields("", "", "reserved"),
+        *_fields("", "", "dbc_io"),
     ]
 
 

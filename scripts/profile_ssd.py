@@ -78,7 +78,8 @@ def profile_shape(name, fn, label, iters=20, backward=False):
            "graph_us" if not backward else "step_us": round(timed.median_us, 1),
            "kernels_us": {k: round(v, 1) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}}  # fmt: skip
     _, L, h = shape[:3]
-    if not backward and L * h <= 2**19:  # the fp64 reference's memory grows with chunk_size x tokens x heads
+    # the fp64 reference's memory grows with chunk_size x tokens x heads
+    if not backward and L * h <= 2**19:
         out, fin = call()
         ref, ref_fin = ssd_chunked(*args, **kw, compute_dtype=torch.float64)
         row.update(out_rel=rel(out, ref), final_rel=rel(fin, ref_fin))

@@ -326,8 +326,11 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     dinit = None
     if initial_states is not None:
         dinit = torch.empty(batch, nheads, headdim, n, dtype=f32, device=dev)
-    dB = torch.empty(batch, seqlen, g, n, dtype=f32, device=dev)
-    dC = torch.empty_like(dB)
+    # dB / dC in B's / C's dtype when that is x's (the kernel rounds them once, as the
+    # conversion of a float32 result would), else float32 then converted
+    dbc_io = int(B.dtype == x.dtype) | int(C.dtype == x.dtype) << 1
+    dB = torch.empty(batch, seqlen, g, n, dtype=x.dtype if dbc_io & 1 else f32, device=dev)
+    dC = torch.empty(batch, seqlen, g, n, dtype=x.dtype if dbc_io & 2 else f32, device=dev)
     ddt = torch.empty(batch, seqlen, nheads, dtype=f32, device=dev)
     # per-token partials (csrc/ssd_bwd.hip: tok_row), each written before it is read
     tok = torch.empty(3 * ptiles + 2 * ltiles, batch, nheads, nchunks, cs, dtype=f32, device=dev)
@@ -379,7 +382,7 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
         pass_blocks,
         lo,
         hi,
-        0,
+        dbc_io,
     )  # fmt: skip  (SsdBwdParams, field order)
     dtn = KERNEL_DTYPE[x.dtype]
     run = lambda name, grid: launch(kset.launcher(name), x, params, grid, _THREADS)  # noqa: E731

@@ -150,6 +150,21 @@ def test_optional_inputs(dtype, opts, softplus, limit):
     _check(t, seq, dout, dfin, 128, dtype, softplus=softplus, limit=limit)
 
 
+@pytest.mark.parametrize("fp32", ["B", "C", "BC", ""])
+@pytest.mark.parametrize("z", [True, False])
+def test_float32_B_C_with_half_x(fp32, z):
+    """mamba_ssm's callers pass float32 B / C with bf16 x: dB / dC come back float32 (written
+    so by the kernel), the other one in x's dtype (written in it), each against the reference;
+    with and without z (the dz stage's two forms)."""
+    dtype = torch.bfloat16
+    g = seeded("ssd bwd fp32 bc", fp32, z, device=DEV)
+    t, seq, dout, dfin = _inputs(g, 2, 300, 8, 64, 2, 64, dtype, z=z)
+    for name in fp32:
+        t[name] = t[name].float() + 1e-3 * torch.randn(t[name].shape, device=DEV, generator=g)
+    got = _check(t, seq, dout, dfin, 128, dtype)
+    assert got[3].dtype == t["B"].dtype and got[4].dtype == t["C"].dtype
+
+
 def test_small_case_against_autograd_through_the_recurrence():
     g = seeded("ssd bwd recurrence", device=DEV)
     t, _, dout, dfin = _inputs(g, 2, 70, 4, 16, 2, 8, torch.float32)
