@@ -119,7 +119,7 @@ struct Tile {  // this thread's 4 x 4 of a 64 x 64 output tile: rows r_off.., co
 // loads are in flight per slab and half the barriers); the FMA path takes kFmaSlab.
 constexpr int kMmaSlab = 64;
 constexpr int kLdK = kMmaSlab + 8;  // [m][k] 16-bit tiles: rows 16-byte aligned
-constexpr int kSmemFloats = 2 * kTile * kLdK / 2;
+constexpr int kSmemFloats = kTile * kLdK;  // the floats that two 16-bit kTile x kLdK slabs take
 static_assert(kTile * kLd <= kSmemFloats, "the result tile must fit the staging space");
 static_assert(2 * kFmaSlab * kLd <= kSmemFloats, "fp32 slabs must fit the staging space");
 static_assert(kMmaSlab * kLd16 <= kTile * kLdK, "16-bit slabs must fit the staging space");
@@ -237,7 +237,6 @@ struct TileAcc {
 #else
   static constexpr bool kMma = false;
 #endif
-  typedef typename T::storage S;
   float (&out)[4][4];
 #if M2R_MMA != 0
   mma::BlockTile<kThreads, kTile, kTile, 2> tile;
