@@ -340,11 +340,8 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
   const Tile tl;
   float acc[4][4] = {}, rsum[4] = {};
   const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0;
-  const S* dop = kHasZ ? per_lane(x_chunk(p, static_cast<const S*>(p.dout), b, l0, h) + p0)
-                       : x_chunk(p, static_cast<const S*>(p.dout), b, l0, h) + p0;
-  // (per_lane: with z, its pointers and dout's in vector registers, or the wave64 targets run
-  // out of scalar ones)
-  const S* zp = kHasZ ? per_lane(x_chunk(p, static_cast<const S*>(p.z), b, l0, h) + p0) : nullptr;
+  const S* dop = x_chunk(p, static_cast<const S*>(p.dout), b, l0, h) + p0;
+  const S* zp = kHasZ ? x_chunk(p, static_cast<const S*>(p.z), b, l0, h) + p0 : nullptr;
   // g = dout silu(z), rounded to T as the later stages read it
   auto gated = [&](int t, int m) {
     const float gv = T::to_float(dop[t * xl + m]);
@@ -371,7 +368,7 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
     }
   }
   if constexpr (kHasZ) {  // y's intra-chunk term, which only dz reads
-    const float* cb = per_lane(p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size);
+    const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
     const int cs = p.chunk_size;
     tile_product<T, true, true, true, kNarrowSlab>(
         acc, sm, 0, min(t0 + kTile, rows),
@@ -388,8 +385,8 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
         [&](int s, int m, int, float (&v)[kRun]) { load_run<T>(xc + s * xl + m, pc - m, v); });
   }
 
-  S* dgp = kHasZ ? per_lane(x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0) : nullptr;
-  S* dzp = kHasZ ? per_lane(x_chunk(p, static_cast<S*>(p.dz), b, l0, h) + p0) : nullptr;
+  S* dgp = kHasZ ? x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0 : nullptr;
+  S* dzp = kHasZ ? x_chunk(p, static_cast<S*>(p.dz), b, l0, h) + p0 : nullptr;
   const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
   float dsum[4] = {};
 #pragma unroll
