@@ -1,6 +1,8 @@
 // selective_state_update: one decode step of the selective SSM, state updated in place.
-// Semantics in params.h (SsuParams). 32 lanes per (batch, head, headdim row), lane l owning dstate elements l, l + 32, ...: every
-// state load and store is coalesced, and the C-weighted sum is a 32-lane butterfly.
+// Semantics in params.h (SsuParams). Every state access is coalesced and a row's C-weighted sum
+// is a butterfly over the lanes that hold it: in the contiguous layout (update_lanes) a row is
+// dstate / kVec lanes of 16 bytes each; in any other (update_row) 32 lanes, lane l owning
+// elements l, l + 32, ...
 #include "platform.h"
 
 namespace m2r {
@@ -75,94 +77,108 @@ struct Chunk {
   }
 };
 
-// One block per (head, batch): grid (nheads, batch). Group g (32 lanes) takes headdim rows
-// g, g + kGroups, ...; B and C of the (batch, group) are read and converted once per block.
-// kContig: dstate == kN, unit dstate stride for state/B/C, aligned: lane l owns elements
-// [l*kPer, (l+1)*kPer), moved in 4..16-byte accesses; otherwise lane l owns l, l+32, ...
-// Tied A (stride 0 over headdim and dstate, the Mamba2 case): exp(A*dt) is one value per row.
-template <typename TS, typename TI, typename TB, int kN, bool kContig>
-M2R_DEVICE void update_head(const SsuParams& p) {
+// The contiguous layout (dstate == kN <= 128, unit dstate strides, 16-byte aligned state rows,
+// B / C aligned for their runs; the host checks): a headdim row is kRowLanes lanes, each moving
+// 16 bytes of state (kVec elements) in one access, so a wave holds several rows and every state
+// access is a full 16-byte one. Each thread takes kRowsPer rows, kRowsPass apart, and requests
+// every input of all of them (state, x, dt, dt_bias, A, D, z) before the first is used: one
+// memory round trip per thread instead of one per row. kRowsPer = 1 (the _rows kernels)
+// spreads small batches over many blocks; kRowsPer = kRowsPerWide (_contig) cuts the per-row
+// instructions where the batch fills the GPU. B / C are read once per thread.
+// Grid (ceil(headdim / rows_per_block), nheads, batch).
+template <typename TS, int kN>
+struct LaneMap {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(typename TS::storage));
+  static constexpr int kRowLanes = kN / kVec;
+  static_assert(kRowLanes >= 1 && kRowLanes <= 32 && kN % kVec == 0, "a row is 1..32 lanes");
+  static constexpr int kRowsPass = kThreads / kRowLanes;
+};
+// Rows per thread of the _contig kernels (mamba2_rocm.kernels.SSU_ROWS_PER_WIDE); the macro is a
+// measurement knob (scripts/profile_ssu.py --sweep), the host's grid must be told the same.
+#ifndef M2R_SSU_ROWS_PER_WIDE
+#define M2R_SSU_ROWS_PER_WIDE 2
+#endif
+constexpr int kRowsPerWide = M2R_SSU_ROWS_PER_WIDE;
+
+template <typename TS, typename TI, typename TB, int kN, int kRowsPer>
+M2R_DEVICE void update_lanes(const SsuParams& p) {
   typedef typename TS::storage SS;
   typedef typename TI::storage SI;
   typedef typename TB::storage SB;
-  constexpr int kPer = kN >= kLanes ? kN / kLanes : 1;
-  const int lane = threadIdx.x % kLanes;
-  const int group = threadIdx.x / kLanes;
-  const int64_t h = blockIdx.x, b = blockIdx.y;
-  const int64_t row = p.state_indices ? p.state_indices[b] : b;
+  typedef LaneMap<TS, kN> Map;
+  constexpr int kVec = Map::kVec, kRL = Map::kRowLanes, kPass = Map::kRowsPass;
+  const int lane = static_cast<int>(threadIdx.x) % kRL;
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int64_t pr0 = static_cast<int64_t>(blockIdx.x) * (kPass * kRowsPer) + static_cast<int>(threadIdx.x) / kRL;
   SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * p.out_h_stride;
+  const int64_t row = p.state_indices ? p.state_indices[b] : b;
   if (row < 0 || row >= p.num_states) {  // -1: padding, zeros; beyond the pool: NaN, loudly
     const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
-    for (int64_t pr = group; pr < p.headdim; pr += kGroups)
-      if (lane == 0) out[pr * p.out_p_stride] = TI::from_float(fill);
+#pragma unroll
+    for (int j = 0; j < kRowsPer; ++j) {
+      const int64_t pr = pr0 + j * kPass;
+      if (lane == 0 && pr < p.headdim) out[pr * p.out_p_stride] = TI::from_float(fill);
+    }
     return;
   }
   const int64_t g = h / p.heads_per_group;
-  const SB* B = static_cast<const SB*>(p.B) + b * p.B_batch_stride + g * p.B_g_stride;
-  const SB* C = static_cast<const SB*>(p.C) + b * p.C_batch_stride + g * p.C_g_stride;
-  float bf[kPer], cf[kPer];
-  if constexpr (kContig) {
-    Chunk<SB, kPer> bv, cv;
-    bv.load(B + lane * kPer);
-    cv.load(C + lane * kPer);
+  const SB* B = static_cast<const SB*>(p.B) + b * p.B_batch_stride + g * p.B_g_stride + lane * kVec;
+  const SB* C = static_cast<const SB*>(p.C) + b * p.C_batch_stride + g * p.C_g_stride + lane * kVec;
+  SS* st = static_cast<SS*>(p.state) + row * p.state_batch_stride + h * p.state_h_stride + lane * kVec;
+  const bool a_tied = p.A_p_stride == 0 && p.A_n_stride == 0;  // Mamba2: one A per head
+
+  // every load of every row first
+  Chunk<SB, kVec> bv, cv;
+  bv.load(B);
+  cv.load(C);
+  Chunk<SS, kVec> s_old[kRowsPer];
+  float dt[kRowsPer], x[kRowsPer], d[kRowsPer], zg[kRowsPer], a[kRowsPer];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) bf[i] = TB::to_float(bv.get(i)), cf[i] = TB::to_float(cv.get(i));
-  } else {
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int n = lane + i * kLanes;
-      bf[i] = n < p.dstate ? TB::to_float(B[n * p.B_n_stride]) : 0.f;
-      cf[i] = n < p.dstate ? TB::to_float(C[n * p.C_n_stride]) : 0.f;
-    }
+  for (int j = 0; j < kRowsPer; ++j) {
+    const int64_t pr = pr0 + j * kPass;
+    const bool live = pr < p.headdim;
+    const int64_t prc = live ? pr : 0;  // rows past headdim read row 0 and write nothing
+    s_old[j].load(st + prc * p.state_p_stride);
+    dt[j] = load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + h * p.dt_h_stride + prc * p.dt_p_stride);
+    if (p.dt_bias) dt[j] += load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_h_stride + prc * p.dt_bias_p_stride);
+    x[j] = TI::to_float(static_cast<const SI*>(p.x)[b * p.x_batch_stride + h * p.x_h_stride + prc * p.x_p_stride]);
+    d[j] = p.D ? load_as_float(p.D, p.d_dtype, h * p.D_h_stride + prc * p.D_p_stride) : 0.f;
+    zg[j] = p.z ? TB::to_float(static_cast<const SB*>(p.z)[b * p.z_batch_stride + h * p.z_h_stride + prc * p.z_p_stride]) : 0.f;
+    a[j] = a_tied ? load_as_float(p.A, p.a_dtype, h * p.A_h_stride) : 0.f;
   }
-  const bool a_tied = p.A_p_stride == 0 && p.A_n_stride == 0;
-  SS* st = static_cast<SS*>(p.state) + row * p.state_batch_stride + h * p.state_h_stride;
 
-#pragma unroll 1
-  for (int64_t pr = group; pr < p.headdim; pr += kGroups) {
-    SS* srow = st + pr * p.state_p_stride;
-    Chunk<SS, kPer> s_old;
-    if constexpr (kContig) {
-      s_old.load(srow + lane * kPer);
-    } else {
+  float acc[kRowsPer];
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int n = lane + i * kLanes;
-        if (n < p.dstate) s_old.set(i, srow[n * p.state_n_stride]);
-      }
-    }
-    float dt = load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + h * p.dt_h_stride + pr * p.dt_p_stride);
-    if (p.dt_bias) dt += load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_h_stride + pr * p.dt_bias_p_stride);
-    if (p.dt_softplus) dt = softplus(dt);
-    const float x = TI::to_float(static_cast<const SI*>(p.x)[b * p.x_batch_stride + h * p.x_h_stride + pr * p.x_p_stride]);
-    const float dtx = dt * x;
-    const int64_t a_row = h * p.A_h_stride + pr * p.A_p_stride;
-    const float da_tied = a_tied ? __expf(load_as_float(p.A, p.a_dtype, a_row) * dt) : 0.f;
-
-    float acc = 0.f;
-    Chunk<SS, kPer> s_new;
+  for (int j = 0; j < kRowsPer; ++j) {
+    const int64_t pr = pr0 + j * kPass;
+    const float dtj = p.dt_softplus ? softplus(dt[j]) : dt[j];
+    const float dtx = dtj * x[j];
+    const float da_tied = __expf(a[j] * dtj);
+    // A per element (unit dstate stride, host-checked): read here, not ahead, so the tied case
+    // (Mamba2's, one A per head) holds one register per row instead of kVec
+    const int64_t a_row = h * p.A_h_stride + (pr < p.headdim ? pr : 0) * p.A_p_stride + lane * kVec;
+    Chunk<SS, kVec> s_new;
+    acc[j] = 0.f;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int n = kContig ? lane * kPer + i : lane + i * kLanes;
-      if (!kContig && n >= p.dstate) continue;
-      // contiguous variant: A's dstate stride is 1 unless tied (host-checked), so offsets are constants
-      const float da = a_tied ? da_tied
-                              : __expf(load_as_float(p.A, p.a_dtype, a_row + (kContig ? n : n * p.A_n_stride)) * dt);
-      const float s = fmaf(TS::to_float(s_old.get(i)), da, bf[i] * dtx);
-      acc = fmaf(s, cf[i], acc);
+    for (int i = 0; i < kVec; ++i) {
+      const float da = a_tied ? da_tied : __expf(load_as_float(p.A, p.a_dtype, a_row + i) * dtj);
+      const float s = fmaf(TS::to_float(s_old[j].get(i)), da, TB::to_float(bv.get(i)) * dtx);
+      acc[j] = fmaf(s, TB::to_float(cv.get(i)), acc[j]);
       s_new.set(i, TS::from_float(s));
-      if (!kContig) srow[n * p.state_n_stride] = s_new.get(i);
     }
-    if constexpr (kContig) s_new.store(srow + lane * kPer);
+    if (pr < p.headdim) s_new.store(st + pr * p.state_p_stride);
+  }
 #pragma unroll
-    for (int off = kLanes / 2; off > 0; off /= 2) acc += shfl_xor_width(acc, off, kLanes);
-    if (lane == 0) {
-      float y = acc;
-      if (p.D) y = fmaf(load_as_float(p.D, p.d_dtype, h * p.D_h_stride + pr * p.D_p_stride), x, y);
-      if (p.z) {
-        const SB* z = static_cast<const SB*>(p.z);
-        y *= silu(TB::to_float(z[b * p.z_batch_stride + h * p.z_h_stride + pr * p.z_p_stride]));
-      }
+  for (int off = kRL / 2; off > 0; off /= 2) {
+#pragma unroll
+    for (int j = 0; j < kRowsPer; ++j) acc[j] += shfl_xor_width(acc[j], off, kRL);
+  }
+#pragma unroll
+  for (int j = 0; j < kRowsPer; ++j) {
+    const int64_t pr = pr0 + j * kPass;
+    if (lane == 0 && pr < p.headdim) {
+      float y = p.D ? fmaf(d[j], x[j], acc[j]) : acc[j];
+      if (p.z) y *= silu(zg[j]);
       out[pr * p.out_p_stride] = TI::from_float(y);
     }
   }
@@ -171,7 +187,8 @@ M2R_DEVICE void update_head(const SsuParams& p) {
 // The general path (any strides, any dstate): one headdim row per 32-lane group, lane l owning
 // elements l, l+32, ...; grid (ceil(headdim / kGroups), nheads, batch). No row loop: with
 // one, AMD's compiler hoisted the per-element offsets into scalar registers and spilled them.
-template <typename TS, typename TI, typename TB, int kN, bool kContig>  // state, x, B/C/z types
+// D and z are requested with the other inputs, not after the reduction (a second round trip).
+template <typename TS, typename TI, typename TB, int kN>  // state, x, B/C/z types
 M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr, int lane) {
   typedef typename TS::storage SS;
   typedef typename TI::storage SI;
@@ -191,83 +208,68 @@ M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr,
 
   Chunk<SS, kPer> s_old;
   Chunk<SB, kPer> b_v, c_v;
-  float a_v[kPer];
-  if constexpr (kContig) {
-    s_old.load(st + lane * kPer);
-    b_v.load(B + lane * kPer);
-    c_v.load(C + lane * kPer);
+  float a_v[kPer] = {};
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) a_v[i] = load_as_float(p.A, p.a_dtype, a_row + (lane * kPer + i) * p.A_n_stride);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int n = lane + i * kLanes;
-      if (n < p.dstate) {
-        s_old.set(i, st[n * p.state_n_stride]);
-        b_v.set(i, B[n * p.B_n_stride]);
-        c_v.set(i, C[n * p.C_n_stride]);
-        a_v[i] = load_as_float(p.A, p.a_dtype, a_row + n * p.A_n_stride);
-      }
+  for (int i = 0; i < kPer; ++i) {
+    const int n = lane + i * kLanes;
+    if (n < p.dstate) {
+      s_old.set(i, st[n * p.state_n_stride]);
+      b_v.set(i, B[n * p.B_n_stride]);
+      c_v.set(i, C[n * p.C_n_stride]);
+      a_v[i] = load_as_float(p.A, p.a_dtype, a_row + n * p.A_n_stride);
     }
   }
   float dt = load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + h * p.dt_h_stride + pr * p.dt_p_stride);
   if (p.dt_bias) dt += load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_h_stride + pr * p.dt_bias_p_stride);
-  if (p.dt_softplus) dt = softplus(dt);
   const float x = TI::to_float(static_cast<const SI*>(p.x)[b * p.x_batch_stride + h * p.x_h_stride + pr * p.x_p_stride]);
+  const float d = p.D ? load_as_float(p.D, p.d_dtype, h * p.D_h_stride + pr * p.D_p_stride) : 0.f;
+  const float zg = p.z ? TB::to_float(static_cast<const SB*>(p.z)[b * p.z_batch_stride + h * p.z_h_stride + pr * p.z_p_stride]) : 0.f;
+  if (p.dt_softplus) dt = softplus(dt);
   const float dtx = dt * x;
 
   float acc = 0.f;
-  Chunk<SS, kPer> s_new;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int n = kContig ? lane * kPer + i : lane + i * kLanes;
-    if (!kContig && n >= p.dstate) continue;
+    const int n = lane + i * kLanes;
+    if (n >= p.dstate) continue;
     const float s = TS::to_float(s_old.get(i)) * __expf(a_v[i] * dt) + TB::to_float(b_v.get(i)) * dtx;
     acc = fmaf(s, TB::to_float(c_v.get(i)), acc);
-    s_new.set(i, TS::from_float(s));
-    if (!kContig) st[n * p.state_n_stride] = s_new.get(i);
+    st[n * p.state_n_stride] = TS::from_float(s);
   }
-  if constexpr (kContig) s_new.store(st + lane * kPer);
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off /= 2) acc += shfl_xor_width(acc, off, kLanes);
   if (lane == 0) {
-    float y = acc;
-    if (p.D) y = fmaf(load_as_float(p.D, p.d_dtype, h * p.D_h_stride + pr * p.D_p_stride), x, y);
-    if (p.z) {
-      const SB* z = static_cast<const SB*>(p.z);
-      y *= silu(TB::to_float(z[b * p.z_batch_stride + h * p.z_h_stride + pr * p.z_p_stride]));
-    }
+    float y = p.D ? fmaf(d, x, acc) : acc;
+    if (p.z) y *= silu(zg);
     *out = TI::from_float(y);
   }
 }
 
-// kContig: the per-head kernel's layout conditions (dstate == kN, unit dstate strides, aligned),
-// lane l moving elements [l*kPer, (l+1)*kPer) in 4..16-byte accesses.
-template <typename TS, typename TI, typename TB, int kN, bool kContig>
+template <typename TS, typename TI, typename TB, int kN>
 M2R_DEVICE void update_rows(const SsuParams& p) {
   const int64_t pr = static_cast<int64_t>(blockIdx.x) * kGroups + threadIdx.x / kLanes;
-  if (pr < p.headdim) update_row<TS, TI, TB, kN, kContig>(p, blockIdx.z, blockIdx.y, pr, threadIdx.x % kLanes);
+  if (pr < p.headdim) update_row<TS, TI, TB, kN>(p, blockIdx.z, blockIdx.y, pr, threadIdx.x % kLanes);
 }
 
 }  // namespace ssu
 }  // namespace m2r
 
 // m2r_ssu_<state dtype>_<input dtype>[_f32bcz]_n<max dstate>[_contig|_rows]: the general
-// kernel, the per-head one and the row-parallel one with the per-head one's contiguous layout.
+// kernel, and the contiguous layout's kernels with kRowsPerWide rows per thread (_contig) or
+// one (_rows).
 // B, C and z are read in the input dtype, or with _f32bcz (16-bit inputs only) in float32:
 // mamba_ssm callers pass float32 B / C / z with half x, and mamba_ssm reads them unrounded.
 #define M2R_SSU(SD, TS, ID, TI, BD, TB, N)                                                  \
   M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##BD##_n##N(SsuParams p) {             \
-    m2r::ssu::update_rows<m2r::TS, m2r::TI, m2r::TB, N, false>(p);                          \
+    m2r::ssu::update_rows<m2r::TS, m2r::TI, m2r::TB, N>(p);                                 \
   }
-// The per-head contiguous kernels stop at dstate 128: at 256 the row loop spilled scalar
-// registers on wave64 targets (gfx90a); dstate 256 uses the general kernel.
-#define M2R_SSU_CONTIG(SD, TS, ID, TI, BD, TB, N)                                           \
-  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##BD##_n##N##_contig(SsuParams p) {     \
-    m2r::ssu::update_head<m2r::TS, m2r::TI, m2r::TB, N, true>(p);                           \
-  }                                                                                         \
-  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##BD##_n##N##_rows(SsuParams p) {       \
-    m2r::ssu::update_rows<m2r::TS, m2r::TI, m2r::TB, N, true>(p);                           \
+// The contiguous-layout kernels stop at dstate 128 (dstate 256 uses the general kernel).
+#define M2R_SSU_CONTIG(SD, TS, ID, TI, BD, TB, N)                                                        \
+  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##BD##_n##N##_contig(SsuParams p) {                  \
+    m2r::ssu::update_lanes<m2r::TS, m2r::TI, m2r::TB, N, m2r::ssu::kRowsPerWide>(p);                     \
+  }                                                                                                      \
+  M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##BD##_n##N##_rows(SsuParams p) {                    \
+    m2r::ssu::update_lanes<m2r::TS, m2r::TI, m2r::TB, N, 1>(p);                                          \
   }
 #define M2R_SSU_N(SD, TS, ID, TI, BD, TB)                                                            \
   M2R_SSU(SD, TS, ID, TI, BD, TB, 32) M2R_SSU(SD, TS, ID, TI, BD, TB, 64)                           \

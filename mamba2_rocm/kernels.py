@@ -32,6 +32,7 @@ CONV_FWD_LAYOUTS = ("vec", "vec_s", "cl_vec", "strided")  # vec_s: short seqlen-
 CONV_BWD_SHAPES = ("rows", "cl")  # csrc/conv1d_bwd.hip: the tile walked along seqlen / channels
 SSU_DSTATE_TIERS = (32, 64, 128, 256)
 SSU_CONTIG_MAX_DSTATE = 128  # csrc/state_update.hip: no contiguous-layout kernels beyond
+SSU_ROWS_PER_WIDE = 2  # csrc/state_update.hip: kRowsPerWide, rows per thread of the _contig kernels
 SSD_SCAN_ROWS = (64, 128)  # csrc/ssd.hip: positions per chunk_scan tile
 RMSNORM_VECS = (1, 2, 3, 4)  # csrc/rmsnorm.hip: 8-element runs per thread, register-resident form
 RMSNORM_VEC_DTYPES = ("f16", "bf16")

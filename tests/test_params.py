@@ -91,6 +91,9 @@ def test_launch_geometry_matches_kernel_constants():
     ssu_text = (CSRC / "state_update.hip").read_text()
     c2 = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (k\w+) = (\d+);", ssu_text)}
     assert c2["kThreads"] == ssu._THREADS
+    assert (
+        int(re.search(r"#define M2R_SSU_ROWS_PER_WIDE (\d+)", ssu_text)[1]) == ssu.SSU_ROWS_PER_WIDE
+    )
 
 
 def test_every_struct_packs_to_its_ctypes_size():

@@ -127,18 +127,27 @@ def _expected_launch(state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, out):
         DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0, 0,
     )  # fmt: skip
     tier = next(t for t in (32, 64, 128, 256) if n <= t)
-    per = max(1, tier // 32)
+    vec = 16 // state.element_size()  # a lane's 16 bytes of state
+    b_align = 16 if vec * B.element_size() == 16 else 8
     layout = (
         n == tier and tier <= 128
         and state.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
         and (A.stride(-1) == 1 or (A.stride(-1) == 0 and A.stride(-2) == 0))
-        and all(s % per == 0 for s in (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1]))
-        and all(t.data_ptr() % (per * t.element_size()) == 0 for t in (state, B, C))
+        and all(s % vec == 0 for s in state.stride()[:-1]) and state.data_ptr() % 16 == 0
+        and all(s * t.element_size() % b_align == 0 and t.data_ptr() % b_align == 0
+                for t in (B, C) for s in t.stride()[:-1])
     )  # fmt: skip
-    per_head = layout and b * h >= ops.HEAD_KERNEL_MIN_BLOCKS
-    grid = (h, b, 1) if per_head else (-(-p // 8), h, b)
-    name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}_n{tier}"
-    return name + ("_contig" if per_head else "_rows" if layout else ""), params, grid
+    rows_pass = 256 // (tier // vec)
+    wide = -(-p // (ops.SSU_ROWS_PER_WIDE * rows_pass))
+    if layout and wide * h * b >= ops.WIDE_KERNEL_MIN_BLOCKS:
+        suffix, grid = "_contig", (wide, h, b)
+    elif layout:
+        suffix, grid = "_rows", (-(-p // rows_pass), h, b)
+    else:
+        suffix, grid = "", (-(-p // 8), h, b)
+    bcz = "_f32bcz" if B.dtype != x.dtype else ""
+    name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}{bcz}_n{tier}"
+    return name + suffix, params, grid
 
 
 def _tied(g, b=3, h=4, p=8, n=32, groups=2, dtype=torch.bfloat16):
@@ -168,19 +177,36 @@ _LAYOUTS = {
     ),
     "mamba1": lambda g: (_inputs(g, heads=False), None),
     "pool": lambda g: (_inputs(g, pool=5, n=32), torch.tensor([4, 0, 2], dtype=torch.int32)),
-    # dstate 128: 4 elements per lane, so B one element off its alignment rules out the per-head kernel
+    # dstate 128: a lane's 16 bytes of B, so B one element off its alignment rules them out
     "misaligned B": lambda g: ({**(a := _tied(g, n=128)), "B": _misaligned(a["B"])}, None),
+    # state rows 132 elements apart: 8-byte aligned, not the 16 bytes a lane moves
+    "8-byte state rows": lambda g: (
+        {**(a := _tied(g, n=128)), "state": _padded_rows(a["state"], 4)},
+        None,
+    ),
+    # float32 B / C with bf16 state: a lane's 8 elements are 32 bytes, read 8 bytes at a time
+    "float32 B, C": lambda g: (
+        {**(a := _tied(g, n=64)), "B": a["B"].float(), "C": a["C"].float(), "z": a["z"].float()},
+        None,
+    ),
 }
-#: Which layouts the contiguous-layout kernels take (per-head at block threshold 0, else _rows).
+#: Which layouts the contiguous-layout kernels take (_contig at block threshold 0, else _rows).
 _PER_HEAD = {"plain": True, "tied": True, "no optionals": False, "mamba1": False, "pool": True,
-             "misaligned B": False}  # fmt: skip
+             "misaligned B": False, "8-byte state rows": False, "float32 B, C": True}  # fmt: skip
 
 
-@pytest.mark.parametrize("blocks", [0, 1 << 40], ids=["per-head kernel", "per-row kernel"])
+def _padded_rows(t, pad):
+    """t's values in a buffer whose last dimension is pad elements longer."""
+    buf = torch.zeros(*t.shape[:-1], t.shape[-1] + pad, dtype=t.dtype)
+    view = buf[..., : t.shape[-1]]
+    return view.copy_(t)
+
+
+@pytest.mark.parametrize("blocks", [0, 1 << 40], ids=["wide kernel", "per-row kernel"])
 @pytest.mark.parametrize("layout", list(_LAYOUTS))
 def test_cached_launch_matches_uncached_formula(layout, blocks, fake_kernels, monkeypatch):
     """Every call, cached or not, launches what the per-call code computed (new addresses)."""
-    monkeypatch.setattr(ops, "HEAD_KERNEL_MIN_BLOCKS", blocks)
+    monkeypatch.setattr(ops, "WIDE_KERNEL_MIN_BLOCKS", blocks)
     for step in range(3):  # the first call builds the plan, the others reuse it
         args, idx = _LAYOUTS[layout](seeded("plan", layout, step))
         out = ops.selective_state_update(**args, dt_softplus=step != 1, state_batch_indices=idx)
@@ -262,7 +288,7 @@ def test_hits_skip_the_checks(fake_kernels, monkeypatch):
 def test_head_kernel_threshold_is_read_per_call(fake_kernels, monkeypatch):
     args = _tied(seeded("threshold"))
     for blocks, suffix in ((0, "_contig"), (1 << 40, "_rows"), (0, "_contig")):
-        monkeypatch.setattr(ops, "HEAD_KERNEL_MIN_BLOCKS", blocks)
+        monkeypatch.setattr(ops, "WIDE_KERNEL_MIN_BLOCKS", blocks)
         ops.selective_state_update(**args)
         assert fake_kernels.launches[-1][0] == "m2r_ssu_bf16_bf16_n32" + suffix
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.kernels import SSU_CONTIG_MAX_DSTATE, SSU_DSTATE_TIERS
+from mamba2_rocm.kernels import SSU_CONTIG_MAX_DSTATE, SSU_DSTATE_TIERS, SSU_ROWS_PER_WIDE
 from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import (
     DTYPE_CODE,
@@ -38,15 +38,17 @@ Tensor = torch.Tensor
 
 __all__ = ["selective_state_update"]
 
-_THREADS = 256  # csrc/state_update.hip: kThreads (one block per head and batch row)
-#: The per-(head, batch row) kernel needs this many blocks to fill a GPU; below it (small batch)
-#: the one-row-per-group kernel spreads the work wider (measured: b1 3.4 vs 8.2 us on an H200).
+_THREADS = 256  # csrc/state_update.hip: kThreads
 #: Kernel choice when the layout is contiguous (dstate a tier <= 128, unit dstate strides,
-#: aligned): the per-head kernel (B and C read once per head, a row loop) from this many
-#: (batch, head) blocks, else the row-parallel ``_rows`` kernel (one block per 8 rows). On an
-#: H200 at h64 p64 n128 (graph-timed): batch 1 3.6 us rows vs 8.2 per-head; batch 16 29.9 vs
-#: 20.8; batch 64 114 vs 93. Other layouts take the general (strided) kernel.
-HEAD_KERNEL_MIN_BLOCKS = 1024
+#: 16-byte aligned state rows, B / C aligned for their runs): a row is tier * itemsize / 16
+#: lanes; the ``_contig`` kernel gives each thread SSU_ROWS_PER_WIDE rows from this many of its
+#: blocks on, below that the ``_rows`` kernel (one row per thread) spreads a small batch over
+#: more blocks. Other layouts take the general kernel. Measured on the H100 (bf16, h64 p64
+#: n128, graph-timed, ``scripts/profile_ssu.py --sweep``): _rows / _contig at batch 1 (128
+#: _contig blocks) 3.2 / 3.7 us, with 128 heads (256 blocks) 3.8 / 3.9; batch 4 (512) 6.1 /
+#: 4.8; batch 64 77.2 / 66.9. Two rows per thread beat four (88 registers: 100.0 us at batch
+#: 64) and one.
+WIDE_KERNEL_MIN_BLOCKS = 512
 
 
 class _KernelPlan(NamedTuple):
@@ -54,11 +56,17 @@ class _KernelPlan(NamedTuple):
 
     tail: tuple  # SsuParams after the 11 pointers: strides, sizes, flags, dtype codes
     general: tuple[str, tuple[int, int, int]]  # kernel name and grid, one block per 8 rows
-    contig: tuple[str, tuple[int, int, int]] | None  # the per-head kernel, if the layout allows
-    rows: tuple[str, tuple[int, int, int]] | None  # general's grid, the per-head kernel's layout
-    blocks: int  # batch * nheads: the per-head kernel's block count
-    align: tuple[int, int, int]  # byte alignment state, B, C must have for the per-head kernel
+    contig: tuple[str, tuple[int, int, int]] | None  # rows per thread: SSU_ROWS_PER_WIDE
+    rows: tuple[str, tuple[int, int, int]] | None  # the same layout, one row per thread
+    blocks: int  # the contig kernel's block count
+    align: tuple[int, int, int]  # byte alignment state, B, C must have for the contiguous kernels
     contiguous_out: bool  # out can be allocated as empty_like(x, contiguous_format)
+
+
+def _run_alignment(nbytes: int) -> int:
+    """The alignment csrc/state_update.hip's Chunk loads need for a run of nbytes (16-byte
+    accesses for 16, else 8-byte ones)."""
+    return 16 if nbytes == 16 else 8
 
 
 def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -> _KernelPlan:
@@ -93,26 +101,27 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
         DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0,
         0,
     )  # fmt: skip  (SsuParams after the pointers, field order)
-    per = max(1, tier // 32)  # elements per lane in the contiguous variant
+    vec = 16 // state.element_size()  # state elements per lane in the contiguous kernels
+    b_align = _run_alignment(vec * B.element_size())  # (B and C share a dtype: bcz_operands)
     contig_layout = (
         dstate == tier
         and tier <= SSU_CONTIG_MAX_DSTATE
         and state.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
         and (A.stride(-1) == 1 or (A.stride(-1) == 0 and A.stride(-2) == 0))  # unit, or tied per head
-        and all(st % per == 0 for st in (*state.stride()[:-1], *B.stride()[:-1], *C.stride()[:-1]))
+        and all(st % vec == 0 for st in state.stride()[:-1])
+        and all(st * t.element_size() % b_align == 0 for t in (B, C) for st in t.stride()[:-1])
     )  # fmt: skip
     bcz = "_f32bcz" if B.dtype != x.dtype else ""  # (bcz_operands: x's dtype or all float32)
     name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}{bcz}_n{tier}"
-    # contiguous: one block per (head, batch row); general: one block per 8 headdim rows
+    rows_pass = _THREADS // (tier // vec)  # rows per block and row per thread
+    wide = -(-headdim // (rows_pass * SSU_ROWS_PER_WIDE))
     return _KernelPlan(
         tail=tail,
         general=(name, (-(-headdim // (_THREADS // 32)), nheads, batch)),
-        contig=(name + "_contig", (nheads, batch, 1)) if contig_layout else None,
-        rows=(name + "_rows", (-(-headdim // (_THREADS // 32)), nheads, batch))
-        if contig_layout
-        else None,
-        blocks=batch * nheads,
-        align=tuple(per * t.element_size() for t in (state, B, C)),
+        contig=(name + "_contig", (wide, nheads, batch)) if contig_layout else None,
+        rows=(name + "_rows", (-(-headdim // rows_pass), nheads, batch)) if contig_layout else None,
+        blocks=wide * nheads * batch,
+        align=(16, b_align, b_align),
         contiguous_out=type(x) is Tensor,
     )
 
@@ -249,7 +258,7 @@ def _impl(
     if kp.contig is None or sp % a_s or bp % a_b or cp % a_c:
         name, grid = kp.general
     else:
-        name, grid = kp.contig if kp.blocks >= HEAD_KERNEL_MIN_BLOCKS else kp.rows
+        name, grid = kp.contig if kp.blocks >= WIDE_KERNEL_MIN_BLOCKS else kp.rows
     ptrs = (
         sp,
         x.data_ptr(),

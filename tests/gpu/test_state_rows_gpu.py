@@ -137,7 +137,7 @@ def test_conv_update_padding_row_is_zero_even_for_nan_input():
     assert torch.equal(work[[0, 1, 3, 4]], state[[0, 1, 3, 4]])
 
 
-@pytest.mark.parametrize("kernel", ["per-head", "rows", "general"])
+@pytest.mark.parametrize("kernel", ["wide", "rows", "general"])
 @pytest.mark.parametrize("heads", [True, False])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_ssu_strided_indices_read_as_given(dtype, heads, kernel, monkeypatch):
@@ -145,7 +145,7 @@ def test_ssu_strided_indices_read_as_given(dtype, heads, kernel, monkeypatch):
     contiguous copy, duplicates included, on each of the three update kernels."""
     from mamba2_rocm.ops import state_update as ops
 
-    monkeypatch.setattr(ops, "HEAD_KERNEL_MIN_BLOCKS", 0 if kernel == "per-head" else 1 << 40)
+    monkeypatch.setattr(ops, "WIDE_KERNEL_MIN_BLOCKS", 0 if kernel == "wide" else 1 << 40)
     args = _ssu(pool=9, b=5)
     if kernel == "general":  # B with a non-unit dstate stride: only the general kernel reads it
         args["B"] = torch.stack([args["B"], args["B"]], -1)[..., 0]

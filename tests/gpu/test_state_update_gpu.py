@@ -36,13 +36,14 @@ def _make(g, b, h, p, n, groups, xdt, sdt, tied, pool=None):
     )  # fmt: skip
 
 
-@pytest.fixture(params=["per-head kernel", "per-row kernel"])
+@pytest.fixture(params=["wide kernel", "per-row kernel"])
 def kernel_choice(request, monkeypatch):
-    """Both kernels, whatever the shapes: the per-head one is otherwise picked for big batches."""
+    """Both contiguous-layout kernels, whatever the shapes: the wide one (several rows per
+    thread) is otherwise picked for big batches."""
     from mamba2_rocm.ops import state_update
 
     monkeypatch.setattr(
-        state_update, "HEAD_KERNEL_MIN_BLOCKS", 0 if request.param == "per-head kernel" else 1 << 40
+        state_update, "WIDE_KERNEL_MIN_BLOCKS", 0 if request.param == "wide kernel" else 1 << 40
     )
     return request.param
 
