@@ -6,7 +6,7 @@ from helpers import RecordingKernels, seeded, stand_in_kernels
 
 from mamba2_rocm import selective_state_update
 from mamba2_rocm.ops import state_update as ops
-from mamba2_rocm.ops._launch import KERNEL_DTYPE
+from mamba2_rocm.ops._launch import KERNEL_DTYPE, as_kernel_float
 from mamba2_rocm.params import SsuParams
 from mamba2_rocm.reference.ssd import selective_state_update_ref
 
@@ -236,18 +236,38 @@ def test_kernels_read_b_c_z_unrounded(x_dtype, dtypes, fake_kernels):
         args[k] = args[k].to(x_dtype)
     for k, d in zip(("B", "C", "z"), dtypes, strict=True):
         args[k] = None if d is None else args[k].to(named[d])
-    ops.selective_state_update(**args)
-    name, params, _ = fake_kernels.launches[-1]
-    fields = dict(zip((f for f, _ in SsuParams._fields_), params, strict=True))
-    given = [args[k] for k in ("B", "C", "z") if args[k] is not None]
-    plain = x_dtype == torch.float32 or all(t.dtype == x_dtype for t in given)
-    xd = KERNEL_DTYPE[x_dtype]
-    assert name.startswith(f"m2r_ssu_{xd}_{xd}_n" if plain else f"m2r_ssu_{xd}_{xd}_f32bcz_n")
-    read_as = x_dtype if plain else torch.float32
-    for k in ("B", "C", "z"):
-        t = args[k]
-        if t is not None:  # the caller's tensor itself exactly when it already is what is read
-            assert (fields[k] == t.data_ptr()) == (t.dtype == read_as), k
+    for _ in range(2):  # the call that builds the plan, then one from the cache
+        ops.selective_state_update(**args)
+        name, params, _ = fake_kernels.launches[-1]
+        fields = dict(zip((f for f, _ in SsuParams._fields_), params, strict=True))
+        given = [args[k] for k in ("B", "C", "z") if args[k] is not None]
+        plain = x_dtype == torch.float32 or all(t.dtype == x_dtype for t in given)
+        xd = KERNEL_DTYPE[x_dtype]
+        assert name.startswith(f"m2r_ssu_{xd}_{xd}_n" if plain else f"m2r_ssu_{xd}_{xd}_f32bcz_n")
+        read_as = x_dtype if plain else torch.float32
+        for k in ("B", "C", "z"):
+            t = args[k]
+            if t is not None:  # the caller's tensor itself exactly when it already is what is read
+                assert (fields[k] == t.data_ptr()) == (t.dtype == read_as), k
+    assert len(fake_kernels.launches) == 2
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("bcz", [("x", "x", "x"), ("f32", "f32", None), ("f32", "x", "x"),
+                                 ("bf16", "f16", "x"), ("x", "x", None)])  # fmt: skip
+@pytest.mark.parametrize("params", [("f32", "f32", "f32", "f32"), ("x", "f32", None, None),
+                                    ("f64", "f32", "f32", "f32"), ("f32", "f32", "f64", None)])  # fmt: skip
+def test_operands_as_is_is_what_the_conversions_do(x_dtype, bcz, params):
+    """The cached plan skips bcz_operands / as_kernel_float exactly when both would hand back
+    every operand itself, for any dtype mix."""
+    named = {"x": x_dtype, "f32": torch.float32, "f64": torch.float64,
+             "bf16": torch.bfloat16, "f16": torch.float16}  # fmt: skip
+    x = torch.zeros(2, 3, 4, dtype=x_dtype)
+    B, C, z = (None if d is None else torch.zeros(2, 1, 8, dtype=named[d]) for d in bcz)
+    dt, A, D, dt_bias = (None if d is None else torch.zeros(3, dtype=named[d]) for d in params)
+    converted = (*ops.bcz_operands(x, B, C, z), *(as_kernel_float(t) for t in (dt, A, D, dt_bias)))
+    unchanged = all(a is b for a, b in zip(converted, (B, C, z, dt, A, D, dt_bias), strict=True))
+    assert ops.operands_as_is(x, dt, A, B, C, D, z, dt_bias) == unchanged
 
 
 def test_layouts_with_equal_shapes_get_their_own_plans(fake_kernels):

@@ -137,6 +137,15 @@ def bcz_operands(x, B, C, z):
     return tuple(t if t is None or t.dtype == torch.float32 else t.float() for t in (B, C, z))
 
 
+def operands_as_is(x, dt, A, B, C, D, z, dt_bias) -> bool:
+    """Whether bcz_operands and as_kernel_float return every operand unchanged: a question of
+    dtypes only, answered once per cached signature so that a decode step skips both calls."""
+    bcz = (B, C, z)
+    same = all(t is None or t.dtype == x.dtype for t in bcz)
+    wide = all(t is None or t.dtype == torch.float32 for t in bcz)
+    return (same or wide) and all(t is None or t.dtype in KERNEL_DTYPE for t in (dt, A, D, dt_bias))
+
+
 def _as_heads(state, x, dt, A, B, C, D, z, dt_bias):
     """The Mamba1 form as one head with headdim = dim: views only."""
     return (
@@ -149,10 +158,11 @@ def _as_heads(state, x, dt, A, B, C, D, z, dt_bias):
 class _Plan:
     """One validated argument signature: its sizes, and its kernel plan once the kernel ran."""
 
-    __slots__ = ("device", "dims", "kernel")
+    __slots__ = ("as_is", "device", "dims", "kernel")
 
-    def __init__(self, dims: StateUpdateDims, device) -> None:
+    def __init__(self, dims: StateUpdateDims, device, as_is: bool) -> None:
         self.dims, self.device = dims, device
+        self.as_is = as_is  # the kernels read every operand as passed (see operands_as_is)
         self.kernel: _KernelPlan | None = None
 
 
@@ -201,7 +211,7 @@ def _plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx) -> _Plan:
         _last = (key, plan)
         return plan
     dims = check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, idx, allow_empty=True)
-    plan = _Plan(dims, x.device)
+    plan = _Plan(dims, x.device, operands_as_is(x, dt, A, B, C, D, z, dt_bias))
     if key is not None:
         remember(_PLANS, key, plan, PLAN_CACHE_SIZE)
         _last = (key, plan)
@@ -235,10 +245,11 @@ def _impl(
     # mamba_ssm's dtype rules: B, C, z, dt, A, D, dt_bias may each differ from x; dt, A, D,
     # dt_bias are read in their own dtype (float64 ones become float32 copies), B / C / z as
     # bcz_operands says
-    B, C, z = bcz_operands(x, B, C, z)
+    if not plan.as_is:
+        B, C, z = bcz_operands(x, B, C, z)
+        dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
     if idx is not None:  # int32 or int64, duplicates and range checked on the device
         idx = checked_state_rows(kset, idx, plan.dims.pool)
-    dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
     kp = plan.kernel
     if kp is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
