@@ -19,19 +19,6 @@ os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")
 from mamba2_rocm import selective_state_update
 
 
-def _inputs(b, h, p, n, g, dt_=torch.bfloat16, seed=0):
-    """Decode inputs as bench decode makes them (HF's tied A / dt / dt_bias / D views)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
-    return dict(
-        state=r(b, h, p, n).to(dt_), x=r(b, h, p).to(dt_), z=r(b, h, p).to(dt_),
-        dt=torch.rand(b, h, device="cuda", generator=gen).to(dt_)[:, :, None].expand(b, h, p),
-        A=(-torch.rand(h, device="cuda", generator=gen))[:, None, None].expand(h, p, n),
-        dt_bias=r(h)[:, None].expand(h, p), D=r(h)[:, None].expand(h, p),
-        B=r(b, g, n).to(dt_), C=r(b, g, n).to(dt_),
-    )  # fmt: skip
-
-
 def _force(ops, kernel: str) -> None:
     """Make the op take one kernel whatever the batch (this tree's threshold name, or an older
     tree's, so the sweep also times the build it replaced)."""
@@ -46,7 +33,7 @@ def _rel(a, b) -> float:
 
 def sweep(label: str, rows_per_wide: int | None) -> list[dict]:
     import mamba2_rocm.ops.state_update as ops
-    from mamba2_rocm.bench.decode import GRID
+    from mamba2_rocm.bench.decode import GRID, decode_inputs
     from mamba2_rocm.bench.timing import time_graph
     from mamba2_rocm.reference.ssd import selective_state_update_ref
 
@@ -57,7 +44,7 @@ def sweep(label: str, rows_per_wide: int | None) -> list[dict]:
         for b in batches:
             for kernel in ("rows", "contig"):
                 _force(ops, kernel)
-                kw = _inputs(b, h, p, n, g)
+                kw = decode_inputs(b, h, p, n, g, torch.bfloat16, seed=b)  # bench decode's inputs
                 ref_state = kw["state"].float()
                 ref = selective_state_update_ref(**{**kw, "state": ref_state}, dt_softplus=True,
                                                  compute_dtype=torch.float32)  # fmt: skip
@@ -78,7 +65,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="append the sweep's rows to this file (JSON lines)")
     args = ap.parse_args(argv)
     if not args.sweep:  # one call at the batch-64 shape, for ncu
-        kw = _inputs(64, 64, 64, 128, 8)
+        from mamba2_rocm.bench.decode import decode_inputs
+
+        kw = decode_inputs(64, 64, 64, 128, 8, torch.bfloat16, seed=64)
         for _ in range(3):
             selective_state_update(**kw, dt_softplus=True)
         torch.cuda.synchronize()

@@ -191,7 +191,7 @@ _LAYOUTS = {
     ),
 }
 #: Which layouts the contiguous-layout kernels take (_contig at block threshold 0, else _rows).
-_PER_HEAD = {"plain": True, "tied": True, "no optionals": False, "mamba1": False, "pool": True,
+_CONTIGUOUS = {"plain": True, "tied": True, "no optionals": False, "mamba1": False, "pool": True,
              "misaligned B": False, "8-byte state rows": False, "float32 B, C": True}  # fmt: skip
 
 
@@ -214,8 +214,8 @@ def test_cached_launch_matches_uncached_formula(layout, blocks, fake_kernels, mo
         assert out.is_contiguous()
         expected = _expected_launch(*_pos(args, step != 1, idx), out)
         assert fake_kernels.launches[-1] == expected
-        assert expected[0].endswith("_contig") == (blocks == 0 and _PER_HEAD[layout])
-        assert expected[0].endswith("_rows") == (blocks != 0 and _PER_HEAD[layout])
+        assert expected[0].endswith("_contig") == (blocks == 0 and _CONTIGUOUS[layout])
+        assert expected[0].endswith("_rows") == (blocks != 0 and _CONTIGUOUS[layout])
     assert len(fake_kernels.launches) == 3
 
 

@@ -39,6 +39,23 @@ def _triton_update():
     return selective_state_update
 
 
+def decode_inputs(b: int, h: int, p: int, n: int, ngroups: int, dtype, seed: int,
+                  device: str = "cuda") -> dict:  # fmt: skip
+    """One decode step's inputs as HF transformers passes them (A / dt / dt_bias / D as
+    per-head values broadcast with stride 0), seeded: keyword arguments of
+    ``selective_state_update`` without ``dt_softplus``."""
+    torch = require_torch()
+    g = torch.Generator(device=device).manual_seed(seed)
+    r = lambda *s: torch.randn(*s, device=device, generator=g)  # noqa: E731
+    state = r(b, h, p, n).to(dtype)
+    x, z = r(b, h, p).to(dtype), r(b, h, p).to(dtype)
+    dt = torch.rand(b, h, device=device, generator=g).to(dtype)[:, :, None].expand(b, h, p)
+    A = (-torch.rand(h, device=device, generator=g))[:, None, None].expand(h, p, n)
+    dt_bias, D = r(h)[:, None].expand(h, p), r(h)[:, None].expand(h, p)
+    B, C = r(b, ngroups, n).to(dtype), r(b, ngroups, n).to(dtype)
+    return dict(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias)
+
+
 def run(dtype="bfloat16", impls=None, triton_procs: int = 3) -> list[dict]:
     torch = require_torch()
     from mamba2_rocm import selective_state_update
@@ -49,21 +66,15 @@ def run(dtype="bfloat16", impls=None, triton_procs: int = 3) -> list[dict]:
     rows = []
     for label, batches, h, p, n, ngroups in GRID:
         for b in batches:
-            g = torch.Generator(device="cuda").manual_seed(b)
-            r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
-            state = r(b, h, p, n).to(dt_)
-            x, z = r(b, h, p).to(dt_), r(b, h, p).to(dt_)
-            dt = torch.rand(b, h, device="cuda", generator=g).to(dt_)[:, :, None].expand(b, h, p)
-            A = (-torch.rand(h, device="cuda", generator=g))[:, None, None].expand(h, p, n)
-            dt_bias, D = r(h)[:, None].expand(h, p), r(h)[:, None].expand(h, p)
-            B, C = r(b, ngroups, n).to(dt_), r(b, ngroups, n).to(dt_)
+            t = decode_inputs(b, h, p, n, ngroups, dt_, seed=b)
+            state, x, B = t["state"], t["x"], t["B"]
             elt = state.element_size()
             nbytes = (2 * state.numel() * elt + (3 * x.numel() + b * h + 2 * B.numel()) * elt
                       + 3 * h * 4)  # fmt: skip
-            kw = dict(D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+            kw = dict(D=t["D"], z=t["z"], dt_bias=t["dt_bias"], dt_softplus=True)
             case = f"{label} decode b{b} h{h} p{p} n{n} g{ngroups} {dtype}"
             here = impls or (("kernel", "torch") if label == "issue" else ("kernel",))
-            args = (state, x, dt, A, B, C)
+            args = tuple(t[k] for k in ("state", "x", "dt", "A", "B", "C"))
             rows += compare(case, selective_state_update, triton, args, kw, nbytes, copy,
                             impls=here)  # fmt: skip
     if impls is None and triton is not None and triton_procs > 0:
