@@ -159,6 +159,29 @@ M2R_DEVICE void load_run(const typename T::storage* q, int n, float (&v)[kRun]) 
 
 M2R_DEVICE void load_run32(const float* q, int n, float (&v)[kRun]) { load_run<F32>(q, n, v); }
 
+// An epilogue's store of this thread's 4 consecutive columns of a row, n (<= 0: none) of them
+// in range: one 8-byte (16-bit types) / 16-byte (fp32) store when all 4 are in range and the
+// address allows it, else element by element.
+template <typename T>
+M2R_DEVICE bool quad_aligned(const typename T::storage* q) {
+  return (reinterpret_cast<uintptr_t>(q) & (4 * sizeof(typename T::storage) - 1)) == 0;
+}
+
+template <typename T>
+M2R_DEVICE void store4(typename T::storage* q, int n, const float (&v)[4]) {
+  if (n >= 4 && quad_aligned<T>(q)) {
+    if constexpr (sizeof(typename T::storage) == 2) {
+      *reinterpret_cast<uint2*>(q) = make_uint2(T::pack(v), T::pack(v + 2));
+    } else {
+      *reinterpret_cast<float4*>(q) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (e < n) q[e] = T::from_float(v[e]);
+}
+
 // run r of this thread in a slab of kSlab along k: its first (m, k)
 template <bool kMFast, int kSlab>
 M2R_DEVICE void run_origin(int r, int& m, int& k) {
@@ -450,24 +473,31 @@ M2R_DEVICE void dstates(const SsdBwdParams& p) {
   const S* Cc = bc_chunk(p, static_cast<const S*>(p.C), b, l0, g) + n0;
   const int nc = min(kTile, p.dstate - n0);
   const Tile tl;
-  float acc[4][4] = {};
-  tile_product<T, true, true>(
+  float acc[4][4] = {};  // rows n, columns p: each row of the result is a run of the output's
+  tile_product<T, true, true>(  // p-contiguous rows, stored 16 bytes at a time
       acc, sm, 0, count,
+      [&](int t, int m, int, float (&v)[kRun]) { load_run<T>(Cc + t * bl + m, nc - m, v); },
       [&](int t, int m, int, float (&v)[kRun]) {
         load_run<T>(gp + t * xl + m, pc - m, v);
         const float wt = w[t];
 #pragma unroll
         for (int e = 0; e < kRun; ++e) v[e] *= wt;
-      },
-      [&](int t, int m, int, float (&v)[kRun]) { load_run<T>(Cc + t * bl + m, nc - m, v); });
-  float* out = p.dstates + states_at(p, b, c, h);
+      });
+  float* out = p.dstates + states_at(p, b, c, h) + p0 + tl.c_off;
+  const bool vec = p.headdim % 4 == 0 && tl.c_off + 3 < pc;
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 4; ++i) {
+    const int n = tl.r_off + i;
+    if (n >= nc) continue;
+    float* row = out + static_cast<int64_t>(n0 + n) * p.headdim;
+    if (vec) {
+      *reinterpret_cast<float4*>(row) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int pp = tl.r_off + i, n = tl.c_off + j;
-      if (pp < pc && n < nc) out[static_cast<int64_t>(n0 + n) * p.headdim + p0 + pp] = acc[i][j];
+      for (int j = 0; j < 4; ++j)
+        if (tl.c_off + j < pc) row[j] = acc[i][j];
     }
+  }
 }
 
 // ---- 3. state passing, reversed ---------------------------------------------------------------
@@ -685,6 +715,7 @@ M2R_DEVICE void dcb(const SsdBwdParams& p) {
     cbv[i][0] = v.x, cbv[i][1] = v.y, cbv[i][2] = v.z, cbv[i][3] = v.w;
   }
   const int sr = min(kTile, rows - ts * kTile), tr = min(kTile, rows - tt * kTile);  // may be <= 0
+  uint32_t live = 0;  // which of this thread's 16 (s, t) pairs are terms: set at the first head
   for (int r = 0; r < p.heads_per_group; ++r) {
     const int h = g * p.heads_per_group + r;
     __syncthreads();  // the last head's epilogue read acs / dts
@@ -700,14 +731,28 @@ M2R_DEVICE void dcb(const SsdBwdParams& p) {
         [&](int pp, int m, int kv, float (&v)[kRun]) { load_run<T>(xc + m * xl + pp, m < sr ? kv : 0, v); },
         [&](int pp, int m, int kv, float (&v)[kRun]) { load_run<T>(gp + m * xl + pp, m < tr ? kv : 0, v); });
     // M[t][s] = (g[t]·x[s]) C[t]·B[s] exp(dA_cs[t] - dA_cs[s]) dt[s]; dcb gets the same without C·B
-    float rs[4] = {}, csum[4] = {};
+    // for s <= t in the same segment, the pairs in `live` (the same for every head)
+    if (r == 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int s = ts * kTile + tl.r_off + i, t = tt * kTile + tl.c_off + j;
+          if (s <= t && t < rows && seg[s] == seg[t]) live |= 1u << (4 * i + j);
+        }
+    }
+    float rs[4] = {}, csum[4] = {}, a_t[4], a_s[4], dt_s[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      a_t[e] = acs[tt * kTile + tl.c_off + e];
+      a_s[e] = acs[ts * kTile + tl.r_off + e], dt_s[e] = dts[ts * kTile + tl.r_off + e];
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int s = ts * kTile + tl.r_off + i, t = tt * kTile + tl.c_off + j;
-        if (s <= t && t < rows && seg[s] == seg[t]) {
-          const float d = acc[i][j] * __expf(acs[t] - acs[s]) * dts[s];
+        if (live >> (4 * i + j) & 1u) {
+          const float d = acc[i][j] * __expf(a_t[j] - a_s[i]) * dt_s[i];
           total[i][j] += d;
           const float m = d * cbv[i][j];
           rs[i] += m, csum[j] += m;
@@ -838,15 +883,11 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
   for (int i = 0; i < 4; ++i) {
     const int t = r0 + tl.r_off + i;
     if (t >= rows) continue;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int n = tl.c_off + j;
-      if (n >= nc) continue;
-      if (io16)
-        out16[t * bl + n] = T::from_float(acc[i][j]);
-      else
-        out32[t * bl + n] = acc[i][j];
-    }
+    const int64_t o = static_cast<int64_t>(t) * bl + tl.c_off;
+    if (io16)
+      store4<T>(out16 + o, nc - tl.c_off, acc[i]);
+    else
+      store4<F32>(out32 + o, nc - tl.c_off, acc[i]);
   }
 }
 
