@@ -484,20 +484,9 @@ M2R_DEVICE void dstates(const SsdBwdParams& p) {
         for (int e = 0; e < kRun; ++e) v[e] *= wt;
       });
   float* out = p.dstates + states_at(p, b, c, h) + p0 + tl.c_off;
-  const bool vec = p.headdim % 4 == 0 && tl.c_off + 3 < pc;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int n = tl.r_off + i;
-    if (n >= nc) continue;
-    float* row = out + static_cast<int64_t>(n0 + n) * p.headdim;
-    if (vec) {
-      *reinterpret_cast<float4*>(row) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (tl.c_off + j < pc) row[j] = acc[i][j];
-    }
-  }
+  for (int i = 0; i < 4; ++i)
+    if (tl.r_off + i < nc) store4<F32>(out + static_cast<int64_t>(n0 + tl.r_off + i) * p.headdim, pc - tl.c_off, acc[i]);
 }
 
 // ---- 3. state passing, reversed ---------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch
 
 os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")
 from mamba2_rocm import selective_state_update
+from mamba2_rocm.bench.decode import GRID, decode_inputs
 
 
 def _force(ops, kernel: str) -> None:
@@ -33,7 +34,6 @@ def _rel(a, b) -> float:
 
 def sweep(label: str, rows_per_wide: int | None) -> list[dict]:
     import mamba2_rocm.ops.state_update as ops
-    from mamba2_rocm.bench.decode import GRID, decode_inputs
     from mamba2_rocm.bench.timing import time_graph
     from mamba2_rocm.reference.ssd import selective_state_update_ref
 
@@ -65,8 +65,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="append the sweep's rows to this file (JSON lines)")
     args = ap.parse_args(argv)
     if not args.sweep:  # one call at the batch-64 shape, for ncu
-        from mamba2_rocm.bench.decode import decode_inputs
-
         kw = decode_inputs(64, 64, 64, 128, 8, torch.bfloat16, seed=64)
         for _ in range(3):
             selective_state_update(**kw, dt_softplus=True)
