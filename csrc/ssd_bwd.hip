@@ -47,6 +47,7 @@ constexpr int kTile = 64;
 constexpr int kLd = kTile + 4;    // fp32 LDS rows, padded; 16-byte aligned
 constexpr int kLd16 = kTile + 8;  // 16-bit LDS rows for the matrix cores (mma.h: a multiple of 8)
 constexpr int kMaxChunk = 256;
+static_assert(kMaxChunk <= kThreads, "stages that give each thread one position of a chunk");
 constexpr int kHeadsPerCumsum = 8;
 constexpr int kPassVec = 4;
 constexpr int kPassBatch = 64;  // chunks per reduction step of the reversed state passing
@@ -127,13 +128,14 @@ static_assert(kMmaSlab * kLd16 <= kTile * kLdK, "16-bit slabs must fit the stagi
 // The tile-product engine. A product's operands are given by loaders: la(k, m, kv, v) fills
 // v[0..8) with A at (k, m) and the 7 elements after it along the operand's unit-stride index in
 // memory (m when kMFast, else k; kv = how many of those k are below the range's end), 0 where
-// out of range. Each thread loads runs of 8 per operand and slab (16 bytes of a 16-bit tensor,
-// when aligned), so a slab's loads are few and wide: a slab of 64 along k is 64 x 64 = 512 runs,
-// two per thread. On the matrix cores the runs are held packed in the inputs' dtype (the
-// rounding the LDS store would make) and go to LDS as 16-byte stores, [k][m] for m-runs and
-// [m][k] for k-runs (each read by ldmatrix-style fragment loads; mma.h); with kPrefetch the
-// next slab's runs are loaded while the current one is multiplied. The FMA path stages fp32
-// [k][m] (fma_tile.h), a run per thread and slab of 32.
+// out of range (past kv too: the engine does not zero k-runs again). Each thread loads runs of
+// 8 per operand and slab (16 bytes of a 16-bit tensor, when aligned), so a slab's loads are few
+// and wide: a slab of 64 along k is 64 x 64 = 512 runs, two per thread. On the matrix cores the
+// runs are held packed in the inputs' dtype (the rounding the LDS store would make; an operand
+// used as stored is a Plain, below, whose runs are kept as loaded) and go to LDS as 16-byte
+// stores, [k][m] for m-runs and [m][k] for k-runs (each read by ldmatrix-style fragment loads;
+// mma.h); with kPrefetch the next slab's runs are loaded while the current one is multiplied.
+// The FMA path stages fp32 [k][m] (fma_tile.h), a run per thread and slab of 32.
 constexpr int kRun = 8;
 
 M2R_DEVICE bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; }
@@ -159,6 +161,16 @@ M2R_DEVICE void load_run(const typename T::storage* q, int n, float (&v)[kRun]) 
 
 M2R_DEVICE void load_run32(const float* q, int n, float (&v)[kRun]) { load_run<F32>(q, n, v); }
 
+// 8 consecutive values of an LDS array at a multiple of 8 (the array 16-byte aligned): 2 reads
+M2R_DEVICE void lds8(const float* q, float (&v)[kRun]) {
+  const float4 a = reinterpret_cast<const float4*>(q)[0], b = reinterpret_cast<const float4*>(q)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+M2R_DEVICE void lds8(const int32_t* q, int32_t (&v)[kRun]) {
+  const int4 a = reinterpret_cast<const int4*>(q)[0], b = reinterpret_cast<const int4*>(q)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 // An epilogue's store of this thread's 4 consecutive columns of a row, n (<= 0: none) of them
 // in range: one 8-byte (16-bit types) / 16-byte (fp32) store when all 4 are in range and the
 // address allows it, else element by element.
@@ -182,6 +194,46 @@ M2R_DEVICE void store4(typename T::storage* q, int n, const float (&v)[4]) {
     if (e < n) q[e] = T::from_float(v[e]);
 }
 
+// This thread's 4 x 4 of a (token, headdim) tile of an x-like tensor, as stored: each row's 4
+// columns in one 8-byte (16-bit types) / 16-byte (fp32) load when in range and aligned, 0
+// outside the nrows x ncols in range. Epilogues load these between a product's run() and its
+// finish(), so the loads are in flight during finish()'s LDS round trip instead of after it.
+template <typename T>
+struct Quads {
+  typedef typename T::storage S;
+  static constexpr int kWords = 4 * sizeof(S) / 4;  // a row's 32-bit words
+  uint32_t w[4][kWords];
+  M2R_DEVICE void load(const S* q, int ld, int nrows, int ncols) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const S* r = q + i * ld;
+      if (i < nrows && ncols >= 4 && quad_aligned<T>(r)) {
+        if constexpr (kWords == 2) {
+          const uint2 u = *reinterpret_cast<const uint2*>(r);
+          w[i][0] = u.x, w[i][1] = u.y;
+        } else {
+          const uint4 u = *reinterpret_cast<const uint4*>(r);
+          w[i][0] = u.x, w[i][1] = u.y, w[i][2] = u.z, w[i][3] = u.w;
+        }
+      } else {
+        S e4[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) e4[e] = i < nrows && e < ncols ? r[e] : S(0);
+        if constexpr (kWords == 2) {
+          w[i][0] = e4[0] | static_cast<uint32_t>(e4[1]) << 16, w[i][1] = e4[2] | static_cast<uint32_t>(e4[3]) << 16;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) w[i][e] = __float_as_uint(e4[e]);
+        }
+      }
+    }
+  }
+  M2R_DEVICE float operator()(int i, int j) const {
+    if constexpr (kWords == 2) return T::to_float(static_cast<S>(w[i][j / 2] >> (16 * (j % 2))));
+    return __uint_as_float(w[i][j]);
+  }
+};
+
 // run r of this thread in a slab of kSlab along k: its first (m, k)
 template <bool kMFast, int kSlab>
 M2R_DEVICE void run_origin(int r, int& m, int& k) {
@@ -199,6 +251,47 @@ static_assert(kRuns<kMmaSlab> * kThreads * kRun == kTile * kMmaSlab, "whole runs
 // values the compiler hoists), so those take slabs of 32 there.
 constexpr int kNarrowSlab = kWavefront == 64 ? 32 : kMmaSlab;
 
+// An operand read as stored (no arithmetic on it): (k, m) at base + k * ld + m when kMFast,
+// base + m * ld + k otherwise, in range for m < m_end (and k below the product's end). On the
+// matrix cores its 16-bit runs go to LDS as loaded, with no round trip through fp32; it is also
+// a loader of the (k, m, kv, v) form for the FMA path.
+template <typename T, bool kMFast_>
+struct Plain {
+  typedef typename T::storage S;
+  static constexpr bool kMFast = kMFast_;
+  const S* base;
+  int ld, m_end;
+  M2R_DEVICE const S* at(int k, int m) const { return kMFast ? base + k * ld + m : base + m * ld + k; }
+  // elements of the run at (k, m) in range, kv of its k below the end (<= 0: none)
+  M2R_DEVICE int count(int m, int kv) const {
+    if (kMFast) return kv > 0 ? m_end - m : 0;
+    return m < m_end ? kv : 0;
+  }
+  M2R_DEVICE void operator()(int k, int m, int kv, float (&v)[kRun]) const { load_run<T>(at(k, m), count(m, kv), v); }
+  M2R_DEVICE uint4 raw(int k, int m, int kv) const {  // the run's 16-bit bits, 0 past the range
+    const S* q = at(k, m);
+    const int n = count(m, kv);
+    if (n >= kRun && aligned16(q)) return *reinterpret_cast<const uint4*>(q);
+    uint32_t w[kRun / 2];
+#pragma unroll
+    for (int e = 0; e < kRun / 2; ++e) {
+      const uint32_t lo = 2 * e < n ? q[2 * e] : 0u, hi = 2 * e + 1 < n ? q[2 * e + 1] : 0u;
+      w[e] = lo | hi << 16;
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+};
+
+template <class L>
+struct IsPlain {
+  static constexpr bool value = false;
+};
+template <typename T, bool kMFast>
+struct IsPlain<Plain<T, kMFast>> {
+  static constexpr bool value = true;
+};
+
+// run r of the slab at k0: the loader fills it, 0 past k_end (kv, the loader's contract)
 template <bool kMFast, int kSlab, class L>
 M2R_DEVICE void run_fetch(float (&v)[kRun], int r, int k0, int k_end, const L& load) {
   int m, k;
@@ -209,21 +302,24 @@ M2R_DEVICE void run_fetch(float (&v)[kRun], int r, int k0, int k_end, const L& l
     return;
   }
   load(k0 + k, m, min(kRun, k_end - k0 - k), v);
-  if constexpr (!kMFast) {
-#pragma unroll
-    for (int e = 0; e < kRun; ++e)
-      if (k0 + k + e >= k_end) v[e] = 0.f;
-  }
 }
 
-// the kRuns runs of one operand's matrix-core slab, rounded to T and packed
+// the kRuns runs of one operand's matrix-core slab, rounded to T and packed (a Plain operand's
+// as loaded)
 template <typename T, bool kMFast, int kSlab, class L>
 M2R_DEVICE void run_fetch16(uint4 (&q)[kRuns<kSlab>], int k0, int k_end, const L& load) {
 #pragma unroll
   for (int r = 0; r < kRuns<kSlab>; ++r) {
-    float v[kRun];
-    run_fetch<kMFast, kSlab>(v, r, k0, k_end, load);
-    q[r] = make_uint4(T::pack(v), T::pack(v + 2), T::pack(v + 4), T::pack(v + 6));
+    if constexpr (IsPlain<L>::value) {
+      static_assert(L::kMFast == kMFast && sizeof(typename L::S) == 2, "a Plain operand of the product's layout");
+      int m, k;
+      run_origin<kMFast, kSlab>(r, m, k);
+      q[r] = load.raw(k0 + k, m, k_end - k0 - k);
+    } else {
+      float v[kRun];
+      run_fetch<kMFast, kSlab>(v, r, k0, k_end, load);
+      q[r] = make_uint4(T::pack(v), T::pack(v + 2), T::pack(v + 4), T::pack(v + 6));
+    }
   }
 }
 
@@ -342,8 +438,9 @@ template <typename T, bool kHasZ>
 M2R_DEVICE void dz(const SsdBwdParams& p) {
   typedef typename T::storage S;
   __shared__ __align__(16) float sm[kSmemFloats];
-  __shared__ float acs[kMaxChunk], dts[kMaxChunk];
-  __shared__ int32_t seg[kMaxChunk];
+  __shared__ __align__(16) float acs[kMaxChunk];
+  __shared__ float dts[kMaxChunk];
+  __shared__ __align__(16) int32_t seg[kMaxChunk];
   const int ptiles = cdiv(p.headdim, kTile), ttiles = p.chunk_size / kTile;
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
   int rest = blockIdx.x / p.nheads;
@@ -365,19 +462,28 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
   const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0;
   const S* dop = x_chunk(p, static_cast<const S*>(p.dout), b, l0, h) + p0;
   const S* zp = kHasZ ? x_chunk(p, static_cast<const S*>(p.z), b, l0, h) + p0 : nullptr;
+  // this thread's 4 x 4 of dout, z and x (Quads)
+  Quads<T> dq, zq, xq;
+  const int at = (t0 + tl.r_off) * xl + tl.c_off, nr = rows - t0 - tl.r_off, nq = pc - tl.c_off;
+  const auto load_gate = [&] {
+    dq.load(dop + at, xl, nr, nq);
+    if constexpr (kHasZ) zq.load(zp + at, xl, nr, nq);
+  };
   // g = dout silu(z), rounded to T as the later stages read it
-  auto gated = [&](int t, int m) {
-    const float gv = T::to_float(dop[t * xl + m]);
-    if constexpr (kHasZ) return rounded<T>(gv * silu(T::to_float(zp[t * xl + m])));
-    return gv;
+  auto gated = [&](int i, int j) {
+    if constexpr (kHasZ) return rounded<T>(dq(i, j) * silu(zq(i, j)));
+    return dq(i, j);
   };
   if (c > 0 || p.has_init) {  // the entering state read through C (zero for chunk 0 without one)
     const S* Cc = bc_chunk(p, static_cast<const S*>(p.C), b, l0, g);
     const float* E = p.states + states_at(p, b, c, h) + p0;
-    tile_product<T, false, true>(
-        acc, sm, 0, p.dstate,
-        [&](int n, int m, int kv, float (&v)[kRun]) { load_run<T>(Cc + (t0 + m) * bl + n, t0 + m < rows ? kv : 0, v); },
+    TileAcc<T> prod(acc);
+    prod.template run<false, true>(
+        sm, 0, p.dstate, Plain<T, false>{Cc + t0 * bl, bl, rows - t0},
         [&](int n, int m, int, float (&v)[kRun]) { load_run32(E + static_cast<int64_t>(n) * p.headdim + m, pc - m, v); });
+    load_gate();
+    if constexpr (!kHasZ) xq.load(xc + at, xl, nr, nq);
+    prod.finish(sm);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int t = t0 + tl.r_off + i;
@@ -386,26 +492,41 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         acc[i][j] = reads ? acc[i][j] * f : 0.f;
-        if (reads && tl.c_off + j < pc) rsum[i] = fmaf(gated(t, tl.c_off + j), acc[i][j], rsum[i]);
+        if (reads && tl.c_off + j < pc) rsum[i] = fmaf(gated(i, j), acc[i][j], rsum[i]);
       }
     }
+  } else if constexpr (!kHasZ) {
+    load_gate();
+    xq.load(xc + at, xl, nr, nq);
   }
   if constexpr (kHasZ) {  // y's intra-chunk term, which only dz reads
+    const bool one_seg = seg[0] == seg[p.chunk_size - 1];  // the chunk is one segment
     const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
     const int cs = p.chunk_size;
-    tile_product<T, true, true, true, kNarrowSlab>(
-        acc, sm, 0, min(t0 + kTile, rows),
+    TileAcc<T> prod(acc);
+    prod.template run<true, true, true, kNarrowSlab>(
+        sm, 0, min(t0 + kTile, rows),
         [&](int s, int m, int, float (&v)[kRun]) {  // the decayed, masked C·Bᵀ dt
-          load_run32(cb + s * cs + t0 + m, rows - t0 - m, v);
+          const int t = t0 + m;
+          load_run32(cb + s * cs + t, rows - t, v);
           const float as = acs[s], ds = dts[s];
-          const int sg = seg[s];
+          float a[kRun];
+          lds8(acs + t, a);
+          if (one_seg && s <= t && t + kRun <= rows) {  // every term of the run is live
 #pragma unroll
-          for (int e = 0; e < kRun; ++e) {
-            const int t = t0 + m + e;
-            v[e] = s <= t && t < rows && seg[t] == sg ? v[e] * __expf(acs[t] - as) * ds : 0.f;
+            for (int e = 0; e < kRun; ++e) v[e] *= __expf(a[e] - as) * ds;
+          } else {
+            const int sg = seg[s];
+            int32_t st[kRun];
+            lds8(seg + t, st);
+#pragma unroll
+            for (int e = 0; e < kRun; ++e) v[e] = s <= t + e && t + e < rows && st[e] == sg ? v[e] * __expf(a[e] - as) * ds : 0.f;
           }
         },
-        [&](int s, int m, int, float (&v)[kRun]) { load_run<T>(xc + s * xl + m, pc - m, v); });
+        Plain<T, true>{xc, xl, pc});
+    load_gate();  // again: registers are short while the product runs
+    xq.load(xc + at, xl, nr, nq);
+    prod.finish(sm);
   }
 
   S* dgp = kHasZ ? x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0 : nullptr;
@@ -420,13 +541,12 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
     for (int j = 0; j < 4; ++j) {
       const int m = tl.c_off + j;
       if (m >= pc) continue;
-      const float xv = T::to_float(xc[t * xl + m]);
+      const float xv = xq(i, j);
       if constexpr (kHasZ) {
-        const float zv = T::to_float(zp[t * xl + m]), y = acc[i][j];
-        const float yd = Dp ? fmaf(Dp[m], xv, y) : y;
-        dzp[t * xl + m] = T::from_float(T::to_float(dop[t * xl + m]) * yd * dsilu(zv));
+        const float y = acc[i][j], yd = Dp ? fmaf(Dp[m], xv, y) : y;
+        dzp[t * xl + m] = T::from_float(dq(i, j) * yd * dsilu(zq(i, j)));
       }
-      const float gv = gated(t, m);
+      const float gv = gated(i, j);
       if constexpr (kHasZ) dgp[t * xl + m] = T::from_float(gv);  // without z: dout_g is dout
       dsum[j] = fmaf(gv, xv, dsum[j]);
     }
@@ -476,7 +596,7 @@ M2R_DEVICE void dstates(const SsdBwdParams& p) {
   float acc[4][4] = {};  // rows n, columns p: each row of the result is a run of the output's
   tile_product<T, true, true>(  // p-contiguous rows, stored 16 bytes at a time
       acc, sm, 0, count,
-      [&](int t, int m, int, float (&v)[kRun]) { load_run<T>(Cc + t * bl + m, nc - m, v); },
+      Plain<T, true>{Cc, bl, nc},
       [&](int t, int m, int, float (&v)[kRun]) {
         load_run<T>(gp + t * xl + m, pc - m, v);
         const float wt = w[t];
@@ -585,8 +705,9 @@ template <typename T>
 M2R_DEVICE void dx(const SsdBwdParams& p) {
   typedef typename T::storage S;
   __shared__ __align__(16) float sm[kSmemFloats];
-  __shared__ float acs[kMaxChunk], dts[kMaxChunk];
-  __shared__ int32_t seg[kMaxChunk];
+  __shared__ __align__(16) float acs[kMaxChunk];
+  __shared__ float dts[kMaxChunk];
+  __shared__ __align__(16) int32_t seg[kMaxChunk];
   const int ptiles = cdiv(p.headdim, kTile), stiles = p.chunk_size / kTile;
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
   int rest = blockIdx.x / p.nheads;
@@ -605,16 +726,21 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   __syncthreads();
   // the chunk's last segment (a suffix) is what its final state is made of
   const int first_last = __syncthreads_count(threadIdx.x < p.chunk_size && seg[threadIdx.x] < seg[last]);
+  const bool one_seg = first_last == 0;  // the chunk is one segment
   const Tile tl;
   const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0;
   float acc[4][4] = {}, kpart[4] = {};
+  Quads<T> xq, gq;  // this thread's 4 x 4 of x and g
+  const int at = (s0 + tl.r_off) * xl + tl.c_off, nr = rows - s0 - tl.r_off, nq = pc - tl.c_off;
   if (s0 + kTile > first_last) {  // B·G, decayed to the chunk end; its share of ddt first
     const S* Bc = bc_chunk(p, static_cast<const S*>(p.B), b, l0, g);
     const float* G = p.dstates + states_at(p, b, c, h) + p0;
-    tile_product<T, false, true, false, kNarrowSlab>(
-        acc, sm, 0, p.dstate,
-        [&](int n, int m, int kv, float (&v)[kRun]) { load_run<T>(Bc + (s0 + m) * bl + n, s0 + m < rows ? kv : 0, v); },
+    TileAcc<T> prod(acc);
+    prod.template run<false, true, false, kNarrowSlab>(
+        sm, 0, p.dstate, Plain<T, false>{Bc + s0 * bl, bl, rows - s0},
         [&](int n, int m, int, float (&v)[kRun]) { load_run32(G + static_cast<int64_t>(n) * p.headdim + m, pc - m, v); });
+    xq.load(xc + at, xl, nr, nq);
+    prod.finish(sm);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int s = s0 + tl.r_off + i;
@@ -623,26 +749,39 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         acc[i][j] = to_end ? acc[i][j] * f : 0.f;
-        if (to_end && tl.c_off + j < pc) kpart[i] = fmaf(T::to_float(xc[s * xl + tl.c_off + j]), acc[i][j], kpart[i]);
+        if (to_end && tl.c_off + j < pc) kpart[i] = fmaf(xq(i, j), acc[i][j], kpart[i]);
       }
     }
   }
   const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
   const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0;
-  tile_product<T, false, true, false, kNarrowSlab>(
-      acc, sm, s0, rows,
+  const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
+  TileAcc<T> prod(acc);
+  prod.template run<false, true, false, kNarrowSlab>(
+      sm, s0, rows,
       [&](int t, int m, int kv, float (&v)[kRun]) {  // the decayed, masked C·Bᵀ (t runs along k)
         const int s = s0 + m;
         load_run32(cb + s * cs + t, kv, v);
         const float as = acs[s];
-        const int sg = seg[s];
+        float a[kRun];
+        lds8(acs + t, a);
+        if (one_seg && kv == kRun && s <= t) {  // every term of the run is live
 #pragma unroll
-        for (int e = 0; e < kRun; ++e) v[e] = e < kv && s <= t + e && seg[t + e] == sg ? v[e] * __expf(acs[t + e] - as) : 0.f;
+          for (int e = 0; e < kRun; ++e) v[e] *= __expf(a[e] - as);
+        } else {
+          const int sg = seg[s];
+          int32_t st[kRun];
+          lds8(seg + t, st);
+#pragma unroll
+          for (int e = 0; e < kRun; ++e) v[e] = e < kv && s <= t + e && st[e] == sg ? v[e] * __expf(a[e] - as) : 0.f;
+        }
       },
-      [&](int t, int m, int, float (&v)[kRun]) { load_run<T>(gp + t * xl + m, pc - m, v); });
+      Plain<T, true>{gp, xl, pc});
+  xq.load(xc + at, xl, nr, nq);  // (again: registers are short while the product runs)
+  if (Dp) gq.load(gp + at, xl, nr, nq);
+  prod.finish(sm);
 
   S* dxp = x_chunk(p, static_cast<S*>(p.dx), b, l0, h) + p0;
-  const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
   float ddt[4] = {};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -652,9 +791,9 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
     for (int j = 0; j < 4; ++j) {
       const int m = tl.c_off + j;
       if (m >= pc) continue;
-      const float xv = T::to_float(xc[s * xl + m]), d = acc[i][j];
+      const float xv = xq(i, j), d = acc[i][j];
       float v = dts[s] * d;
-      if (Dp) v = fmaf(Dp[m], T::to_float(gp[s * xl + m]), v);
+      if (Dp) v = fmaf(Dp[m], gq(i, j), v);
       dxp[s * xl + m] = T::from_float(v);
       ddt[i] = fmaf(xv, d, ddt[i]);
     }
@@ -705,20 +844,28 @@ M2R_DEVICE void dcb(const SsdBwdParams& p) {
   }
   const int sr = min(kTile, rows - ts * kTile), tr = min(kTile, rows - tt * kTile);  // may be <= 0
   uint32_t live = 0;  // which of this thread's 16 (s, t) pairs are terms: set at the first head
+  // each thread holds one position's dA_cs / dt of the next head (chunk_size <= kThreads), read
+  // while the current head is multiplied
+  const bool own = threadIdx.x < p.chunk_size;
+  const int h0 = g * p.heads_per_group;
+  float next_a = own ? p.dA_cs[chunk_row(p, b, h0, c) + threadIdx.x] : 0.f;
+  float next_dt = own ? p.dt_out[chunk_row(p, b, h0, c) + threadIdx.x] : 0.f;
   for (int r = 0; r < p.heads_per_group; ++r) {
-    const int h = g * p.heads_per_group + r;
+    const int h = h0 + r;
     __syncthreads();  // the last head's epilogue read acs / dts
-    for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
-      acs[s] = p.dA_cs[chunk_row(p, b, h, c) + s];
-      dts[s] = p.dt_out[chunk_row(p, b, h, c) + s];
+    if (own) {
+      acs[threadIdx.x] = next_a, dts[threadIdx.x] = next_dt;
+      if (r + 1 < p.heads_per_group) {
+        next_a = p.dA_cs[chunk_row(p, b, h + 1, c) + threadIdx.x];
+        next_dt = p.dt_out[chunk_row(p, b, h + 1, c) + threadIdx.x];
+      }
     }
     const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + ts * kTile * xl;
     const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + tt * kTile * xl;
     float acc[4][4] = {};
-    tile_product<T, false, false, false>(
+    tile_product<T, false, false, true, kNarrowSlab>(
         acc, sm, 0, p.headdim,
-        [&](int pp, int m, int kv, float (&v)[kRun]) { load_run<T>(xc + m * xl + pp, m < sr ? kv : 0, v); },
-        [&](int pp, int m, int kv, float (&v)[kRun]) { load_run<T>(gp + m * xl + pp, m < tr ? kv : 0, v); });
+        Plain<T, false>{xc, xl, sr}, Plain<T, false>{gp, xl, tr});
     // M[t][s] = (g[t]·x[s]) C[t]·B[s] exp(dA_cs[t] - dA_cs[s]) dt[s]; dcb gets the same without C·B
     // for s <= t in the same segment, the pairs in `live` (the same for every head)
     if (r == 0) {
@@ -797,6 +944,13 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
   const int xl = p.nheads * p.headdim, bl = p.ngroups * p.dstate, last = p.chunk_size - 1;
   const int32_t* sg = seg_row(p, b, c);
   const int s = threadIdx.x;
+  // the next slab's runs are loaded while one is multiplied, except on AMD (there its
+  // addresses and the prefetched runs overrun the scalar registers: 2-70 SGPRs spilled)
+#if M2R_AMD
+  constexpr bool kPrefetch = false;
+#else
+  constexpr bool kPrefetch = true;
+#endif
   // the tokens that read the entering state (dC: the first segment, a prefix) or make the
   // final state (dB: the last segment, a suffix)
   const bool part = s < rows && (kDB ? sg[s] == sg[last] : sg[s] == 0);
@@ -825,7 +979,7 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
         const S* rp = per_lane(rowp + (hb + r) * hd);  // (per_lane: see dcb)
         const float* sp = per_lane(st + (hb + r) * sstride);
         const float* wr = w + r * kTile;
-        prod.template run<false, false, false>(
+        prod.template run<false, false, kPrefetch>(
             sm, 0, hd,
             [&](int pp, int m, int kv, float (&v)[kRun]) {
               load_run<T>(rp + m * xl + pp, m >= lo && m < hi ? kv : 0, v);
@@ -841,9 +995,9 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
   const int64_t cs = p.chunk_size;
   const float* d = per_lane(p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * cs * cs);
   const S* other = per_lane(bc_chunk(p, static_cast<const S*>(kDB ? p.C : p.B), b, l0, g) + n0);
-  const auto lb = [&](int q, int m, int, float (&v)[kRun]) { load_run<T>(other + q * bl + m, q < rows ? nc - m : 0, v); };
+  const Plain<T, true> lb{other, bl, nc};  // k (q) < rows in both products
   if constexpr (kDB) {  // rows s, reduction t >= s: dcb[s][t] with t unit-stride
-    prod.template run<false, true, false>(
+    prod.template run<false, true, kPrefetch>(
         sm, r0, rows,
         [&](int t, int m, int kv, float (&v)[kRun]) {
           load_run32(d + (r0 + m) * cs + t, kv, v);
@@ -852,7 +1006,7 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
         },
         lb);
   } else {  // rows t, reduction s <= t: dcb[s][t], t unit-stride
-    prod.template run<true, true, false>(
+    prod.template run<true, true, kPrefetch>(
         sm, 0, min(r0 + kTile, rows),
         [&](int sk, int m, int, float (&v)[kRun]) {
           load_run32(d + sk * cs + r0 + m, rows - r0 - m, v);
@@ -962,7 +1116,7 @@ M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_cumsum(SsdBwdParams
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dcb_##DT(SsdBwdParams p) { m2r::ssd_bwd::dcb<m2r::T>(p); }         \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dc_##DT(SsdBwdParams p) { m2r::ssd_bwd::dbc<m2r::T, false>(p); }   \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_db_##DT(SsdBwdParams p) { m2r::ssd_bwd::dbc<m2r::T, true>(p); }
-// ptxas' register cap (NVIDIA only): 2 blocks per SM (dx and dB skip the prefetch to fit it)
+// ptxas' register cap (NVIDIA only): 2 blocks per SM (dx skips the prefetch to fit it)
 M2R_SSD_BWD(f32, F32)
 M2R_SSD_BWD(f16, F16)
 M2R_SSD_BWD(bf16, BF16)
