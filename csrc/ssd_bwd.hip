@@ -1108,10 +1108,17 @@ M2R_DEVICE void cumsum(const SsdBwdParams& p) {
 M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_state_passing(SsdBwdParams p) { m2r::ssd_bwd::state_passing(p); }
 M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_cumsum(SsdBwdParams p) { m2r::ssd_bwd::cumsum(p); }
 
+// dstates is short and waits on its loads: 4 blocks per SM (64 registers) with the matrix cores;
+// the FMA path (the gfx10.3 emulation's bf16 / fp16) needs more registers than that
+#if M2R_MMA != 0
+#define M2R_DSTATES_BLOCKS 4
+#else
+#define M2R_DSTATES_BLOCKS 3
+#endif
 #define M2R_SSD_BWD(DT, T)                                                                                            \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dz_##DT(SsdBwdParams p) { m2r::ssd_bwd::dz<m2r::T, false>(p); }     \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dz_##DT##_z(SsdBwdParams p) { m2r::ssd_bwd::dz<m2r::T, true>(p); }  \
-  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 3) m2r_ssd_bwd_dstates_##DT(SsdBwdParams p) { m2r::ssd_bwd::dstates<m2r::T>(p); } \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, M2R_DSTATES_BLOCKS) m2r_ssd_bwd_dstates_##DT(SsdBwdParams p) { m2r::ssd_bwd::dstates<m2r::T>(p); } \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dx_##DT(SsdBwdParams p) { m2r::ssd_bwd::dx<m2r::T>(p); }           \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dcb_##DT(SsdBwdParams p) { m2r::ssd_bwd::dcb<m2r::T>(p); }         \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dc_##DT(SsdBwdParams p) { m2r::ssd_bwd::dbc<m2r::T, false>(p); }   \
