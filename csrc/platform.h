@@ -282,6 +282,44 @@ M2R_DEVICE void unpack8(const uint4& q, float (&v)[8]) {
   T::unpack(q.x, v), T::unpack(q.y, v + 2), T::unpack(q.z, v + 4), T::unpack(q.w, v + 6);
 }
 
+// Runs of a row of 16-bit elements, kept packed (the SSD kernels' operand and epilogue loads)
+struct Packed4 {  // 4 16-bit values, 8 bytes
+  uint32_t lo, hi;
+};
+
+// 4 consecutive 16-bit elements r[c..c+3] of a row whose range is [0, n): one 8-byte load when
+// `vec` (the row and the tensor are 8-byte aligned), else element by element; 0 past n.
+M2R_DEVICE Packed4 load4(const uint16_t* r, int c, int n, bool vec) {
+  if (vec && c + 3 < n) {
+    const uint2 v = *reinterpret_cast<const uint2*>(r + c);
+    return Packed4{v.x, v.y};
+  }
+  uint32_t e[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) e[i] = c + i < n ? r[c + i] : 0u;
+  return Packed4{e[0] | (e[1] << 16), e[2] | (e[3] << 16)};
+}
+
+// 8 consecutive 16-bit elements r[c..c+7] of a row whose range is [0, n): one 16-byte load when
+// `vec` allows it, else element by element; 0 past n (n = 0: nothing is read).
+M2R_DEVICE uint4 load8(const uint16_t* r, int c, int n, bool vec) {
+  if (vec && c + 7 < n) return *reinterpret_cast<const uint4*>(r + c);
+  uint32_t e[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = c + i < n ? r[c + i] : 0u;
+  return make_uint4(e[0] | (e[1] << 16), e[2] | (e[3] << 16), e[4] | (e[5] << 16), e[6] | (e[7] << 16));
+}
+
+template <typename T>
+M2R_DEVICE Packed4 pack4(const float (&v)[4]) {
+  return Packed4{T::pack(v), T::pack(v + 2)};
+}
+
+template <typename T>
+M2R_DEVICE void unpack4(const Packed4& q, float (&v)[4]) {
+  T::unpack(q.lo, v), T::unpack(q.hi, v + 2);
+}
+
 // 16 bytes of element type T: one load or store (v), its elements (s) or words (w), and the
 // conversion of all kN elements to / from floats.
 template <typename T>

@@ -578,43 +578,6 @@ struct KMajor {  // a [kSlab][kCols] tile: rows 16-byte aligned, ldmatrix confli
   static constexpr int kLd = kCols + 8, kSize = kSlab * kLd;
 };
 
-struct Packed4 {  // 4 16-bit values, 8 bytes
-  uint32_t lo, hi;
-};
-
-// 4 consecutive 16-bit elements r[0..3] (the row's own range is [0, n)): one 8-byte load when
-// `vec` (the row and the tensor are 8-byte aligned), else element by element; 0 past n.
-M2R_DEVICE Packed4 load4(const uint16_t* r, int c, int n, bool vec) {
-  if (vec && c + 3 < n) {
-    const uint2 v = *reinterpret_cast<const uint2*>(r + c);
-    return Packed4{v.x, v.y};
-  }
-  uint32_t e[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) e[i] = c + i < n ? r[c + i] : 0u;
-  return Packed4{e[0] | (e[1] << 16), e[2] | (e[3] << 16)};
-}
-
-// 8 consecutive 16-bit elements r[c..c+7] of a row whose range is [0, n): one 16-byte load when
-// `vec` allows it, else element by element; 0 past n (n = 0: nothing is read).
-M2R_DEVICE uint4 load8(const uint16_t* r, int c, int n, bool vec) {
-  if (vec && c + 7 < n) return *reinterpret_cast<const uint4*>(r + c);
-  uint32_t e[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) e[i] = c + i < n ? r[c + i] : 0u;
-  return make_uint4(e[0] | (e[1] << 16), e[2] | (e[3] << 16), e[4] | (e[5] << 16), e[6] | (e[7] << 16));
-}
-
-template <typename T>
-M2R_DEVICE Packed4 pack4(const float (&v)[4]) {
-  return Packed4{T::pack(v), T::pack(v + 2)};
-}
-
-template <typename T>
-M2R_DEVICE void unpack4(const Packed4& q, float (&v)[4]) {
-  T::unpack(q.lo, v), T::unpack(q.hi, v + 2);
-}
-
 // v rounded to T at hi[0..kN); kSplit: the rounding remainder, rounded to T, at lo[0..kN)
 // (hi + lo carries about 16 mantissa bits). kN = 4 or 8, both pointers kN * 2-byte aligned.
 template <typename T, bool kSplit, int kN>

@@ -38,6 +38,7 @@
 #include "fma_tile.h"
 #include "mma.h"
 #include "platform.h"
+#include "token_runs.h"
 
 namespace m2r {
 namespace ssd_bwd {
@@ -201,36 +202,23 @@ M2R_DEVICE void store4(typename T::storage* q, int n, const float (&v)[4]) {
 template <typename T>
 struct Quads {
   typedef typename T::storage S;
-  static constexpr int kWords = 4 * sizeof(S) / 4;  // a row's 32-bit words
-  uint32_t w[4][kWords];
+  static constexpr bool k16 = sizeof(S) == 2;
+  Packed4 h[4];   // 16-bit types: each row packed (2 registers)
+  float f[4][4];  // fp32
   M2R_DEVICE void load(const S* q, int ld, int nrows, int ncols) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const S* r = q + i * ld;
-      if (i < nrows && ncols >= 4 && quad_aligned<T>(r)) {
-        if constexpr (kWords == 2) {
-          const uint2 u = *reinterpret_cast<const uint2*>(r);
-          w[i][0] = u.x, w[i][1] = u.y;
-        } else {
-          const uint4 u = *reinterpret_cast<const uint4*>(r);
-          w[i][0] = u.x, w[i][1] = u.y, w[i][2] = u.z, w[i][3] = u.w;
-        }
-      } else {
-        S e4[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) e4[e] = i < nrows && e < ncols ? r[e] : S(0);
-        if constexpr (kWords == 2) {
-          w[i][0] = e4[0] | static_cast<uint32_t>(e4[1]) << 16, w[i][1] = e4[2] | static_cast<uint32_t>(e4[3]) << 16;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) w[i][e] = __float_as_uint(e4[e]);
-        }
-      }
+      const int n = i < nrows ? ncols : 0;
+      if constexpr (k16)
+        h[i] = load4(r, 0, n, quad_aligned<T>(r));
+      else
+        load_seg<T, 4>(r, 0, n, quad_aligned<T>(r), f[i]);
     }
   }
   M2R_DEVICE float operator()(int i, int j) const {
-    if constexpr (kWords == 2) return T::to_float(static_cast<S>(w[i][j / 2] >> (16 * (j % 2))));
-    return __uint_as_float(w[i][j]);
+    if constexpr (k16) return T::to_float(static_cast<S>((j < 2 ? h[i].lo : h[i].hi) >> (16 * (j % 2))));
+    return f[i][j];
   }
 };
 
@@ -270,15 +258,7 @@ struct Plain {
   M2R_DEVICE void operator()(int k, int m, int kv, float (&v)[kRun]) const { load_run<T>(at(k, m), count(m, kv), v); }
   M2R_DEVICE uint4 raw(int k, int m, int kv) const {  // the run's 16-bit bits, 0 past the range
     const S* q = at(k, m);
-    const int n = count(m, kv);
-    if (n >= kRun && aligned16(q)) return *reinterpret_cast<const uint4*>(q);
-    uint32_t w[kRun / 2];
-#pragma unroll
-    for (int e = 0; e < kRun / 2; ++e) {
-      const uint32_t lo = 2 * e < n ? q[2 * e] : 0u, hi = 2 * e + 1 < n ? q[2 * e + 1] : 0u;
-      w[e] = lo | hi << 16;
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
+    return load8(q, 0, count(m, kv), aligned16(q));
   }
 };
 
