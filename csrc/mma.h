@@ -325,6 +325,42 @@ struct BlockTile {
     }
   }
 
+  // The two products of a split operand (its value rounded to T and the rounding remainder)
+  // in one pass over the slab: acc += A·Bᵀ + A2·Bᵀ (kSplitA) or A·Bᵀ + A·B2ᵀ, the shared
+  // operand's fragments loaded from LDS once instead of twice.
+  template <typename T, int kK, bool kTransA, bool kTransB, bool kSplitA>
+  M2R_DEVICE void product_split(const uint16_t* As, const uint16_t* As2, int lda, const uint16_t* Bs,
+                                const uint16_t* Bs2, int ldb) {
+    const int ao = kTransA ? lane_off_t(lda) + m0 : lane_off(lda) + m0 * lda;
+    const int bo = kTransB ? lane_off_bt(ldb) + n0 : lane_off_b(ldb) + n0 * ldb;
+    const uint16_t *a = As + ao, *b = Bs + bo;
+    const uint16_t* a2 = kSplitA ? As2 + ao : nullptr;  // (the other one is not given)
+    const uint16_t* b2 = kSplitA ? nullptr : Bs2 + bo;
+#pragma unroll
+    for (int k = 0; k < kK; k += 16) {
+      Frag fb[kFn], fb2[kSplitA ? 1 : kFn];
+#pragma unroll
+      for (int j = 0; j < kFn; ++j) {
+        fb[j] = kTransB ? load_lane_t(b + k * ldb + 16 * j, ldb) : load_lane(b + 16 * j * ldb + k, ldb);
+        if constexpr (!kSplitA) fb2[j] = kTransB ? load_lane_t(b2 + k * ldb + 16 * j, ldb) : load_lane(b2 + 16 * j * ldb + k, ldb);
+      }
+#pragma unroll
+      for (int i = 0; i < kFm; ++i) {
+        const Frag fa = kTransA ? load_lane_t(a + k * lda + 16 * i, lda) : load_lane(a + 16 * i * lda + k, lda);
+#pragma unroll
+        for (int j = 0; j < kFn; ++j) mma<T>(acc[i][j], fa, fb[j]);
+        if constexpr (kSplitA) {
+          const Frag fa2 = kTransA ? load_lane_t(a2 + k * lda + 16 * i, lda) : load_lane(a2 + 16 * i * lda + k, lda);
+#pragma unroll
+          for (int j = 0; j < kFn; ++j) mma<T>(acc[i][j], fa2, fb[j]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kFn; ++j) mma<T>(acc[i][j], fa, fb2[j]);
+        }
+      }
+    }
+  }
+
   M2R_DEVICE int row(int i, int r) const { return m0 + 16 * i + acc_row(r); }
   M2R_DEVICE int col(int j, int r) const { return n0 + 16 * j + acc_col(r); }
 };

@@ -294,7 +294,7 @@ struct SsdBwdParams {
   void* dB;               // (batch, seqlen, ngroups, dstate): float32, or x's dtype (dbc_io bit 0)
   void* dC;               // (batch, seqlen, ngroups, dstate): float32, or x's dtype (dbc_io bit 1)
   float* ddt;             // (batch, seqlen, nheads)
-  float* tok;             // (3 ptiles + 2 chunk_size / 64, batch, nheads, nchunks, chunk_size)
+  float* tok;             // (ntiles + 2 ptiles + 2 chunk_size / 64, batch, nheads, nchunks, chunk_size)
   float* dD_part;         // (batch, nchunks, chunk_size / 64, nheads, headdim)
   float* dA_last_part;    // (batch, nheads, nchunks, pass_blocks)
   float* head_part;       // (2, batch, nchunks, nheads): dA, ddt_bias

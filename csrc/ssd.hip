@@ -801,8 +801,8 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     __syncthreads();
     const int s1 = s0 + kSlab;
     if (s1 < rows) bf.fetch(Bp + s1 * bl, bl, rows - s1, ncols, bvec), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
-    tile.template product<T, kSlab, true, true>(Bs, LB::kLd, Xh, LX::kLd);
-    if constexpr (kSplitState) tile.template product<T, kSlab, true, true>(Bs, LB::kLd, Xl, LX::kLd);
+    if constexpr (kSplitState) tile.template product_split<T, kSlab, true, true, false>(Bs, nullptr, LB::kLd, Xh, Xl, LX::kLd);
+    else tile.template product<T, kSlab, true, true>(Bs, LB::kLd, Xh, LX::kLd);
     __syncthreads();
   }
 
@@ -906,8 +906,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       const int n1 = n0 + kSlab;
       if (n1 < p.dstate)
         cf.fetch(Cp + n1, cl, crows, p.dstate - n1, cvec), ef.fetch(E + n1 * p.headdim, p.headdim, p.dstate - n1, pcols, evec);
-      tile.template product<T, kSlab, false, true>(As, kLdH, Bs, LX::kLd);
-      if constexpr (kSplitScan) tile.template product<T, kSlab, false, true>(As, kLdH, Bs_lo, LX::kLd);
+      if constexpr (kSplitScan) tile.template product_split<T, kSlab, false, true, false>(As, nullptr, kLdH, Bs, Bs_lo, LX::kLd);
+      else tile.template product<T, kSlab, false, true>(As, kLdH, Bs, LX::kLd);
       __syncthreads();
     }
 #pragma unroll
@@ -967,8 +967,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     __syncthreads();
     const int s1 = s0 + kSlab;
     if (s1 < s_end) mf.fetch(cb + s1 * cs, cs, kSlab, kRows, true), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
-    tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
-    if constexpr (kSplitScan) tile.template product<T, kSlab, true, true>(As_lo, LM::kLd, Bs, LX::kLd);
+    if constexpr (kSplitScan) tile.template product_split<T, kSlab, true, true, true>(As, As_lo, LM::kLd, Bs, nullptr, LX::kLd);
+    else tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
     __syncthreads();
   }
 

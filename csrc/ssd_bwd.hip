@@ -4,11 +4,9 @@
 // nothing but the inputs is kept from the forward), then these stages, each over one
 // (batch, chunk) at a time and with every product accumulated in fp32:
 //
-//   1. dz        the chunk scan's product again (y = decayed C·entering + masked decayed C·Bᵀ x),
-//                giving dz = dout y' silu'(z) (y' = y + D x) and g = dout silu(z), the output
-//                gradient every later stage reads; per token sum_p g y_off (the exponent
-//                gradient of the entering state's term) and per column sum_t g x (dD). Without
-//                z only the entering state's term is multiplied (g is dout);
+//   1. dz        with z only: the chunk scan's product again (y = decayed C·entering + masked
+//                decayed C·Bᵀ x), giving dz = dout y' silu'(z) (y' = y + D x) and g = dout silu(z),
+//                the output gradient every later stage reads (without z, g is dout);
 //                                                        grid (chunks*ttiles*ptiles*h, 1, b)
 //   2. dstates   the gradient of each chunk's entering state: sum_t exp(dA_cs[t]) gᵀ C[t] over
 //                the tokens that read it (the chunk's first segment); grid (chunks*tiles*h, 1, b)
@@ -17,16 +15,19 @@
 //                initial states' gradient;                 grid (p*n / 1024, h, b)
 //   4. dx        dx = dt (B·G decayed to the chunk end + (masked, decayed C·Bᵀ)ᵀ g) + D g; per
 //                token sum_p x dx/dt (ddt) and its chunk-state part (the chunk end's exponent);
+//                per column sum_s g x (dD);
 //                                                        grid (chunks*stiles*ptiles*h, 1, b)
 //   5. dcb       the gradient of C·Bᵀ: per group, sum over its heads of (g xᵀ) decayed and masked
 //                (overwrites the forward's C·Bᵀ, read by stages 1 and 4 before), and per head
 //                the intra-chunk terms' exponent gradients, summed per row and column;
 //                                                        grid (chunks*g*tile pairs, 1, b)
 //   6. dC, dB    sum over the group's heads of the decayed g·entering (dC) / x·G (dB), plus
-//                dcb·B (dC) / dcbᵀ·C (dB);                grid (chunks*tiles*g, 1, b)
+//                dcb·B (dC) / dcbᵀ·C (dB); dC also takes each head's term times C, summed over
+//                n: per token sum_p g y_off, the exponent gradient of the entering state's term
+//                (y_off = exp(dA_cs[t]) C[t]·entering);  grid (chunks*tiles*g, 1, b)
 //   7. cumsum    the exponent gradients of the chunk, summed back over each segment (a reversed
 //                segmented scan), give ddt' and dA; then through the clamp, softplus and bias to
-//                ddt, with per-chunk dA and ddt_bias partials;  grid (chunks, h / 8, b)
+//                ddt, with per-chunk dA and ddt_bias partials;  grid (chunks, h, b)
 //
 // The token and head sums are fp32 partials in fixed positions, added in a fixed order by the
 // next stage or the host: no atomics, so runs are bit-identical. Masked terms are selected away,
@@ -49,7 +50,6 @@ constexpr int kLd = kTile + 4;    // fp32 LDS rows, padded; 16-byte aligned
 constexpr int kLd16 = kTile + 8;  // 16-bit LDS rows for the matrix cores (mma.h: a multiple of 8)
 constexpr int kMaxChunk = 256;
 static_assert(kMaxChunk <= kThreads, "stages that give each thread one position of a chunk");
-constexpr int kHeadsPerCumsum = 8;
 constexpr int kPassVec = 4;
 constexpr int kPassBatch = 64;  // chunks per reduction step of the reversed state passing
 
@@ -64,17 +64,19 @@ M2R_DEVICE int64_t states_at(const SsdBwdParams& p, int b, int c, int h) {
 }
 
 // Per-token partial sums, fp32, one plane per (kind, tile) summed by the cumsum stage:
-//   kind 0, per headdim tile: sum_p g y_off (the entering state's term)
+//   kind 0, per dstate tile: sum_p g y_off (the entering state's term, y_off = exp(dA_cs[t])
+//           C[t]·entering), written by dC as sum_n C[t][n] (exp(dA_cs[t]) g[t]·entering)[n]
 //   kind 1, per headdim tile: sum_p x dx/dt (ddt, without the exponents)
 //   kind 2, per headdim tile: its chunk-state part times dt (the chunk end's exponent)
 //   kind 3, per token tile ts: sum over s in tile ts of M[t][s] (intra-chunk terms, at t)
 //   kind 4, per token tile tt: sum over t in tile tt of M[t][s] (at s)
 // with M[t][s] = (g[t]·x[s]) C[t]·B[s] exp(dA_cs[t] - dA_cs[s]) dt[s] (same segment, s <= t).
 M2R_DEVICE float* tok_row(const SsdBwdParams& p, int kind, int tile, int b, int h, int c) {
-  const int ptiles = cdiv(p.headdim, kTile), ltiles = p.chunk_size / kTile;
+  const int ntiles = cdiv(p.dstate, kTile), ptiles = cdiv(p.headdim, kTile), ltiles = p.chunk_size / kTile;
   const int64_t plane = static_cast<int64_t>(p.batch) * p.nheads * p.nchunks * p.chunk_size;
-  const int64_t index = kind < 3 ? static_cast<int64_t>(kind) * ptiles + tile
-                                 : 3LL * ptiles + static_cast<int64_t>(kind - 3) * ltiles + tile;
+  const int64_t index = kind == 0  ? tile
+                        : kind < 3 ? ntiles + static_cast<int64_t>(kind - 1) * ptiles + tile
+                                   : ntiles + 2LL * ptiles + static_cast<int64_t>(kind - 3) * ltiles + tile;
   return p.tok + index * plane + chunk_row(p, b, h, c);
 }
 
@@ -414,7 +416,7 @@ M2R_DEVICE void tile_product(float (&acc)[4][4], float* sm, int k_begin, int k_e
 
 // ---- 1. dz and the gated output gradient -----------------------------------------------------
 
-template <typename T, bool kHasZ>
+template <typename T>
 M2R_DEVICE void dz(const SsdBwdParams& p) {
   typedef typename T::storage S;
   __shared__ __align__(16) float sm[kSmemFloats];
@@ -438,48 +440,28 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
   }
   __syncthreads();
   const Tile tl;
-  float acc[4][4] = {}, rsum[4] = {};
+  float acc[4][4] = {};
   const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0;
   const S* dop = x_chunk(p, static_cast<const S*>(p.dout), b, l0, h) + p0;
-  const S* zp = kHasZ ? x_chunk(p, static_cast<const S*>(p.z), b, l0, h) + p0 : nullptr;
-  // this thread's 4 x 4 of dout, z and x (Quads)
-  Quads<T> dq, zq, xq;
+  const S* zp = x_chunk(p, static_cast<const S*>(p.z), b, l0, h) + p0;
+  Quads<T> dq, zq, xq;  // this thread's 4 x 4 of dout, z and x
   const int at = (t0 + tl.r_off) * xl + tl.c_off, nr = rows - t0 - tl.r_off, nq = pc - tl.c_off;
-  const auto load_gate = [&] {
-    dq.load(dop + at, xl, nr, nq);
-    if constexpr (kHasZ) zq.load(zp + at, xl, nr, nq);
-  };
-  // g = dout silu(z), rounded to T as the later stages read it
-  auto gated = [&](int i, int j) {
-    if constexpr (kHasZ) return rounded<T>(dq(i, j) * silu(zq(i, j)));
-    return dq(i, j);
-  };
   if (c > 0 || p.has_init) {  // the entering state read through C (zero for chunk 0 without one)
     const S* Cc = bc_chunk(p, static_cast<const S*>(p.C), b, l0, g);
     const float* E = p.states + states_at(p, b, c, h) + p0;
-    TileAcc<T> prod(acc);
-    prod.template run<false, true>(
-        sm, 0, p.dstate, Plain<T, false>{Cc + t0 * bl, bl, rows - t0},
+    tile_product<T, false, true>(
+        acc, sm, 0, p.dstate, Plain<T, false>{Cc + t0 * bl, bl, rows - t0},
         [&](int n, int m, int, float (&v)[kRun]) { load_run32(E + static_cast<int64_t>(n) * p.headdim + m, pc - m, v); });
-    load_gate();
-    if constexpr (!kHasZ) xq.load(xc + at, xl, nr, nq);
-    prod.finish(sm);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int t = t0 + tl.r_off + i;
       const bool reads = t < rows && seg[t] == 0;  // else a sequence that started in the chunk
       const float f = reads ? __expf(acs[t]) : 0.f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        acc[i][j] = reads ? acc[i][j] * f : 0.f;
-        if (reads && tl.c_off + j < pc) rsum[i] = fmaf(gated(i, j), acc[i][j], rsum[i]);
-      }
+      for (int j = 0; j < 4; ++j) acc[i][j] = reads ? acc[i][j] * f : 0.f;
     }
-  } else if constexpr (!kHasZ) {
-    load_gate();
-    xq.load(xc + at, xl, nr, nq);
   }
-  if constexpr (kHasZ) {  // y's intra-chunk term, which only dz reads
+  {  // y's intra-chunk term
     const bool one_seg = seg[0] == seg[p.chunk_size - 1];  // the chunk is one segment
     const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
     const int cs = p.chunk_size;
@@ -504,15 +486,15 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
           }
         },
         Plain<T, true>{xc, xl, pc});
-    load_gate();  // again: registers are short while the product runs
+    dq.load(dop + at, xl, nr, nq);  // in flight during finish()'s LDS hand-off
+    zq.load(zp + at, xl, nr, nq);
     xq.load(xc + at, xl, nr, nq);
     prod.finish(sm);
   }
 
-  S* dgp = kHasZ ? x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0 : nullptr;
-  S* dzp = kHasZ ? x_chunk(p, static_cast<S*>(p.dz), b, l0, h) + p0 : nullptr;
+  S* dgp = x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0;
+  S* dzp = x_chunk(p, static_cast<S*>(p.dz), b, l0, h) + p0;
   const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
-  float dsum[4] = {};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int t = t0 + tl.r_off + i;
@@ -521,31 +503,10 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
     for (int j = 0; j < 4; ++j) {
       const int m = tl.c_off + j;
       if (m >= pc) continue;
-      const float xv = xq(i, j);
-      if constexpr (kHasZ) {
-        const float y = acc[i][j], yd = Dp ? fmaf(Dp[m], xv, y) : y;
-        dzp[t * xl + m] = T::from_float(dq(i, j) * yd * dsilu(zq(i, j)));
-      }
-      const float gv = gated(i, j);
-      if constexpr (kHasZ) dgp[t * xl + m] = T::from_float(gv);  // without z: dout_g is dout
-      dsum[j] = fmaf(gv, xv, dsum[j]);
+      const float y = acc[i][j], yd = Dp ? fmaf(Dp[m], xq(i, j), y) : y;
+      dzp[t * xl + m] = T::from_float(dq(i, j) * yd * dsilu(zq(i, j)));
+      dgp[t * xl + m] = T::from_float(dq(i, j) * silu(zq(i, j)));  // g, rounded as later stages read it
     }
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) rsum[i] = row_sum16(rsum[i]);
-  if (threadIdx.x % 16 == 0) {
-    float* r = tok_row(p, 0, pt, b, h, c);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) r[t0 + tl.r_off + i] = rsum[i];  // 0 past seqlen
-  }
-  // dD: the 16 row groups' column sums, added in order
-#pragma unroll
-  for (int j = 0; j < 4; ++j) sm[(threadIdx.x / 16) * kTile + tl.c_off + j] = dsum[j];
-  __syncthreads();
-  if (threadIdx.x < pc) {
-    float v = 0.f;
-    for (int q = 0; q < kThreads / 16; ++q) v += sm[q * kTile + threadIdx.x];
-    p.dD_part[(((static_cast<int64_t>(b) * p.nchunks + c) * ttiles + tt) * p.nheads + h) * p.headdim + p0 + threadIdx.x] = v;
   }
 }
 
@@ -778,6 +739,21 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
       ddt[i] = fmaf(xv, d, ddt[i]);
     }
   }
+  if (Dp) {  // dD = sum_s g x: the 16 row groups' column sums through LDS (free after finish), added in order
+    float dsum[4] = {};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dsum[j] = fmaf(gq(i, j), xq(i, j), dsum[j]);  // 0 out of range
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sm[(threadIdx.x / 16) * kTile + tl.c_off + j] = dsum[j];
+    __syncthreads();
+    if (threadIdx.x < pc) {
+      float v = 0.f;
+      for (int q = 0; q < kThreads / 16; ++q) v += sm[q * kTile + threadIdx.x];
+      p.dD_part[(((static_cast<int64_t>(b) * p.nchunks + c) * stiles + st) * p.nheads + h) * p.headdim + p0 + threadIdx.x] = v;
+    }
+  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) ddt[i] = row_sum16(ddt[i]), kpart[i] = row_sum16(kpart[i]);
   if (threadIdx.x % 16 == 0) {
@@ -937,14 +913,37 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
   const int count = __syncthreads_count(part);
   const int lo = max(kDB ? rows - count : 0, r0) - r0, hi = min(kDB ? rows : count, r0 + kTile) - r0;
   const Tile tl;
-  const int hd = p.headdim;
+  const int hd = p.headdim, h0 = g * p.heads_per_group;
   float acc[4][4] = {};
-  TileAcc<T> prod(acc);
+  // dC: this thread's 4 x 4 of C, for each head's exponent gradient of its entering-state term
+  // (loaded again for every head while its product is handed through LDS: registers are short)
+  Quads<T> cq;
+  const S* cqp = bc_chunk(p, static_cast<const S*>(p.C), b, l0, g) + n0 + (r0 + tl.r_off) * bl + tl.c_off;
+  const auto load_c = [&] { cq.load(cqp, bl, rows - r0 - tl.r_off, nc - tl.c_off); };
+  // tok kind 0 of head h: sum_n C[t][n] P[t][n] over this tile's n, with P = exp(dA_cs[t]) g[t]·entering
+  // (so sum_p g y_off, y_off the output's entering-state term); 0 where the term is not read
+  const auto put_kind0 = [&](int h, const float (&rs)[4]) {
+    if (threadIdx.x % 16 == 0) {
+      float* r = tok_row(p, 0, nt, b, h, c) + r0 + tl.r_off;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) r[i] = rs[i];
+    }
+  };
+  const auto kind0 = [&](int h, const float (&ph)[4][4]) {  // after load_c()
+    float rs[4] = {};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) rs[i] = fmaf(cq(i, j), ph[i][j], rs[i]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) rs[i] = row_sum16(rs[i]);
+    put_kind0(h, rs);
+  };
   if (hi > lo && (kDB || c > 0 || p.has_init)) {
-    const int h0 = g * p.heads_per_group;
     const S* rowp = x_chunk(p, static_cast<const S*>(kDB ? p.x : p.dout_g), b, l0, h0) + r0 * xl;
     const float* st = (kDB ? p.dstates : p.states) + states_at(p, b, c, h0) + static_cast<int64_t>(n0) * p.headdim;
     const int64_t sstride = static_cast<int64_t>(p.dstate) * p.headdim;  // the next head's state
+    TileAcc<T> heads(acc);  // dB: the heads' products, one accumulation
     for (int hb = 0; hb < p.heads_per_group; hb += kWHeads) {  // the heads' weights in LDS
       const int nh = min(kWHeads, p.heads_per_group - hb);
       for (int e = threadIdx.x; e < nh * kTile; e += kThreads) {
@@ -959,23 +958,40 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
         const S* rp = per_lane(rowp + (hb + r) * hd);  // (per_lane: see dcb)
         const float* sp = per_lane(st + (hb + r) * sstride);
         const float* wr = w + r * kTile;
-        prod.template run<false, false, kPrefetch>(
-            sm, 0, hd,
-            [&](int pp, int m, int kv, float (&v)[kRun]) {
-              load_run<T>(rp + m * xl + pp, m >= lo && m < hi ? kv : 0, v);
-              const float wm = wr[m];
+        const auto la = [&](int pp, int m, int kv, float (&v)[kRun]) {
+          load_run<T>(rp + m * xl + pp, m >= lo && m < hi ? kv : 0, v);
+          const float wm = wr[m];
 #pragma unroll
-              for (int e = 0; e < kRun; ++e) v[e] *= wm;
-            },
-            [&](int pp, int m, int kv, float (&v)[kRun]) { load_run32(sp + m * hd + pp, m < nc ? kv : 0, v); });
+          for (int e = 0; e < kRun; ++e) v[e] *= wm;
+        };
+        const auto lb = [&](int pp, int m, int kv, float (&v)[kRun]) { load_run32(sp + m * hd + pp, m < nc ? kv : 0, v); };
+        if constexpr (kDB) {
+          heads.template run<false, false, kPrefetch>(sm, 0, hd, la, lb);
+        } else {  // each head's product apart: its exponent gradient needs it
+          float ph[4][4] = {};
+          TileAcc<T> head(ph);
+          head.template run<false, false, kPrefetch>(sm, 0, hd, la, lb);
+          load_c();
+          head.finish(sm);
+          kind0(h0 + hb + r, ph);
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] += ph[i][j];
+        }
       }
     }
+    if constexpr (kDB) heads.finish(sm);
+  } else if constexpr (!kDB) {
+    const float zero[4] = {};
+    for (int r = 0; r < p.heads_per_group; ++r) put_kind0(h0 + r, zero);
   }
   // the dcb term: dcb tiles exist for s-tile <= t-tile, masked entries written as 0
   const int64_t cs = p.chunk_size;
   const float* d = per_lane(p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * cs * cs);
   const S* other = per_lane(bc_chunk(p, static_cast<const S*>(kDB ? p.C : p.B), b, l0, g) + n0);
   const Plain<T, true> lb{other, bl, nc};  // k (q) < rows in both products
+  TileAcc<T> prod(acc);
   if constexpr (kDB) {  // rows s, reduction t >= s: dcb[s][t] with t unit-stride
     prod.template run<false, true, kPrefetch>(
         sm, r0, rows,
@@ -1025,7 +1041,7 @@ M2R_DEVICE void cumsum(const SsdBwdParams& p) {
   __shared__ float wsum[kThreads / kWavefront], partial[kThreads / kWavefront];
   __shared__ int wstart[kThreads / kWavefront];
   __shared__ int32_t seg[kMaxChunk];
-  const int c = blockIdx.x, b = blockIdx.z, i = threadIdx.x, last = p.chunk_size - 1;
+  const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, i = threadIdx.x, last = p.chunk_size - 1;
   const int32_t* sg = seg_row(p, b, c);
   if (i < p.chunk_size) seg[i] = sg[i];
   __syncthreads();
@@ -1034,51 +1050,49 @@ M2R_DEVICE void cumsum(const SsdBwdParams& p) {
   const int64_t pos = static_cast<int64_t>(c) * p.chunk_size + q;
   const bool valid = in && pos < p.seqlen;
   const bool start = in && q < last && seg[q + 1] != seg[q];
-  const int ptiles = cdiv(p.headdim, kTile), ltiles = p.chunk_size / kTile, qt = q / kTile;
-  for (int hh = 0; hh < kHeadsPerCumsum; ++hh) {
-    const int h = blockIdx.y * kHeadsPerCumsum + hh;
-    if (h >= p.nheads) break;  // uniform over the block
-    float r = 0.f, dd = 0.f, kk = 0.f;
-    if (valid) {
-      for (int pt = 0; pt < ptiles; ++pt) {
-        r += tok_row(p, 0, pt, b, h, c)[q];
-        dd += tok_row(p, 1, pt, b, h, c)[q];
-        kk += tok_row(p, 2, pt, b, h, c)[q];
-      }
-      for (int lt = 0; lt <= qt; ++lt) r += tok_row(p, 3, lt, b, h, c)[q];
-      for (int lt = qt; lt < ltiles; ++lt) r -= tok_row(p, 4, lt, b, h, c)[q];
+  const int ntiles = cdiv(p.dstate, kTile), ptiles = cdiv(p.headdim, kTile), ltiles = p.chunk_size / kTile, qt = q / kTile;
+  float r = 0.f, dd = 0.f, kk = 0.f;
+  if (valid) {
+    for (int nt = 0; nt < ntiles; ++nt) r += tok_row(p, 0, nt, b, h, c)[q];
+    for (int pt = 0; pt < ptiles; ++pt) {
+      dd += tok_row(p, 1, pt, b, h, c)[q];
+      kk += tok_row(p, 2, pt, b, h, c)[q];
     }
-    const float dtq = valid ? p.dt_out[chunk_row(p, b, h, c) + q] : 0.f;
-    float dacs = valid ? r - kk : 0.f;
-    const float ksum = block_sum<kThreads>(kk, partial);
-    if (i == 0) {  // position `last`: the chunk end, which the chunk state and the carry read
-      dacs += ksum;
-      const float* lp = p.dA_last_part + ((static_cast<int64_t>(b) * p.nheads + h) * p.nchunks + c) * p.pass_blocks;
-      for (int k = 0; k < p.pass_blocks; ++k) dacs += lp[k];
+    for (int lt = 0; lt <= qt; ++lt) r += tok_row(p, 3, lt, b, h, c)[q];
+    for (int lt = qt; lt < ltiles; ++lt) r -= tok_row(p, 4, lt, b, h, c)[q];
+  }
+  const float dtq = valid ? p.dt_out[chunk_row(p, b, h, c) + q] : 0.f;
+  // the raw dt, loaded before the barriers below so its latency overlaps them
+  const float d_raw = valid ? load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + pos * p.dt_l_stride + h * p.dt_h_stride) : 0.f;
+  float dacs = valid ? r - kk : 0.f;
+  const float ksum = block_sum<kThreads>(kk, partial);
+  if (i == 0) {  // position `last`: the chunk end, which the chunk state and the carry read
+    dacs += ksum;
+    const float* lp = p.dA_last_part + ((static_cast<int64_t>(b) * p.nheads + h) * p.nchunks + c) * p.pass_blocks;
+    for (int k = 0; k < p.pass_blocks; ++k) dacs += lp[k];
+  }
+  const float back = block_segmented_scan(dacs, start, wsum, wstart);
+  float ddt_raw = 0.f;
+  if (valid) {
+    const float ddt = fmaf(p.A[h], back, dd);  // the gradient of dt' at q
+    float d = d_raw;
+    if (p.dt_bias) d += p.dt_bias[h];
+    float slope = 1.f;
+    if (p.dt_softplus) {
+      if (d <= 20.f) slope = 1.f / (1.f + __expf(-d));
+      d = softplus(d);
     }
-    const float back = block_segmented_scan(dacs, start, wsum, wstart);
-    float ddt_raw = 0.f;
-    if (valid) {
-      const float ddt = fmaf(p.A[h], back, dd);  // the gradient of dt' at q
-      float d = load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + pos * p.dt_l_stride + h * p.dt_h_stride);
-      if (p.dt_bias) d += p.dt_bias[h];
-      float slope = 1.f;
-      if (p.dt_softplus) {
-        if (d <= 20.f) slope = 1.f / (1.f + __expf(-d));
-        d = softplus(d);
-      }
-      const bool kept = d >= p.dt_min && d <= p.dt_max;  // clamp's gradient: where it is not clamped
-      ddt_raw = kept ? ddt * slope : 0.f;
-      p.ddt[(static_cast<int64_t>(b) * p.seqlen + pos) * p.nheads + h] = ddt_raw;
-    }
-    const float da = block_sum<kThreads>(valid ? dtq * back : 0.f, partial);
-    const float db = block_sum<kThreads>(ddt_raw, partial);
-    if (i == 0) {
-      const int64_t plane = static_cast<int64_t>(p.batch) * p.nchunks * p.nheads;
-      const int64_t at = (static_cast<int64_t>(b) * p.nchunks + c) * p.nheads + h;
-      p.head_part[at] = da;
-      p.head_part[plane + at] = db;
-    }
+    const bool kept = d >= p.dt_min && d <= p.dt_max;  // clamp's gradient: where it is not clamped
+    ddt_raw = kept ? ddt * slope : 0.f;
+    p.ddt[(static_cast<int64_t>(b) * p.seqlen + pos) * p.nheads + h] = ddt_raw;
+  }
+  const float da = block_sum<kThreads>(valid ? dtq * back : 0.f, partial);
+  const float db = block_sum<kThreads>(ddt_raw, partial);
+  if (i == 0) {
+    const int64_t plane = static_cast<int64_t>(p.batch) * p.nchunks * p.nheads;
+    const int64_t at = (static_cast<int64_t>(b) * p.nchunks + c) * p.nheads + h;
+    p.head_part[at] = da;
+    p.head_part[plane + at] = db;
   }
 }
 
@@ -1096,8 +1110,7 @@ M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_cumsum(SsdBwdParams
 #define M2R_DSTATES_BLOCKS 3
 #endif
 #define M2R_SSD_BWD(DT, T)                                                                                            \
-  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dz_##DT(SsdBwdParams p) { m2r::ssd_bwd::dz<m2r::T, false>(p); }     \
-  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dz_##DT##_z(SsdBwdParams p) { m2r::ssd_bwd::dz<m2r::T, true>(p); }  \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dz_##DT(SsdBwdParams p) { m2r::ssd_bwd::dz<m2r::T>(p); }          \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, M2R_DSTATES_BLOCKS) m2r_ssd_bwd_dstates_##DT(SsdBwdParams p) { m2r::ssd_bwd::dstates<m2r::T>(p); } \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dx_##DT(SsdBwdParams p) { m2r::ssd_bwd::dx<m2r::T>(p); }           \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dcb_##DT(SsdBwdParams p) { m2r::ssd_bwd::dcb<m2r::T>(p); }         \

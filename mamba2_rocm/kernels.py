@@ -161,9 +161,8 @@ SOURCES: dict[str, KernelSource] = {
                 *(
                     f"m2r_ssd_bwd_{stage}_{dt}"
                     for dt in KERNEL_DTYPES
-                    for stage in ("dstates", "dx", "dcb", "dc", "db")
+                    for stage in ("dz", "dstates", "dx", "dcb", "dc", "db")
                 ),
-                *(f"m2r_ssd_bwd_dz_{dt}{z}" for dt in KERNEL_DTYPES for z in ("", "_z")),
             ),
         ),
         KernelSource(

@@ -208,7 +208,7 @@ def test_kernel_backward_reads_dout_itself_without_z(monkeypatch, with_z):
     ssd_ops._bwd_impl(a["x"], a["dt"], a["A"], a["B"], a["C"], 64, None, z, None, None, None,
                       False, (0.0, math.inf), dout, None)  # fmt: skip
     names = [f[0] for f in SsdBwdParams._fields_]
-    (params,) = [p for name, p, _ in kset.launches if name.startswith("m2r_ssd_bwd_dz_")]
+    (params,) = [p for name, p, _ in kset.launches if name.startswith("m2r_ssd_bwd_dx_")]
     dout_ptr, dout_g_ptr = params[names.index("dout")], params[names.index("dout_g")]
     assert dout_ptr == dout.data_ptr()
     if with_z:

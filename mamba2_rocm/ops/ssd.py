@@ -68,7 +68,6 @@ _PASS_VEC = 4  # state_passing: elements per thread
 _INT32_MAX = 2**31 - 1
 # csrc/ssd_bwd.hip
 _BWD_TILE = 64  # kTile: tokens / headdim / dstate per output tile
-_BWD_CUMSUM_HEADS = 8  # kHeadsPerCumsum
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -333,7 +332,9 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     dC = torch.empty(batch, seqlen, g, n, dtype=x.dtype if dbc_io & 2 else f32, device=dev)
     ddt = torch.empty(batch, seqlen, nheads, dtype=f32, device=dev)
     # per-token partials (csrc/ssd_bwd.hip: tok_row), each written before it is read
-    tok = torch.empty(3 * ptiles + 2 * ltiles, batch, nheads, nchunks, cs, dtype=f32, device=dev)
+    tok = torch.empty(
+        ntiles + 2 * ptiles + 2 * ltiles, batch, nheads, nchunks, cs, dtype=f32, device=dev
+    )
     dD_part = torch.empty(batch, nchunks, ltiles, nheads, headdim, dtype=f32, device=dev)
     dA_last = torch.empty(batch, nheads, nchunks, pass_blocks, dtype=f32, device=dev)
     head_part = torch.empty(2, batch, nchunks, nheads, dtype=f32, device=dev)
@@ -387,15 +388,15 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     dtn = KERNEL_DTYPE[x.dtype]
     run = lambda name, grid: launch(kset.launcher(name), x, params, grid, _THREADS)  # noqa: E731
     pairs = ltiles * (ltiles + 1) // 2
-    run(f"m2r_ssd_bwd_dz_{dtn}{'_z' if z is not None else ''}",
-        (nchunks * ltiles * ptiles * nheads, 1, batch))  # fmt: skip
+    if z is not None:  # dz and the gated output gradient (without z nothing needs this stage)
+        run(f"m2r_ssd_bwd_dz_{dtn}", (nchunks * ltiles * ptiles * nheads, 1, batch))
     run(f"m2r_ssd_bwd_dstates_{dtn}", (nchunks * ntiles * ptiles * nheads, 1, batch))
     run("m2r_ssd_bwd_state_passing", (pass_blocks, nheads, batch))
     run(f"m2r_ssd_bwd_dx_{dtn}", (nchunks * ltiles * ptiles * nheads, 1, batch))
     run(f"m2r_ssd_bwd_dcb_{dtn}", (nchunks * g * pairs, 1, batch))
     run(f"m2r_ssd_bwd_dc_{dtn}", (nchunks * ltiles * ntiles * g, 1, batch))
     run(f"m2r_ssd_bwd_db_{dtn}", (nchunks * ltiles * ntiles * g, 1, batch))
-    run("m2r_ssd_bwd_cumsum", (nchunks, _cdiv(nheads, _BWD_CUMSUM_HEADS), batch))
+    run("m2r_ssd_bwd_cumsum", (nchunks, nheads, batch))
     # the partials, summed in a fixed order (deterministic)
     dD = None
     if D is not None:

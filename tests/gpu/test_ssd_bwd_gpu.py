@@ -155,7 +155,7 @@ def test_optional_inputs(dtype, opts, softplus, limit):
 def test_float32_B_C_with_half_x(fp32, z):
     """mamba_ssm's callers pass float32 B / C with bf16 x: dB / dC come back float32 (written
     so by the kernel), the other one in x's dtype (written in it), each against the reference;
-    with and without z (the dz stage's two forms)."""
+    with and without z (with z the dz stage runs, without it that stage is skipped)."""
     dtype = torch.bfloat16
     g = seeded("ssd bwd fp32 bc", fp32, z, device=DEV)
     t, seq, dout, dfin = _inputs(g, 2, 300, 8, 64, 2, 64, dtype, z=z)
