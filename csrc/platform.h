@@ -349,6 +349,23 @@ M2R_DEVICE float load_as_float(const void* p, int dtype, int64_t idx) {
   return dtype == M2R_DTYPE_F16 ? fp16_to_float(bits) : bf16_to_float(bits);
 }
 
+// out[e] = element idx0 + e * stride where valid[e], else 0 (as load_as_float): every load is
+// issued before the first conversion, so their latencies overlap instead of adding up
+template <int kN>
+M2R_DEVICE void load_as_float_n(const void* p, int dtype, int64_t idx0, int64_t stride, const bool (&valid)[kN],
+                                float (&out)[kN]) {
+  if (dtype == M2R_DTYPE_F32) {
+#pragma unroll
+    for (int e = 0; e < kN; ++e) out[e] = valid[e] ? static_cast<const float*>(p)[idx0 + e * stride] : 0.f;
+    return;
+  }
+  uint16_t bits[kN];
+#pragma unroll
+  for (int e = 0; e < kN; ++e) bits[e] = valid[e] ? static_cast<const uint16_t*>(p)[idx0 + e * stride] : 0;
+#pragma unroll
+  for (int e = 0; e < kN; ++e) out[e] = valid[e] ? (dtype == M2R_DTYPE_F16 ? fp16_to_float(bits[e]) : bf16_to_float(bits[e])) : 0.f;
+}
+
 // 2^x, approximate (a few ulp); results below 2^-126 flush to 0. One instruction on both
 // vendors (MUFU.EX2 / v_exp_f32), where exp2f adds a denormal fix-up.
 M2R_DEVICE float fast_exp2(float x) {

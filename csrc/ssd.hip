@@ -133,12 +133,10 @@ M2R_DEVICE void chunk_cumsum(const SsdParams& p) {
   for (int i = wave; i < kHeadsPerCumsum; i += kThreads / kWavefront) {
     const int h = blockIdx.y * kHeadsPerCumsum + i;
     if (h >= p.nheads) break;  // uniform over the wave
+    float d[kCumsumPer], cum[kCumsumPer];  // (dt's loads first: they are the long ones)
+    load_as_float_n(p.dt, p.dt_dtype, b * p.dt_batch_stride + pos0 * p.dt_l_stride + h * p.dt_h_stride, p.dt_l_stride, valid, d);
     const float bias = p.dt_bias ? load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_stride) : 0.f;
     const float a = load_as_float(p.A, p.a_dtype, h * p.A_stride);
-    float d[kCumsumPer], cum[kCumsumPer];
-#pragma unroll
-    for (int e = 0; e < kCumsumPer; ++e)
-      d[e] = valid[e] ? load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + (pos0 + e) * p.dt_l_stride + h * p.dt_h_stride) : 0.f;
 #pragma unroll
     for (int e = 0; e < kCumsumPer; ++e) {
       if (valid[e]) {
