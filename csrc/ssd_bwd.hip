@@ -1051,26 +1051,44 @@ M2R_DEVICE void cumsum(const SsdBwdParams& p) {
   const bool valid = in && pos < p.seqlen;
   const bool start = in && q < last && seg[q + 1] != seg[q];
   const int ntiles = cdiv(p.dstate, kTile), ptiles = cdiv(p.headdim, kTile), ltiles = p.chunk_size / kTile, qt = q / kTile;
+  // this position's partials: the loads of up to kBatch tiles of every kind are issued together
+  // (the tile counts are known only at run time; ltiles <= kBatch always)
+  constexpr int kBatch = kMaxChunk / kTile;
   float r = 0.f, dd = 0.f, kk = 0.f;
   if (valid) {
-    for (int nt = 0; nt < ntiles; ++nt) r += tok_row(p, 0, nt, b, h, c)[q];
-    for (int pt = 0; pt < ptiles; ++pt) {
+    float v0[kBatch], v1[kBatch], v2[kBatch], v3[kBatch], v4[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      v0[k] = k < ntiles ? tok_row(p, 0, k, b, h, c)[q] : 0.f;
+      v1[k] = k < ptiles ? tok_row(p, 1, k, b, h, c)[q] : 0.f;
+      v2[k] = k < ptiles ? tok_row(p, 2, k, b, h, c)[q] : 0.f;
+      v3[k] = k <= qt ? tok_row(p, 3, k, b, h, c)[q] : 0.f;
+      v4[k] = k >= qt && k < ltiles ? tok_row(p, 4, k, b, h, c)[q] : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) r += v0[k], dd += v1[k], kk += v2[k];
+    for (int nt = kBatch; nt < ntiles; ++nt) r += tok_row(p, 0, nt, b, h, c)[q];  // dstate > 256
+    for (int pt = kBatch; pt < ptiles; ++pt) {                                   // headdim > 256
       dd += tok_row(p, 1, pt, b, h, c)[q];
       kk += tok_row(p, 2, pt, b, h, c)[q];
     }
-    for (int lt = 0; lt <= qt; ++lt) r += tok_row(p, 3, lt, b, h, c)[q];
-    for (int lt = qt; lt < ltiles; ++lt) r -= tok_row(p, 4, lt, b, h, c)[q];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) r += v3[k];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) r -= v4[k];
   }
   const float dtq = valid ? p.dt_out[chunk_row(p, b, h, c) + q] : 0.f;
   // the raw dt, loaded before the barriers below so its latency overlaps them
   const float d_raw = valid ? load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + pos * p.dt_l_stride + h * p.dt_h_stride) : 0.f;
-  float dacs = valid ? r - kk : 0.f;
-  const float ksum = block_sum<kThreads>(kk, partial);
-  if (i == 0) {  // position `last`: the chunk end, which the chunk state and the carry read
-    dacs += ksum;
-    const float* lp = p.dA_last_part + ((static_cast<int64_t>(b) * p.nheads + h) * p.nchunks + c) * p.pass_blocks;
-    for (int k = 0; k < p.pass_blocks; ++k) dacs += lp[k];
+  // the state passing's carry-exponent partials of this chunk, one per thread, join kk's sum
+  float lp = 0.f;
+  {
+    const float* lpp = p.dA_last_part + ((static_cast<int64_t>(b) * p.nheads + h) * p.nchunks + c) * p.pass_blocks;
+    for (int k = i; k < p.pass_blocks; k += kThreads) lp += lpp[k];
   }
+  float dacs = valid ? r - kk : 0.f;
+  const float ksum = block_sum<kThreads>(kk + lp, partial);
+  if (i == 0) dacs += ksum;  // position `last`: the chunk end, which the chunk state and the carry read
   const float back = block_segmented_scan(dacs, start, wsum, wstart);
   float ddt_raw = 0.f;
   if (valid) {
