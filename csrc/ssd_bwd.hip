@@ -108,12 +108,6 @@ M2R_DEVICE float wave_sum(float v) {
   return v;
 }
 
-// A value as the kernels keep it between stages: rounded to the inputs' dtype.
-template <typename T>
-M2R_DEVICE float rounded(float v) {
-  return T::to_float(T::from_float(v));
-}
-
 struct Tile {  // this thread's 4 x 4 of a 64 x 64 output tile: rows r_off.., columns c_off..
   int r_off = 4 * (static_cast<int>(threadIdx.x) / 16), c_off = 4 * (static_cast<int>(threadIdx.x) % 16);
 };
@@ -739,7 +733,8 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
       ddt[i] = fmaf(xv, d, ddt[i]);
     }
   }
-  if (Dp) {  // dD = sum_s g x: the 16 row groups' column sums through LDS (free after finish), added in order
+  if (Dp) {  // dD = sum_s g x: the 16 row groups' column sums through LDS (free: the product's last barrier
+             // has passed), added in order
     float dsum[4] = {};
 #pragma unroll
     for (int i = 0; i < 4; ++i)
