@@ -74,9 +74,10 @@ M2R_DEVICE int64_t states_at(const SsdBwdParams& p, int b, int c, int h) {
 M2R_DEVICE float* tok_row(const SsdBwdParams& p, int kind, int tile, int b, int h, int c) {
   const int ntiles = cdiv(p.dstate, kTile), ptiles = cdiv(p.headdim, kTile), ltiles = p.chunk_size / kTile;
   const int64_t plane = static_cast<int64_t>(p.batch) * p.nheads * p.nchunks * p.chunk_size;
-  const int64_t index = kind == 0  ? tile
-                        : kind < 3 ? ntiles + static_cast<int64_t>(kind - 1) * ptiles + tile
-                                   : ntiles + 2LL * ptiles + static_cast<int64_t>(kind - 3) * ltiles + tile;
+  // planes: kinds 1, 2, then 0, then 3, 4 (dx's kinds need no dstate term: scalar registers)
+  const int64_t index = kind == 1 || kind == 2 ? static_cast<int64_t>(kind - 1) * ptiles + tile
+                        : kind == 0            ? 2LL * ptiles + tile
+                                               : 2LL * ptiles + ntiles + static_cast<int64_t>(kind - 3) * ltiles + tile;
   return p.tok + index * plane + chunk_row(p, b, h, c);
 }
 
@@ -653,6 +654,9 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   const int xl = p.nheads * p.headdim, bl = p.ngroups * p.dstate, last = p.chunk_size - 1, cs = p.chunk_size;
+  // where this block's dD partials go, worked out now and held in vector registers: the scalar
+  // ones run short by the epilogue on the wave64 targets
+  float* const dd = per_lane(p.dD_part + (((static_cast<int64_t>(b) * p.nchunks + c) * stiles + st) * p.nheads + h) * p.headdim + p0);
   for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
     acs[s] = p.dA_cs[chunk_row(p, b, h, c) + s];
     dts[s] = p.dt_out[chunk_row(p, b, h, c) + s];
@@ -716,7 +720,7 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   if (Dp) gq.load(gp + at, xl, nr, nq);
   prod.finish(sm);
 
-  S* dxp = x_chunk(p, static_cast<S*>(p.dx), b, l0, h) + p0;
+  S* dxp = per_lane(x_chunk(p, static_cast<S*>(p.dx), b, l0, h) + p0);  // (per_lane: scalar registers, wave64)
   float ddt[4] = {};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -733,21 +737,12 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
       ddt[i] = fmaf(xv, d, ddt[i]);
     }
   }
-  if (Dp) {  // dD = sum_s g x: the 16 row groups' column sums through LDS (free: the product's last barrier
-             // has passed), added in order
-    float dsum[4] = {};
+  float dsum[4] = {};  // dD = sum_s g x, this thread's columns
+  if (Dp) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) dsum[j] = fmaf(gq(i, j), xq(i, j), dsum[j]);  // 0 out of range
-#pragma unroll
-    for (int j = 0; j < 4; ++j) sm[(threadIdx.x / 16) * kTile + tl.c_off + j] = dsum[j];
-    __syncthreads();
-    if (threadIdx.x < pc) {
-      float v = 0.f;
-      for (int q = 0; q < kThreads / 16; ++q) v += sm[q * kTile + threadIdx.x];
-      p.dD_part[(((static_cast<int64_t>(b) * p.nchunks + c) * stiles + st) * p.nheads + h) * p.headdim + p0 + threadIdx.x] = v;
-    }
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) ddt[i] = row_sum16(ddt[i]), kpart[i] = row_sum16(kpart[i]);
@@ -759,6 +754,17 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
       const int s = s0 + tl.r_off + i;
       r1[s] = ddt[i];
       r2[s] = s < rows ? kpart[i] * dts[s] : 0.f;
+    }
+  }
+  if (Dp) {  // the 16 row groups' column sums through LDS (free: the product's last barrier has
+             // passed), added in order; last, when little else is live (wave64: scalar registers)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sm[(threadIdx.x / 16) * kTile + tl.c_off + j] = dsum[j];
+    __syncthreads();
+    if (threadIdx.x < pc) {
+      float v = 0.f;
+      for (int q = 0; q < kThreads / 16; ++q) v += sm[q * kTile + threadIdx.x];
+      dd[threadIdx.x] = v;
     }
   }
 }
@@ -911,9 +917,8 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
   const int hd = p.headdim, h0 = g * p.heads_per_group;
   float acc[4][4] = {};
   // dC: this thread's 4 x 4 of C, for each head's exponent gradient of its entering-state term
-  // (loaded again for every head while its product is handed through LDS: registers are short)
   Quads<T> cq;
-  const S* cqp = bc_chunk(p, static_cast<const S*>(p.C), b, l0, g) + n0 + (r0 + tl.r_off) * bl + tl.c_off;
+  const S* cqp = per_lane(bc_chunk(p, static_cast<const S*>(p.C), b, l0, g) + n0 + (r0 + tl.r_off) * bl + tl.c_off);
   const auto load_c = [&] { cq.load(cqp, bl, rows - r0 - tl.r_off, nc - tl.c_off); };
   // tok kind 0 of head h: sum_n C[t][n] P[t][n] over this tile's n, with P = exp(dA_cs[t]) g[t]·entering
   // (so sum_p g y_off, y_off the output's entering-state term); 0 where the term is not read
@@ -934,6 +939,11 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
     for (int i = 0; i < 4; ++i) rs[i] = row_sum16(rs[i]);
     put_kind0(h, rs);
   };
+  // wave64: C's quads once, before the heads (a load per head overruns gfx9's scalar registers);
+  // wave32: once per head, during its hand-off (held across the heads, they overrun sm_90's 128
+  // vector registers)
+  constexpr bool kCOnce = kWavefront == 64;
+  if constexpr (!kDB && kCOnce) load_c();
   if (hi > lo && (kDB || c > 0 || p.has_init)) {
     const S* rowp = x_chunk(p, static_cast<const S*>(kDB ? p.x : p.dout_g), b, l0, h0) + r0 * xl;
     const float* st = (kDB ? p.dstates : p.states) + states_at(p, b, c, h0) + static_cast<int64_t>(n0) * p.headdim;
@@ -965,8 +975,8 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
         } else {  // each head's product apart: its exponent gradient needs it
           float ph[4][4] = {};
           TileAcc<T> head(ph);
-          head.template run<false, false, kPrefetch>(sm, 0, hd, la, lb);
-          load_c();
+          head.template run<false, false, kPrefetch, kNarrowSlab>(sm, 0, hd, la, lb);  // (wave64: 32)
+          if constexpr (!kCOnce) load_c();
           head.finish(sm);
           kind0(h0 + hb + r, ph);
 #pragma unroll
