@@ -303,22 +303,31 @@ struct BlockTile {
         for (int r = 0; r < kAccRegs; ++r) acc[i][j].v[r] = 0.f;
   }
 
+  // This lane's offset into an A ([kM][lda], or kTrans: k-major [kK][lda]) or B tile, once per
+  // product; fragment (k, i) of this wave's sub-tile is a constant offset from it.
+  template <bool kTrans>
+  M2R_DEVICE int lane_a(int lda) const { return kTrans ? lane_off_t(lda) + m0 : lane_off(lda) + m0 * lda; }
+  template <bool kTrans>
+  M2R_DEVICE int lane_b(int ldb) const { return kTrans ? lane_off_bt(ldb) + n0 : lane_off_b(ldb) + n0 * ldb; }
+  template <bool kTrans>
+  static M2R_DEVICE Frag frag(const uint16_t* a, int ld, int k, int i) {
+    return kTrans ? load_lane_t(a + k * ld + 16 * i, ld) : load_lane(a + 16 * i * ld + k, ld);
+  }
+
   // One LDS slab of kK along the reduction dim. A is [kM][lda] or, kTransA, k-major
   // [kK][lda]; B likewise with kN.
   template <typename T, int kK, bool kTransA, bool kTransB>
   M2R_DEVICE void product(const uint16_t* As, int lda, const uint16_t* Bs, int ldb) {
-    // this lane's addresses once; every fragment is a constant offset from them
-    const uint16_t* a = As + (kTransA ? lane_off_t(lda) + m0 : lane_off(lda) + m0 * lda);
-    const uint16_t* b = Bs + (kTransB ? lane_off_bt(ldb) + n0 : lane_off_b(ldb) + n0 * ldb);
+    const uint16_t* a = As + lane_a<kTransA>(lda);
+    const uint16_t* b = Bs + lane_b<kTransB>(ldb);
 #pragma unroll
     for (int k = 0; k < kK; k += 16) {
       Frag fb[kFn];
 #pragma unroll
-      for (int j = 0; j < kFn; ++j)
-        fb[j] = kTransB ? load_lane_t(b + k * ldb + 16 * j, ldb) : load_lane(b + 16 * j * ldb + k, ldb);
+      for (int j = 0; j < kFn; ++j) fb[j] = frag<kTransB>(b, ldb, k, j);
 #pragma unroll
       for (int i = 0; i < kFm; ++i) {
-        const Frag fa = kTransA ? load_lane_t(a + k * lda + 16 * i, lda) : load_lane(a + 16 * i * lda + k, lda);
+        const Frag fa = frag<kTransA>(a, lda, k, i);
 #pragma unroll
         for (int j = 0; j < kFn; ++j) mma<T>(acc[i][j], fa, fb[j]);
       }
@@ -331,8 +340,7 @@ struct BlockTile {
   template <typename T, int kK, bool kTransA, bool kTransB, bool kSplitA>
   M2R_DEVICE void product_split(const uint16_t* As, const uint16_t* As2, int lda, const uint16_t* Bs,
                                 const uint16_t* Bs2, int ldb) {
-    const int ao = kTransA ? lane_off_t(lda) + m0 : lane_off(lda) + m0 * lda;
-    const int bo = kTransB ? lane_off_bt(ldb) + n0 : lane_off_b(ldb) + n0 * ldb;
+    const int ao = lane_a<kTransA>(lda), bo = lane_b<kTransB>(ldb);
     const uint16_t *a = As + ao, *b = Bs + bo;
     const uint16_t* a2 = kSplitA ? As2 + ao : nullptr;  // (the other one is not given)
     const uint16_t* b2 = kSplitA ? nullptr : Bs2 + bo;
@@ -341,16 +349,16 @@ struct BlockTile {
       Frag fb[kFn], fb2[kSplitA ? 1 : kFn];
 #pragma unroll
       for (int j = 0; j < kFn; ++j) {
-        fb[j] = kTransB ? load_lane_t(b + k * ldb + 16 * j, ldb) : load_lane(b + 16 * j * ldb + k, ldb);
-        if constexpr (!kSplitA) fb2[j] = kTransB ? load_lane_t(b2 + k * ldb + 16 * j, ldb) : load_lane(b2 + 16 * j * ldb + k, ldb);
+        fb[j] = frag<kTransB>(b, ldb, k, j);
+        if constexpr (!kSplitA) fb2[j] = frag<kTransB>(b2, ldb, k, j);
       }
 #pragma unroll
       for (int i = 0; i < kFm; ++i) {
-        const Frag fa = kTransA ? load_lane_t(a + k * lda + 16 * i, lda) : load_lane(a + 16 * i * lda + k, lda);
+        const Frag fa = frag<kTransA>(a, lda, k, i);
 #pragma unroll
         for (int j = 0; j < kFn; ++j) mma<T>(acc[i][j], fa, fb[j]);
         if constexpr (kSplitA) {
-          const Frag fa2 = kTransA ? load_lane_t(a2 + k * lda + 16 * i, lda) : load_lane(a2 + 16 * i * lda + k, lda);
+          const Frag fa2 = frag<kTransA>(a2, lda, k, i);
 #pragma unroll
           for (int j = 0; j < kFn; ++j) mma<T>(acc[i][j], fa2, fb[j]);
         } else {
