@@ -269,9 +269,13 @@ struct BF16 {
 // +0; bit 0 / bit 1 of `bad` say which were. Integer arithmetic only: a half's magnitude plus
 // (0x8000 - kExpBits) carries into its bit 15 exactly when it is >= kExpBits.
 template <typename T>
-M2R_DEVICE uint32_t zero_nonfinite2(uint32_t w, uint32_t& bad) {
+M2R_DEVICE uint32_t nonfinite_top2(uint32_t w) {  // bit 15 / bit 31: the low / high half is not finite
   constexpr uint32_t k = (0x8000u - T::kExpBits) * 0x10001u;
-  const uint32_t top = ((w & 0x7fff7fffu) + k) & 0x80008000u;
+  return ((w & 0x7fff7fffu) + k) & 0x80008000u;
+}
+template <typename T>
+M2R_DEVICE uint32_t zero_nonfinite2(uint32_t w, uint32_t& bad) {
+  const uint32_t top = nonfinite_top2<T>(w);
   bad = (top >> 15 & 1u) | (top >> 30 & 2u);
   return w & ~((top >> 15) * 0xffffu);
 }
@@ -382,6 +386,13 @@ M2R_DEVICE float fast_exp2(float x) {
 // it proves uniform (an LDS read at a uniform address) into scalar registers, 102 at most per
 // wave; a kernel whose every lane reads the same LDS row then spills them. No code on NVIDIA.
 M2R_DEVICE int per_lane(int x) {
+#if M2R_AMD
+  asm volatile("" : "+v"(x));
+#endif
+  return x;
+}
+// the same for a float
+M2R_DEVICE float per_lane(float x) {
 #if M2R_AMD
   asm volatile("" : "+v"(x));
 #endif

@@ -639,8 +639,14 @@ struct Rows16 : Fetch<kRows, kCols, 8> {
   M2R_DEVICE void put_finite(uint16_t* dst, int ld, Marks& bad, int row0) {
 #pragma unroll
     for (int i = 0; i < F::kN; ++i) {
-      uint32_t b0, b1, b2, b3;
       uint4 v = q[i];
+      // one test for the 8 values first: the zeroing and marks below cost three times as many
+      // instructions, and x is finite almost always
+      if ((nonfinite_top2<T>(v.x) | nonfinite_top2<T>(v.y) | nonfinite_top2<T>(v.z) | nonfinite_top2<T>(v.w)) == 0u) {
+        *reinterpret_cast<uint4*>(dst + F::row(i) * ld + F::col()) = v;
+        continue;
+      }
+      uint32_t b0, b1, b2, b3;
       v.x = zero_nonfinite2<T>(v.x, b0), v.y = zero_nonfinite2<T>(v.y, b1);
       v.z = zero_nonfinite2<T>(v.z, b2), v.w = zero_nonfinite2<T>(v.w, b3);
       const uint32_t bits = b0 | b1 << 2 | b2 << 4 | b3 << 6;
@@ -919,11 +925,18 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
         for (int j = 0; j < tile.kFn; ++j) tile.acc[i][j].v[r] = from_before ? tile.acc[i][j].v[r] * f : 0.f;
       }
     bad.clear(cs);  // Bs_lo is free now
-    __syncthreads();
   } else {
     bad.clear(cs);
-    __syncthreads();  // acs, dts, seg, marks
   }
+  // whether dA_cs never rises over the chunk's tokens (dt A <= 0, as in every Mamba model):
+  // worked out here, not with acs above (held through the entering state's product, the flag
+  // spilled scalar registers on the wave64 targets)
+  int rises = 0;
+  {
+    const float* a = p.dA_cs + chunk_row(p, b, h, c);
+    for (int s = threadIdx.x + 1; s < rows; s += kThreads) rises |= a[s] > a[s - 1];
+  }
+  const bool decays = __syncthreads_count(rises) == 0;  // also the barrier for acs, dts, seg, marks
 
   // within the chunk: positions s <= t of the same segment, M[s][t] = C·Bᵀ[s][t] dt[s]
   // exp(dA_cs[t] - dA_cs[s]) staged [s][t] (split), times x [s][p]
@@ -932,27 +945,38 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) *
                                static_cast<int64_t>(cs) * cs + t0;
   const int s_end = min(t0 + kRows, rows);
-  const bool one_segment = !p.seq_idx;
+  // the slabs wholly before the tile end here, where the decay factors (below) and there are no
+  // segments (one value for the three)
+  const int plain_end = decays && !p.seq_idx ? min(t0 + 1, rows) : 0;
   Rows32<kSlab, kRows> mf;  // C·Bᵀ rows: the workspace is chunk_size^2, always in range
   Rows16<kSlab, 64> xf;
   mf.fetch(cb, cs, kSlab, kRows, true);
   xf.fetch(xp, xl, rows, pcols, xvec);
   const int tq = t0 + mf.col();  // this thread's 4 positions t
-  float a_t[4];
+  // In the slabs wholly before the tile (s <= t0 <= t) the decay factors about t0:
+  // exp2(a_t - a_s) = exp2(a_t - a_t0) exp2(a_t0 - a_s), both at most 1 where dA_cs never rises:
+  // an exponential per row s and per column t instead of one per element.
+  const float a_0 = per_lane(acs[t0]);  // (per_lane: scalar registers, wave64)
+  float a_t[4], f_t[4];
   int seg_t[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) a_t[e] = acs[tq + e], seg_t[e] = seg[tq + e];
+  for (int e = 0; e < 4; ++e) {
+    a_t[e] = acs[tq + e], seg_t[e] = seg[tq + e];
+    f_t[e] = tq + e < rows ? fast_exp2(a_t[e] - a_0) : 0.f;
+  }
   for (int s0 = 0; s0 < s_end; s0 += kSlab) {
-    // every s of the slab in range, at or before every t of the tile, no segments: no masks
-    const bool plain = one_segment && s0 + kSlab <= min(t0 + 1, rows);
+    // every s of the slab in range, at or before every t of the tile, no segments, the decay
+    // factored: no masks
+    const bool plain = s0 + kSlab <= plain_end;
 #pragma unroll
     for (int i = 0; i < mf.kN; ++i) {
       const int k = mf.row(i), s = s0 + k;
       float v[4] = {mf.q[i].x, mf.q[i].y, mf.q[i].z, mf.q[i].w};
       const float as = acs[s], ds = dts[s];
       if (plain) {
+        const float ws = ds * fast_exp2(a_0 - as);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] *= ds * fast_exp2(a_t[e] - as);
+        for (int e = 0; e < 4; ++e) v[e] *= ws * f_t[e];
       } else {
         const int sgs = seg[s];
 #pragma unroll
@@ -965,8 +989,12 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     __syncthreads();
     const int s1 = s0 + kSlab;
     if (s1 < s_end) mf.fetch(cb + s1 * cs, cs, kSlab, kRows, true), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
-    if constexpr (kSplitScan) tile.template product_split<T, kSlab, true, true, true>(As, As_lo, LM::kLd, Bs, nullptr, LX::kLd);
-    else tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
+    // a wave whose rows t all precede the slab has only masked (0) terms in it: it skips the
+    // product (in the diagonal slabs; uniform over the wave)
+    if (s0 < t0 + tile.m0 + tile.kFm * 16) {
+      if constexpr (kSplitScan) tile.template product_split<T, kSlab, true, true, true>(As, As_lo, LM::kLd, Bs, nullptr, LX::kLd);
+      else tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
+    }
     __syncthreads();
   }
 
