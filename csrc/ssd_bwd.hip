@@ -268,6 +268,79 @@ struct IsPlain<Plain<T, kMFast>> {
   static constexpr bool value = true;
 };
 
+// A run of 8 elements of S as loaded (16-bit: one 16-byte word; fp32: two), 0 past its n in
+// range, and the same as floats (get). Loaders that fetch into these before they compute
+// anything let a slab's loads go out together (Runs, below).
+template <typename S>
+struct RawRun;
+template <>
+struct RawRun<uint16_t> {
+  uint4 q;
+  M2R_DEVICE void fetch(const uint16_t* p, int n) { q = load8(p, 0, n, aligned16(p)); }
+  template <typename T>
+  M2R_DEVICE void get(float (&v)[kRun]) const { unpack8<T>(q, v); }
+};
+template <>
+struct RawRun<float> {
+  float4 a, b;
+  M2R_DEVICE void fetch(const float* p, int n) {
+    if (n >= kRun && aligned16(p)) {
+      a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+      return;
+    }
+    a.x = n > 0 ? p[0] : 0.f, a.y = n > 1 ? p[1] : 0.f, a.z = n > 2 ? p[2] : 0.f, a.w = n > 3 ? p[3] : 0.f;
+    b.x = n > 4 ? p[4] : 0.f, b.y = n > 5 ? p[5] : 0.f, b.z = n > 6 ? p[6] : 0.f, b.w = n > 7 ? p[7] : 0.f;
+  }
+  template <typename T>
+  M2R_DEVICE void get(float (&v)[kRun]) const {
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+};
+
+// An operand read as stored, optionally times a weight per run (w at the run's fixed index: m
+// when the runs go along k, k when they go along m), in two phases: fetch() loads a run,
+// cook() makes its floats. The matrix-core staging fetches every run of a slab before it cooks
+// the first, so their loads are in flight together; a one-phase loader (a lambda) loads and
+// computes each run in turn, and ncu saw those loads wait one after another (dC / dB: a third
+// of the stall samples on the instruction after each load). In range: m in [m_lo, m_hi) and k
+// below the product's end.
+template <typename T, bool kMFast_, bool kWeighted>
+struct Runs {
+  typedef typename T::storage S;
+  typedef RawRun<S> Raw;
+  static constexpr bool kMFast = kMFast_, kTwoPhase = true;
+  const S* base;
+  int ld, m_lo, m_hi;
+  const float* w;
+  M2R_DEVICE Raw fetch(int k, int m, int kv) const {
+    Raw r;
+    const int n = kMFast ? (kv > 0 ? m_hi - m : 0) : (m >= m_lo && m < m_hi ? kv : 0);
+    r.fetch(kMFast ? base + k * ld + m : base + m * ld + k, n);
+    return r;
+  }
+  M2R_DEVICE void cook(int k, int m, int, const Raw& r, float (&v)[kRun]) const {
+    r.template get<T>(v);
+    if constexpr (kWeighted) {
+      const float wr = w[kMFast ? k : m];
+#pragma unroll
+      for (int e = 0; e < kRun; ++e) v[e] *= wr;
+    }
+  }
+  M2R_DEVICE void operator()(int k, int m, int kv, float (&v)[kRun]) const { cook(k, m, kv, fetch(k, m, kv), v); }
+};
+
+// a two-phase loader (Runs, or a kernel's own with fetch / cook and kTwoPhase)
+template <class L>
+constexpr auto two_phase_(int) -> decltype(L::kTwoPhase, true) {
+  return true;
+}
+template <class L>
+constexpr bool two_phase_(...) {
+  return false;
+}
+template <class L>
+constexpr bool kTwoPhase = two_phase_<L>(0);
+
 // run r of the slab at k0: the loader fills it, 0 past k_end (kv, the loader's contract)
 template <bool kMFast, int kSlab, class L>
 M2R_DEVICE void run_fetch(float (&v)[kRun], int r, int k0, int k_end, const L& load) {
@@ -285,17 +358,38 @@ M2R_DEVICE void run_fetch(float (&v)[kRun], int r, int k0, int k_end, const L& l
 // as loaded)
 template <typename T, bool kMFast, int kSlab, class L>
 M2R_DEVICE void run_fetch16(uint4 (&q)[kRuns<kSlab>], int k0, int k_end, const L& load) {
+  if constexpr (kTwoPhase<L>) {  // every run's loads, then their floats
+    static_assert(L::kMFast == kMFast, "a loader of the product's layout");
+    typename L::Raw raw[kRuns<kSlab>];
 #pragma unroll
-  for (int r = 0; r < kRuns<kSlab>; ++r) {
-    if constexpr (IsPlain<L>::value) {
-      static_assert(L::kMFast == kMFast && sizeof(typename L::S) == 2, "a Plain operand of the product's layout");
+    for (int r = 0; r < kRuns<kSlab>; ++r) {
       int m, k;
       run_origin<kMFast, kSlab>(r, m, k);
-      q[r] = load.raw(k0 + k, m, k_end - k0 - k);
-    } else {
+      // (kMFast: k past the end gives n = 0 below, the run 0, as run_fetch has it)
+      raw[r] = load.fetch(k0 + k, m, kMFast && k0 + k >= k_end ? 0 : min(kRun, k_end - k0 - k));
+    }
+#pragma unroll
+    for (int r = 0; r < kRuns<kSlab>; ++r) {
+      int m, k;
+      run_origin<kMFast, kSlab>(r, m, k);
       float v[kRun];
-      run_fetch<kMFast, kSlab>(v, r, k0, k_end, load);
-      q[r] = make_uint4(T::pack(v), T::pack(v + 2), T::pack(v + 4), T::pack(v + 6));
+      load.cook(k0 + k, m, min(kRun, k_end - k0 - k), raw[r], v);
+      q[r] = kMFast && k0 + k >= k_end ? make_uint4(0u, 0u, 0u, 0u)  // (no weight past the end)
+                                       : make_uint4(T::pack(v), T::pack(v + 2), T::pack(v + 4), T::pack(v + 6));
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRuns<kSlab>; ++r) {
+      if constexpr (IsPlain<L>::value) {
+        static_assert(L::kMFast == kMFast && sizeof(typename L::S) == 2, "a Plain operand of the product's layout");
+        int m, k;
+        run_origin<kMFast, kSlab>(r, m, k);
+        q[r] = load.raw(k0 + k, m, k_end - k0 - k);
+      } else {
+        float v[kRun];
+        run_fetch<kMFast, kSlab>(v, r, k0, k_end, load);
+        q[r] = make_uint4(T::pack(v), T::pack(v + 2), T::pack(v + 4), T::pack(v + 6));
+      }
     }
   }
 }
@@ -409,6 +503,42 @@ M2R_DEVICE void tile_product(float (&acc)[4][4], float* sm, int k_begin, int k_e
   t.finish(sm);
 }
 
+// dz's first operand: C·Bᵀ dt decayed and masked, [s][t] with t (m) unit-stride, in two
+// phases (as Runs)
+struct DecayedCbT {
+  static constexpr bool kTwoPhase = true, kMFast = true;
+  typedef RawRun<float> Raw;
+  const float* cb;
+  const float* acs;
+  const float* dts;
+  const int32_t* seg;
+  int t0, cs, rows;
+  bool one_seg;
+  M2R_DEVICE Raw fetch(int s, int m, int kv) const {
+    Raw r;
+    r.fetch(cb + s * cs + t0 + m, kv > 0 ? rows - t0 - m : 0);
+    return r;
+  }
+  M2R_DEVICE void cook(int s, int m, int, const Raw& r, float (&v)[kRun]) const {
+    r.template get<F32>(v);
+    const int t = t0 + m;
+    const float as = acs[s], ds = dts[s];
+    float a[kRun];
+    lds8(acs + t, a);
+    if (one_seg && s <= t && t + kRun <= rows) {  // every term of the run is live
+#pragma unroll
+      for (int e = 0; e < kRun; ++e) v[e] *= __expf(a[e] - as) * ds;
+    } else {
+      const int sg = seg[s];
+      int32_t st[kRun];
+      lds8(seg + t, st);
+#pragma unroll
+      for (int e = 0; e < kRun; ++e) v[e] = s <= t + e && t + e < rows && st[e] == sg ? v[e] * __expf(a[e] - as) * ds : 0.f;
+    }
+  }
+  M2R_DEVICE void operator()(int s, int m, int kv, float (&v)[kRun]) const { cook(s, m, kv, fetch(s, m, kv), v); }
+};
+
 // ---- 1. dz and the gated output gradient -----------------------------------------------------
 
 template <typename T>
@@ -445,8 +575,7 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
     const S* Cc = bc_chunk(p, static_cast<const S*>(p.C), b, l0, g);
     const float* E = p.states + states_at(p, b, c, h) + p0;
     tile_product<T, false, true>(
-        acc, sm, 0, p.dstate, Plain<T, false>{Cc + t0 * bl, bl, rows - t0},
-        [&](int n, int m, int, float (&v)[kRun]) { load_run32(E + static_cast<int64_t>(n) * p.headdim + m, pc - m, v); });
+        acc, sm, 0, p.dstate, Plain<T, false>{Cc + t0 * bl, bl, rows - t0}, Runs<F32, true, false>{E, p.headdim, 0, pc, nullptr});
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int t = t0 + tl.r_off + i;
@@ -461,26 +590,9 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
     const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
     const int cs = p.chunk_size;
     TileAcc<T> prod(acc);
-    prod.template run<true, true, true, kNarrowSlab>(
-        sm, 0, min(t0 + kTile, rows),
-        [&](int s, int m, int, float (&v)[kRun]) {  // the decayed, masked C·Bᵀ dt
-          const int t = t0 + m;
-          load_run32(cb + s * cs + t, rows - t, v);
-          const float as = acs[s], ds = dts[s];
-          float a[kRun];
-          lds8(acs + t, a);
-          if (one_seg && s <= t && t + kRun <= rows) {  // every term of the run is live
-#pragma unroll
-            for (int e = 0; e < kRun; ++e) v[e] *= __expf(a[e] - as) * ds;
-          } else {
-            const int sg = seg[s];
-            int32_t st[kRun];
-            lds8(seg + t, st);
-#pragma unroll
-            for (int e = 0; e < kRun; ++e) v[e] = s <= t + e && t + e < rows && st[e] == sg ? v[e] * __expf(a[e] - as) * ds : 0.f;
-          }
-        },
-        Plain<T, true>{xc, xl, pc});
+    prod.template run<true, true, true, kNarrowSlab>(sm, 0, min(t0 + kTile, rows),
+                                                     DecayedCbT{cb, acs, dts, seg, t0, cs, rows, one_seg},
+                                                     Plain<T, true>{xc, xl, pc});
     dq.load(dop + at, xl, nr, nq);  // in flight during finish()'s LDS hand-off
     zq.load(zp + at, xl, nr, nq);
     xq.load(xc + at, xl, nr, nq);
@@ -490,18 +602,24 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
   S* dgp = x_chunk(p, static_cast<S*>(p.dout_g), b, l0, h) + p0;
   S* dzp = x_chunk(p, static_cast<S*>(p.dz), b, l0, h) + p0;
   const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
+  float dcol[4] = {};  // D of this thread's columns (0 past headdim); rows stored 4 at a time, as dx's
+  if (Dp) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dcol[j] = j < nq ? Dp[tl.c_off + j] : 0.f;
+  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int t = t0 + tl.r_off + i;
     if (t >= rows) continue;
+    float dzv[4], gv[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int m = tl.c_off + j;
-      if (m >= pc) continue;
-      const float y = acc[i][j], yd = Dp ? fmaf(Dp[m], xq(i, j), y) : y;
-      dzp[t * xl + m] = T::from_float(dq(i, j) * yd * dsilu(zq(i, j)));
-      dgp[t * xl + m] = T::from_float(dq(i, j) * silu(zq(i, j)));  // g, rounded as later stages read it
+      const float yd = Dp ? fmaf(dcol[j], xq(i, j), acc[i][j]) : acc[i][j];
+      dzv[j] = dq(i, j) * yd * dsilu(zq(i, j));
+      gv[j] = dq(i, j) * silu(zq(i, j));  // g, rounded as later stages read it
     }
+    store4<T>(dzp + t * xl + tl.c_off, nq, dzv);
+    store4<T>(dgp + t * xl + tl.c_off, nq, gv);
   }
 }
 
@@ -533,7 +651,7 @@ M2R_DEVICE void dstates(const SsdBwdParams& p) {
   tile_product<T, true, true>(  // p-contiguous rows, stored 16 bytes at a time
       acc, sm, 0, count,
       Plain<T, true>{Cc, bl, nc},
-      [&](int t, int m, int, float (&v)[kRun]) {
+      [&](int t, int m, int, float (&v)[kRun]) {  // (one phase: Runs overruns the 64 registers)
         load_run<T>(gp + t * xl + m, pc - m, v);
         const float wt = w[t];
 #pragma unroll
@@ -635,6 +753,41 @@ M2R_DEVICE void state_passing(const SsdBwdParams& p) {
   }
 }
 
+// dx's first operand: C·Bᵀ decayed and masked, [s][t] with t (k) unit-stride, in two phases
+// (as Runs): the fp32 runs first, then the decays and masks
+struct DecayedCb {
+  static constexpr bool kTwoPhase = true, kMFast = false;
+  typedef RawRun<float> Raw;
+  const float* cb;
+  const float* acs;
+  const int32_t* seg;
+  int s0, cs;
+  bool one_seg;
+  M2R_DEVICE Raw fetch(int t, int m, int kv) const {
+    Raw r;
+    r.fetch(cb + (s0 + m) * cs + t, kv);
+    return r;
+  }
+  M2R_DEVICE void cook(int t, int m, int kv, const Raw& r, float (&v)[kRun]) const {
+    r.template get<F32>(v);
+    const int s = s0 + m;
+    const float as = acs[s];
+    float a[kRun];
+    lds8(acs + t, a);
+    if (one_seg && kv == kRun && s <= t) {  // every term of the run is live
+#pragma unroll
+      for (int e = 0; e < kRun; ++e) v[e] *= __expf(a[e] - as);
+    } else {
+      const int sg = seg[s];
+      int32_t st[kRun];
+      lds8(seg + t, st);
+#pragma unroll
+      for (int e = 0; e < kRun; ++e) v[e] = e < kv && s <= t + e && st[e] == sg ? v[e] * __expf(a[e] - as) : 0.f;
+    }
+  }
+  M2R_DEVICE void operator()(int t, int m, int kv, float (&v)[kRun]) const { cook(t, m, kv, fetch(t, m, kv), v); }
+};
+
 // ---- 4. dx -------------------------------------------------------------------------------------
 
 template <typename T>
@@ -676,8 +829,7 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
     const float* G = p.dstates + states_at(p, b, c, h) + p0;
     TileAcc<T> prod(acc);
     prod.template run<false, true, false, kNarrowSlab>(
-        sm, 0, p.dstate, Plain<T, false>{Bc + s0 * bl, bl, rows - s0},
-        [&](int n, int m, int, float (&v)[kRun]) { load_run32(G + static_cast<int64_t>(n) * p.headdim + m, pc - m, v); });
+        sm, 0, p.dstate, Plain<T, false>{Bc + s0 * bl, bl, rows - s0}, Runs<F32, true, false>{G, p.headdim, 0, pc, nullptr});
     xq.load(xc + at, xl, nr, nq);
     prod.finish(sm);
 #pragma unroll
@@ -695,27 +847,9 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
   const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0;
   const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
+  const DecayedCb decayed{cb, acs, seg, s0, cs, one_seg};
   TileAcc<T> prod(acc);
-  prod.template run<false, true, false, kNarrowSlab>(
-      sm, s0, rows,
-      [&](int t, int m, int kv, float (&v)[kRun]) {  // the decayed, masked C·Bᵀ (t runs along k)
-        const int s = s0 + m;
-        load_run32(cb + s * cs + t, kv, v);
-        const float as = acs[s];
-        float a[kRun];
-        lds8(acs + t, a);
-        if (one_seg && kv == kRun && s <= t) {  // every term of the run is live
-#pragma unroll
-          for (int e = 0; e < kRun; ++e) v[e] *= __expf(a[e] - as);
-        } else {
-          const int sg = seg[s];
-          int32_t st[kRun];
-          lds8(seg + t, st);
-#pragma unroll
-          for (int e = 0; e < kRun; ++e) v[e] = e < kv && s <= t + e && st[e] == sg ? v[e] * __expf(a[e] - as) : 0.f;
-        }
-      },
-      Plain<T, true>{gp, xl, pc});
+  prod.template run<false, true, false, kNarrowSlab>(sm, s0, rows, decayed, Plain<T, true>{gp, xl, pc});
   xq.load(xc + at, xl, nr, nq);  // (again: registers are short while the product runs)
   if (Dp) gq.load(gp + at, xl, nr, nq);
   prod.finish(sm);
@@ -881,6 +1015,29 @@ M2R_DEVICE void dcb(const SsdBwdParams& p) {
   }
 }
 
+// dC's / dB's dcb operand, in two phases (as Runs): dcb[s][t] (t unit-stride, tiles of rows
+// at r0), its terms with s > t 0. kDB: rows s = r0 + m, runs along the reduction t (k);
+// else rows t = r0 + m, runs along them, the reduction over s (k).
+template <bool kDB>
+struct CausalDcb {
+  static constexpr bool kTwoPhase = true, kMFast = !kDB;
+  typedef RawRun<float> Raw;
+  const float* d;
+  int cs, r0, rows;
+  M2R_DEVICE Raw fetch(int k, int m, int kv) const {
+    Raw r;
+    if constexpr (kDB) r.fetch(d + (r0 + m) * cs + k, kv);
+    else r.fetch(d + k * cs + r0 + m, kv > 0 ? rows - r0 - m : 0);
+    return r;
+  }
+  M2R_DEVICE void cook(int k, int m, int, const Raw& r, float (&v)[kRun]) const {
+    r.template get<F32>(v);
+#pragma unroll
+    for (int e = 0; e < kRun; ++e) v[e] = (kDB ? r0 + m <= k + e : k <= r0 + m + e) ? v[e] : 0.f;
+  }
+  M2R_DEVICE void operator()(int k, int m, int kv, float (&v)[kRun]) const { cook(k, m, kv, fetch(k, m, kv), v); }
+};
+
 // ---- 6. dC and dB ------------------------------------------------------------------------------
 
 // dC[t] = sum over the group's heads of exp(dA_cs[t]) [t in the first segment] g[t]·entering
@@ -969,19 +1126,21 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
         const S* rp = per_lane(rowp + (hb + r) * hd);  // (per_lane: see dcb)
         const float* sp = per_lane(st + (hb + r) * sstride);
         const float* wr = w + r * kTile;
-        const auto la = [&](int pp, int m, int kv, float (&v)[kRun]) {
-          load_run<T>(rp + m * xl + pp, m >= lo && m < hi ? kv : 0, v);
-          const float wm = wr[m];
-#pragma unroll
-          for (int e = 0; e < kRun; ++e) v[e] *= wm;
+        const Runs<T, false, true> la{rp, xl, lo, hi, wr};  // the heads' rows times their weights
+        const Runs<F32, false, false> lb_dB{sp, hd, 0, nc, nullptr};
+        // (dC: the states in one phase; two-phase runs of both operands overran sm_90's 128
+        // registers there)
+        const auto lb = [&](int pp, int m, int kv, float (&v)[kRun]) {
+          if constexpr (kDB) lb_dB(pp, m, kv, v);
+          else load_run32(sp + m * hd + pp, m < nc ? kv : 0, v);
         };
-        const auto lb = [&](int pp, int m, int kv, float (&v)[kRun]) { load_run32(sp + m * hd + pp, m < nc ? kv : 0, v); };
         if constexpr (kDB) {
-          heads.template run<false, false, kPrefetch>(sm, 0, hd, la, lb);
+          heads.template run<false, false, kPrefetch>(sm, 0, hd, la, lb_dB);
         } else {  // each head's product apart: its exponent gradient needs it
           float ph[4][4] = {};
           TileAcc<T> head(ph);
-          head.template run<false, false, kPrefetch, kNarrowSlab>(sm, 0, hd, la, lb);  // (wave64: 32)
+          // (one slab per head at headdim 64: prefetch has no next slab to load; wave64: slabs of 32)
+          head.template run<false, false, false, kNarrowSlab>(sm, 0, hd, la, lb);
           if constexpr (!kCOnce) load_c();
           head.finish(sm);
           kind0(h0 + hb + r, ph);
@@ -1004,23 +1163,9 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
   const Plain<T, true> lb{other, bl, nc};  // k (q) < rows in both products
   TileAcc<T> prod(acc);
   if constexpr (kDB) {  // rows s, reduction t >= s: dcb[s][t] with t unit-stride
-    prod.template run<false, true, kPrefetch>(
-        sm, r0, rows,
-        [&](int t, int m, int kv, float (&v)[kRun]) {
-          load_run32(d + (r0 + m) * cs + t, kv, v);
-#pragma unroll
-          for (int e = 0; e < kRun; ++e) v[e] = r0 + m <= t + e ? v[e] : 0.f;
-        },
-        lb);
+    prod.template run<false, true, kPrefetch>(sm, r0, rows, CausalDcb<true>{d, static_cast<int>(cs), r0, rows}, lb);
   } else {  // rows t, reduction s <= t: dcb[s][t], t unit-stride
-    prod.template run<true, true, kPrefetch>(
-        sm, 0, min(r0 + kTile, rows),
-        [&](int sk, int m, int, float (&v)[kRun]) {
-          load_run32(d + sk * cs + r0 + m, rows - r0 - m, v);
-#pragma unroll
-          for (int e = 0; e < kRun; ++e) v[e] = sk <= r0 + m + e ? v[e] : 0.f;
-        },
-        lb);
+    prod.template run<true, true, kPrefetch>(sm, 0, min(r0 + kTile, rows), CausalDcb<false>{d, static_cast<int>(cs), r0, rows}, lb);
   }
   prod.finish(sm);
   // the gradient in B's (C's) dtype when that is x's, rounded once as a float32 result would be
