@@ -650,13 +650,7 @@ M2R_DEVICE void dstates(const SsdBwdParams& p) {
   float acc[4][4] = {};  // rows n, columns p: each row of the result is a run of the output's
   tile_product<T, true, true>(  // p-contiguous rows, stored 16 bytes at a time
       acc, sm, 0, count,
-      Plain<T, true>{Cc, bl, nc},
-      [&](int t, int m, int, float (&v)[kRun]) {  // (one phase: Runs overruns the 64 registers)
-        load_run<T>(gp + t * xl + m, pc - m, v);
-        const float wt = w[t];
-#pragma unroll
-        for (int e = 0; e < kRun; ++e) v[e] *= wt;
-      });
+      Plain<T, true>{Cc, bl, nc}, Runs<T, true, true>{gp, xl, 0, pc, w});  // g[t] times w[t]
   float* out = p.dstates + states_at(p, b, c, h) + p0 + tl.c_off;
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -1276,10 +1270,12 @@ M2R_DEVICE void cumsum(const SsdBwdParams& p) {
 M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_state_passing(SsdBwdParams p) { m2r::ssd_bwd::state_passing(p); }
 M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_cumsum(SsdBwdParams p) { m2r::ssd_bwd::cumsum(p); }
 
-// dstates is short and waits on its loads: 4 blocks per SM (64 registers) with the matrix cores;
-// the FMA path (the gfx10.3 emulation's bf16 / fp16) needs more registers than that
+// dstates is short and waits on its loads: 3 blocks per SM (85 registers) with the matrix cores,
+// where its g operand loads in two phases (4 blocks, 64 registers, spilled those; one-phase
+// at 4 blocks it was slower: 185.6 against 179.5 us at g8 on an H200); the FMA path (the
+// gfx10.3 emulation's bf16 / fp16) needs more registers than 64 too
 #if M2R_MMA != 0
-#define M2R_DSTATES_BLOCKS 4
+#define M2R_DSTATES_BLOCKS 3
 #else
 #define M2R_DSTATES_BLOCKS 3
 #endif
