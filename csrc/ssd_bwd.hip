@@ -138,23 +138,41 @@ constexpr int kRun = 8;
 
 M2R_DEVICE bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; }
 
+// A run of 8 elements of S as loaded (16-bit: one 16-byte word; fp32: two), 0 past its n in
+// range, and the same as floats (get). Loaders that fetch into these before they compute
+// anything let a slab's loads go out together (Runs, below).
+template <typename S>
+struct RawRun;
+template <>
+struct RawRun<uint16_t> {
+  uint4 q;
+  M2R_DEVICE void fetch(const uint16_t* p, int n) { q = load8(p, 0, n, aligned16(p)); }
+  template <typename T>
+  M2R_DEVICE void get(float (&v)[kRun]) const { unpack8<T>(q, v); }
+};
+template <>
+struct RawRun<float> {
+  float4 a, b;
+  M2R_DEVICE void fetch(const float* p, int n) {
+    if (n >= kRun && aligned16(p)) {
+      a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+      return;
+    }
+    a.x = n > 0 ? p[0] : 0.f, a.y = n > 1 ? p[1] : 0.f, a.z = n > 2 ? p[2] : 0.f, a.w = n > 3 ? p[3] : 0.f;
+    b.x = n > 4 ? p[4] : 0.f, b.y = n > 5 ? p[5] : 0.f, b.z = n > 6 ? p[6] : 0.f, b.w = n > 7 ? p[7] : 0.f;
+  }
+  template <typename T>
+  M2R_DEVICE void get(float (&v)[kRun]) const {
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+};
+
 // n (<= 0: none) elements from q into v[0..8), 0 past them: one 16-byte load where it can
 template <typename T>
 M2R_DEVICE void load_run(const typename T::storage* q, int n, float (&v)[kRun]) {
-  if constexpr (sizeof(typename T::storage) == 2) {
-    if (n >= kRun && aligned16(q)) {
-      unpack8<T>(*reinterpret_cast<const uint4*>(q), v);
-      return;
-    }
-  } else {
-    if (n >= kRun && aligned16(q)) {
-      const float4 u = reinterpret_cast<const float4*>(q)[0], w = reinterpret_cast<const float4*>(q)[1];
-      v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w, v[4] = w.x, v[5] = w.y, v[6] = w.z, v[7] = w.w;
-      return;
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < kRun; ++e) v[e] = e < n ? T::to_float(q[e]) : 0.f;
+  RawRun<typename T::storage> r;
+  r.fetch(q, n);
+  r.template get<T>(v);
 }
 
 M2R_DEVICE void load_run32(const float* q, int n, float (&v)[kRun]) { load_run<F32>(q, n, v); }
@@ -268,35 +286,6 @@ struct IsPlain<Plain<T, kMFast>> {
   static constexpr bool value = true;
 };
 
-// A run of 8 elements of S as loaded (16-bit: one 16-byte word; fp32: two), 0 past its n in
-// range, and the same as floats (get). Loaders that fetch into these before they compute
-// anything let a slab's loads go out together (Runs, below).
-template <typename S>
-struct RawRun;
-template <>
-struct RawRun<uint16_t> {
-  uint4 q;
-  M2R_DEVICE void fetch(const uint16_t* p, int n) { q = load8(p, 0, n, aligned16(p)); }
-  template <typename T>
-  M2R_DEVICE void get(float (&v)[kRun]) const { unpack8<T>(q, v); }
-};
-template <>
-struct RawRun<float> {
-  float4 a, b;
-  M2R_DEVICE void fetch(const float* p, int n) {
-    if (n >= kRun && aligned16(p)) {
-      a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-      return;
-    }
-    a.x = n > 0 ? p[0] : 0.f, a.y = n > 1 ? p[1] : 0.f, a.z = n > 2 ? p[2] : 0.f, a.w = n > 3 ? p[3] : 0.f;
-    b.x = n > 4 ? p[4] : 0.f, b.y = n > 5 ? p[5] : 0.f, b.z = n > 6 ? p[6] : 0.f, b.w = n > 7 ? p[7] : 0.f;
-  }
-  template <typename T>
-  M2R_DEVICE void get(float (&v)[kRun]) const {
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  }
-};
-
 // An operand read as stored, optionally times a weight per run (w at the run's fixed index: m
 // when the runs go along k, k when they go along m), in two phases: fetch() loads a run,
 // cook() makes its floats. The matrix-core staging fetches every run of a slab before it cooks
@@ -326,10 +315,10 @@ struct Runs {
       for (int e = 0; e < kRun; ++e) v[e] *= wr;
     }
   }
-  M2R_DEVICE void operator()(int k, int m, int kv, float (&v)[kRun]) const { cook(k, m, kv, fetch(k, m, kv), v); }
 };
 
-// a two-phase loader (Runs, or a kernel's own with fetch / cook and kTwoPhase)
+// a two-phase loader (Runs, or a kernel's own with fetch / cook and kTwoPhase): run_fetch16
+// fetches a slab's runs before it cooks them, run_fetch (the FMA path) one run at a time
 template <class L>
 constexpr auto two_phase_(int) -> decltype(L::kTwoPhase, true) {
   return true;
@@ -351,7 +340,9 @@ M2R_DEVICE void run_fetch(float (&v)[kRun], int r, int k0, int k_end, const L& l
     for (int e = 0; e < kRun; ++e) v[e] = 0.f;
     return;
   }
-  load(k0 + k, m, min(kRun, k_end - k0 - k), v);
+  const int kv = min(kRun, k_end - k0 - k);
+  if constexpr (kTwoPhase<L>) load.cook(k0 + k, m, kv, load.fetch(k0 + k, m, kv), v);
+  else load(k0 + k, m, kv, v);
 }
 
 // the kRuns runs of one operand's matrix-core slab, rounded to T and packed (a Plain operand's
@@ -536,7 +527,6 @@ struct DecayedCbT {
       for (int e = 0; e < kRun; ++e) v[e] = s <= t + e && t + e < rows && st[e] == sg ? v[e] * __expf(a[e] - as) * ds : 0.f;
     }
   }
-  M2R_DEVICE void operator()(int s, int m, int kv, float (&v)[kRun]) const { cook(s, m, kv, fetch(s, m, kv), v); }
 };
 
 // ---- 1. dz and the gated output gradient -----------------------------------------------------
@@ -779,7 +769,6 @@ struct DecayedCb {
       for (int e = 0; e < kRun; ++e) v[e] = e < kv && s <= t + e && st[e] == sg ? v[e] * __expf(a[e] - as) : 0.f;
     }
   }
-  M2R_DEVICE void operator()(int t, int m, int kv, float (&v)[kRun]) const { cook(t, m, kv, fetch(t, m, kv), v); }
 };
 
 // ---- 4. dx -------------------------------------------------------------------------------------
@@ -1029,7 +1018,6 @@ struct CausalDcb {
 #pragma unroll
     for (int e = 0; e < kRun; ++e) v[e] = (kDB ? r0 + m <= k + e : k <= r0 + m + e) ? v[e] : 0.f;
   }
-  M2R_DEVICE void operator()(int k, int m, int kv, float (&v)[kRun]) const { cook(k, m, kv, fetch(k, m, kv), v); }
 };
 
 // ---- 6. dC and dB ------------------------------------------------------------------------------
@@ -1121,20 +1109,17 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
         const float* sp = per_lane(st + (hb + r) * sstride);
         const float* wr = w + r * kTile;
         const Runs<T, false, true> la{rp, xl, lo, hi, wr};  // the heads' rows times their weights
-        const Runs<F32, false, false> lb_dB{sp, hd, 0, nc, nullptr};
-        // (dC: the states in one phase; two-phase runs of both operands overran sm_90's 128
-        // registers there)
-        const auto lb = [&](int pp, int m, int kv, float (&v)[kRun]) {
-          if constexpr (kDB) lb_dB(pp, m, kv, v);
-          else load_run32(sp + m * hd + pp, m < nc ? kv : 0, v);
-        };
+        // the states: two-phase for dB; one-phase for dC (two-phase runs of both operands
+        // overran sm_90's 128 registers there)
+        const Runs<F32, false, false> states{sp, hd, 0, nc, nullptr};
+        const auto states_dc = [&](int pp, int m, int kv, float (&v)[kRun]) { load_run32(sp + m * hd + pp, m < nc ? kv : 0, v); };
         if constexpr (kDB) {
-          heads.template run<false, false, kPrefetch>(sm, 0, hd, la, lb_dB);
+          heads.template run<false, false, kPrefetch>(sm, 0, hd, la, states);
         } else {  // each head's product apart: its exponent gradient needs it
           float ph[4][4] = {};
           TileAcc<T> head(ph);
           // (one slab per head at headdim 64: prefetch has no next slab to load; wave64: slabs of 32)
-          head.template run<false, false, false, kNarrowSlab>(sm, 0, hd, la, lb);
+          head.template run<false, false, false, kNarrowSlab>(sm, 0, hd, la, states_dc);
           if constexpr (!kCOnce) load_c();
           head.finish(sm);
           kind0(h0 + hb + r, ph);
