@@ -9,7 +9,8 @@
 //                the output gradient every later stage reads (without z, g is dout);
 //                                                        grid (chunks*ttiles*ptiles*h, 1, b)
 //   2. dstates   the gradient of each chunk's entering state: sum_t exp(dA_cs[t]) gᵀ C[t] over
-//                the tokens that read it (the chunk's first segment); grid (chunks*tiles*h, 1, b)
+//                the tokens that read it (the chunk's first segment), two 64-wide tiles of
+//                dstate per block;                       grid (chunks*pairs*ptiles*h, 1, b)
 //   3. state_passing  a reverse loop over chunks: the gradient of each chunk's own final state
 //                (overwriting stage 2's), per chunk the carry's exponent gradient, and the
 //                initial states' gradient;                 grid (p*n / 1024, h, b)
@@ -494,6 +495,49 @@ M2R_DEVICE void tile_product(float (&acc)[4][4], float* sm, int k_begin, int k_e
   t.finish(sm);
 }
 
+// The staging floats tile_product_pair takes: three 16-bit slabs
+constexpr int kPairSmemFloats = kSmemFloats * 3 / 2;
+
+// Two products that share their second operand, acc0 += A0·B and (when `second`, uniform)
+// acc1 += A1·B over the same k: on the matrix cores each slab of B is loaded (and cooked)
+// once for both, and the next slab's runs are loaded while both multiply; sm holds
+// kPairSmemFloats. The FMA path runs the two products in turn.
+template <typename T, bool kMFastA, bool kMFastB, class LA, class LB>
+M2R_DEVICE void tile_product_pair(float (&acc0)[4][4], float (&acc1)[4][4], float* sm, int k_begin, int k_end,
+                                  const LA& la0, const LA& la1, bool second, const LB& lb) {
+  TileAcc<T> t0(acc0), t1(acc1);
+#if M2R_MMA != 0
+  if constexpr (TileAcc<T>::kMma) {
+    constexpr int kLdA = kMFastA ? kLd16 : kLdK, kLdB = kMFastB ? kLd16 : kLdK, kR = kRuns<kMmaSlab>;
+    uint16_t* As0 = reinterpret_cast<uint16_t*>(sm);
+    uint16_t* As1 = As0 + kTile * kLdK;
+    uint16_t* Bs = As1 + kTile * kLdK;
+    uint4 qa0[kR], qa1[kR], qb[kR];
+    auto fetch = [&](int k0) {
+      run_fetch16<T, kMFastA, kMmaSlab>(qa0, k0, k_end, la0);
+      if (second) run_fetch16<T, kMFastA, kMmaSlab>(qa1, k0, k_end, la1);
+      run_fetch16<T, kMFastB, kMmaSlab>(qb, k0, k_end, lb);
+    };
+    if (k_begin < k_end) fetch(k_begin);
+    for (int k0 = k_begin; k0 < k_end; k0 += kMmaSlab) {
+      run_store16<kMFastA, kMmaSlab>(As0, qa0);
+      if (second) run_store16<kMFastA, kMmaSlab>(As1, qa1);
+      run_store16<kMFastB, kMmaSlab>(Bs, qb);
+      __syncthreads();
+      if (k0 + kMmaSlab < k_end) fetch(k0 + kMmaSlab);
+      t0.tile.template product<T, kMmaSlab, kMFastA, kMFastB>(As0, kLdA, Bs, kLdB);
+      if (second) t1.tile.template product<T, kMmaSlab, kMFastA, kMFastB>(As1, kLdA, Bs, kLdB);
+      __syncthreads();
+    }
+    t0.finish(sm);
+    if (second) t1.finish(sm);
+    return;
+  }
+#endif
+  t0.template run<kMFastA, kMFastB>(sm, k_begin, k_end, la0, lb);
+  if (second) t1.template run<kMFastA, kMFastB>(sm, k_begin, k_end, la1, lb);
+}
+
 // dz's first operand: C·Bᵀ dt decayed and masked, [s][t] with t (m) unit-stride, in two
 // phases (as Runs)
 struct DecayedCbT {
@@ -618,12 +662,12 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
 template <typename T>
 M2R_DEVICE void dstates(const SsdBwdParams& p) {
   typedef typename T::storage S;
-  __shared__ __align__(16) float sm[kSmemFloats];
+  __shared__ __align__(16) float sm[kPairSmemFloats];
   __shared__ float w[kMaxChunk];
-  const int tiles_n = cdiv(p.dstate, kTile), tiles = tiles_n * cdiv(p.headdim, kTile);
+  const int pairs_n = cdiv(p.dstate, 2 * kTile), tiles = pairs_n * cdiv(p.headdim, kTile);
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
   const int tile = (blockIdx.x / p.nheads) % tiles, c = blockIdx.x / p.nheads / tiles;
-  const int p0 = (tile / tiles_n) * kTile, n0 = (tile % tiles_n) * kTile, pc = min(kTile, p.headdim - p0);
+  const int p0 = (tile / pairs_n) * kTile, n0 = (tile % pairs_n) * 2 * kTile, pc = min(kTile, p.headdim - p0);
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   const int xl = p.nheads * p.headdim, bl = p.ngroups * p.dstate;
@@ -635,16 +679,19 @@ M2R_DEVICE void dstates(const SsdBwdParams& p) {
   const int count = __syncthreads_count(reads);  // a prefix of the chunk; also w's barrier
   const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0;
   const S* Cc = bc_chunk(p, static_cast<const S*>(p.C), b, l0, g) + n0;
-  const int nc = min(kTile, p.dstate - n0);
+  const int nc0 = min(kTile, p.dstate - n0), nc1 = p.dstate - n0 - kTile;  // nc1 <= 0: no second tile
+  const bool second = nc1 > 0;
   const Tile tl;
-  float acc[4][4] = {};  // rows n, columns p: each row of the result is a run of the output's
-  tile_product<T, true, true>(  // p-contiguous rows, stored 16 bytes at a time
-      acc, sm, 0, count,
-      Plain<T, true>{Cc, bl, nc}, Runs<T, true, true>{gp, xl, 0, pc, w});  // g[t] times w[t]
+  float acc0[4][4] = {}, acc1[4][4] = {};  // rows n, columns p: each row of the result is a run of
+  tile_product_pair<T, true, true>(        // the output's p-contiguous rows, stored 16 bytes at a time
+      acc0, acc1, sm, 0, count, Plain<T, true>{Cc, bl, nc0}, Plain<T, true>{Cc + kTile, bl, min(kTile, nc1)}, second,
+      Runs<T, true, true>{gp, xl, 0, pc, w});  // g[t] times w[t], loaded once for both tiles of n
   float* out = p.dstates + states_at(p, b, c, h) + p0 + tl.c_off;
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-    if (tl.r_off + i < nc) store4<F32>(out + static_cast<int64_t>(n0 + tl.r_off + i) * p.headdim, pc - tl.c_off, acc[i]);
+  for (int i = 0; i < 4; ++i) {
+    if (tl.r_off + i < nc0) store4<F32>(out + static_cast<int64_t>(n0 + tl.r_off + i) * p.headdim, pc - tl.c_off, acc0[i]);
+    if (tl.r_off + i < nc1) store4<F32>(out + static_cast<int64_t>(n0 + kTile + tl.r_off + i) * p.headdim, pc - tl.c_off, acc1[i]);
+  }
 }
 
 // ---- 3. state passing, reversed ---------------------------------------------------------------
@@ -1255,15 +1302,10 @@ M2R_DEVICE void cumsum(const SsdBwdParams& p) {
 M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_state_passing(SsdBwdParams p) { m2r::ssd_bwd::state_passing(p); }
 M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_cumsum(SsdBwdParams p) { m2r::ssd_bwd::cumsum(p); }
 
-// dstates is short and waits on its loads: 3 blocks per SM (85 registers) with the matrix cores,
-// where its g operand loads in two phases (4 blocks, 64 registers, spilled those; one-phase
-// at 4 blocks it was slower: 185.6 against 179.5 us at g8 on an H200); the FMA path (the
-// gfx10.3 emulation's bf16 / fp16) needs more registers than 64 too
-#if M2R_MMA != 0
-#define M2R_DSTATES_BLOCKS 3
-#else
-#define M2R_DSTATES_BLOCKS 3
-#endif
+// dstates is short and waits on its loads: 2 blocks per SM (128 registers), each with two
+// tiles of dstate sharing its g operand's loads (one tile at 3 blocks, 85 registers, took
+// 179.5 us at g8 on an H200)
+#define M2R_DSTATES_BLOCKS 2
 #define M2R_SSD_BWD(DT, T)                                                                                            \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dz_##DT(SsdBwdParams p) { m2r::ssd_bwd::dz<m2r::T>(p); }          \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, M2R_DSTATES_BLOCKS) m2r_ssd_bwd_dstates_##DT(SsdBwdParams p) { m2r::ssd_bwd::dstates<m2r::T>(p); } \

@@ -35,7 +35,7 @@ from mamba2_rocm.reference.ssd import rmsnorm_bwd_ref, rmsnorm_ref, ssd_chunked_
 def kernel_tier(monkeypatch):
     """The kernel tier on the CPU, with float64 references in place of the launches; records
     which kernels 'ran'."""
-    ran = []
+    ran = _Ran()
     kernel = lambda device: ("kernel", object())  # noqa: E731
     for mod in (_launch, conv_ops, norm_ops, ssd_ops, block_ops):
         monkeypatch.setattr(mod, "choose", kernel)
@@ -60,13 +60,18 @@ def kernel_tier(monkeypatch):
         fin.copy_(res[1])
         if varlen is not None:
             varlen.copy_(res[2])
-        return res[0].to(x.dtype)
+        b, L, h, p = x.shape  # the entering states, as the kernels lay them out (not computed)
+        states = torch.empty(b, -(-L // cs), h, dims.dstate, p)
+        ran.states.append(states)
+        return res[0].to(x.dtype), states
 
     def scan_bwd(kset, x, dt, A, B, C, cs, D, z, dt_bias, init, seq_idx, softplus, dims, dout,
-                 dfin):  # fmt: skip
+                 dfin, states=None):  # fmt: skip
         # the kernels' contract: every gradient in its input's dtype, None for absent inputs
         assert not is_fake(x), "a backward launch on fake tensors: traced into the kernel"
         ran.append("scan_bwd")
+        ran.kept.append(states is not None)
+        assert states is None or states is ran.states[-1], "states kept from another forward"
         d = lambda t: None if t is None else t.double()  # noqa: E731
         got = ssd_chunked_bwd(d(x), d(dt), d(A), d(B), d(C), cs, d(D), d(z), d(dt_bias), d(init),
                               seq_idx, softplus, dims.dt_limit, d(dout), d(dfin),
@@ -116,6 +121,15 @@ def kernel_tier(monkeypatch):
     norm_ops.clear_plan_cache()
     yield ran
     norm_ops.clear_plan_cache()
+
+
+class _Ran(list):
+    """The kernels that 'ran'; ``states``: the entering states each forward returned, ``kept``:
+    per scan backward, whether it was given the forward's states."""
+
+    def __init__(self):
+        super().__init__()
+        self.states, self.kept = [], []
 
 
 def _leaves(tensors: dict) -> dict:
@@ -275,6 +289,28 @@ def test_chunk_scan(kernel_tier, with_seq_idx, limit):
     cot = [torch.randn(out.shape, generator=g), torch.randn(fin.shape, generator=g)]
     _close(_grads([out, fin], ours, cot), _grads(list(want), ref, [c.double() for c in cot]), 1e-4)
     assert kernel_tier == ["scan", "scan_bwd"]
+    assert kernel_tier.kept == [True]  # the forward's entering states (ssd_ops._kept_states)
+
+
+def test_chunk_scan_lets_kept_states_go(kernel_tier):
+    """The backward takes the forward's entering states once and lets them go: a second
+    backward (retain_graph) computes them again; states too large to keep are not kept."""
+    t = _scan_inputs(seeded("bwd scan kept"))
+    ours = _leaves(t)
+    out = mamba_chunk_scan_combined(**ours, chunk_size=64, dt_softplus=True)
+    assert out.grad_fn.states is kernel_tier.states[-1]
+    cot = torch.randn(out.shape, generator=seeded("bwd scan kept cot"))
+    first = torch.autograd.grad([out], [ours["x"]], [cot], retain_graph=True)
+    assert out.grad_fn.states is None
+    second = torch.autograd.grad([out], [ours["x"]], [cot])
+    assert torch.equal(first[0], second[0])
+    assert kernel_tier.kept == [True, False]
+    # dstate 64 at chunk 64: the states would take more than out and dA_cumsum
+    big = _leaves(_scan_inputs(seeded("bwd scan big"), n=64))
+    out = mamba_chunk_scan_combined(**big, chunk_size=64, dt_softplus=True)
+    assert out.grad_fn.states is None
+    torch.autograd.grad([out], [big["x"]], [torch.ones_like(out)])
+    assert kernel_tier.kept == [True, False, False]
 
 
 def test_chunk_scan_varlen_states_carry_gradients(kernel_tier):

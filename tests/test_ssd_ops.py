@@ -215,3 +215,22 @@ def test_kernel_backward_reads_dout_itself_without_z(monkeypatch, with_z):
         assert dout_g_ptr != dout_ptr
     else:
         assert dout_g_ptr == dout_ptr
+
+
+@pytest.mark.parametrize(
+    "dtype, n, cs, L, kept",
+    [
+        (torch.bfloat16, 128, 256, 4096, True),  # the Mamba2 models: states as large as out
+        (torch.bfloat16, 128, 256, 4000, True),  # a partial last chunk: dA_cumsum's room covers it
+        (torch.float32, 128, 256, 1000, True),
+        (torch.float32, 128, 64, 1000, False),
+        (torch.bfloat16, 256, 256, 4096, False),  # twice out's size: recomputed
+        (torch.bfloat16, 128, 128, 4096, False),
+    ],
+)
+def test_kept_states_fit_what_mamba_ssm_keeps(dtype, n, cs, L, kept):
+    """Eager training keeps the forward's entering states for the backward only where they
+    take no more memory than mamba_ssm's saved out + dA_cumsum (meta tensors: sizes only)."""
+    x = torch.empty(2, L, 8, 64, dtype=dtype, device="meta")
+    states = torch.empty(2, -(-L // cs), 8, n, 64, dtype=torch.float32, device="meta")
+    assert (ssd_ops._kept_states(x, states, cs) is states) == kept

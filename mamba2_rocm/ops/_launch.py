@@ -207,19 +207,21 @@ def entry(impl, op, train, *tensors):
     return op
 
 
-def register_training(op, impl, setup_context, backward):
+def register_training(op, impl, setup_context, backward, eager_forward=None):
     """Give the custom op ``op`` (implementation ``impl``) its autograd formula, and return
     the eager training entry: a ``torch.autograd.Function`` over ``impl`` with the same
     ``setup_context`` / ``backward``, which skips the dispatcher (a Python custom op's round
     trips cost more host time than the kernels at training shapes: a conv training step took
     ~1 ms of host time through two of them on the H100's host). ``op`` stays what
-    ``torch.compile`` traces."""
+    ``torch.compile`` traces. ``eager_forward(ctx, *inputs)``, if given, replaces ``impl`` in
+    the eager entry: ``impl``'s result, with intermediates kept on ``ctx`` for ``backward``
+    (which must also work without them: the registered op's autograd has none)."""
     op.register_autograd(backward, setup_context=setup_context)
 
     class Eager(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *inputs):
-            out = impl(*inputs)
+            out = impl(*inputs) if eager_forward is None else eager_forward(ctx, *inputs)
             setup_context(ctx, inputs, out)
             return out
 

@@ -80,9 +80,12 @@ def _unit_last(t: Tensor | None) -> Tensor | None:
 
 
 def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-            cu_seqlens, dt_softplus, dims, final, varlen, recompute=False):  # fmt: skip
-    """The forward's five stages; ``out``. With ``recompute`` (the backward's first step) only
-    stages 1-4, and the workspaces the backward reads: (dt', dA_cs, seg, C·Bᵀ, states)."""
+            cu_seqlens, dt_softplus, dims, final, varlen, recompute=False, states=None):  # fmt: skip
+    """The forward's five stages; ``(out, states)``, states the state entering each chunk
+    (float32, (batch, nchunks, nheads, dstate, headdim)). With ``recompute`` (the backward's
+    first step) only stages 1-4, and the workspaces the backward reads: (dt', dA_cs, seg, C·Bᵀ,
+    states); stages 3-4 (chunk_state, state_passing) only when ``states`` (the forward's, kept
+    for the backward: ``_kept_states``) is not given."""
     dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
     initial_states = as_kernel_float(initial_states)
     x, B, C, z = (
@@ -111,7 +114,11 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     dA_cs = torch.empty(batch, nheads, nchunks, cs, dtype=f32, device=dev)
     seg = torch.empty(batch, nchunks, cs, dtype=torch.int32, device=dev)
     cb = torch.empty(batch, nchunks, ngroups, cs, cs, dtype=f32, device=dev)
-    states = torch.empty(batch, nchunks, nheads, dstate, headdim, dtype=f32, device=dev)
+    if states is None:
+        states = torch.empty(batch, nchunks, nheads, dstate, headdim, dtype=f32, device=dev)
+        given = False
+    else:
+        given = recompute
     out = None if recompute else torch.empty(x.shape, dtype=x.dtype, device=dev)
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     if D is None:
@@ -182,14 +189,31 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     run = lambda name, grid: launch(kset.launcher(name), x, params, grid, _THREADS)  # noqa: E731
     run("m2r_ssd_chunk_cumsum", (nchunks, _cdiv(nheads, _CUMSUM_HEADS), batch))
     run(f"m2r_ssd_bmm_{dt_name}", (nchunks * ngroups * pairs, 1, batch))
-    run(f"m2r_ssd_chunk_state_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
-    run("m2r_ssd_state_passing", (_cdiv(headdim * dstate, _THREADS * _PASS_VEC), nheads, batch))
+    if not given:
+        run(f"m2r_ssd_chunk_state_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
+        run("m2r_ssd_state_passing", (_cdiv(headdim * dstate, _THREADS * _PASS_VEC), nheads, batch))
     if recompute:
         return dt_out, dA_cs, seg, cb, states
     if varlen is not None:
         run(f"m2r_ssd_varlen_state_{dt_name}", (dims.num_seqs * state_tiles * nheads, 1, 1))
     run(f"m2r_ssd_chunk_scan_{dt_name}_t{rows}{zs}", (nchunks * scan_tiles * nheads, 1, batch))
-    return out
+    return out, states
+
+
+def _kept_states(x: Tensor, states: Tensor, chunk_size: int) -> Tensor | None:
+    """``states`` (the forward's entering states) if training keeps them for the backward,
+    else None (the backward computes them again from the inputs).
+
+    They are kept when they take no more memory than what mamba_ssm keeps for its backward
+    besides the inputs: ``out`` (x's size and dtype) and ``dA_cumsum`` (float32, one value per
+    head and chunk position). For the Mamba2 models' dstate 128 with chunk 256 and 16-bit x
+    that holds (the states are out's size), and the backward skips two of its stages
+    (chunk_state and state_passing: about 7% of a training step's kernel time at
+    b1 l16384 h64 g8 on the H200); a larger dstate or a smaller chunk recomputes instead."""
+    batch, seqlen, nheads = x.shape[:3]
+    positions = batch * nheads * _cdiv(seqlen, chunk_size) * chunk_size
+    budget = x.numel() * x.element_size() + positions * 4
+    return states if states.numel() * states.element_size() <= budget else None
 
 
 def _empty_scan(x, initial_states, cu_seqlens, dims, return_varlen_states):
@@ -225,15 +249,19 @@ def _impl(
 
 def _scan(
     x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
-    dt_limit, return_varlen_states, state_dtype, torch_tier=False,
+    dt_limit, return_varlen_states, state_dtype, torch_tier=False, keep=None,
 ):  # fmt: skip
     """``_impl``'s work; ``torch_tier`` runs the torch tier whatever the backend (the backward's
-    recomputation, see ``_launch.recomputed_grads``)."""
+    recomputation, see ``_launch.recomputed_grads``). ``keep`` (eager training's context):
+    gets ``keep.states``, the forward's entering states where the kernel tier ran and
+    ``_kept_states`` keeps them, else None."""
     dims = check_chunk_scan_args(
         x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
         return_varlen_states=return_varlen_states, state_dtype=state_dtype, allow_empty=True,
     )  # fmt: skip
+    if keep is not None:
+        keep.states = None
     if x.shape[0] == 0 or x.shape[1] == 0:  # no tokens: nothing runs, states are the entering ones
         return _empty_scan(x, initial_states, cu_seqlens, dims, return_varlen_states)
     tier, kset = ("torch", None) if torch_tier else choose(x.device)
@@ -246,19 +274,21 @@ def _scan(
             full = empty_varlen_states(cu_seqlens, initial_states, (h, p, dims.dstate),
                                        dims.state_dtype)  # fmt: skip
             cu = dims.offsets  # read by the value check above: no second host copy
-            keep = [i for i in range(dims.num_seqs) if cu[i + 1] > cu[i]]  # non-empty sequences
-            if len(keep) == dims.num_seqs:
+            live = [i for i in range(dims.num_seqs) if cu[i + 1] > cu[i]]  # non-empty sequences
+            if len(live) == dims.num_seqs:
                 varlen = full
             else:  # the kernel takes non-empty sequences only: their end offsets, compacted
-                ends = [cu[i + 1] for i in keep]
+                ends = [cu[i + 1] for i in live]
                 cu_seqlens = torch.tensor([0, *ends], dtype=torch.int32, device=x.device)
                 dims = dataclasses.replace(dims, num_seqs=len(ends))
                 varlen = torch.empty(len(ends), h, p, dims.dstate, dtype=dims.state_dtype,
                                      device=x.device)  # fmt: skip
             args = (*args[:5], cu_seqlens, *args[6:])
-        out = _kernel(kset, x, dt, A, B, C, chunk_size, *args[:-1], dims, final, varlen)
+        out, states = _kernel(kset, x, dt, A, B, C, chunk_size, *args[:-1], dims, final, varlen)
+        if keep is not None:
+            keep.states = _kept_states(x, states, chunk_size)
         if full is not None and varlen is not full:
-            full[keep] = varlen
+            full[live] = varlen
             varlen = full
     else:
         return _reference(x, dt, A, B, C, chunk_size, args, dims, return_varlen_states,
@@ -295,12 +325,13 @@ _DIFFERENTIABLE = (0, 1, 2, 3, 4, 6, 7, 8, 9)
 
 
 def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                dt_softplus, dims, dout, dfinal):  # fmt: skip
-    """The gradients on the kernel tier: the forward's stages 1-4 again (csrc/ssd.hip), then
-    the backward's (csrc/ssd_bwd.hip); ``_bwd_impl``'s result."""
+                dt_softplus, dims, dout, dfinal, states=None):  # fmt: skip
+    """The gradients on the kernel tier: the forward's stages 1-4 again (csrc/ssd.hip; 1-2
+    only given the forward's ``states``), then the backward's (csrc/ssd_bwd.hip, which only
+    reads ``states``); ``_bwd_impl``'s result."""
     dt_out, dA_cs, seg, cb, states = _kernel(
         kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, None,
-        dt_softplus, dims, None, None, recompute=True,
+        dt_softplus, dims, None, None, recompute=True, states=states,
     )  # fmt: skip
     batch, seqlen, nheads, headdim = x.shape
     g, n, cs = dims.ngroups, dims.dstate, chunk_size
@@ -390,7 +421,7 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     pairs = ltiles * (ltiles + 1) // 2
     if z is not None:  # dz and the gated output gradient (without z nothing needs this stage)
         run(f"m2r_ssd_bwd_dz_{dtn}", (nchunks * ltiles * ptiles * nheads, 1, batch))
-    run(f"m2r_ssd_bwd_dstates_{dtn}", (nchunks * ntiles * ptiles * nheads, 1, batch))
+    run(f"m2r_ssd_bwd_dstates_{dtn}", (nchunks * _cdiv(ntiles, 2) * ptiles * nheads, 1, batch))
     run("m2r_ssd_bwd_state_passing", (pass_blocks, nheads, batch))
     run(f"m2r_ssd_bwd_dx_{dtn}", (nchunks * ltiles * ptiles * nheads, 1, batch))
     run(f"m2r_ssd_bwd_dcb_{dtn}", (nchunks * g * pairs, 1, batch))
@@ -421,6 +452,14 @@ def _bwd_impl(
     (x, dt, A, B, C, D, z, dt_bias, initial_states), each in its input's dtype; an empty
     tensor stands for an absent input. The kernel tier runs csrc/ssd_bwd.hip; the torch tiers
     the same steps written out in PyTorch (``reference.ssd.ssd_chunked_bwd``, fp32)."""
+    return _bwd_run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                    dt_softplus, dt_limit, dout, dfinal)  # fmt: skip
+
+
+def _bwd_run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
+             dt_limit, dout, dfinal, states=None):  # fmt: skip
+    """``_bwd_impl``, given the forward's entering states where eager training kept them
+    (``_kept_states``; the kernel tier then skips computing them again)."""
     dims = check_chunk_scan_args(
         x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, None,
         chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
@@ -433,7 +472,7 @@ def _bwd_impl(
         tier, kset = choose(x.device)
         args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus)
         if tier == "kernel" and x.dtype in KERNEL_DTYPE:
-            grads = _bwd_kernel(kset, *args, dims, dout, dfinal)
+            grads = _bwd_kernel(kset, *args, dims, dout, dfinal, states)
         else:
             grads = ssd_chunked_bwd(*args, dims.dt_limit, dout, dfinal)
     return tuple(x.new_empty(0) if g is None else g for g in grads)  # type: ignore[return-value]
@@ -468,9 +507,12 @@ def _bwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx
 
 def _scan_backward(ctx, dout, dfinal, dvarlen):
     """The scan's gradients through ``mamba_chunk_scan_combined_bwd`` (HIP kernels on the
-    kernel tier; only the inputs are saved, the forward's workspaces are recomputed, as
-    mamba_ssm does). A gradient through the varlen states recomputes through the torch tier
+    kernel tier; the inputs are saved and the forward's workspaces recomputed, as mamba_ssm
+    does, but for the entering states that eager training may keep: ``_train_forward``). A
+    gradient through the varlen states recomputes through the torch tier
     (``_launch.recomputed_grads``)."""
+    kept = getattr(ctx, "states", None)
+    ctx.states = None  # let go: a second backward (retain_graph) computes them again
     inputs = saved_inputs(ctx)
     if not wants_grads(ctx, inputs, _DIFFERENTIABLE):
         return (None,) * len(inputs)
@@ -481,13 +523,27 @@ def _scan_backward(ctx, dout, dfinal, dvarlen):
     if dout is None:
         dout = torch.zeros_like(x)
     # the registered op while compiling (traced through its fake), else the function itself
-    bwd = mamba_chunk_scan_combined_bwd if traced(x, dout) else _bwd_impl
-    grads = bwd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
-                dt_limit, dout, dfinal)  # fmt: skip
+    args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
+            dt_limit, dout, dfinal)  # fmt: skip
+    if traced(x, dout):
+        grads = mamba_chunk_scan_combined_bwd(*args)
+    else:
+        grads = _bwd_run(*args, states=kept)
     return placed_grads(ctx, inputs, _DIFFERENTIABLE, grads)
 
 
-_train_scan = register_training(mamba_chunk_scan_combined_op, _impl, save_inputs, _scan_backward)
+def _train_forward(ctx, *inputs):
+    """Eager training's forward: ``_impl``, keeping the entering states on ``ctx`` for the
+    backward where ``_kept_states`` says they are worth their memory (``ctx.states``, an
+    intermediate, not an input or output: let go by the backward once used)."""
+    if inputs[0].device.type == "meta":
+        ctx.states = None
+        return _impl(*inputs)
+    return _scan(*inputs, keep=ctx)
+
+
+_train_scan = register_training(mamba_chunk_scan_combined_op, _impl, save_inputs, _scan_backward,
+                                eager_forward=_train_forward)  # fmt: skip
 
 
 @mamba_chunk_scan_combined_op.register_fake
