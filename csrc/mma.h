@@ -162,6 +162,12 @@ M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
 
 M2R_DEVICE int acc_row(int r) { return lane() / 4 + 8 * ((r >> 1) & 1); }
 M2R_DEVICE int acc_col(int r) { return 8 * (r >> 2) + 2 * (lane() % 4) + (r & 1); }
+// The rows of a lane's accumulator registers (for sums along a row): kAccRows of them, register
+// r in slot acc_slot(r), slot s in row acc_row(acc_slot_reg(s)); the lanes that hold a row's
+// columns differ in their low log2(kRowLanes) bits.
+constexpr int kAccRows = 2, kRowLanes = 4;
+M2R_DEVICE int acc_slot(int r) { return (r >> 1) & 1; }
+M2R_DEVICE int acc_slot_reg(int s) { return 2 * s; }
 
 #elif M2R_MMA == 2  // ------------------------------------------------------- AMD MFMA, wave64
 typedef short s16x4 __attribute__((ext_vector_type(4)));
@@ -271,6 +277,12 @@ M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
 
 M2R_DEVICE int acc_row(int r) { return r + 8 * (lane() / 16); }
 M2R_DEVICE int acc_col(int) { return lane() % 16; }
+#endif
+
+#if M2R_MMA >= 2  // AMD: each register its own row, a row's columns over 16 lanes
+constexpr int kAccRows = kAccRegs, kRowLanes = 16;
+M2R_DEVICE int acc_slot(int r) { return r; }
+M2R_DEVICE int acc_slot_reg(int s) { return s; }
 #endif
 
 #if M2R_MMA != 0 && M2R_MMA != 1
