@@ -1080,25 +1080,28 @@ constexpr int kWHeadsC = 8;   // the same on dC's matrix-core path (which also h
 constexpr int kLdC = kTile + 8;  // dC's C tile in LDS: 16-bit rows, padded (conflict-free reads)
 
 #if M2R_MMA != 0
-// dC's heads on the matrix cores, into `sum` (the block's fragments of the dC tile, rows t from
-// r0, columns n from n0): per head h of the group, P = g_h[t]·entering_h (K = headdim, g as
-// stored), then per row the weight exp(dA_cs[t]) where t reads the entering state (rows below
-// hi; else 0, selected), added to `sum`; its kind 0 (sum_n C[t][n] P[t][n] exp(dA_cs[t])) is
-// reduced in the fragments (along each row: within the lane, over the row's lanes, then over
-// the waves through LDS) and written by the first kTile threads.
-template <typename T>
-M2R_DEVICE void frag_heads_dc(const SsdBwdParams& p, mma::BlockTile<kThreads, kTile, kTile, 2>& sum, float* sm, int b, int c,
-                              int g, int r0, int n0, int nt, int rows, int hi) {
+// dC's / dB's heads on the matrix cores, into `sum` (the block's fragments of the tile, rows t
+// from r0, columns n from n0): per head h of the group the product P = g_h[t]·entering_h (dC) /
+// x_h[t]·G_h (dB) with K = headdim, the rows as stored, then per row t its weight where t takes
+// part (rows [lo, hi); else 0, selected): exp(dA_cs[t]) (dC), exp(dA_cs[last] - dA_cs[t]) dt[t]
+// (dB), added to `sum`. dC's kind 0 (sum_n C[t][n] P[t][n] times the weight) is reduced in the
+// fragments (along each row: within the lane, over the row's lanes, then over the waves through
+// LDS) and written by the first kTile threads. (The weights on the operand instead cost an
+// unpack, multiply and repack of every element, and dC's kind 0 a hand-off of every head's
+// tile through LDS: dC 472 -> 368 us at g8 on an H200.)
+template <typename T, bool kDB>
+M2R_DEVICE void frag_heads(const SsdBwdParams& p, mma::BlockTile<kThreads, kTile, kTile, 2>& sum, float* sm, int b, int c,
+                           int g, int r0, int n0, int nt, int rows, int lo, int hi) {
   typedef typename T::storage S;
   typedef mma::BlockTile<kThreads, kTile, kTile, 2> BT;
   constexpr int kFm = BT::kFm, kFn = BT::kFn;
-  __shared__ float part[BT::kWavesN][kTile];                // kind 0 per row, per wave along n
-  __shared__ float w[kWHeadsC * kTile];                      // the heads' weights
-  __shared__ __align__(16) uint16_t ct[kTile * kLdC];       // C[t][n], 0 out of range
+  __shared__ float part[BT::kWavesN][kTile];                // dC: kind 0 per row, per wave along n
+  __shared__ float w[kWHeadsC * kTile];                     // the heads' weights
+  __shared__ __align__(16) uint16_t ct[kTile * kLdC];       // dC: C[t][n], 0 out of range
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int xl = p.nheads * p.headdim, bl = p.ngroups * p.dstate, hd = p.headdim, h0 = g * p.heads_per_group;
-  const int nc = min(kTile, p.dstate - n0);
-  {
+  const int nc = min(kTile, p.dstate - n0), last = p.chunk_size - 1;
+  if constexpr (!kDB) {
     const Plain<T, true> cl{bc_chunk(p, static_cast<const S*>(p.C), b, l0, g) + n0 + static_cast<int64_t>(r0) * bl, bl, nc};
 #pragma unroll
     for (int q = threadIdx.x; q < kTile * kTile / kRun; q += kThreads) {
@@ -1109,14 +1112,17 @@ M2R_DEVICE void frag_heads_dc(const SsdBwdParams& p, mma::BlockTile<kThreads, kT
   float unused[4][4];
   TileAcc<T> head(unused);  // each head's product (never finished)
   const int wn = head.tile.n0 / (16 * kFn);
-  const S* rowp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h0) + r0 * xl;
-  const float* st = p.states + states_at(p, b, c, h0) + static_cast<int64_t>(n0) * p.headdim;
+  const S* rowp = x_chunk(p, static_cast<const S*>(kDB ? p.x : p.dout_g), b, l0, h0) + r0 * xl;
+  const float* st = (kDB ? p.dstates : p.states) + states_at(p, b, c, h0) + static_cast<int64_t>(n0) * p.headdim;
   const int64_t sstride = static_cast<int64_t>(p.dstate) * p.headdim;  // the next head's state
   for (int hb = 0; hb < p.heads_per_group; hb += kWHeadsC) {
     const int nh = min(kWHeadsC, p.heads_per_group - hb);
     for (int e = threadIdx.x; e < nh * kTile; e += kThreads) {  // (w, ct: read after the product's barriers)
-      const int m = e % kTile;
-      w[e] = m < hi ? __expf(p.dA_cs[chunk_row(p, b, h0 + hb + e / kTile, c) + r0 + m]) : 0.f;
+      const int m = e % kTile, t = r0 + m;
+      const int64_t row = chunk_row(p, b, h0 + hb + e / kTile, c);
+      float v = 0.f;
+      if (m >= lo && m < hi) v = kDB ? __expf(p.dA_cs[row + last] - p.dA_cs[row + t]) * p.dt_out[row + t] : __expf(p.dA_cs[row + t]);
+      w[e] = v;
     }
     for (int r = 0; r < nh; ++r) {
 #pragma unroll
@@ -1139,24 +1145,26 @@ M2R_DEVICE void frag_heads_dc(const SsdBwdParams& p, mma::BlockTile<kThreads, kT
 #pragma unroll
           for (int q = 0; q < mma::kAccRegs; ++q) {
             const int t = head.tile.row(i, q), n = head.tile.col(j, q);
-            const float v = t < hi ? head.tile.acc[i][j].v[q] * wr[t] : 0.f;
+            const float v = t >= lo && t < hi ? head.tile.acc[i][j].v[q] * wr[t] : 0.f;
             sum.acc[i][j].v[q] += v;
-            rs[i][mma::acc_slot(q)] = fmaf(T::to_float(ct[t * kLdC + n]), v, rs[i][mma::acc_slot(q)]);
+            if constexpr (!kDB) rs[i][mma::acc_slot(q)] = fmaf(T::to_float(ct[t * kLdC + n]), v, rs[i][mma::acc_slot(q)]);
           }
+      if constexpr (!kDB) {
 #pragma unroll
-      for (int i = 0; i < kFm; ++i)
+        for (int i = 0; i < kFm; ++i)
 #pragma unroll
-        for (int sl = 0; sl < mma::kAccRows; ++sl) {
+          for (int sl = 0; sl < mma::kAccRows; ++sl) {
 #pragma unroll
-          for (int off = 1; off < mma::kRowLanes; off *= 2) rs[i][sl] += shfl_xor(rs[i][sl], off);
-          if (mma::lane() % mma::kRowLanes == 0) part[wn][head.tile.row(i, mma::acc_slot_reg(sl))] = rs[i][sl];
+            for (int off = 1; off < mma::kRowLanes; off *= 2) rs[i][sl] += shfl_xor(rs[i][sl], off);
+            if (mma::lane() % mma::kRowLanes == 0) part[wn][head.tile.row(i, mma::acc_slot_reg(sl))] = rs[i][sl];
+          }
+        __syncthreads();
+        if (threadIdx.x < kTile) {  // (part is written again after the next head's barriers)
+          float k0 = 0.f;
+#pragma unroll
+          for (int q = 0; q < BT::kWavesN; ++q) k0 += part[q][threadIdx.x];
+          tok_row(p, 0, nt, b, h0 + hb + r, c)[r0 + threadIdx.x] = k0;
         }
-      __syncthreads();
-      if (threadIdx.x < kTile) {  // (part is written again after the next head's barriers)
-        float k0 = 0.f;
-#pragma unroll
-        for (int q = 0; q < BT::kWavesN; ++q) k0 += part[q][threadIdx.x];
-        tok_row(p, 0, nt, b, h0 + hb + r, c)[r0 + threadIdx.x] = k0;
       }
     }
     __syncthreads();  // (the next batch's weights overwrite w)
@@ -1223,16 +1231,16 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
   // wave32: once per head, during its hand-off (held across the heads, they overrun sm_90's 128
   // vector registers)
   constexpr bool kCOnce = kWavefront == 64;
-  // dC on the matrix cores: each head's product is weighted, summed and reduced for kind 0 in
-  // its accumulator fragments (frag_heads_dc), no hand-off through LDS per head
-  constexpr bool kFragDc = !kDB && TileAcc<T>::kMma;
-  if constexpr (!kDB && kCOnce && !kFragDc) load_c();
-  // the dcb term's product (below); dC's heads' sum goes into its fragments first (kFragDc)
+  // on the matrix cores each head's product is weighted and summed (dC: and reduced for kind 0)
+  // in its accumulator fragments (frag_heads)
+  constexpr bool kFrag = TileAcc<T>::kMma;
+  if constexpr (!kDB && kCOnce && !kFrag) load_c();
+  // the dcb term's product (below); on the matrix cores the heads' sum goes into its fragments first
   TileAcc<T> prod(acc);
   const bool heads_live = hi > lo && (kDB || c > 0 || p.has_init);  // else no head's term is read
-  if constexpr (kFragDc) {
+  if constexpr (kFrag) {
 #if M2R_MMA != 0
-    if (heads_live) frag_heads_dc<T>(p, prod.tile, sm, b, c, g, r0, n0, nt, rows, hi);
+    if (heads_live) frag_heads<T, kDB>(p, prod.tile, sm, b, c, g, r0, n0, nt, rows, lo, hi);
 #endif
   } else if (heads_live) {
     const S* rowp = x_chunk(p, static_cast<const S*>(kDB ? p.x : p.dout_g), b, l0, h0) + r0 * xl;
