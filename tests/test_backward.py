@@ -292,25 +292,77 @@ def test_chunk_scan(kernel_tier, with_seq_idx, limit):
     assert kernel_tier.kept == [True]  # the forward's entering states (ssd_ops._kept_states)
 
 
-def test_chunk_scan_lets_kept_states_go(kernel_tier):
-    """The backward takes the forward's entering states once and lets them go: a second
-    backward (retain_graph) computes them again; states too large to keep are not kept."""
-    t = _scan_inputs(seeded("bwd scan kept"))
-    ours = _leaves(t)
-    out = mamba_chunk_scan_combined(**ours, chunk_size=64, dt_softplus=True)
-    assert out.grad_fn.states is kernel_tier.states[-1]
+def test_chunk_scan_saves_kept_states_with_its_inputs(kernel_tier):
+    """The forward's entering states reach the backward through save_for_backward (so
+    saved-tensor hooks, as activation checkpointing and offloading use, see them), a second
+    backward (retain_graph) too; states too large to keep are not kept."""
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    ours = _leaves(_scan_inputs(seeded("bwd scan kept")))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = mamba_chunk_scan_combined(**ours, chunk_size=64, dt_softplus=True)
+    assert any(t is kernel_tier.states[-1] for t in packed)
     cot = torch.randn(out.shape, generator=seeded("bwd scan kept cot"))
     first = torch.autograd.grad([out], [ours["x"]], [cot], retain_graph=True)
-    assert out.grad_fn.states is None
     second = torch.autograd.grad([out], [ours["x"]], [cot])
     assert torch.equal(first[0], second[0])
-    assert kernel_tier.kept == [True, False]
+    assert kernel_tier.kept == [True, True]
     # dstate 64 at chunk 64: the states would take more than out and dA_cumsum
     big = _leaves(_scan_inputs(seeded("bwd scan big"), n=64))
-    out = mamba_chunk_scan_combined(**big, chunk_size=64, dt_softplus=True)
-    assert out.grad_fn.states is None
+    packed.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = mamba_chunk_scan_combined(**big, chunk_size=64, dt_softplus=True)
+    assert not any(t is kernel_tier.states[-1] for t in packed)
     torch.autograd.grad([out], [big["x"]], [torch.ones_like(out)])
-    assert kernel_tier.kept == [True, False, False]
+    assert kernel_tier.kept == [True, True, False]
+
+
+def test_chunk_scan_under_activation_checkpointing(kernel_tier):
+    """torch.utils.checkpoint (non-reentrant) keeps nothing of the forward, the kept states
+    included (they go through its saved-tensor hooks), and its backward runs the forward again
+    and gets that run's states: the same gradients as without it."""
+    t = _scan_inputs(seeded("bwd scan checkpoint"))
+    cot = torch.randn(t["x"].shape, generator=seeded("bwd scan checkpoint cot"))
+
+    def run(**kw):
+        return mamba_chunk_scan_combined(**kw, chunk_size=64, dt_softplus=True)
+
+    plain, ckpt = _leaves(t), _leaves(t)
+    want = _grads([run(**plain)], plain, [cot])
+    out = torch.utils.checkpoint.checkpoint(lambda **kw: run(**kw), use_reentrant=False, **ckpt)
+    assert len(kernel_tier.states) == 2  # (no backward yet: the checkpointed forward ran once)
+    got = _grads([out], ckpt, [cot])
+    assert len(kernel_tier.states) == 3 and kernel_tier.kept == [True, True]  # run again
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+def test_varlen_states_gradient_under_activation_checkpointing(kernel_tier):
+    """The varlen states' gradient (recomputed through the torch tier) reads the saved inputs
+    once: checkpointing's hooks refuse a second unpack."""
+    t = _scan_inputs(seeded("bwd varlen checkpoint"), b=1, L=90)
+    del t["initial_states"]
+    cu = torch.tensor([0, 30, 90], dtype=torch.int32)
+    seq_idx = torch.repeat_interleave(torch.arange(2, dtype=torch.int32), cu.diff())[None]
+    kw = dict(seq_idx=seq_idx, cu_seqlens=cu, dt_softplus=True, return_varlen_states=True)
+
+    def run(**leaves):
+        return mamba_chunk_scan_combined(**leaves, chunk_size=64, **kw)
+
+    plain, ckpt = _leaves(t), _leaves(t)
+    g = seeded("bwd varlen checkpoint cot")
+    out, var = run(**plain)
+    cot = [torch.randn(out.shape, generator=g), torch.randn(var.shape, generator=g)]
+    want = _grads([out, var], plain, cot)
+    got = _grads(
+        list(torch.utils.checkpoint.checkpoint(run, use_reentrant=False, **ckpt)), ckpt, cot
+    )
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
 def test_chunk_scan_varlen_states_carry_gradients(kernel_tier):

@@ -135,29 +135,35 @@ def use_registered_op(x, *tensors) -> bool:
     )
 
 
-def save_inputs(ctx, inputs, output) -> None:
+def save_inputs(ctx, inputs, output, extra=()) -> None:
     """An autograd ``setup_context`` that saves every input (tensors through
-    ``save_for_backward``); :func:`saved_inputs` gives them back."""
+    ``save_for_backward``); :func:`saved_inputs` gives them back. ``extra``: intermediate
+    tensors saved with them (so saved-tensor hooks, as activation checkpointing and offloading
+    use, see them too); :func:`saved_inputs` gives them back with ``extra=True``."""
     tensor = torch.Tensor
     ctx.tensor_pos = [i for i, t in enumerate(inputs) if isinstance(t, tensor)]
     ctx.others = [None if isinstance(t, tensor) else t for t in inputs]
-    ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_pos))
+    ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_pos), *extra)
 
 
-def saved_inputs(ctx) -> list:
-    """The op's inputs as :func:`save_inputs` kept them, in argument order."""
+def saved_inputs(ctx, extra: bool = False):
+    """The op's inputs as :func:`save_inputs` kept them, in argument order; with ``extra``,
+    ``(inputs, extra tensors)``. Call it once per backward: ``ctx.saved_tensors`` is read once
+    (activation checkpointing's hooks refuse to unpack a tensor twice)."""
+    saved = ctx.saved_tensors
     inputs = list(ctx.others)
-    for i, t in zip(ctx.tensor_pos, ctx.saved_tensors, strict=True):
+    for i, t in zip(ctx.tensor_pos, saved, strict=False):
         inputs[i] = t
-    return inputs
+    return (inputs, tuple(saved[len(ctx.tensor_pos) :])) if extra else inputs
 
 
-def recomputed_grads(ctx, reference, differentiable: tuple[int, ...], grads) -> tuple:
-    """The backward of an op whose inputs :func:`save_inputs` kept: recompute the forward
-    through ``reference`` (the op's PyTorch tier, same arguments, same semantics) under
-    autograd and differentiate that, for the inputs at the ``differentiable`` positions that
-    ask for a gradient. Activation memory is the inputs' (as mamba_ssm's checkpointing)."""
-    inputs = saved_inputs(ctx)
+def recomputed_grads(ctx, inputs, reference, differentiable: tuple[int, ...], grads) -> tuple:
+    """The backward of an op whose inputs :func:`save_inputs` kept (``inputs``, from
+    :func:`saved_inputs`): recompute the forward through ``reference`` (the op's PyTorch tier,
+    same arguments, same semantics) under autograd and differentiate that, for the inputs at
+    the ``differentiable`` positions that ask for a gradient. Activation memory is the
+    inputs' (as mamba_ssm's checkpointing)."""
+    inputs = list(inputs)
     want = [i for i in differentiable if inputs[i] is not None and ctx.needs_input_grad[i]]
     result: list = [None] * len(inputs)
     if not want:

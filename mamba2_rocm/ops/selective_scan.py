@@ -422,7 +422,7 @@ def _scan_backward(ctx, dout, dlast):
         return (None,) * len(inputs)
     u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state = inputs
     if A.is_complex():
-        return recomputed_grads(ctx, _torch_tier, _DIFFERENTIABLE, (dout, dlast))
+        return recomputed_grads(ctx, inputs, _torch_tier, _DIFFERENTIABLE, (dout, dlast))
     if dout is None:
         dout = torch.zeros_like(u)
     if dlast is not None and (not return_last_state or dlast.numel() == 0):

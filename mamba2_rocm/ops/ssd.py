@@ -511,13 +511,11 @@ def _scan_backward(ctx, dout, dfinal, dvarlen):
     does, but for the entering states that eager training may keep: ``_train_forward``). A
     gradient through the varlen states recomputes through the torch tier
     (``_launch.recomputed_grads``)."""
-    kept = getattr(ctx, "states", None)
-    ctx.states = None  # let go: a second backward (retain_graph) computes them again
-    inputs = saved_inputs(ctx)
+    inputs, kept = saved_inputs(ctx, extra=True)
     if not wants_grads(ctx, inputs, _DIFFERENTIABLE):
         return (None,) * len(inputs)
     if dvarlen is not None and dvarlen.numel():
-        return recomputed_grads(ctx, _torch_tier, _DIFFERENTIABLE, (dout, dfinal, dvarlen))
+        return recomputed_grads(ctx, inputs, _torch_tier, _DIFFERENTIABLE, (dout, dfinal, dvarlen))
     x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx = inputs[:11]
     dt_softplus, dt_limit = inputs[12], inputs[13]
     if dout is None:
@@ -528,21 +526,30 @@ def _scan_backward(ctx, dout, dfinal, dvarlen):
     if traced(x, dout):
         grads = mamba_chunk_scan_combined_bwd(*args)
     else:
-        grads = _bwd_run(*args, states=kept)
+        grads = _bwd_run(*args, states=kept[0] if kept else None)
     return placed_grads(ctx, inputs, _DIFFERENTIABLE, grads)
 
 
 def _train_forward(ctx, *inputs):
-    """Eager training's forward: ``_impl``, keeping the entering states on ``ctx`` for the
-    backward where ``_kept_states`` says they are worth their memory (``ctx.states``, an
-    intermediate, not an input or output: let go by the backward once used)."""
+    """Eager training's forward: ``_impl``, with the entering states on ``ctx.states`` where
+    ``_kept_states`` says they are worth their memory, for ``_save_scan``."""
     if inputs[0].device.type == "meta":
         ctx.states = None
         return _impl(*inputs)
     return _scan(*inputs, keep=ctx)
 
 
-_train_scan = register_training(mamba_chunk_scan_combined_op, _impl, save_inputs, _scan_backward,
+def _save_scan(ctx, inputs, output) -> None:
+    """The scan's ``setup_context``: the inputs, and the entering states eager training kept
+    (``_train_forward``), saved with them through ``save_for_backward``: so saved-tensor hooks
+    see them as they see the inputs (activation checkpointing drops them and recomputes the
+    forward, offloading moves them), and autograd frees them after the backward."""
+    kept = getattr(ctx, "states", None)
+    ctx.states = None
+    save_inputs(ctx, inputs, output, extra=() if kept is None else (kept,))
+
+
+_train_scan = register_training(mamba_chunk_scan_combined_op, _impl, _save_scan, _scan_backward,
                                 eager_forward=_train_forward)  # fmt: skip
 
 
