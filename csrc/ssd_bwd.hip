@@ -1073,10 +1073,11 @@ struct CausalDcb {
 //         + sum_{s <= t} dcb[s][t] B[s]
 // dB[s] = sum over the group's heads of exp(dA_cs[last] - dA_cs[s]) dt[s] [s in the last
 //         segment] x[s]·G  + sum_{t >= s} dcb[s][t] C[t]
-// A (64 tokens) x (64 dstate) tile; kDB picks which. The heads' sum is one product over
-// (head, headdim) pairs.
-constexpr int kWHeads = 16;   // dC / dB: heads whose weights sit in LDS at a time
-constexpr int kWHeadsC = 8;   // the same on dC's matrix-core path (which also holds C: LDS <= 32 KB)
+// A (64 tokens) x (64 dstate) tile; kDB picks which. On the matrix cores each head's product
+// is weighted and summed in its accumulator fragments (frag_heads); on the FMA path dB's heads'
+// sum is one product over (head, headdim) pairs, dC's one product per head.
+constexpr int kWHeads = 16;   // dC / dB, FMA path: heads whose weights sit in LDS at a time
+constexpr int kWHeadsC = 8;   // the same in frag_heads (where dC also holds C: its LDS <= 32 KB)
 constexpr int kLdC = kTile + 8;  // dC's C tile in LDS: 16-bit rows, padded (conflict-free reads)
 
 #if M2R_MMA != 0
@@ -1262,8 +1263,8 @@ M2R_DEVICE void dbc(const SsdBwdParams& p) {
         const float* sp = per_lane(st + (hb + r) * sstride);
         const float* wr = w + r * kTile;
         const Runs<T, false, true> la{rp, xl, lo, hi, wr};  // the heads' rows times their weights
-        // the states: two-phase for dB; one-phase for dC (two-phase runs of both operands
-        // overran sm_90's 128 registers there)
+        // the states (this path is the FMA path's: one run at a time, so one-phase or not
+        // makes no difference to dC's registers; on the matrix cores see frag_heads)
         const Runs<F32, false, false> states{sp, hd, 0, nc, nullptr};
         const auto states_dc = [&](int pp, int m, int kv, float (&v)[kRun]) { load_run32(sp + m * hd + pp, m < nc ? kv : 0, v); };
         if constexpr (kDB) {
