@@ -333,7 +333,7 @@ def test_chunk_scan_under_activation_checkpointing(kernel_tier):
 
     plain, ckpt = _leaves(t), _leaves(t)
     want = _grads([run(**plain)], plain, [cot])
-    out = torch.utils.checkpoint.checkpoint(lambda **kw: run(**kw), use_reentrant=False, **ckpt)
+    out = torch.utils.checkpoint.checkpoint(run, use_reentrant=False, **ckpt)
     assert len(kernel_tier.states) == 2  # (no backward yet: the checkpointed forward ran once)
     got = _grads([out], ckpt, [cot])
     assert len(kernel_tier.states) == 3 and kernel_tier.kept == [True, True]  # run again

@@ -150,11 +150,11 @@ def saved_inputs(ctx, extra: bool = False):
     """The op's inputs as :func:`save_inputs` kept them, in argument order; with ``extra``,
     ``(inputs, extra tensors)``. Call it once per backward: ``ctx.saved_tensors`` is read once
     (activation checkpointing's hooks refuse to unpack a tensor twice)."""
-    saved = ctx.saved_tensors
+    saved, n = ctx.saved_tensors, len(ctx.tensor_pos)
     inputs = list(ctx.others)
-    for i, t in zip(ctx.tensor_pos, saved, strict=False):
+    for i, t in zip(ctx.tensor_pos, saved[:n], strict=True):
         inputs[i] = t
-    return (inputs, tuple(saved[len(ctx.tensor_pos) :])) if extra else inputs
+    return (inputs, tuple(saved[n:])) if extra else inputs
 
 
 def recomputed_grads(ctx, inputs, reference, differentiable: tuple[int, ...], grads) -> tuple:

@@ -114,11 +114,9 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     dA_cs = torch.empty(batch, nheads, nchunks, cs, dtype=f32, device=dev)
     seg = torch.empty(batch, nchunks, cs, dtype=torch.int32, device=dev)
     cb = torch.empty(batch, nchunks, ngroups, cs, cs, dtype=f32, device=dev)
-    if states is None:
+    given = states is not None  # (the backward's: the forward's, kept)
+    if not given:
         states = torch.empty(batch, nchunks, nheads, dstate, headdim, dtype=f32, device=dev)
-        given = False
-    else:
-        given = recompute
     out = None if recompute else torch.empty(x.shape, dtype=x.dtype, device=dev)
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     if D is None:
@@ -253,15 +251,13 @@ def _scan(
 ):  # fmt: skip
     """``_impl``'s work; ``torch_tier`` runs the torch tier whatever the backend (the backward's
     recomputation, see ``_launch.recomputed_grads``). ``keep`` (eager training's context):
-    gets ``keep.states``, the forward's entering states where the kernel tier ran and
-    ``_kept_states`` keeps them, else None."""
+    gets ``keep.states``, the forward's entering states, where the kernel tier ran (else it
+    gets nothing), or None where ``_kept_states`` does not keep them."""
     dims = check_chunk_scan_args(
         x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
         chunk_size=chunk_size, chunk_sizes=KERNEL_CHUNK_SIZES, dt_limit=tuple(dt_limit),
         return_varlen_states=return_varlen_states, state_dtype=state_dtype, allow_empty=True,
     )  # fmt: skip
-    if keep is not None:
-        keep.states = None
     if x.shape[0] == 0 or x.shape[1] == 0:  # no tokens: nothing runs, states are the entering ones
         return _empty_scan(x, initial_states, cu_seqlens, dims, return_varlen_states)
     tier, kset = ("torch", None) if torch_tier else choose(x.device)
@@ -534,7 +530,6 @@ def _train_forward(ctx, *inputs):
     """Eager training's forward: ``_impl``, with the entering states on ``ctx.states`` where
     ``_kept_states`` says they are worth their memory, for ``_save_scan``."""
     if inputs[0].device.type == "meta":
-        ctx.states = None
         return _impl(*inputs)
     return _scan(*inputs, keep=ctx)
 
@@ -545,7 +540,7 @@ def _save_scan(ctx, inputs, output) -> None:
     see them as they see the inputs (activation checkpointing drops them and recomputes the
     forward, offloading moves them), and autograd frees them after the backward."""
     kept = getattr(ctx, "states", None)
-    ctx.states = None
+    ctx.states = None  # (held by save_for_backward only, so the hooks see every reference)
     save_inputs(ctx, inputs, output, extra=() if kept is None else (kept,))
 
 
