@@ -370,6 +370,10 @@ M2R_DEVICE void load_as_float_n(const void* p, int dtype, int64_t idx0, int64_t 
   for (int e = 0; e < kN; ++e) out[e] = valid[e] ? (dtype == M2R_DTYPE_F16 ? fp16_to_float(bits[e]) : bf16_to_float(bits[e])) : 0.f;
 }
 
+// log2(e): exponents scaled by it once (e.g. a chunk's dA_cs as it goes to LDS) make each
+// exp(a - b) of them one fast_exp2
+constexpr float kLog2e = 1.4426950408889634f;
+
 // 2^x, approximate (a few ulp); results below 2^-126 flush to 0. One instruction on both
 // vendors (MUFU.EX2 / v_exp_f32), where exp2f adds a denormal fix-up.
 M2R_DEVICE float fast_exp2(float x) {
@@ -431,7 +435,7 @@ M2R_DEVICE float fast_log2(float x) {
 // softplus as above without a branch: both sides computed, one select (two transcendental
 // instructions; for staging loops, where softplus's branches around every element cost more)
 M2R_DEVICE float softplus_select(float x) {
-  const float sp = fast_log2(1.f + fast_exp2(x * 1.4426950408889634f)) * 0.6931471805599453f;
+  const float sp = fast_log2(1.f + fast_exp2(x * kLog2e)) * 0.6931471805599453f;
   return x <= 20.f ? sp : x;
 }
 

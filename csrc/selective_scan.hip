@@ -43,8 +43,6 @@ constexpr int kThreads = 128;
 constexpr int kChunk = 64;  // tokens staged per step
 // lanes per channel for a dstate tier: 16 up to 128 (8 state elements per lane at most), 32 at
 // 256 (16 per lane spilled on gfx10.3); channels per block = kThreads / lanes
-constexpr float kLog2e = 1.4426950408889634f;
-
 template <typename T, int kN, bool kDeferred>
 M2R_DEVICE void scan(const SelectiveScanParams& p) {
   constexpr int kLanes = kN <= 128 ? 16 : 32;

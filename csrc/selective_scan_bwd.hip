@@ -79,7 +79,6 @@ static_assert(kInter == 1 || kInter == 2, "one or two elements a step");
 constexpr int kThreads = 128;  // 3 blocks per multiprocessor on the H100 (168 registers)
 constexpr int kCh = kThreads / kSeg;  // channels per block: 4, or 2 on wave64
 constexpr int kMaxN = 256;  // dstate
-constexpr float kLog2e = 1.4426950408889634f;
 
 // a where the lane mask m is all ones, b where it is 0: bit operations on a mask held in a
 // vector register. A compare would give a scalar mask per condition, which AMD's compiler

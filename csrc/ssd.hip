@@ -557,7 +557,6 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
 #if M2R_MMA != 0
 constexpr int kWaves = kThreads / kWavefront;
 constexpr int kLdH = kSlab + 8;  // [row][k] tiles with k = kSlab: rows 16-byte aligned
-constexpr float kLog2e = 1.4426950408889634f;
 // fp32 output tiles staged in LDS for coalesced stores: 64 columns, rows padded to 72 floats
 // (8 banks apart: the accumulators' 8-byte stores, 4 rows at a time, do not conflict)
 constexpr int kLdO = 64 + 8;

@@ -346,29 +346,41 @@ M2R_DEVICE void run_fetch(float (&v)[kRun], int r, int k0, int k_end, const L& l
   else load(k0 + k, m, kv, v);
 }
 
+// a two-phase loader's slab of runs as loaded (fetch), and those runs rounded to T and packed
+// (cook)
+template <bool kMFast, int kSlab, class L>
+M2R_DEVICE void run_fetch_raw(typename L::Raw (&raw)[kRuns<kSlab>], int k0, int k_end, const L& load) {
+  static_assert(L::kMFast == kMFast, "a loader of the product's layout");
+#pragma unroll
+  for (int r = 0; r < kRuns<kSlab>; ++r) {
+    int m, k;
+    run_origin<kMFast, kSlab>(r, m, k);
+    // (kMFast: k past the end gives n = 0 below, the run 0, as run_fetch has it)
+    raw[r] = load.fetch(k0 + k, m, kMFast && k0 + k >= k_end ? 0 : min(kRun, k_end - k0 - k));
+  }
+}
+template <typename T, bool kMFast, int kSlab, class L>
+M2R_DEVICE void run_cook16(uint4 (&q)[kRuns<kSlab>], const typename L::Raw (&raw)[kRuns<kSlab>], int k0, int k_end,
+                           const L& load) {
+#pragma unroll
+  for (int r = 0; r < kRuns<kSlab>; ++r) {
+    int m, k;
+    run_origin<kMFast, kSlab>(r, m, k);
+    float v[kRun];
+    load.cook(k0 + k, m, min(kRun, k_end - k0 - k), raw[r], v);
+    q[r] = kMFast && k0 + k >= k_end ? make_uint4(0u, 0u, 0u, 0u)  // (no weight past the end)
+                                     : make_uint4(T::pack(v), T::pack(v + 2), T::pack(v + 4), T::pack(v + 6));
+  }
+}
+
 // the kRuns runs of one operand's matrix-core slab, rounded to T and packed (a Plain operand's
 // as loaded)
 template <typename T, bool kMFast, int kSlab, class L>
 M2R_DEVICE void run_fetch16(uint4 (&q)[kRuns<kSlab>], int k0, int k_end, const L& load) {
   if constexpr (kTwoPhase<L>) {  // every run's loads, then their floats
-    static_assert(L::kMFast == kMFast, "a loader of the product's layout");
     typename L::Raw raw[kRuns<kSlab>];
-#pragma unroll
-    for (int r = 0; r < kRuns<kSlab>; ++r) {
-      int m, k;
-      run_origin<kMFast, kSlab>(r, m, k);
-      // (kMFast: k past the end gives n = 0 below, the run 0, as run_fetch has it)
-      raw[r] = load.fetch(k0 + k, m, kMFast && k0 + k >= k_end ? 0 : min(kRun, k_end - k0 - k));
-    }
-#pragma unroll
-    for (int r = 0; r < kRuns<kSlab>; ++r) {
-      int m, k;
-      run_origin<kMFast, kSlab>(r, m, k);
-      float v[kRun];
-      load.cook(k0 + k, m, min(kRun, k_end - k0 - k), raw[r], v);
-      q[r] = kMFast && k0 + k >= k_end ? make_uint4(0u, 0u, 0u, 0u)  // (no weight past the end)
-                                       : make_uint4(T::pack(v), T::pack(v + 2), T::pack(v + 4), T::pack(v + 6));
-    }
+    run_fetch_raw<kMFast, kSlab>(raw, k0, k_end, load);
+    run_cook16<T, kMFast, kSlab>(q, raw, k0, k_end, load);
   } else {
 #pragma unroll
     for (int r = 0; r < kRuns<kSlab>; ++r) {
@@ -395,6 +407,49 @@ M2R_DEVICE void run_store16(uint16_t* dst, const uint4 (&q)[kRuns<kSlab>]) {
     *reinterpret_cast<uint4*>(dst + (kMFast ? k * kLd16 + m : m * kLdK + k)) = q[r];
   }
 }
+
+// a two-phase loader whose raw runs take no more registers than packed ones (16-bit runs)
+template <class L>
+constexpr auto holds_raw_(int) -> decltype(L::kTwoPhase, true) {
+  return sizeof(typename L::Raw) <= sizeof(uint4);
+}
+template <class L>
+constexpr bool holds_raw_(...) {
+  return false;
+}
+template <class L, bool = holds_raw_<L>(0)>
+struct SlabRaw {
+  typedef uint4 type;  // (unused)
+};
+template <class L>
+struct SlabRaw<L, true> {
+  typedef typename L::Raw type;
+};
+
+// One operand's matrix-core slab between its loads (fetch) and its LDS store (store). A
+// prefetched slab's loads are issued before the product of the slab before it and waited for
+// at its store, after that product: held as loaded where that costs no registers (a two-phase
+// loader's 16-bit runs, cooked at the store), else rounded and packed at the fetch (whose cook
+// then waits for the loads before the product).
+template <typename T, bool kMFast, int kSlab, class L>
+struct SlabRuns {
+  static constexpr bool kRaw = holds_raw_<L>(0);
+  typename SlabRaw<L>::type raw[kRaw ? kRuns<kSlab> : 1];
+  uint4 q[kRaw ? 1 : kRuns<kSlab>];
+  M2R_DEVICE void fetch(int k0, int k_end, const L& load) {
+    if constexpr (kRaw) run_fetch_raw<kMFast, kSlab>(raw, k0, k_end, load);
+    else run_fetch16<T, kMFast, kSlab>(q, k0, k_end, load);
+  }
+  M2R_DEVICE void store(uint16_t* dst, int k0, int k_end, const L& load) const {
+    if constexpr (kRaw) {
+      uint4 c[kRuns<kSlab>];
+      run_cook16<T, kMFast, kSlab>(c, raw, k0, k_end, load);
+      run_store16<kMFast, kSlab>(dst, c);
+    } else {
+      run_store16<kMFast, kSlab>(dst, q);
+    }
+  }
+};
 
 template <bool kMFast>
 M2R_DEVICE void run_store32(float* dst, const float (&v)[kRun]) {  // [k][m], ld kLd
@@ -435,15 +490,15 @@ struct TileAcc {
       constexpr int kLdA = kMFastA ? kLd16 : kLdK, kLdB = kMFastB ? kLd16 : kLdK;
       uint16_t* As = reinterpret_cast<uint16_t*>(sm);
       uint16_t* Bs = As + kTile * kLdK;
-      uint4 qa[kRuns<kSlab>], qb[kRuns<kSlab>];
-      if constexpr (kPrefetch) run_fetch16<T, kMFastA, kSlab>(qa, k_begin, k_end, la), run_fetch16<T, kMFastB, kSlab>(qb, k_begin, k_end, lb);
+      SlabRuns<T, kMFastA, kSlab, LA> qa;
+      SlabRuns<T, kMFastB, kSlab, LB> qb;
+      if constexpr (kPrefetch) qa.fetch(k_begin, k_end, la), qb.fetch(k_begin, k_end, lb);
       for (int k0 = k_begin; k0 < k_end; k0 += kSlab) {
-        if constexpr (!kPrefetch) run_fetch16<T, kMFastA, kSlab>(qa, k0, k_end, la), run_fetch16<T, kMFastB, kSlab>(qb, k0, k_end, lb);
-        run_store16<kMFastA, kSlab>(As, qa);
-        run_store16<kMFastB, kSlab>(Bs, qb);
+        if constexpr (!kPrefetch) qa.fetch(k0, k_end, la), qb.fetch(k0, k_end, lb);
+        qa.store(As, k0, k_end, la);
+        qb.store(Bs, k0, k_end, lb);
         __syncthreads();
-        if (kPrefetch && k0 + kSlab < k_end)
-          run_fetch16<T, kMFastA, kSlab>(qa, k0 + kSlab, k_end, la), run_fetch16<T, kMFastB, kSlab>(qb, k0 + kSlab, k_end, lb);
+        if (kPrefetch && k0 + kSlab < k_end) qa.fetch(k0 + kSlab, k_end, la), qb.fetch(k0 + kSlab, k_end, lb);
         tile.template product<T, kSlab, kMFastA, kMFastB>(As, kLdA, Bs, kLdB);
         __syncthreads();
       }
@@ -465,18 +520,60 @@ struct TileAcc {
     }
   }
 
-  // out += the product; uses sm and ends with a barrier on the matrix-core path
-  M2R_DEVICE void finish(float* sm) {
+  // v = this thread's 4 x 4 of the product so far (the FMA layout), which stays accumulated;
+  // on the matrix cores through sm, ending with a barrier. FMA path: out as it is.
+  M2R_DEVICE void view(float* sm, float (&v)[4][4]) const {
 #if M2R_MMA != 0
     if constexpr (kMma) {
       const Tile tl;
+      stage(sm);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 q = *reinterpret_cast<const float4*>(sm + (tl.r_off + i) * kLd + tl.c_off);
+        v[i][0] = q.x, v[i][1] = q.y, v[i][2] = q.z, v[i][3] = q.w;
+      }
+      __syncthreads();
+      return;
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[i][j] = out[i][j];
+  }
+
+  // the product so far times w[row] (w: the tile's 64 rows, e.g. in LDS); rows with w 0 become
+  // 0 whatever they held
+  M2R_DEVICE void scale_rows(const float* w) {
+#if M2R_MMA != 0
+    if constexpr (kMma) {
 #pragma unroll
       for (int i = 0; i < tile.kFm; ++i)
 #pragma unroll
         for (int j = 0; j < tile.kFn; ++j)
 #pragma unroll
-          for (int r = 0; r < mma::kAccRegs; ++r) sm[tile.row(i, r) * kLd + tile.col(j, r)] = tile.acc[i][j].v[r];
-      __syncthreads();
+          for (int r = 0; r < mma::kAccRegs; ++r) {
+            const float f = w[tile.row(i, r)];
+            tile.acc[i][j].v[r] = f != 0.f ? tile.acc[i][j].v[r] * f : 0.f;
+          }
+      return;
+    }
+#endif
+    const Tile tl;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float f = w[tl.r_off + i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) out[i][j] = f != 0.f ? out[i][j] * f : 0.f;
+    }
+  }
+
+  // out += the product; uses sm and ends with a barrier on the matrix-core path
+  M2R_DEVICE void finish(float* sm) {
+#if M2R_MMA != 0
+    if constexpr (kMma) {
+      const Tile tl;
+      stage(sm);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float4 v = *reinterpret_cast<const float4*>(sm + (tl.r_off + i) * kLd + tl.c_off);
@@ -486,6 +583,20 @@ struct TileAcc {
     }
 #endif
   }
+
+ private:
+#if M2R_MMA != 0
+  // the fragments to sm as [row][kLd] fp32, then a barrier
+  M2R_DEVICE void stage(float* sm) const {
+#pragma unroll
+    for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+      for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+        for (int r = 0; r < mma::kAccRegs; ++r) sm[tile.row(i, r) * kLd + tile.col(j, r)] = tile.acc[i][j].v[r];
+    __syncthreads();
+  }
+#endif
 };
 
 template <typename T, bool kMFastA, bool kMFastB, bool kPrefetch = true, int kSlab = kMmaSlab, class LA, class LB>
@@ -508,21 +619,22 @@ M2R_DEVICE void tile_product_pair(float (&acc0)[4][4], float (&acc1)[4][4], floa
   TileAcc<T> t0(acc0), t1(acc1);
 #if M2R_MMA != 0
   if constexpr (TileAcc<T>::kMma) {
-    constexpr int kLdA = kMFastA ? kLd16 : kLdK, kLdB = kMFastB ? kLd16 : kLdK, kR = kRuns<kMmaSlab>;
+    constexpr int kLdA = kMFastA ? kLd16 : kLdK, kLdB = kMFastB ? kLd16 : kLdK;
     uint16_t* As0 = reinterpret_cast<uint16_t*>(sm);
     uint16_t* As1 = As0 + kTile * kLdK;
     uint16_t* Bs = As1 + kTile * kLdK;
-    uint4 qa0[kR], qa1[kR], qb[kR];
+    SlabRuns<T, kMFastA, kMmaSlab, LA> qa0, qa1;
+    SlabRuns<T, kMFastB, kMmaSlab, LB> qb;
     auto fetch = [&](int k0) {
-      run_fetch16<T, kMFastA, kMmaSlab>(qa0, k0, k_end, la0);
-      if (second) run_fetch16<T, kMFastA, kMmaSlab>(qa1, k0, k_end, la1);
-      run_fetch16<T, kMFastB, kMmaSlab>(qb, k0, k_end, lb);
+      qa0.fetch(k0, k_end, la0);
+      if (second) qa1.fetch(k0, k_end, la1);
+      qb.fetch(k0, k_end, lb);
     };
     if (k_begin < k_end) fetch(k_begin);
     for (int k0 = k_begin; k0 < k_end; k0 += kMmaSlab) {
-      run_store16<kMFastA, kMmaSlab>(As0, qa0);
-      if (second) run_store16<kMFastA, kMmaSlab>(As1, qa1);
-      run_store16<kMFastB, kMmaSlab>(Bs, qb);
+      qa0.store(As0, k0, k_end, la0);
+      if (second) qa1.store(As1, k0, k_end, la1);
+      qb.store(Bs, k0, k_end, lb);
       __syncthreads();
       if (k0 + kMmaSlab < k_end) fetch(k0 + kMmaSlab);
       t0.tile.template product<T, kMmaSlab, kMFastA, kMFastB>(As0, kLdA, Bs, kLdB);
@@ -562,13 +674,13 @@ struct DecayedCbT {
     lds8(acs + t, a);
     if (one_seg && s <= t && t + kRun <= rows) {  // every term of the run is live
 #pragma unroll
-      for (int e = 0; e < kRun; ++e) v[e] *= __expf(a[e] - as) * ds;
+      for (int e = 0; e < kRun; ++e) v[e] *= fast_exp2(a[e] - as) * ds;
     } else {
       const int sg = seg[s];
       int32_t st[kRun];
       lds8(seg + t, st);
 #pragma unroll
-      for (int e = 0; e < kRun; ++e) v[e] = s <= t + e && t + e < rows && st[e] == sg ? v[e] * __expf(a[e] - as) * ds : 0.f;
+      for (int e = 0; e < kRun; ++e) v[e] = s <= t + e && t + e < rows && st[e] == sg ? v[e] * fast_exp2(a[e] - as) * ds : 0.f;
     }
   }
 };
@@ -593,7 +705,7 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   const int xl = p.nheads * p.headdim, bl = p.ngroups * p.dstate;
   for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
-    acs[s] = p.dA_cs[chunk_row(p, b, h, c) + s];
+    acs[s] = p.dA_cs[chunk_row(p, b, h, c) + s] * kLog2e;
     dts[s] = p.dt_out[chunk_row(p, b, h, c) + s];
     seg[s] = seg_row(p, b, c)[s];
   }
@@ -614,7 +726,7 @@ M2R_DEVICE void dz(const SsdBwdParams& p) {
     for (int i = 0; i < 4; ++i) {
       const int t = t0 + tl.r_off + i;
       const bool reads = t < rows && seg[t] == 0;  // else a sequence that started in the chunk
-      const float f = reads ? __expf(acs[t]) : 0.f;
+      const float f = reads ? fast_exp2(acs[t]) : 0.f;
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[i][j] = reads ? acc[i][j] * f : 0.f;
     }
@@ -807,18 +919,22 @@ struct DecayedCb {
     lds8(acs + t, a);
     if (one_seg && kv == kRun && s <= t) {  // every term of the run is live
 #pragma unroll
-      for (int e = 0; e < kRun; ++e) v[e] *= __expf(a[e] - as);
+      for (int e = 0; e < kRun; ++e) v[e] *= fast_exp2(a[e] - as);
     } else {
       const int sg = seg[s];
       int32_t st[kRun];
       lds8(seg + t, st);
 #pragma unroll
-      for (int e = 0; e < kRun; ++e) v[e] = e < kv && s <= t + e && st[e] == sg ? v[e] * __expf(a[e] - as) : 0.f;
+      for (int e = 0; e < kRun; ++e) v[e] = e < kv && s <= t + e && st[e] == sg ? v[e] * fast_exp2(a[e] - as) : 0.f;
     }
   }
 };
 
 // ---- 4. dx -------------------------------------------------------------------------------------
+
+// dx loads each slab's runs during the product before it on NVIDIA (ptxas fits it in 128
+// registers); the wave64 targets' scalar registers are short for the second set of addresses
+constexpr bool kDxPrefetch = kWavefront == 32;
 
 template <typename T>
 M2R_DEVICE void dx(const SsdBwdParams& p) {
@@ -827,6 +943,7 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   __shared__ __align__(16) float acs[kMaxChunk];
   __shared__ float dts[kMaxChunk];
   __shared__ __align__(16) int32_t seg[kMaxChunk];
+  __shared__ float to_end[kTile];  // the tile's rows' decay to the chunk end, 0 before its last segment
   const int ptiles = cdiv(p.headdim, kTile), stiles = p.chunk_size / kTile;
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
   int rest = blockIdx.x / p.nheads;
@@ -841,7 +958,7 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   // ones run short by the epilogue on the wave64 targets
   float* const dd = per_lane(p.dD_part + (((static_cast<int64_t>(b) * p.nchunks + c) * stiles + st) * p.nheads + h) * p.headdim + p0);
   for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
-    acs[s] = p.dA_cs[chunk_row(p, b, h, c) + s];
+    acs[s] = p.dA_cs[chunk_row(p, b, h, c) + s] * kLog2e;
     dts[s] = p.dt_out[chunk_row(p, b, h, c) + s];
     seg[s] = seg_row(p, b, c)[s];
   }
@@ -854,32 +971,37 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   float acc[4][4] = {}, kpart[4] = {};
   Quads<T> xq, gq;  // this thread's 4 x 4 of x and g
   const int at = (s0 + tl.r_off) * xl + tl.c_off, nr = rows - s0 - tl.r_off, nq = pc - tl.c_off;
+  // Both products accumulate in one tile: B·G first, which decays to the chunk end (its rows
+  // scaled in place, its share of ddt read on the way), then the masked, decayed C·Bᵀ times g.
+  // On the matrix cores the FMA-layout acc stays 0 until the end, which leaves the registers to
+  // load each slab's runs during the product before it.
+  TileAcc<T> prod(acc);
   if (s0 + kTile > first_last) {  // B·G, decayed to the chunk end; its share of ddt first
+    if (threadIdx.x < kTile) {
+      const int s = s0 + threadIdx.x;
+      to_end[threadIdx.x] = s < rows && s >= first_last ? fast_exp2(acs[last] - acs[s]) : 0.f;  // (read after the product's barriers)
+    }
     const S* Bc = bc_chunk(p, static_cast<const S*>(p.B), b, l0, g);
     const float* G = p.dstates + states_at(p, b, c, h) + p0;
-    TileAcc<T> prod(acc);
-    prod.template run<false, true, false, kNarrowSlab>(
+    prod.template run<false, true, kDxPrefetch, kNarrowSlab>(
         sm, 0, p.dstate, Plain<T, false>{Bc + s0 * bl, bl, rows - s0}, Runs<F32, true, false>{G, p.headdim, 0, pc, nullptr});
     xq.load(xc + at, xl, nr, nq);
-    prod.finish(sm);
+    float v[4][4];
+    prod.view(sm, v);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int s = s0 + tl.r_off + i;
-      const bool to_end = s < rows && s >= first_last;
-      const float f = to_end ? __expf(acs[last] - acs[s]) : 0.f;
+      const float f = to_end[tl.r_off + i];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        acc[i][j] = to_end ? acc[i][j] * f : 0.f;
-        if (to_end && tl.c_off + j < pc) kpart[i] = fmaf(xq(i, j), acc[i][j], kpart[i]);
-      }
+      for (int j = 0; j < 4; ++j)
+        if (f != 0.f) kpart[i] = fmaf(xq(i, j), v[i][j] * f, kpart[i]);  // 0 past headdim: x's quad holds 0 there
     }
+    prod.scale_rows(to_end);
   }
   const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
   const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0;
   const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
   const DecayedCb decayed{cb, acs, seg, s0, cs, one_seg};
-  TileAcc<T> prod(acc);
-  prod.template run<false, true, false, kNarrowSlab>(sm, s0, rows, decayed, Plain<T, true>{gp, xl, pc});
+  prod.template run<false, true, kDxPrefetch, kNarrowSlab>(sm, s0, rows, decayed, Plain<T, true>{gp, xl, pc});
   xq.load(xc + at, xl, nr, nq);  // (again: registers are short while the product runs)
   if (Dp) gq.load(gp + at, xl, nr, nq);
   prod.finish(sm);
@@ -981,7 +1103,7 @@ M2R_DEVICE void dcb(const SsdBwdParams& p) {
     const int h = h0 + r;
     __syncthreads();  // the last head's epilogue read acs / dts
     if (own) {
-      acs[threadIdx.x] = next_a, dts[threadIdx.x] = next_dt;
+      acs[threadIdx.x] = next_a * kLog2e, dts[threadIdx.x] = next_dt;
       if (r + 1 < p.heads_per_group) {
         next_a = p.dA_cs[chunk_row(p, b, h + 1, c) + threadIdx.x];
         next_dt = p.dt_out[chunk_row(p, b, h + 1, c) + threadIdx.x];
@@ -1015,7 +1137,7 @@ M2R_DEVICE void dcb(const SsdBwdParams& p) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (live >> (4 * i + j) & 1u) {
-          const float d = acc[i][j] * __expf(a_t[j] - a_s[i]) * dt_s[i];
+          const float d = acc[i][j] * fast_exp2(a_t[j] - a_s[i]) * dt_s[i];
           total[i][j] += d;
           const float m = d * cbv[i][j];
           rs[i] += m, csum[j] += m;
