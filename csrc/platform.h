@@ -386,6 +386,18 @@ M2R_DEVICE float fast_exp2(float x) {
 #endif
 }
 
+// A hint to bring the cache line at q towards this multiprocessor's L1, no register and no wait
+// (NVIDIA: prefetch.global.L1); for loads a loop makes later, e.g. the next head's operands
+// while this head's product runs, where holding them in registers would cost occupancy. No
+// code on AMD (no L1 prefetch before gfx12).
+M2R_DEVICE void prefetch_l1(const void* q) {
+#if M2R_AMD
+  (void)q;
+#else
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(q));
+#endif
+}
+
 // x, as a value the compiler must treat as differing between lanes. AMD's compiler moves values
 // it proves uniform (an LDS read at a uniform address) into scalar registers, 102 at most per
 // wave; a kernel whose every lane reads the same LDS row then spills them. No code on NVIDIA.

@@ -408,6 +408,20 @@ M2R_DEVICE void run_store16(uint16_t* dst, const uint4 (&q)[kRuns<kSlab>]) {
   }
 }
 
+// A hint (prefetch_l1) for the lines of the next product's first slab of two [m][k] operands
+// (each run's start: a at a + m * lda + k for m < a_rows, k < a_cols; b likewise), as this
+// thread's runs of a slab of kSlab lie
+template <int kSlab, typename A, typename B>
+M2R_DEVICE void prefetch_slab(const A* a, int lda, int a_rows, int a_cols, const B* b, int ldb, int b_rows, int b_cols) {
+#pragma unroll
+  for (int r = 0; r < kRuns<kSlab>; ++r) {
+    int m, k;
+    run_origin<false, kSlab>(r, m, k);
+    if (m < a_rows && k < a_cols) prefetch_l1(a + m * lda + k);
+    if (m < b_rows && k < b_cols) prefetch_l1(b + m * ldb + k);
+  }
+}
+
 // a two-phase loader whose raw runs take no more registers than packed ones (16-bit runs)
 template <class L>
 constexpr auto holds_raw_(int) -> decltype(L::kTwoPhase, true) {
@@ -944,19 +958,19 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   __shared__ float dts[kMaxChunk];
   __shared__ __align__(16) int32_t seg[kMaxChunk];
   __shared__ float to_end[kTile];  // the tile's rows' decay to the chunk end, 0 before its last segment
-  const int ptiles = cdiv(p.headdim, kTile), stiles = p.chunk_size / kTile;
+  // a block takes two tiles of rows, sq and stiles - 1 - sq (the middle one alone when stiles is
+  // odd): the chunk's loads, masks and index arithmetic once for both, and every block the same
+  // work (a tile's C·Bᵀ product runs from its rows to the chunk end)
+  const int ptiles = cdiv(p.headdim, kTile), stiles = p.chunk_size / kTile, squads = cdiv(stiles, 2);
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
   int rest = blockIdx.x / p.nheads;
   const int pt = rest % ptiles;
   rest /= ptiles;
-  const int st = rest % stiles, c = rest / stiles;
-  const int s0 = st * kTile, p0 = pt * kTile, pc = min(kTile, p.headdim - p0);
+  const int sq = rest % squads, c = rest / squads;
+  const int p0 = pt * kTile, pc = min(kTile, p.headdim - p0);
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   const int xl = p.nheads * p.headdim, bl = p.ngroups * p.dstate, last = p.chunk_size - 1, cs = p.chunk_size;
-  // where this block's dD partials go, worked out now and held in vector registers: the scalar
-  // ones run short by the epilogue on the wave64 targets
-  float* const dd = per_lane(p.dD_part + (((static_cast<int64_t>(b) * p.nchunks + c) * stiles + st) * p.nheads + h) * p.headdim + p0);
   for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
     acs[s] = p.dA_cs[chunk_row(p, b, h, c) + s] * kLog2e;
     dts[s] = p.dt_out[chunk_row(p, b, h, c) + s];
@@ -966,97 +980,111 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   // the chunk's last segment (a suffix) is what its final state is made of
   const int first_last = __syncthreads_count(threadIdx.x < p.chunk_size && seg[threadIdx.x] < seg[last]);
   const bool one_seg = first_last == 0;  // the chunk is one segment
-  const Tile tl;
-  const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0;
-  float acc[4][4] = {}, kpart[4] = {};
-  Quads<T> xq, gq;  // this thread's 4 x 4 of x and g
-  const int at = (s0 + tl.r_off) * xl + tl.c_off, nr = rows - s0 - tl.r_off, nq = pc - tl.c_off;
-  // Both products accumulate in one tile: B·G first, which decays to the chunk end (its rows
-  // scaled in place, its share of ddt read on the way), then the masked, decayed C·Bᵀ times g.
-  // On the matrix cores the FMA-layout acc stays 0 until the end, which leaves the registers to
-  // load each slab's runs during the product before it.
-  TileAcc<T> prod(acc);
-  if (s0 + kTile > first_last) {  // B·G, decayed to the chunk end; its share of ddt first
-    if (threadIdx.x < kTile) {
-      const int s = s0 + threadIdx.x;
-      to_end[threadIdx.x] = s < rows && s >= first_last ? fast_exp2(acs[last] - acs[s]) : 0.f;  // (read after the product's barriers)
+  // the chunk's operands, the same for both tiles (per_lane: held in vector registers; live
+  // through the loop they overran the scalar ones on the wave64 targets)
+  const S* const xc = per_lane(x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0);
+  const S* const Bc = per_lane(bc_chunk(p, static_cast<const S*>(p.B), b, l0, g));
+  const float* const G = per_lane(p.dstates + states_at(p, b, c, h) + p0);
+  const float* const cb =
+      per_lane(p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size);
+  const S* const gp = per_lane(x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0);
+  const float* const Dp = p.D ? per_lane(p.D + static_cast<int64_t>(h) * p.headdim + p0) : nullptr;
+  for (int k = 0; k < 2; ++k) {
+    const int st = k == 0 ? sq : stiles - 1 - sq;
+    if (k == 1) {
+      if (st == sq) break;
+      __syncthreads();  // the first tile's epilogue has read sm and to_end
     }
-    const S* Bc = bc_chunk(p, static_cast<const S*>(p.B), b, l0, g);
-    const float* G = p.dstates + states_at(p, b, c, h) + p0;
-    prod.template run<false, true, kDxPrefetch, kNarrowSlab>(
-        sm, 0, p.dstate, Plain<T, false>{Bc + s0 * bl, bl, rows - s0}, Runs<F32, true, false>{G, p.headdim, 0, pc, nullptr});
-    xq.load(xc + at, xl, nr, nq);
-    float v[4][4];
-    prod.view(sm, v);
+    const int s0 = st * kTile;
+    // where this tile's dD partials go, held in vector registers: the scalar ones run short by the
+    // epilogue on the wave64 targets
+    float* const dd = per_lane(p.dD_part + (((static_cast<int64_t>(b) * p.nchunks + c) * stiles + st) * p.nheads + h) * p.headdim + p0);
+    const Tile tl;
+    float acc[4][4] = {}, kpart[4] = {};
+    Quads<T> xq, gq;  // this thread's 4 x 4 of x and g
+    const int at = (s0 + tl.r_off) * xl + tl.c_off, nr = rows - s0 - tl.r_off, nq = pc - tl.c_off;
+    // Both products accumulate in one tile: B·G first, which decays to the chunk end (its rows
+    // scaled in place, its share of ddt read on the way), then the masked, decayed C·Bᵀ times g.
+    // On the matrix cores the FMA-layout acc stays 0 until the end, which leaves the registers to
+    // load each slab's runs during the product before it.
+    TileAcc<T> prod(acc);
+    if (s0 + kTile > first_last) {  // B·G, decayed to the chunk end; its share of ddt first
+      if (threadIdx.x < kTile) {
+        const int s = s0 + threadIdx.x;
+        to_end[threadIdx.x] = s < rows && s >= first_last ? fast_exp2(acs[last] - acs[s]) : 0.f;  // (read after the product's barriers)
+      }
+      prod.template run<false, true, kDxPrefetch, kNarrowSlab>(
+          sm, 0, p.dstate, Plain<T, false>{Bc + s0 * bl, bl, rows - s0}, Runs<F32, true, false>{G, p.headdim, 0, pc, nullptr});
+      xq.load(xc + at, xl, nr, nq);
+      float v[4][4];
+      prod.view(sm, v);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float f = to_end[tl.r_off + i];
+      for (int i = 0; i < 4; ++i) {
+        const float f = to_end[tl.r_off + i];
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (f != 0.f) kpart[i] = fmaf(xq(i, j), v[i][j] * f, kpart[i]);  // 0 past headdim: x's quad holds 0 there
+        for (int j = 0; j < 4; ++j)
+          if (f != 0.f) kpart[i] = fmaf(xq(i, j), v[i][j] * f, kpart[i]);  // 0 past headdim: x's quad holds 0 there
+      }
+      prod.scale_rows(to_end);
     }
-    prod.scale_rows(to_end);
-  }
-  const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size;
-  const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0;
-  const float* Dp = p.D ? p.D + static_cast<int64_t>(h) * p.headdim + p0 : nullptr;
-  const DecayedCb decayed{cb, acs, seg, s0, cs, one_seg};
-  prod.template run<false, true, kDxPrefetch, kNarrowSlab>(sm, s0, rows, decayed, Plain<T, true>{gp, xl, pc});
-  xq.load(xc + at, xl, nr, nq);  // (again: registers are short while the product runs)
-  if (Dp) gq.load(gp + at, xl, nr, nq);
-  prod.finish(sm);
+    const DecayedCb decayed{cb, acs, seg, s0, cs, one_seg};
+    prod.template run<false, true, kDxPrefetch, kNarrowSlab>(sm, s0, rows, decayed, Plain<T, true>{gp, xl, pc});
+    xq.load(xc + at, xl, nr, nq);  // (again: registers are short while the product runs)
+    if (Dp) gq.load(gp + at, xl, nr, nq);
+    prod.finish(sm);
 
-  S* dxp = per_lane(x_chunk(p, static_cast<S*>(p.dx), b, l0, h) + p0);  // (per_lane: scalar registers, wave64)
-  // each row's 4 columns in one store (store4): ncu had the element-by-element form, with D
-  // and dt read again for every element, at a fifth of the kernel's instructions
-  float dcol[4] = {};  // D of this thread's columns (0 past headdim)
-  if (Dp) {
+    S* dxp = per_lane(x_chunk(p, static_cast<S*>(p.dx), b, l0, h) + p0);  // (per_lane: scalar registers, wave64)
+    // each row's 4 columns in one store (store4): ncu had the element-by-element form, with D
+    // and dt read again for every element, at a fifth of the kernel's instructions
+    float dcol[4] = {};  // D of this thread's columns (0 past headdim)
+    if (Dp) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) dcol[j] = j < nq ? Dp[tl.c_off + j] : 0.f;
-  }
-  float ddt[4] = {};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int s = s0 + tl.r_off + i;
-    if (s >= rows) continue;
-    const float dt_s = dts[s];
-    float v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[j] = dt_s * acc[i][j];
-      if (Dp) v[j] = fmaf(dcol[j], gq(i, j), v[j]);
-      ddt[i] = fmaf(xq(i, j), acc[i][j], ddt[i]);  // 0 past headdim: x's quad holds 0 there
+      for (int j = 0; j < 4; ++j) dcol[j] = j < nq ? Dp[tl.c_off + j] : 0.f;
     }
-    store4<T>(dxp + s * xl + tl.c_off, nq, v);
-  }
-  float dsum[4] = {};  // dD = sum_s g x, this thread's columns
-  if (Dp) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) dsum[j] = fmaf(gq(i, j), xq(i, j), dsum[j]);  // 0 out of range
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) ddt[i] = row_sum16(ddt[i]), kpart[i] = row_sum16(kpart[i]);
-  if (threadIdx.x % 16 == 0) {
-    float* r1 = tok_row(p, 1, pt, b, h, c);
-    float* r2 = tok_row(p, 2, pt, b, h, c);
+    float ddt[4] = {};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int s = s0 + tl.r_off + i;
-      r1[s] = ddt[i];
-      r2[s] = s < rows ? kpart[i] * dts[s] : 0.f;
-    }
-  }
-  if (Dp) {  // the 16 row groups' column sums through LDS (free: the product's last barrier has
-             // passed), added in order; last, when little else is live (wave64: scalar registers)
+      if (s >= rows) continue;
+      const float dt_s = dts[s];
+      float v[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) sm[(threadIdx.x / 16) * kTile + tl.c_off + j] = dsum[j];
-    __syncthreads();
-    if (threadIdx.x < pc) {
-      float v = 0.f;
-      for (int q = 0; q < kThreads / 16; ++q) v += sm[q * kTile + threadIdx.x];
-      dd[threadIdx.x] = v;
+      for (int j = 0; j < 4; ++j) {
+        v[j] = dt_s * acc[i][j];
+        if (Dp) v[j] = fmaf(dcol[j], gq(i, j), v[j]);
+        ddt[i] = fmaf(xq(i, j), acc[i][j], ddt[i]);  // 0 past headdim: x's quad holds 0 there
+      }
+      store4<T>(dxp + s * xl + tl.c_off, nq, v);
+    }
+    float dsum[4] = {};  // dD = sum_s g x, this thread's columns
+    if (Dp) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dsum[j] = fmaf(gq(i, j), xq(i, j), dsum[j]);  // 0 out of range
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ddt[i] = row_sum16(ddt[i]), kpart[i] = row_sum16(kpart[i]);
+    if (threadIdx.x % 16 == 0) {
+      float* r1 = tok_row(p, 1, pt, b, h, c);
+      float* r2 = tok_row(p, 2, pt, b, h, c);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int s = s0 + tl.r_off + i;
+        r1[s] = ddt[i];
+        r2[s] = s < rows ? kpart[i] * dts[s] : 0.f;
+      }
+    }
+    if (Dp) {  // the 16 row groups' column sums through LDS (free: the product's last barrier has
+               // passed), added in order; last, when little else is live (wave64: scalar registers)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sm[(threadIdx.x / 16) * kTile + tl.c_off + j] = dsum[j];
+      __syncthreads();
+      if (threadIdx.x < pc) {
+        float v = 0.f;
+        for (int q = 0; q < kThreads / 16; ++q) v += sm[q * kTile + threadIdx.x];
+        dd[threadIdx.x] = v;
+      }
     }
   }
 }
@@ -1111,6 +1139,10 @@ M2R_DEVICE void dcb(const SsdBwdParams& p) {
     }
     const S* xc = x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + ts * kTile * xl;
     const S* gp = x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + tt * kTile * xl;
+    // the next head's first slab towards L1 while this one is multiplied (one slab per head at
+    // headdim 64, so the product's own prefetch has none: each head's loads waited out the
+    // memory latency)
+    if (r + 1 < p.heads_per_group) prefetch_slab<kNarrowSlab>(xc + p.headdim, xl, sr, p.headdim, gp + p.headdim, xl, tr, p.headdim);
     float acc[4][4] = {};
     tile_product<T, false, false, true, kNarrowSlab>(
         acc, sm, 0, p.headdim,

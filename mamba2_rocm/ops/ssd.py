@@ -419,7 +419,7 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
         run(f"m2r_ssd_bwd_dz_{dtn}", (nchunks * ltiles * ptiles * nheads, 1, batch))
     run(f"m2r_ssd_bwd_dstates_{dtn}", (nchunks * _cdiv(ntiles, 2) * ptiles * nheads, 1, batch))
     run("m2r_ssd_bwd_state_passing", (pass_blocks, nheads, batch))
-    run(f"m2r_ssd_bwd_dx_{dtn}", (nchunks * ltiles * ptiles * nheads, 1, batch))
+    run(f"m2r_ssd_bwd_dx_{dtn}", (nchunks * _cdiv(ltiles, 2) * ptiles * nheads, 1, batch))
     run(f"m2r_ssd_bwd_dcb_{dtn}", (nchunks * g * pairs, 1, batch))
     run(f"m2r_ssd_bwd_dc_{dtn}", (nchunks * ltiles * ntiles * g, 1, batch))
     run(f"m2r_ssd_bwd_db_{dtn}", (nchunks * ltiles * ntiles * g, 1, batch))
