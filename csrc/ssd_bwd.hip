@@ -16,8 +16,8 @@
 //                initial states' gradient;                 grid (p*n / 1024, h, b)
 //   4. dx        dx = dt (B·G decayed to the chunk end + (masked, decayed C·Bᵀ)ᵀ g) + D g; per
 //                token sum_p x dx/dt (ddt) and its chunk-state part (the chunk end's exponent);
-//                per column sum_s g x (dD);
-//                                                        grid (chunks*stiles*ptiles*h, 1, b)
+//                per column sum_s g x (dD); a block takes two tiles of rows;
+//                                                        grid (chunks*cdiv(stiles,2)*ptiles*h, 1, b)
 //   5. dcb       the gradient of C·Bᵀ: per group, sum over its heads of (g xᵀ) decayed and masked
 //                (overwrites the forward's C·Bᵀ, read by stages 1 and 4 before), and per head
 //                the intra-chunk terms' exponent gradients, summed per row and column;
