@@ -295,7 +295,7 @@ struct SsdBwdParams {
   void* dC;               // (batch, seqlen, ngroups, dstate): float32, or x's dtype (dbc_io bit 1)
   float* ddt;             // (batch, seqlen, nheads)
   float* tok;             // (ntiles + 2 ptiles + 2 chunk_size / 64, batch, nheads, nchunks, chunk_size)
-  float* dD_part;         // (batch, nchunks, chunk_size / 64, nheads, headdim)
+  float* dD_part;         // (nheads, headdim, batch, nchunks, chunk_size / 64)
   float* dA_last_part;    // (batch, nheads, nchunks, pass_blocks)
   float* head_part;       // (2, batch, nchunks, nheads): dA, ddt_bias
   int64_t dt_batch_stride, dt_l_stride, dt_h_stride;

@@ -996,9 +996,12 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
       __syncthreads();  // the first tile's epilogue has read sm and to_end
     }
     const int s0 = st * kTile;
-    // where this tile's dD partials go, held in vector registers: the scalar ones run short by the
-    // epilogue on the wave64 targets
-    float* const dd = per_lane(p.dD_part + (((static_cast<int64_t>(b) * p.nchunks + c) * stiles + st) * p.nheads + h) * p.headdim + p0);
+    // where this tile's dD partials go (column j at dd[j * dd_stride]: each column's partials
+    // lie together, so their sum is a reduction of contiguous rows), held in vector registers: the
+    // scalar ones run short by the epilogue on the wave64 targets
+    const int dd_stride = p.batch * p.nchunks * stiles;
+    float* const dd = per_lane(p.dD_part + (static_cast<int64_t>(h) * p.headdim + p0) * dd_stride +
+                               (static_cast<int64_t>(b) * p.nchunks + c) * stiles + st);
     const Tile tl;
     float acc[4][4] = {}, kpart[4] = {};
     Quads<T> xq, gq;  // this thread's 4 x 4 of x and g
@@ -1083,7 +1086,7 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
       if (threadIdx.x < pc) {
         float v = 0.f;
         for (int q = 0; q < kThreads / 16; ++q) v += sm[q * kTile + threadIdx.x];
-        dd[threadIdx.x] = v;
+        dd[static_cast<int64_t>(threadIdx.x) * dd_stride] = v;
       }
     }
   }
