@@ -946,8 +946,9 @@ struct DecayedCb {
 
 // ---- 4. dx -------------------------------------------------------------------------------------
 
-// dx loads each slab's runs during the product before it on NVIDIA (ptxas fits it in 128
-// registers); the wave64 targets' scalar registers are short for the second set of addresses
+// dx loads each slab's runs during the product before it on the wave32 targets (NVIDIA, where
+// ptxas fits it in 128 registers, and gfx11 / gfx12); the wave64 targets' scalar registers are
+// short for the second set of addresses
 constexpr bool kDxPrefetch = kWavefront == 32;
 
 template <typename T>
