@@ -12,8 +12,9 @@
 //                the tokens that read it (the chunk's first segment), two 64-wide tiles of
 //                dstate per block;                       grid (chunks*pairs*ptiles*h, 1, b)
 //   3. state_passing  a reverse loop over chunks: the gradient of each chunk's own final state
-//                (overwriting stage 2's), per chunk the carry's exponent gradient, and the
-//                initial states' gradient;                 grid (p*n / 1024, h, b)
+//                (overwriting stage 2's; with 16-bit inputs on the matrix cores written rounded
+//                to them, with the entering states: states16), per chunk the carry's exponent
+//                gradient, and the initial states' gradient;  grid (p*n / 1024, h, b)
 //   4. dx        dx = dt (B·G decayed to the chunk end + (masked, decayed C·Bᵀ)ᵀ g) + D g; per
 //                token sum_p x dx/dt (ddt) and its chunk-state part (the chunk end's exponent);
 //                per column sum_s g x (dD); a block takes two tiles of rows;
@@ -432,11 +433,11 @@ constexpr bool holds_raw_(...) {
   return false;
 }
 template <class L, bool = holds_raw_<L>(0)>
-struct SlabRaw {
-  typedef uint4 type;  // (unused)
+struct SlabHeld {  // what SlabRuns holds per run: packed 16-bit values
+  typedef uint4 type;
 };
 template <class L>
-struct SlabRaw<L, true> {
+struct SlabHeld<L, true> {  // the run as loaded
   typedef typename L::Raw type;
 };
 
@@ -448,19 +449,18 @@ struct SlabRaw<L, true> {
 template <typename T, bool kMFast, int kSlab, class L>
 struct SlabRuns {
   static constexpr bool kRaw = holds_raw_<L>(0);
-  typename SlabRaw<L>::type raw[kRaw ? kRuns<kSlab> : 1];
-  uint4 q[kRaw ? 1 : kRuns<kSlab>];
+  typename SlabHeld<L>::type held[kRuns<kSlab>];
   M2R_DEVICE void fetch(int k0, int k_end, const L& load) {
-    if constexpr (kRaw) run_fetch_raw<kMFast, kSlab>(raw, k0, k_end, load);
-    else run_fetch16<T, kMFast, kSlab>(q, k0, k_end, load);
+    if constexpr (kRaw) run_fetch_raw<kMFast, kSlab>(held, k0, k_end, load);
+    else run_fetch16<T, kMFast, kSlab>(held, k0, k_end, load);
   }
   M2R_DEVICE void store(uint16_t* dst, int k0, int k_end, const L& load) const {
     if constexpr (kRaw) {
       uint4 c[kRuns<kSlab>];
-      run_cook16<T, kMFast, kSlab>(c, raw, k0, k_end, load);
+      run_cook16<T, kMFast, kSlab>(c, held, k0, k_end, load);
       run_store16<kMFast, kSlab>(dst, c);
     } else {
-      run_store16<kMFast, kSlab>(dst, q);
+      run_store16<kMFast, kSlab>(dst, held);
     }
   }
 };
@@ -584,18 +584,14 @@ struct TileAcc {
 
   // out += the product; uses sm and ends with a barrier on the matrix-core path
   M2R_DEVICE void finish(float* sm) {
-#if M2R_MMA != 0
     if constexpr (kMma) {
-      const Tile tl;
-      stage(sm);
+      float v[4][4];
+      view(sm, v);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float4 v = *reinterpret_cast<const float4*>(sm + (tl.r_off + i) * kLd + tl.c_off);
-        out[i][0] += v.x, out[i][1] += v.y, out[i][2] += v.z, out[i][3] += v.w;
-      }
-      __syncthreads();
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) out[i][j] += v[i][j];
     }
-#endif
   }
 
  private:
@@ -662,6 +658,45 @@ M2R_DEVICE void tile_product_pair(float (&acc0)[4][4], float (&acc1)[4][4], floa
 #endif
   t0.template run<kMFastA, kMFastB>(sm, k_begin, k_end, la0, lb);
   if (second) t1.template run<kMFastA, kMFastB>(sm, k_begin, k_end, la1, lb);
+}
+
+// The chunks' states as the matrix-core products read them. A product rounds an fp32 operand to
+// T once, as it stages it; with 16-bit T on the matrix cores the reversed state passing writes G
+// (each chunk's final-state gradient, which dx and dB read) and the entering states (which dC
+// reads) rounded to T instead, the same values in half the bytes and without the products'
+// conversions. They lie after dstates' fp32 values in its buffer (the host sizes it for them):
+// plane 0 G, plane 1 the entering states, each (batch, nchunks, nheads, dstate, headdim).
+template <typename T>
+constexpr bool kStates16 = TileAcc<T>::kMma;
+template <bool kFirst, typename A, typename B>
+struct Select {
+  typedef A type;
+};
+template <typename A, typename B>
+struct Select<false, A, B> {
+  typedef B type;
+};
+template <typename T>
+using StateElem = typename Select<kStates16<T>, typename T::storage, float>::type;
+
+template <typename T>
+M2R_DEVICE typename T::storage* states16(const SsdBwdParams& p, int plane, int b, int c, int h) {
+  const int64_t total = static_cast<int64_t>(p.batch) * p.nchunks * p.nheads * p.dstate * p.headdim;
+  return reinterpret_cast<typename T::storage*>(p.dstates + total) + plane * total + states_at(p, b, c, h);
+}
+
+// G of chunk c, head h (plane 0) / its entering state (plane 1), as the products read it
+template <typename T>
+M2R_DEVICE const StateElem<T>* state_of(const SsdBwdParams& p, int plane, int b, int c, int h) {
+  if constexpr (kStates16<T>) return states16<T>(p, plane, b, c, h);
+  else return (plane == 0 ? p.dstates : p.states) + states_at(p, b, c, h);
+}
+
+// a product's operand of those states, [n][p] with p unit-stride (ld), m_end rows / columns in range
+template <typename T, bool kMFast>
+M2R_DEVICE auto state_runs(const StateElem<T>* q, int ld, int m_end) {
+  if constexpr (kStates16<T>) return Plain<T, kMFast>{q, ld, m_end};
+  else return Runs<F32, kMFast, false>{q, ld, 0, m_end, nullptr};
 }
 
 // dz's first operand: C·Bᵀ dt decayed and masked, [s][t] with t (m) unit-stride, in two
@@ -828,7 +863,10 @@ M2R_DEVICE void dstates(const SsdBwdParams& p) {
 // the gradient after chunk c; k_c's is the sum of that times entering_c; entering_c's is the
 // chunk's own reads (stage 2) plus k_c times the gradient after it. Each thread owns kPassVec
 // consecutive (n, p) elements and loads the next chunk's while it works on this one; the sums
-// over the block are made per wavefront and added up once per kPassBatch chunks.
+// over the block are made per wavefront and added up once per kPassBatch chunks. With 16-bit T
+// on the matrix cores (kStates16) the gradients go out rounded to T, with the entering states
+// (states16), and dstates' fp32 values are left as they were.
+template <typename T>
 M2R_DEVICE void state_passing(const SsdBwdParams& p) {
   __shared__ float wpart[kPassBatch][kThreads / 32];
   __shared__ float carry[kPassBatch];
@@ -870,16 +908,15 @@ M2R_DEVICE void state_passing(const SsdBwdParams& p) {
         load(p.states + states_at(p, b, c - 1, h) + e0, En);
         load(p.dstates + states_at(p, b, c - 1, h) + e0, Sn);
       }
-      float* at = p.dstates + states_at(p, b, c, h) + e0;
       float part = 0.f;
 #pragma unroll
       for (int v = 0; v < kPassVec; ++v) part = fmaf(gr[v], E[v], part);
-      if (vec && full) {
-        *reinterpret_cast<float4*>(at) = make_float4(gr[0], gr[1], gr[2], gr[3]);
+      const int n_in = static_cast<int>(min(static_cast<int64_t>(kPassVec), pn - e0));  // (may be <= 0)
+      if constexpr (kStates16<T>) {  // (store4: one 8-byte store where all 4 are in range and aligned)
+        store4<T>(states16<T>(p, 0, b, c, h) + e0, n_in, gr);
+        store4<T>(states16<T>(p, 1, b, c, h) + e0, n_in, E);
       } else {
-#pragma unroll
-        for (int v = 0; v < kPassVec; ++v)
-          if (e0 + v < pn) at[v] = gr[v];
+        store4<F32>(p.dstates + states_at(p, b, c, h) + e0, n_in, gr);
       }
       const float k = carry[i];
 #pragma unroll
@@ -985,7 +1022,7 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   // through the loop they overran the scalar ones on the wave64 targets)
   const S* const xc = per_lane(x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0);
   const S* const Bc = per_lane(bc_chunk(p, static_cast<const S*>(p.B), b, l0, g));
-  const float* const G = per_lane(p.dstates + states_at(p, b, c, h) + p0);
+  const StateElem<T>* const G = per_lane(state_of<T>(p, 0, b, c, h) + p0);
   const float* const cb =
       per_lane(p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size);
   const S* const gp = per_lane(x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0);
@@ -1018,7 +1055,7 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
         to_end[threadIdx.x] = s < rows && s >= first_last ? fast_exp2(acs[last] - acs[s]) : 0.f;  // (read after the product's barriers)
       }
       prod.template run<false, true, kDxPrefetch, kNarrowSlab>(
-          sm, 0, p.dstate, Plain<T, false>{Bc + s0 * bl, bl, rows - s0}, Runs<F32, true, false>{G, p.headdim, 0, pc, nullptr});
+          sm, 0, p.dstate, Plain<T, false>{Bc + s0 * bl, bl, rows - s0}, state_runs<T, true>(G, p.headdim, pc));
       xq.load(xc + at, xl, nr, nq);
       float v[4][4];
       prod.view(sm, v);
@@ -1239,6 +1276,11 @@ constexpr int kWHeadsC = 8;   // the same in frag_heads (where dC also holds C: 
 constexpr int kLdC = kTile + 8;  // dC's C tile in LDS: 16-bit rows, padded (conflict-free reads)
 
 #if M2R_MMA != 0
+// dC / dB load the next head's runs while one head multiplies (where a head's product is one
+// slab) on NVIDIA's matrix cores; not on AMD's (and their emulations): there the runs held
+// across the head's epilogue overran the scalar registers (gfx11 / gfx12: 14-24 SGPRs spilled
+// in db; gfx9's wave64 takes slabs of 32 anyway)
+constexpr bool kHeadPrefetch = M2R_MMA == 1;
 // dC's / dB's heads on the matrix cores, into `sum` (the block's fragments of the tile, rows t
 // from r0, columns n from n0): per head h of the group the product P = g_h[t]·entering_h (dC) /
 // x_h[t]·G_h (dB) with K = headdim, the rows as stored, then per row t its weight where t takes
@@ -1272,8 +1314,17 @@ M2R_DEVICE void frag_heads(const SsdBwdParams& p, mma::BlockTile<kThreads, kTile
   TileAcc<T> head(unused);  // each head's product (never finished)
   const int wn = head.tile.n0 / (16 * kFn);
   const S* rowp = x_chunk(p, static_cast<const S*>(kDB ? p.x : p.dout_g), b, l0, h0) + r0 * xl;
-  const float* st = (kDB ? p.dstates : p.states) + states_at(p, b, c, h0) + static_cast<int64_t>(n0) * p.headdim;
+  const S* st = state_of<T>(p, kDB ? 0 : 1, b, c, h0) + static_cast<int64_t>(n0) * p.headdim;  // (16-bit: kStates16)
   const int64_t sstride = static_cast<int64_t>(p.dstate) * p.headdim;  // the next head's state
+  // head r's operands: its rows of x (dB) / g (dC), its G (dB) / entering state (dC)
+  const auto la = [&](int r) { return Plain<T, false>{per_lane(rowp + r * hd), xl, hi}; };  // (per_lane: see dcb)
+  const auto lb = [&](int r) { return state_runs<T, false>(per_lane(st + r * sstride), hd, nc); };
+  // where a head's product is one slab (headdim <= the slab), the next head's runs are loaded
+  // while one head multiplies (kHeadPrefetch)
+  const bool ahead = kHeadPrefetch && hd <= kNarrowSlab;
+  SlabRuns<T, false, kNarrowSlab, decltype(la(0))> qa;
+  SlabRuns<T, false, kNarrowSlab, decltype(lb(0))> qb;
+  if (ahead) qa.fetch(0, hd, la(0)), qb.fetch(0, hd, lb(0));
   for (int hb = 0; hb < p.heads_per_group; hb += kWHeadsC) {
     const int nh = min(kWHeadsC, p.heads_per_group - hb);
     for (int e = threadIdx.x; e < nh * kTile; e += kThreads) {  // (w, ct: read after the product's barriers)
@@ -1290,11 +1341,19 @@ M2R_DEVICE void frag_heads(const SsdBwdParams& p, mma::BlockTile<kThreads, kTile
         for (int j = 0; j < kFn; ++j)
 #pragma unroll
           for (int q = 0; q < mma::kAccRegs; ++q) head.tile.acc[i][j].v[q] = 0.f;
-      const S* rp = per_lane(rowp + (hb + r) * hd);
-      const float* sp = per_lane(st + (hb + r) * sstride);
-      // (one slab per head at headdim 64: nothing to prefetch; wave64: slabs of 32)
-      head.template run<false, false, false, kNarrowSlab>(sm, 0, hd, Plain<T, false>{rp, xl, hi},
-                                                          Runs<F32, false, false>{sp, hd, 0, nc, nullptr});
+      const int hr = hb + r;
+      if (ahead) {
+        uint16_t* As = reinterpret_cast<uint16_t*>(sm);
+        uint16_t* Bs = As + kTile * kLdK;
+        qa.store(As, 0, hd, la(hr));
+        qb.store(Bs, 0, hd, lb(hr));
+        __syncthreads();
+        if (hr + 1 < p.heads_per_group) qa.fetch(0, hd, la(hr + 1)), qb.fetch(0, hd, lb(hr + 1));
+        head.tile.template product<T, kNarrowSlab, false, false>(As, kLdK, Bs, kLdK);
+        __syncthreads();
+      } else {  // (wave64: slabs of 32, the product's own pipeline)
+        head.template run<false, false, false, kNarrowSlab>(sm, 0, hd, la(hr), lb(hr));
+      }
       const float* wr = w + r * kTile;
       float rs[kFm][mma::kAccRows] = {};
 #pragma unroll
@@ -1566,7 +1625,6 @@ M2R_DEVICE void cumsum(const SsdBwdParams& p) {
 }  // namespace ssd_bwd
 }  // namespace m2r
 
-M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_state_passing(SsdBwdParams p) { m2r::ssd_bwd::state_passing(p); }
 M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_cumsum(SsdBwdParams p) { m2r::ssd_bwd::cumsum(p); }
 
 // dstates is short and waits on its loads: 2 blocks per SM (128 registers), each with two
@@ -1576,6 +1634,7 @@ M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_cumsum(SsdBwdParams
 #define M2R_SSD_BWD(DT, T)                                                                                            \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dz_##DT(SsdBwdParams p) { m2r::ssd_bwd::dz<m2r::T>(p); }          \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, M2R_DSTATES_BLOCKS) m2r_ssd_bwd_dstates_##DT(SsdBwdParams p) { m2r::ssd_bwd::dstates<m2r::T>(p); } \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_state_passing_##DT(SsdBwdParams p) { m2r::ssd_bwd::state_passing<m2r::T>(p); } \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dx_##DT(SsdBwdParams p) { m2r::ssd_bwd::dx<m2r::T>(p); }           \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dcb_##DT(SsdBwdParams p) { m2r::ssd_bwd::dcb<m2r::T>(p); }         \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd_bwd::kThreads, 2) m2r_ssd_bwd_dc_##DT(SsdBwdParams p) { m2r::ssd_bwd::dbc<m2r::T, false>(p); }   \

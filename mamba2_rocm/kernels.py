@@ -156,12 +156,11 @@ SOURCES: dict[str, KernelSource] = {
             "ssd_bwd",
             SsdBwdParams,
             (
-                "m2r_ssd_bwd_state_passing",
                 "m2r_ssd_bwd_cumsum",
                 *(
                     f"m2r_ssd_bwd_{stage}_{dt}"
                     for dt in KERNEL_DTYPES
-                    for stage in ("dz", "dstates", "dx", "dcb", "dc", "db")
+                    for stage in ("dz", "dstates", "state_passing", "dx", "dcb", "dc", "db")
                 ),
             ),
         ),

@@ -348,7 +348,12 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     dout_g = go if z is None else torch.empty_like(xk)
     dx = torch.empty_like(xk)
     dz = None if z is None else torch.empty_like(xk)
-    dstates = torch.empty_like(states)
+    # dstates' fp32 values; with 16-bit x also two planes of the states rounded to x's dtype
+    # after them (csrc/ssd_bwd.hip: states16), which the matrix-core builds' state passing writes
+    # for the products that read them: twice the floats
+    dstates = torch.empty(
+        states.numel() * (2 if xk.element_size() == 2 else 1), dtype=f32, device=dev
+    )
     dinit = None
     if initial_states is not None:
         dinit = torch.empty(batch, nheads, headdim, n, dtype=f32, device=dev)
@@ -420,7 +425,7 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     if z is not None:  # dz and the gated output gradient (without z nothing needs this stage)
         run(f"m2r_ssd_bwd_dz_{dtn}", (nchunks * ltiles * ptiles * nheads, 1, batch))
     run(f"m2r_ssd_bwd_dstates_{dtn}", (nchunks * _cdiv(ntiles, 2) * ptiles * nheads, 1, batch))
-    run("m2r_ssd_bwd_state_passing", (pass_blocks, nheads, batch))
+    run(f"m2r_ssd_bwd_state_passing_{dtn}", (pass_blocks, nheads, batch))
     run(f"m2r_ssd_bwd_dx_{dtn}", (nchunks * _cdiv(ltiles, 2) * ptiles * nheads, 1, batch))
     run(f"m2r_ssd_bwd_dcb_{dtn}", (nchunks * g * pairs, 1, batch))
     run(f"m2r_ssd_bwd_dc_{dtn}", (nchunks * ltiles * ntiles * g, 1, batch))
