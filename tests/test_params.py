@@ -86,6 +86,31 @@ def test_launch_geometry_matches_kernel_constants():
             for m in re.findall(r"constexpr int (k\w+) = (\d+);", (CSRC / name).read_text())
         }
         assert cn["kThreads"] == norm._THREADS, name
+    import mamba2_rocm.ops.ssd as ssd
+
+    for name, pairs in (
+        (
+            "ssd.hip",
+            {
+                "kThreads": ssd._THREADS,
+                "kHeadsPerCumsum": ssd._CUMSUM_HEADS,
+                "kPassVec": ssd._PASS_VEC,
+            },
+        ),
+        (
+            "ssd_bwd.hip",
+            {
+                "kThreads": ssd._THREADS,
+                "kTile": ssd._BWD_TILE,
+                "kPassVec": ssd._PASS_VEC,
+            },
+        ),
+    ):
+        cs = {
+            m[0]: int(m[1])
+            for m in re.findall(r"constexpr int (k\w+) = (\d+);", (CSRC / name).read_text())
+        }
+        assert {k: cs[k] for k in pairs} == pairs, name
     import mamba2_rocm.ops.state_update as ssu
 
     ssu_text = (CSRC / "state_update.hip").read_text()
