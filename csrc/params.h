@@ -289,8 +289,8 @@ struct SsdBwdParams {
   void* dout_g;           // like x: dout times silu(z), written by dz; without z: dout itself (read only)
   void* dz;               // like x, or null
   void* dx;               // like x
-  float* dstates;         // like states: the gradient of each chunk's entering, then its final state;
-                          // 16-bit x: then two 16-bit planes (csrc/ssd_bwd.hip: states16)
+  float* dstates;         // like states: the gradient of each chunk's entering, then its final state
+                          // (16-bit x on the matrix cores: 16-bit copies, csrc/ssd_bwd.hip StateSlices)
   float* dinit;           // (batch, nheads, headdim, dstate), or null
   void* dB;               // (batch, seqlen, ngroups, dstate): float32, or x's dtype (dbc_io bit 0)
   void* dC;               // (batch, seqlen, ngroups, dstate): float32, or x's dtype (dbc_io bit 1)

@@ -12,9 +12,10 @@
 //                the tokens that read it (the chunk's first segment), two 64-wide tiles of
 //                dstate per block;                       grid (chunks*pairs*ptiles*h, 1, b)
 //   3. state_passing  a reverse loop over chunks: the gradient of each chunk's own final state
-//                (overwriting stage 2's; with 16-bit inputs on the matrix cores written rounded
-//                to them, with the entering states: states16), per chunk the carry's exponent
-//                gradient, and the initial states' gradient;  grid (p*n / 1024, h, b)
+//                (overwriting stage 2's; with 16-bit inputs on the matrix cores rounded to them,
+//                with the entering states: StateSlices), per chunk the carry's exponent
+//                gradient, and the initial states' gradient;
+//                                                        grid (cdiv(n, 1024 / p), h, b)
 //   4. dx        dx = dt (B·G decayed to the chunk end + (masked, decayed C·Bᵀ)ᵀ g) + D g; per
 //                token sum_p x dx/dt (ddt) and its chunk-state part (the chunk end's exponent);
 //                per column sum_s g x (dD); a block takes two tiles of rows;
@@ -54,6 +55,7 @@ constexpr int kMaxChunk = 256;
 static_assert(kMaxChunk <= kThreads, "stages that give each thread one position of a chunk");
 constexpr int kPassVec = 4;
 constexpr int kPassBatch = 64;  // chunks per reduction step of the reversed state passing
+constexpr int kPassRows = kThreads * kPassVec;  // its blocks' (n, p) elements: whole rows n up to this many
 
 M2R_DEVICE int cdiv(int a, int b) { return (a + b - 1) / b; }
 
@@ -663,11 +665,14 @@ M2R_DEVICE void tile_product_pair(float (&acc0)[4][4], float (&acc1)[4][4], floa
 // The chunks' states as the matrix-core products read them. A product rounds an fp32 operand to
 // T once, as it stages it; with 16-bit T on the matrix cores the reversed state passing writes G
 // (each chunk's final-state gradient, which dx and dB read) and the entering states (which dC
-// reads) rounded to T instead, the same values in half the bytes and without the products'
-// conversions. They lie after dstates' fp32 values in its buffer (the host sizes it for them):
-// plane 0 G, plane 1 the entering states, each (batch, nchunks, nheads, dstate, headdim).
+// reads) rounded to T instead: the same values in half the bytes and without the products'
+// conversions. They take no memory of their own: they go over dstates' fp32 values (stage 2's,
+// which the state passing has read by then), row by row of the (n, p) state: row n's fp32
+// values make room for its G (first headdim values) and entering state (next headdim), so the
+// 16-bit copies are rows of stride 2 headdim. (Each state passing block owns whole rows.)
 template <typename T>
 constexpr bool kStates16 = TileAcc<T>::kMma;
+
 template <bool kFirst, typename A, typename B>
 struct Select {
   typedef A type;
@@ -679,24 +684,20 @@ struct Select<false, A, B> {
 template <typename T>
 using StateElem = typename Select<kStates16<T>, typename T::storage, float>::type;
 
+// Chunk c / head h's G (plane 0) or entering state (plane 1) from column p0 of its (n, p) state:
+// the 16-bit rows (kStates16), else the fp32 values (dstates / states)
 template <typename T>
-M2R_DEVICE typename T::storage* states16(const SsdBwdParams& p, int plane, int b, int c, int h) {
-  const int64_t total = static_cast<int64_t>(p.batch) * p.nchunks * p.nheads * p.dstate * p.headdim;
-  return reinterpret_cast<typename T::storage*>(p.dstates + total) + plane * total + states_at(p, b, c, h);
+M2R_DEVICE const StateElem<T>* state_base(const SsdBwdParams& p, int plane, int b, int c, int h, int p0) {
+  const int64_t at = states_at(p, b, c, h);
+  if constexpr (kStates16<T>) return reinterpret_cast<const typename T::storage*>(p.dstates + at) + plane * p.headdim + p0;
+  else return (plane == 0 ? p.dstates : p.states) + at + p0;
 }
 
-// G of chunk c, head h (plane 0) / its entering state (plane 1), as the products read it
-template <typename T>
-M2R_DEVICE const StateElem<T>* state_of(const SsdBwdParams& p, int plane, int b, int c, int h) {
-  if constexpr (kStates16<T>) return states16<T>(p, plane, b, c, h);
-  else return (plane == 0 ? p.dstates : p.states) + states_at(p, b, c, h);
-}
-
-// a product's operand of those states, [n][p] with p unit-stride (ld), m_end rows / columns in range
+// A product's operand of those rows, [n][p] (p unit-stride) from row n0 of state_base's q
 template <typename T, bool kMFast>
-M2R_DEVICE auto state_runs(const StateElem<T>* q, int ld, int m_end) {
-  if constexpr (kStates16<T>) return Plain<T, kMFast>{q, ld, m_end};
-  else return Runs<F32, kMFast, false>{q, ld, 0, m_end, nullptr};
+M2R_DEVICE auto state_runs(const StateElem<T>* q, int headdim, int n0, int m_end) {
+  if constexpr (kStates16<T>) return Plain<T, kMFast>{q + 2 * n0 * headdim, 2 * headdim, m_end};
+  else return Runs<F32, kMFast, false>{q + n0 * headdim, headdim, 0, m_end, nullptr};
 }
 
 // dz's first operand: C·Bᵀ dt decayed and masked, [s][t] with t (m) unit-stride, in two
@@ -861,25 +862,31 @@ M2R_DEVICE void dstates(const SsdBwdParams& p) {
 // when the chunk's last token continues the segment of the token before it, else the state
 // restarts (own_c alone). Walking back from the final state's gradient: own_c's gradient is
 // the gradient after chunk c; k_c's is the sum of that times entering_c; entering_c's is the
-// chunk's own reads (stage 2) plus k_c times the gradient after it. Each thread owns kPassVec
-// consecutive (n, p) elements and loads the next chunk's while it works on this one; the sums
+// chunk's own reads (stage 2) plus k_c times the gradient after it. A block owns kPassRows /
+// headdim whole rows n of the (n, p) state, each thread kPassVec consecutive elements of them,
+// and loads the next chunk's while it works on this one; the sums
 // over the block are made per wavefront and added up once per kPassBatch chunks. With 16-bit T
-// on the matrix cores (kStates16) the gradients go out rounded to T, with the entering states
-// (states16), and dstates' fp32 values are left as they were.
+// on the matrix cores (kStates16) the gradients go out rounded to T, with the entering states,
+// over dstates' fp32 values (StateSlices).
 template <typename T>
 M2R_DEVICE void state_passing(const SsdBwdParams& p) {
+  typedef typename T::storage Elem;
   __shared__ float wpart[kPassBatch][kThreads / 32];
   __shared__ float carry[kPassBatch];
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int64_t pn = static_cast<int64_t>(p.headdim) * p.dstate;
-  const int64_t e0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kPassVec;
-  const bool vec = pn % kPassVec == 0, full = e0 + kPassVec <= pn;
+  const int h = blockIdx.y, b = blockIdx.z, hd = p.headdim;
+  // this block's rows of the (n, p) state: elements [e_lo, e_hi); this thread's from e0
+  const int rows = kPassRows / hd;  // (headdim <= 128 <= kPassRows)
+  const int e_lo = blockIdx.x * rows * hd, e_hi = min((static_cast<int>(blockIdx.x) + 1) * rows, p.dstate) * hd;
+  const int e0 = e_lo + static_cast<int>(threadIdx.x) * kPassVec;
+  const bool vec = hd % kPassVec == 0, full = e0 + kPassVec <= e_hi;
   float gr[kPassVec];
+  int off16[kPassVec];  // kStates16: where element e0 + v's G goes in a chunk's 16-bit rows
 #pragma unroll
   for (int v = 0; v < kPassVec; ++v) {
-    const int64_t e = e0 + v;
-    const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
-    gr[v] = e < pn && p.dfinal ? p.dfinal[((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n] : 0.f;
+    const int e = e0 + v;
+    const int n = e / hd, pp = e % hd;
+    off16[v] = 2 * n * hd + pp;
+    gr[v] = e < e_hi && p.dfinal ? p.dfinal[((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n] : 0.f;
   }
   auto load = [&](const float* q, float (&r)[kPassVec]) {
     if (vec && full) {
@@ -887,7 +894,7 @@ M2R_DEVICE void state_passing(const SsdBwdParams& p) {
       r[0] = u.x, r[1] = u.y, r[2] = u.z, r[3] = u.w;
     } else {
 #pragma unroll
-      for (int v = 0; v < kPassVec; ++v) r[v] = e0 + v < pn ? q[v] : 0.f;
+      for (int v = 0; v < kPassVec; ++v) r[v] = e0 + v < e_hi ? q[v] : 0.f;
     }
   };
   const int last = p.chunk_size - 1, wave = threadIdx.x / kWavefront;
@@ -911,10 +918,21 @@ M2R_DEVICE void state_passing(const SsdBwdParams& p) {
       float part = 0.f;
 #pragma unroll
       for (int v = 0; v < kPassVec; ++v) part = fmaf(gr[v], E[v], part);
-      const int n_in = static_cast<int>(min(static_cast<int64_t>(kPassVec), pn - e0));  // (may be <= 0)
-      if constexpr (kStates16<T>) {  // (store4: one 8-byte store where all 4 are in range and aligned)
-        store4<T>(states16<T>(p, 0, b, c, h) + e0, n_in, gr);
-        store4<T>(states16<T>(p, 1, b, c, h) + e0, n_in, E);
+      const int n_in = min(kPassVec, e_hi - e0);  // (may be <= 0)
+      if constexpr (kStates16<T>) {
+        // G and the entering state over this block's rows (state_runs): every thread of the
+        // block read their fp32 values at the chunk after this one, which the barrier orders
+        // before these stores
+        __syncthreads();
+        Elem* rows16 = reinterpret_cast<Elem*>(p.dstates + states_at(p, b, c, h));
+        if (vec) {  // the 4 lie in one row (store4: one 8-byte store where in range and aligned)
+          store4<T>(rows16 + off16[0], n_in, gr);
+          store4<T>(rows16 + off16[0] + hd, n_in, E);
+        } else {
+#pragma unroll
+          for (int v = 0; v < kPassVec; ++v)
+            if (v < n_in) rows16[off16[v]] = T::from_float(gr[v]), rows16[off16[v] + hd] = T::from_float(E[v]);
+        }
       } else {
         store4<F32>(p.dstates + states_at(p, b, c, h) + e0, n_in, gr);
       }
@@ -939,9 +957,9 @@ M2R_DEVICE void state_passing(const SsdBwdParams& p) {
   if (p.dinit) {
 #pragma unroll
     for (int v = 0; v < kPassVec; ++v) {
-      const int64_t e = e0 + v;
-      if (e >= pn) continue;
-      const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
+      const int e = e0 + v;
+      if (e >= e_hi) continue;
+      const int n = e / hd, pp = e % hd;
       p.dinit[((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n] = gr[v];
     }
   }
@@ -1022,7 +1040,7 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   // through the loop they overran the scalar ones on the wave64 targets)
   const S* const xc = per_lane(x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0);
   const S* const Bc = per_lane(bc_chunk(p, static_cast<const S*>(p.B), b, l0, g));
-  const StateElem<T>* const G = per_lane(state_of<T>(p, 0, b, c, h) + p0);
+  const StateElem<T>* const G = per_lane(state_base<T>(p, 0, b, c, h, p0));
   const float* const cb =
       per_lane(p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size);
   const S* const gp = per_lane(x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0);
@@ -1055,7 +1073,7 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
         to_end[threadIdx.x] = s < rows && s >= first_last ? fast_exp2(acs[last] - acs[s]) : 0.f;  // (read after the product's barriers)
       }
       prod.template run<false, true, kDxPrefetch, kNarrowSlab>(
-          sm, 0, p.dstate, Plain<T, false>{Bc + s0 * bl, bl, rows - s0}, state_runs<T, true>(G, p.headdim, pc));
+          sm, 0, p.dstate, Plain<T, false>{Bc + s0 * bl, bl, rows - s0}, state_runs<T, true>(G, p.headdim, 0, pc));
       xq.load(xc + at, xl, nr, nq);
       float v[4][4];
       prod.view(sm, v);
@@ -1314,11 +1332,9 @@ M2R_DEVICE void frag_heads(const SsdBwdParams& p, mma::BlockTile<kThreads, kTile
   TileAcc<T> head(unused);  // each head's product (never finished)
   const int wn = head.tile.n0 / (16 * kFn);
   const S* rowp = x_chunk(p, static_cast<const S*>(kDB ? p.x : p.dout_g), b, l0, h0) + r0 * xl;
-  const S* st = state_of<T>(p, kDB ? 0 : 1, b, c, h0) + static_cast<int64_t>(n0) * p.headdim;  // (16-bit: kStates16)
-  const int64_t sstride = static_cast<int64_t>(p.dstate) * p.headdim;  // the next head's state
   // head r's operands: its rows of x (dB) / g (dC), its G (dB) / entering state (dC)
   const auto la = [&](int r) { return Plain<T, false>{per_lane(rowp + r * hd), xl, hi}; };  // (per_lane: see dcb)
-  const auto lb = [&](int r) { return state_runs<T, false>(per_lane(st + r * sstride), hd, nc); };
+  const auto lb = [&](int r) { return state_runs<T, false>(per_lane(state_base<T>(p, kDB ? 0 : 1, b, c, h0 + r, 0)), hd, n0, nc); };
   // where a head's product is one slab (headdim <= the slab), the next head's runs are loaded
   // while one head multiplies (kHeadPrefetch)
   const bool ahead = kHeadPrefetch && hd <= kNarrowSlab;

@@ -342,18 +342,15 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     bias32 = None if dt_bias is None else dt_bias.to(f32).contiguous()
     dfin = None if dfinal is None else dfinal.to(f32).contiguous()
     ptiles, ltiles, ntiles = _cdiv(headdim, _BWD_TILE), cs // _BWD_TILE, _cdiv(n, _BWD_TILE)
-    pass_blocks = _cdiv(headdim * n, _THREADS * _PASS_VEC)
+    pass_blocks = _cdiv(n, _THREADS * _PASS_VEC // headdim)  # (whole rows of the (n, p) state each)
     # the gated output gradient dout * silu(z), which the later stages read: without z it is
     # dout itself, so no x-sized copy is made (the dz stage writes it only with z)
     dout_g = go if z is None else torch.empty_like(xk)
     dx = torch.empty_like(xk)
     dz = None if z is None else torch.empty_like(xk)
-    # dstates' fp32 values; with 16-bit x also two planes of the states rounded to x's dtype
-    # after them (csrc/ssd_bwd.hip: states16), which the matrix-core builds' state passing writes
-    # for the products that read them: twice the floats
-    dstates = torch.empty(
-        states.numel() * (2 if xk.element_size() == 2 else 1), dtype=f32, device=dev
-    )
+    # the gradients of the chunks' states (fp32; the matrix-core builds' state passing writes them
+    # over with 16-bit copies for the products: csrc/ssd_bwd.hip, StateSlices)
+    dstates = torch.empty_like(states)
     dinit = None
     if initial_states is not None:
         dinit = torch.empty(batch, nheads, headdim, n, dtype=f32, device=dev)
