@@ -290,7 +290,7 @@ struct SsdBwdParams {
   void* dz;               // like x, or null
   void* dx;               // like x
   float* dstates;         // like states: the gradient of each chunk's entering, then its final state
-                          // (16-bit x on the matrix cores: 16-bit copies, csrc/ssd_bwd.hip StateSlices)
+                          // (16-bit x on the matrix cores: 16-bit copies, csrc/ssd_bwd.hip state_runs)
   float* dinit;           // (batch, nheads, headdim, dstate), or null
   void* dB;               // (batch, seqlen, ngroups, dstate): float32, or x's dtype (dbc_io bit 0)
   void* dC;               // (batch, seqlen, ngroups, dstate): float32, or x's dtype (dbc_io bit 1)

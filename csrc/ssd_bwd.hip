@@ -13,8 +13,8 @@
 //                dstate per block;                       grid (chunks*pairs*ptiles*h, 1, b)
 //   3. state_passing  a reverse loop over chunks: the gradient of each chunk's own final state
 //                (overwriting stage 2's; with 16-bit inputs on the matrix cores rounded to them,
-//                with the entering states: StateSlices), per chunk the carry's exponent
-//                gradient, and the initial states' gradient;
+//                with the entering states, in stage 2's bytes: state_runs), per chunk the
+//                carry's exponent gradient, and the initial states' gradient;
 //                                                        grid (cdiv(n, 1024 / p), h, b)
 //   4. dx        dx = dt (B·G decayed to the chunk end + (masked, decayed C·Bᵀ)ᵀ g) + D g; per
 //                token sum_p x dx/dt (ddt) and its chunk-state part (the chunk end's exponent);
@@ -864,10 +864,10 @@ M2R_DEVICE void dstates(const SsdBwdParams& p) {
 // the gradient after chunk c; k_c's is the sum of that times entering_c; entering_c's is the
 // chunk's own reads (stage 2) plus k_c times the gradient after it. A block owns kPassRows /
 // headdim whole rows n of the (n, p) state, each thread kPassVec consecutive elements of them,
-// and loads the next chunk's while it works on this one; the sums
-// over the block are made per wavefront and added up once per kPassBatch chunks. With 16-bit T
-// on the matrix cores (kStates16) the gradients go out rounded to T, with the entering states,
-// over dstates' fp32 values (StateSlices).
+// and loads the next chunk's while it works on this one; the sums over the block are made per
+// wavefront and added up once per kPassBatch chunks. With 16-bit T on the matrix cores
+// (kStates16) the gradients go out rounded to T, with the entering states, over dstates' fp32
+// values of the rows (state_runs).
 template <typename T>
 M2R_DEVICE void state_passing(const SsdBwdParams& p) {
   typedef typename T::storage Elem;
@@ -1367,7 +1367,7 @@ M2R_DEVICE void frag_heads(const SsdBwdParams& p, mma::BlockTile<kThreads, kTile
         if (hr + 1 < p.heads_per_group) qa.fetch(0, hd, la(hr + 1)), qb.fetch(0, hd, lb(hr + 1));
         head.tile.template product<T, kNarrowSlab, false, false>(As, kLdK, Bs, kLdK);
         __syncthreads();
-      } else {  // (wave64: slabs of 32, the product's own pipeline)
+      } else {  // (AMD, or headdim over the slab: the product's own pipeline)
         head.template run<false, false, false, kNarrowSlab>(sm, 0, hd, la(hr), lb(hr));
       }
       const float* wr = w + r * kTile;

@@ -349,7 +349,7 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     dx = torch.empty_like(xk)
     dz = None if z is None else torch.empty_like(xk)
     # the gradients of the chunks' states (fp32; the matrix-core builds' state passing writes them
-    # over with 16-bit copies for the products: csrc/ssd_bwd.hip, StateSlices)
+    # over with 16-bit copies for the products: csrc/ssd_bwd.hip, state_runs)
     dstates = torch.empty_like(states)
     dinit = None
     if initial_states is not None:
