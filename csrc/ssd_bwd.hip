@@ -673,29 +673,18 @@ M2R_DEVICE void tile_product_pair(float (&acc0)[4][4], float (&acc1)[4][4], floa
 template <typename T>
 constexpr bool kStates16 = TileAcc<T>::kMma;
 
-template <bool kFirst, typename A, typename B>
-struct Select {
-  typedef A type;
-};
-template <typename A, typename B>
-struct Select<false, A, B> {
-  typedef B type;
-};
-template <typename T>
-using StateElem = typename Select<kStates16<T>, typename T::storage, float>::type;
-
 // Chunk c / head h's G (plane 0) or entering state (plane 1) from column p0 of its (n, p) state:
-// the 16-bit rows (kStates16), else the fp32 values (dstates / states)
+// the 16-bit rows (kStates16: a T::storage pointer), else the fp32 values (dstates / states)
 template <typename T>
-M2R_DEVICE const StateElem<T>* state_base(const SsdBwdParams& p, int plane, int b, int c, int h, int p0) {
+M2R_DEVICE auto state_base(const SsdBwdParams& p, int plane, int b, int c, int h, int p0) {
   const int64_t at = states_at(p, b, c, h);
   if constexpr (kStates16<T>) return reinterpret_cast<const typename T::storage*>(p.dstates + at) + plane * p.headdim + p0;
   else return (plane == 0 ? p.dstates : p.states) + at + p0;
 }
 
 // A product's operand of those rows, [n][p] (p unit-stride) from row n0 of state_base's q
-template <typename T, bool kMFast>
-M2R_DEVICE auto state_runs(const StateElem<T>* q, int headdim, int n0, int m_end) {
+template <typename T, bool kMFast, typename E>
+M2R_DEVICE auto state_runs(const E* q, int headdim, int n0, int m_end) {
   if constexpr (kStates16<T>) return Plain<T, kMFast>{q + 2 * n0 * headdim, 2 * headdim, m_end};
   else return Runs<F32, kMFast, false>{q + n0 * headdim, headdim, 0, m_end, nullptr};
 }
@@ -1040,7 +1029,7 @@ M2R_DEVICE void dx(const SsdBwdParams& p) {
   // through the loop they overran the scalar ones on the wave64 targets)
   const S* const xc = per_lane(x_chunk(p, static_cast<const S*>(p.x), b, l0, h) + p0);
   const S* const Bc = per_lane(bc_chunk(p, static_cast<const S*>(p.B), b, l0, g));
-  const StateElem<T>* const G = per_lane(state_base<T>(p, 0, b, c, h, p0));
+  const auto G = per_lane(state_base<T>(p, 0, b, c, h, p0));
   const float* const cb =
       per_lane(p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) * p.chunk_size * p.chunk_size);
   const S* const gp = per_lane(x_chunk(p, static_cast<const S*>(p.dout_g), b, l0, h) + p0);

@@ -62,12 +62,17 @@ def test_every_kernel_is_defined_in_its_source():
         assert src.params.__name__ in text, src.name
 
 
+def _int_constants(*names: str) -> dict[str, int]:
+    """The ``constexpr int kName = N;`` constants of these csrc sources."""
+    text = "".join((CSRC / name).read_text() for name in names)
+    return {m[0]: int(m[1]) for m in re.findall(r"constexpr int (k\w+) = (\d+);", text)}
+
+
 def test_launch_geometry_matches_kernel_constants():
     """The grid the ops compute must cover what each kernel block processes."""
     import mamba2_rocm.ops.conv1d as ops
 
-    text = (CSRC / "conv1d_fwd.hip").read_text() + (CSRC / "conv1d_update.hip").read_text()
-    consts = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (k\w+) = (\d+);", text)}
+    consts = _int_constants("conv1d_fwd.hip", "conv1d_update.hip")
     assert consts["kThreads"] == ops._THREADS
     assert consts["kUpdateThreads"] == ops._THREADS
     assert consts["kRowVecs"] == ops._ROW_VECS
@@ -81,11 +86,7 @@ def test_launch_geometry_matches_kernel_constants():
     import mamba2_rocm.ops.rmsnorm as norm
 
     for name in ("rmsnorm.hip", "rmsnorm_bwd.hip"):
-        cn = {
-            m[0]: int(m[1])
-            for m in re.findall(r"constexpr int (k\w+) = (\d+);", (CSRC / name).read_text())
-        }
-        assert cn["kThreads"] == norm._THREADS, name
+        assert _int_constants(name)["kThreads"] == norm._THREADS, name
     import mamba2_rocm.ops.ssd as ssd
 
     for name, pairs in (
@@ -106,16 +107,12 @@ def test_launch_geometry_matches_kernel_constants():
             },
         ),
     ):
-        cs = {
-            m[0]: int(m[1])
-            for m in re.findall(r"constexpr int (k\w+) = (\d+);", (CSRC / name).read_text())
-        }
+        cs = _int_constants(name)
         assert {k: cs[k] for k in pairs} == pairs, name
     import mamba2_rocm.ops.state_update as ssu
 
     ssu_text = (CSRC / "state_update.hip").read_text()
-    c2 = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (k\w+) = (\d+);", ssu_text)}
-    assert c2["kThreads"] == ssu._THREADS
+    assert _int_constants("state_update.hip")["kThreads"] == ssu._THREADS
     assert (
         int(re.search(r"#define M2R_SSU_ROWS_PER_WIDE (\d+)", ssu_text)[1]) == ssu.SSU_ROWS_PER_WIDE
     )
