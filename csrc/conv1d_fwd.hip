@@ -17,6 +17,9 @@ constexpr int kRowVecs = 4;          // seqlen-contiguous: 16-byte vectors per t
 constexpr int kClPosPerThread = 16;  // channel-last: positions per thread
 constexpr int kShortThreads = 64;    // seqlen-contiguous, short rows: threads
 constexpr int kShortVecs = 2;        // and vectors each (one vector each spilled on sm_90)
+constexpr int kMultiRows = 4;        // seqlen-contiguous, rows of at most 512 16-bit tokens:
+                                     // rows per block (kThreads / kMultiRows threads each,
+                                     // kShortVecs vectors per thread)
 
 // x at position pos < seqlen of row (b, c), with the history rule for pos < 0.
 template <typename T, int kW>
@@ -50,44 +53,62 @@ M2R_DEVICE void write_final_states(const ConvFwdParams& p, int64_t b, int64_t c)
 }
 
 // ---- layout: seqlen-contiguous ---------------------------------------------------------------
-// grid (ceil(seqlen / (kThreads * kRowVecs * kN)), dim, batch). Thread t owns vectors v = 0..kRowVecs-1 at
-// positions blk0 + (v * kThreads + t) * kN: every load instruction is coalesced across the
+// grid (ceil(seqlen / (kThreads / kRows * kRowVecs * kN)), ceil(dim / kRows), batch). Thread t
+// of a row (kThreads / kRows threads) owns vectors v = 0..kRowVecs-1 at positions
+// blk0 + (v * kThreads / kRows + t) * kN: every load instruction is coalesced across the
 // wavefront, and all kRowVecs loads are in flight before the first use. A vector's kW-1 taps
 // of history come from its left neighbour through LDS; thread 0 fetches the block's history.
 //
-// Two instantiations: "vec" (kThreads threads, kRowVecs vectors each: 4096 16-bit tokens a
-// block) and "vec_s" for short rows (kShortThreads threads, kShortVecs vectors each: 1024 16-bit
+// Three instantiations: "vec" (kThreads threads, kRowVecs vectors each: 4096 16-bit tokens a
+// block), "vec_s" for short rows (kShortThreads threads, kShortVecs vectors each: 1024 16-bit
 // tokens), which the host takes where a row is at most half the long tile (most of a long
-// block's threads would idle: b8 d4352 l512 moved 33% of copy bandwidth that way on the H100).
-template <typename T, int kW, bool kSeq, int kThreads = conv1d::kThreads, int kRowVecs = conv1d::kRowVecs>
+// block's threads would idle: b8 d4352 l512 moved 33% of copy bandwidth that way on the H100),
+// and "vec_m" for rows up to 512 16-bit tokens: kMultiRows rows a block (grid.y over groups of
+// kMultiRows channels), kThreads / kMultiRows threads a row. A 512-token row filled half of a
+// vec_s block, and the multiprocessors' cap on resident blocks then left them short of loads
+// in flight (b8 d4352 l512: 76% of copy on the H100).
+template <typename T, int kW, bool kSeq, int kThreads = conv1d::kThreads, int kRowVecs = conv1d::kRowVecs,
+          int kRows = 1>
 M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   typedef typename T::storage S;
   constexpr int kN = Vec16<T>::kN;
-  constexpr int kTile = kThreads * kRowVecs * kN;
+  constexpr int kRowThreads = kThreads / kRows;  // the threads of one row
+  static_assert(kRowThreads * kRows == kThreads, "rows split the block");
+  constexpr int kTile = kRowThreads * kRowVecs * kN;
+  // indexed by the block's thread (slot); a row's threads are neighbours
   __shared__ float sh_x[kRowVecs][kThreads][kW - 1];
   __shared__ int sh_s[kRowVecs][kThreads][kW - 1];
 
-  const int tid = threadIdx.x;
-  const int64_t b = blockIdx.z, c = blockIdx.y;
+  const int slot = threadIdx.x;
+  const int tid = kRows == 1 ? slot : slot % kRowThreads;  // the thread's place in its row
+  const int64_t b = blockIdx.z;
+  // (one row a block: the block's channel, uniform; a per-thread one cost vec and vec_s 10% of
+  // their bandwidth in registers and addressing)
+  const int64_t c = kRows == 1 ? static_cast<int64_t>(blockIdx.y) : static_cast<int64_t>(blockIdx.y) * kRows + slot / kRowThreads;
+  // a multi-row block's rows past dim: nothing read or written (seqlen 0 for them), and every
+  // thread still reaches the barrier
+  const bool row_in = kRows == 1 || c < p.dim;
+  const int32_t seqlen = row_in ? p.seqlen : 0;
+  const int64_t cw = row_in ? c : 0;  // the channel whose weights are read
   const int64_t blk0 = static_cast<int64_t>(blockIdx.x) * kTile;
   constexpr bool has_seq = kSeq;  // seq_idx given: a separate instantiation, no cost otherwise
-  const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + c * p.x_c_stride;
+  const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + cw * p.x_c_stride;
 
   // Kept in storage format until used: half the registers for 16-bit types.
   typename Vec16<T>::U xv[kRowVecs];
 #pragma unroll
   for (int v = 0; v < kRowVecs; ++v) {
-    const int64_t t0 = blk0 + static_cast<int64_t>(v * kThreads + tid) * kN;
-    if (t0 + kN <= p.seqlen) {
+    const int64_t t0 = blk0 + static_cast<int64_t>(v * kRowThreads + tid) * kN;
+    if (t0 + kN <= seqlen) {
       xv[v].v = load_stream(reinterpret_cast<const vec16_t*>(x + t0));
     } else {
 #pragma unroll
-      for (int i = 0; i < kN; ++i) xv[v].s[i] = t0 + i < p.seqlen ? x[t0 + i] : S(0);
+      for (int i = 0; i < kN; ++i) xv[v].s[i] = t0 + i < seqlen ? x[t0 + i] : S(0);
     }
   }
   float halo[kW - 1];
   int halo_s[kW - 1];
-  if (tid == 0) {
+  if (tid == 0 && row_in) {
 #pragma unroll
     for (int j = 0; j < kW - 1; ++j) {
       const int64_t pos = blk0 - (kW - 1) + j;
@@ -99,9 +120,9 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   if (has_seq) {
 #pragma unroll
     for (int v = 0; v < kRowVecs; ++v) {
-      const int64_t t0 = blk0 + static_cast<int64_t>(v * kThreads + tid) * kN;
+      const int64_t t0 = blk0 + static_cast<int64_t>(v * kRowThreads + tid) * kN;
 #pragma unroll
-      for (int i = 0; i < kN; ++i) sid[v][i] = t0 + i < p.seqlen ? seq_at(p, b, t0 + i) : -2;
+      for (int i = 0; i < kN; ++i) sid[v][i] = t0 + i < seqlen ? seq_at(p, b, t0 + i) : -2;
     }
   }
   float xf[kRowVecs][kN];
@@ -111,32 +132,32 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
   for (int v = 0; v < kRowVecs; ++v) {
 #pragma unroll
     for (int j = 0; j < kW - 1; ++j) {
-      sh_x[v][tid][j] = xf[v][kN - (kW - 1) + j];
-      if (has_seq) sh_s[v][tid][j] = sid[v][kN - (kW - 1) + j];
+      sh_x[v][slot][j] = xf[v][kN - (kW - 1) + j];
+      if (has_seq) sh_s[v][slot][j] = sid[v][kN - (kW - 1) + j];
     }
   }
   float w[kW];
 #pragma unroll
   for (int k = 0; k < kW; ++k)
-    w[k] = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
-  const float bias = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
+    w[k] = load_as_float(p.weight, p.weight_dtype, cw * p.weight_c_stride + k * p.weight_w_stride);
+  const float bias = p.bias ? load_as_float(p.bias, p.bias_dtype, cw) : 0.f;
   __syncthreads();
 
-  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + c * p.out_c_stride;
+  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + cw * p.out_c_stride;
 #pragma unroll
   for (int v = 0; v < kRowVecs; ++v) {
-    const int64_t t0 = blk0 + static_cast<int64_t>(v * kThreads + tid) * kN;
-    if (t0 >= p.seqlen) break;
+    const int64_t t0 = blk0 + static_cast<int64_t>(v * kRowThreads + tid) * kN;
+    if (t0 >= seqlen) break;
     float win[kW - 1 + kN];
     int ws[kW - 1 + kN];
 #pragma unroll
     for (int j = 0; j < kW - 1; ++j) {
       if (tid > 0) {
-        win[j] = sh_x[v][tid - 1][j];
-        if (has_seq) ws[j] = sh_s[v][tid - 1][j];
-      } else if (v > 0) {
-        win[j] = sh_x[v - 1][kThreads - 1][j];
-        if (has_seq) ws[j] = sh_s[v - 1][kThreads - 1][j];
+        win[j] = sh_x[v][slot - 1][j];
+        if (has_seq) ws[j] = sh_s[v][slot - 1][j];
+      } else if (v > 0) {  // the last thread of the row (slot - tid: its first), one vector back
+        win[j] = sh_x[v - 1][slot - tid + kRowThreads - 1][j];
+        if (has_seq) ws[j] = sh_s[v - 1][slot - tid + kRowThreads - 1][j];
       } else {
         win[j] = halo[j];
         if (has_seq) ws[j] = halo_s[j];
@@ -156,17 +177,17 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
         if (!has_seq || ws[i + k] == ws[i + kW - 1]) acc = fmaf(w[k], win[i + k], acc);
       yv[i] = has_seq && ws[i + kW - 1] < 0 ? 0.f : p.silu ? silu(acc) : acc;  // padding token: 0
     }
-    if (t0 + kN <= p.seqlen) {
+    if (t0 + kN <= seqlen) {
       typename Vec16<T>::U u;
       Vec16<T>::pack(yv, u);
       store_stream(reinterpret_cast<vec16_t*>(out + t0), u.v);
     } else {
 #pragma unroll
       for (int i = 0; i < kN; ++i)
-        if (t0 + i < p.seqlen) out[t0 + i] = T::from_float(yv[i]);
+        if (t0 + i < seqlen) out[t0 + i] = T::from_float(yv[i]);
     }
   }
-  if (p.final_states != nullptr && tid == 0 && blockIdx.x == gridDim.x - 1)
+  if (p.final_states != nullptr && tid == 0 && row_in && blockIdx.x == gridDim.x - 1)
     write_final_states<T, kW>(p, b, c);
 }
 
@@ -308,9 +329,19 @@ M2R_DEVICE void fwd_strided(const ConvFwdParams& p) {
   M2R_KERNEL(m2r::conv1d::kShortThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_s_seq(ConvFwdParams p) { \
     m2r::conv1d::fwd_rows<m2r::T, W, true, m2r::conv1d::kShortThreads, m2r::conv1d::kShortVecs>(p);                     \
   }
+#define M2R_CONV_FWD_MULTI(DT, T, W)                                                            \
+  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_m(ConvFwdParams p) {         \
+    m2r::conv1d::fwd_rows<m2r::T, W, false, m2r::conv1d::kThreads, m2r::conv1d::kShortVecs,       \
+                          m2r::conv1d::kMultiRows>(p);                                            \
+  }                                                                                              \
+  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_m_seq(ConvFwdParams p) {     \
+    m2r::conv1d::fwd_rows<m2r::T, W, true, m2r::conv1d::kThreads, m2r::conv1d::kShortVecs,        \
+                          m2r::conv1d::kMultiRows>(p);                                            \
+  }
 #define M2R_CONV_FWD(DT, T, W)                      \
   M2R_CONV_FWD_ONE(DT, T, W, vec, fwd_rows)         \
   M2R_CONV_FWD_SHORT(DT, T, W)                      \
+  M2R_CONV_FWD_MULTI(DT, T, W)                      \
   M2R_CONV_FWD_ONE(DT, T, W, cl_vec, fwd_channel_last) \
   M2R_CONV_FWD_ONE(DT, T, W, strided, fwd_strided)
 

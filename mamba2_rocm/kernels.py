@@ -28,7 +28,8 @@ __all__ = ["SOURCES", "KernelSource", "kernel_params", "source_of"]
 
 KERNEL_DTYPES = ("f32", "f16", "bf16")
 CONV_WIDTHS = (2, 3, 4)
-CONV_FWD_LAYOUTS = ("vec", "vec_s", "cl_vec", "strided")  # vec_s: short seqlen-contiguous rows
+#: vec_s: short seqlen-contiguous rows; vec_m: rows up to 512 16-bit tokens, 4 a block
+CONV_FWD_LAYOUTS = ("vec", "vec_s", "vec_m", "cl_vec", "strided")
 CONV_BWD_SHAPES = ("rows", "cl")  # csrc/conv1d_bwd.hip: the tile walked along seqlen / channels
 SSU_DSTATE_TIERS = (32, 64, 128, 256)
 SSU_CONTIG_MAX_DSTATE = 128  # csrc/state_update.hip: no contiguous-layout kernels beyond

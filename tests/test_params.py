@@ -78,6 +78,7 @@ def test_launch_geometry_matches_kernel_constants():
     assert consts["kRowVecs"] == ops._ROW_VECS
     assert consts["kClPosPerThread"] == ops._CL_POS
     assert (consts["kShortThreads"], consts["kShortVecs"]) == (ops._SHORT_THREADS, ops._SHORT_VECS)
+    assert consts["kMultiRows"] == ops._MULTI_ROWS
     bwd = (CSRC / "conv1d_bwd.hip").read_text()
     cb = {m[0]: int(m[1]) for m in re.findall(r"(k\w+) = (\d+)[;,]", bwd)}
     assert cb["kThreads"] == ops._BWD_THREADS

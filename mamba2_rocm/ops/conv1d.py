@@ -42,6 +42,7 @@ _ROW_VECS = 4  # csrc/conv1d_fwd.hip: kRowVecs
 # Launch geometry; must equal the constants in csrc/conv1d_fwd.hip (tests/test_params.py checks).
 _CL_POS = 16  # kClPosPerThread
 _SHORT_THREADS, _SHORT_VECS = 64, 2  # kShortThreads, kShortVecs: the short-row kernel
+_MULTI_ROWS = 4  # kMultiRows: rows per block of the multi-row kernel (kShortVecs vectors a thread)
 # csrc/conv1d_bwd.hip: threads, and the (channels, positions) tile of each shape
 _BWD_THREADS = 256  # kThreads
 _BWD_ROWS = (4, 512)  # kRowsC, kRowsL: seqlen-contiguous x
@@ -164,6 +165,34 @@ def _launch(launcher, x: Tensor, params: tuple, grid: tuple[int, int, int],
     launch(launcher, x, params, grid, threads)
 
 
+def _rows_grid(layout: str, batch: int, dim: int, seqlen: int, n_elts: int) -> tuple[int, int, int]:
+    """The grid of a seqlen-contiguous kernel (csrc/conv1d_fwd.hip, fwd_rows): blocks along
+    seqlen, then over channels (_MULTI_ROWS of them a block for vec_m), then batch."""
+    if layout == "vec_m":  # a row's tile: a quarter of the block's threads, 2 vectors each
+        return (
+            -(-seqlen // (_THREADS // _MULTI_ROWS * _SHORT_VECS * n_elts)),
+            -(-dim // _MULTI_ROWS),
+            batch,
+        )
+    tile = (_SHORT_THREADS * _SHORT_VECS if layout == "vec_s" else _THREADS * _ROW_VECS) * n_elts
+    return (-(-seqlen // tile), dim, batch)
+
+
+def _rows_layout(
+    batch: int, dim: int, seqlen: int, n_elts: int
+) -> tuple[str, tuple[int, int, int]]:
+    """Which seqlen-contiguous kernel takes rows of ``seqlen`` (``n_elts`` elements a 16-byte
+    vector), and its grid: rows that fit a quarter block go four to a block (vec_m), rows up to
+    half the long tile to the short-row kernel (vec_s), longer ones to the long tile (vec)."""
+    if seqlen <= _THREADS // _MULTI_ROWS * _SHORT_VECS * n_elts:
+        layout = "vec_m"
+    elif 2 * seqlen <= _THREADS * _ROW_VECS * n_elts:  # most of a long block's threads would idle
+        layout = "vec_s"
+    else:
+        layout = "vec"
+    return layout, _rows_grid(layout, batch, dim, seqlen, n_elts)
+
+
 def _sizes_and_codes(x, weight, bias, silu) -> tuple[int, ...]:
     """batch, dim, seqlen, silu, weight_dtype, bias_dtype: the fields Conv{Fwd,Bwd}Params share."""
     return (*x.shape, int(silu), DTYPE_CODE[weight.dtype],
@@ -181,12 +210,7 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
         and _aligned(x, x.stride()[:2], n_elts)
         and _aligned(out, out.stride()[:2], n_elts)
     ):
-        tile = _THREADS * _ROW_VECS * n_elts
-        if 2 * seqlen <= tile:  # short rows: most of a long block's threads would idle
-            short = _SHORT_THREADS * _SHORT_VECS * n_elts
-            layout, grid = "vec_s", (-(-seqlen // short), dim, batch)
-        else:
-            layout, grid = "vec", (-(-seqlen // tile), dim, batch)
+        layout, grid = _rows_layout(batch, dim, seqlen, n_elts)
     elif (
         x.stride(1) == 1
         and out.stride(1) == 1

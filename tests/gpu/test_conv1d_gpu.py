@@ -80,6 +80,64 @@ def test_fwd_seq_idx(width, dtype, layout):
     assert pad.any() and not out[pad].any()
 
 
+@pytest.mark.parametrize(
+    ("seqlen", "layout16", "layout32"),
+    [(8, "vec_m", "vec_m"), (24, "vec_m", "vec_m"), (256, "vec_m", "vec_m"),
+     (264, "vec_m", "vec_s"), (504, "vec_m", "vec_s"), (512, "vec_m", "vec_s"),
+     (520, "vec_s", "vec_s"), (1032, "vec_s", "vec"), (2048, "vec_s", "vec"), (4104, "vec", "vec")],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_fwd_seqlen_contiguous_tiles(monkeypatch, width, dtype, seqlen, layout16, layout32):
+    """The seqlen-contiguous kernels (vec_m: 4 rows a block, vec_s, vec) at rows that fill their
+    tiles, end inside them or span several, with initial and final states, then with seq_idx; 70
+    channels leave vec_m's last block half empty. (The layouts above have odd seqlens, which
+    these 16-byte kernels never see.) The layout that ran is checked: a float32 tile holds half
+    the tokens of a 16-bit one."""
+    import mamba2_rocm.ops.conv1d as ops
+
+    names = []
+    real = ops.launch
+
+    def spy(launcher, *args):
+        names.append(launcher.name)
+        return real(launcher, *args)
+
+    monkeypatch.setattr(ops, "launch", spy)
+    g = _gen("tiles", width, str(dtype), seqlen)
+    batch, dim = 3, 70
+    x = make_x(batch, dim, seqlen, dtype, "contiguous", device=DEV, gen=g)
+    w = torch.randn(dim, width, device=DEV, generator=g).to(dtype)
+    b = torch.randn(dim, device=DEV, generator=g).to(dtype)
+    init = torch.randn(batch, width - 1, dim, device=DEV, generator=g).to(dtype).transpose(1, 2)
+    fin = torch.full((batch, dim, width - 1), float("nan"), device=DEV, dtype=dtype)
+    poison_allocator(x.numel() * x.element_size())
+    out, fin_out = causal_conv1d_fn(
+        x,
+        w,
+        b,
+        initial_states=init,
+        return_final_states=True,
+        final_states_out=fin,
+        activation="silu",
+    )
+    ref, ref_fin = _ref(x, w, b, init=init, silu=True)
+    assert not out.isnan().any(), "unwritten output elements"
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    assert fin_out is fin and torch.equal(fin, ref_fin)
+    seq = make_seq_idx(batch, seqlen, device=DEV)
+    poison_allocator(x.numel() * x.element_size())
+    out = causal_conv1d_fn(x, w, b, seq_idx=seq, activation="silu")
+    ref, _ = _ref(x, w, b, seq_idx=seq, silu=True)
+    assert not out.isnan().any(), "unwritten output elements"
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    pad = (seq < 0).unsqueeze(1).expand_as(out)
+    assert not out[pad].any()
+    kernel = f"m2r_conv1d_fwd_{ops.KERNEL_DTYPE[dtype]}_w{width}_"
+    kernel += layout32 if dtype == torch.float32 else layout16
+    assert names == [kernel, kernel + "_seq"]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("width", [2, 3, 4])
 @pytest.mark.parametrize("mode", ["shift", "shift_long_state", "circular", "pool"])
