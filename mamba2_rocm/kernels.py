@@ -180,10 +180,11 @@ SOURCES: dict[str, KernelSource] = {
             (
                 *(f"m2r_rmsnorm_fwd_{dt}" for dt in KERNEL_DTYPES),
                 *(
-                    f"m2r_rmsnorm_fwd_{dt}_v{v}{ga}"
+                    f"m2r_rmsnorm_fwd_{dt}_v{v}{ga}{whole}"
                     for dt in RMSNORM_VEC_DTYPES
                     for v in RMSNORM_VECS
                     for ga in ("", "_ga")  # the z gate after the norm (norm_before_gate)
+                    for whole in ("", "_b")  # one (row, group) a block: item_threads == kThreads
                 ),
             ),
         ),

@@ -91,6 +91,20 @@ def test_vec_plan(group_size, plan):
 
 
 @pytest.mark.parametrize(
+    ("plan", "rows", "groups", "gate_after", "variant"),
+    [
+        ((256, 1), 5, 1, False, ("_v1_b", (5, 1, 1))),  # an item fills the block: _b
+        ((256, 3), 5, 2, True, ("_v3_ga_b", (10, 1, 1))),
+        ((128, 3), 5, 1, False, ("_v3", (3, 1, 1))),  # two items a block: the per-item sums
+        ((1, 1), 300, 1, False, ("_v1", (2, 1, 1))),
+    ],
+)
+def test_vec_variant(plan, rows, groups, gate_after, variant):
+    """The whole-block kernels (_b) take exactly the plans whose item is the whole block."""
+    assert ops._vec_variant(plan, rows, groups, gate_after) == variant
+
+
+@pytest.mark.parametrize(
     "elem_size, addresses", [(4, (0,)), (2, (8,)), (2, (0, 16 * 3 + 2)), (2, (0, 32, 1))]
 )
 def test_vec_plan_needs_16_bit_elements_and_16_byte_alignment(elem_size, addresses):
