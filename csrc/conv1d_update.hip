@@ -1,5 +1,5 @@
 // Causal depthwise conv1d, decode step: new tokens against a rolling conv_state, in place.
-// One thread per (batch, channel); grid (ceil(dim / kThreads), batch). Semantics in params.h.
+// One thread per (batch, channel); grid (ceil(dim / kUpdateThreads), batch). Semantics in params.h.
 #include "platform.h"
 #include "state_rows.h"
 
@@ -91,12 +91,88 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
   }
 }
 
+// The block's states through LDS (the _tile kernels): the usual decode layout -- a state of
+// exactly kW - 1 slots, no circular cache, each batch row's states (dim, kW - 1) contiguous and
+// 16-byte aligned (the host checks) -- puts the block's kUpdateThreads channels' states in one
+// contiguous run. It is read and written back in 16-byte pieces by the whole block, where each
+// thread of `update` moved its own 2-byte slots, kW - 1 apart (a partial sector per access:
+// b256 d10240, bf16, width 4 ran at 43% of copy bandwidth on the H100).
+template <typename T, int kW>
+M2R_DEVICE void update_tile(const ConvUpdateParams& p) {
+  typedef typename T::storage S;
+  constexpr int kL = kW - 1, kVec = 16 / static_cast<int>(sizeof(S));
+  __shared__ __align__(16) S tile[kUpdateThreads * kL];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kUpdateThreads, c = c0 + threadIdx.x;
+  const int64_t b = blockIdx.y;
+  const int64_t row = checked_state_row(p.state_indices, p.indices_stride, p.indices_int64, p.batch, p.num_states, b);
+  const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + c * p.x_c_stride;
+  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + c * p.out_c_stride;
+  if (row < 0) {  // uniform over the block (one batch row): padding zeros, NaN if out of range
+    if (c >= p.dim) return;
+    const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
+    for (int t = 0; t < p.seqlen; ++t) out[t * p.out_l_stride] = T::from_float(fill);
+    return;
+  }
+  const int n = static_cast<int>(min(static_cast<int64_t>(kUpdateThreads), p.dim - c0)) * kL;  // block's slots
+  S* state = static_cast<S*>(p.conv_state) + row * p.state_batch_stride + c0 * kL;
+  for (int i = threadIdx.x * kVec; i < n; i += kUpdateThreads * kVec) {
+    if (i + kVec <= n) {
+      *reinterpret_cast<uint4*>(tile + i) = *reinterpret_cast<const uint4*>(state + i);
+    } else {
+      for (int e = i; e < n; ++e) tile[e] = state[e];
+    }
+  }
+  __syncthreads();
+  if (c < p.dim) {
+    float w[kW];
+#pragma unroll
+    for (int k = 0; k < kW; ++k)
+      w[k] = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
+    const float bias = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
+    S* mine = tile + threadIdx.x * kL;
+    S hist[kL];
+    float win[kW];
+#pragma unroll
+    for (int k = 0; k < kL; ++k) hist[k] = mine[k], win[k] = T::to_float(hist[k]);
+    for (int t = 0; t < p.seqlen; ++t) {
+      win[kL] = T::to_float(x[t * p.x_l_stride]);
+      float acc = bias;
+#pragma unroll
+      for (int k = 0; k < kW; ++k) acc = fmaf(w[k], win[k], acc);
+      out[t * p.out_l_stride] = T::from_float(p.silu ? silu(acc) : acc);
+#pragma unroll
+      for (int k = 0; k < kL; ++k) win[k] = win[k + 1];
+    }
+    // the state's last kL entries of [state, x]
+#pragma unroll
+    for (int j = 0; j < kL; ++j) {
+      const int64_t src = j + p.seqlen;
+      S v = src >= kL ? x[(src - kL) * p.x_l_stride] : hist[0];
+#pragma unroll
+      for (int k = 1; k < kL; ++k) v = src == k ? hist[k] : v;  // constant indices only
+      mine[j] = v;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x * kVec; i < n; i += kUpdateThreads * kVec) {
+    if (i + kVec <= n) {
+      *reinterpret_cast<uint4*>(state + i) = *reinterpret_cast<const uint4*>(tile + i);
+    } else {
+      for (int e = i; e < n; ++e) state[e] = tile[e];
+    }
+  }
+}
+
 }  // namespace conv1d
 }  // namespace m2r
 
-#define M2R_CONV_UPDATE(DT, T, W)                                                                \
-  M2R_KERNEL(m2r::conv1d::kUpdateThreads) m2r_conv1d_update_##DT##_w##W(ConvUpdateParams p) { \
-    m2r::conv1d::update<m2r::T, W>(p);                                                            \
+// m2r_conv1d_update_<dt>_w<W>[_tile]: any layout, or (_tile) the block's states through LDS
+#define M2R_CONV_UPDATE(DT, T, W)                                                                  \
+  M2R_KERNEL(m2r::conv1d::kUpdateThreads) m2r_conv1d_update_##DT##_w##W(ConvUpdateParams p) {      \
+    m2r::conv1d::update<m2r::T, W>(p);                                                             \
+  }                                                                                                \
+  M2R_KERNEL(m2r::conv1d::kUpdateThreads) m2r_conv1d_update_##DT##_w##W##_tile(ConvUpdateParams p) { \
+    m2r::conv1d::update_tile<m2r::T, W>(p);                                                        \
   }
 #define M2R_CONV_UPDATE_WIDTHS(DT, T) \
   M2R_CONV_UPDATE(DT, T, 2) M2R_CONV_UPDATE(DT, T, 3) M2R_CONV_UPDATE(DT, T, 4)

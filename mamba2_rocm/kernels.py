@@ -82,7 +82,12 @@ SOURCES: dict[str, KernelSource] = {
         KernelSource(
             "conv1d_update",
             ConvUpdateParams,
-            tuple(f"m2r_conv1d_update_{dt}_w{w}" for dt in KERNEL_DTYPES for w in CONV_WIDTHS),
+            tuple(
+                f"m2r_conv1d_update_{dt}_w{w}{tile}"
+                for dt in KERNEL_DTYPES
+                for w in CONV_WIDTHS
+                for tile in ("", "_tile")  # _tile: the block's states through LDS
+            ),
         ),
         KernelSource(
             "state_update",

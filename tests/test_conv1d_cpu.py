@@ -279,6 +279,44 @@ def test_update_cached_launch_equals_a_fresh_one(update_kernels):
     assert len(ops._UPDATE_PLANS) == 2
 
 
+@pytest.mark.parametrize(
+    ("case", "tile"),
+    [("plain", True), ("long state", False), ("circular", False), ("strided", False),
+     ("unaligned", False), ("odd row stride", False), ("pool", True)],
+)  # fmt: skip
+def test_update_takes_the_tile_kernel_where_the_states_are_one_aligned_run(
+    update_kernels, case, tile
+):
+    """The _tile kernel (the block's states through LDS in 16-byte pieces) needs exactly width - 1
+    slots, no circular cache, each batch row's (dim, width - 1) states contiguous and a 16-byte
+    multiple apart, and a 16-byte aligned address (checked per call: a cached layout may meet
+    another buffer)."""
+    g = _gen("upd-tile", case)
+    x, w, b = (
+        torch.randn(3, 40, generator=g),
+        torch.randn(40, 4, generator=g),
+        torch.randn(40, generator=g),
+    )
+    state = torch.randn(3, 40, 3, generator=g)
+    kw = {}
+    if case == "long state":
+        state = torch.randn(3, 40, 5, generator=g)
+    elif case == "circular":
+        kw["cache_seqlens"] = torch.tensor([0, 4, 9], dtype=torch.int32)
+    elif case == "strided":
+        state = torch.randn(3, 3, 40, generator=g).transpose(1, 2)
+    elif case == "unaligned":  # one float32 past an aligned start
+        state = torch.randn(3 * 40 * 3 + 1, generator=g)[1:].view(3, 40, 3)
+    elif case == "odd row stride":  # rows 121 floats apart: not a 16-byte multiple
+        state = torch.randn(3, 121, generator=g)[:, :120].view(3, 40, 3)
+    elif case == "pool":
+        state = torch.randn(5, 40, 3, generator=g)
+        kw["conv_state_indices"] = torch.tensor([4, 0, 2], dtype=torch.int32)
+    causal_conv1d_update(x, state, w, b, activation="silu", **kw)
+    name, _, grid = update_kernels.launches[-1]
+    assert name.endswith("_w4_tile") == tile and grid == (1, 3, 1)
+
+
 def test_update_repeated_layout_skips_the_checks_but_never_a_bad_call(update_kernels, monkeypatch):
     from mamba2_rocm.ops import conv1d as ops
 

@@ -309,10 +309,13 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
 
 
 def _update_static(
-    x, conv_state, weight, bias, silu, out, indices=None
-) -> tuple[str, tuple, tuple]:
-    """The launch's parts that depend only on the arguments' layouts: kernel name, grid and
-    the ConvUpdateParams fields after the pointers."""
+    x, conv_state, weight, bias, silu, out, indices=None, circular=False
+) -> tuple[str, tuple, tuple, str | None]:
+    """The launch's parts that depend only on the arguments' layouts: kernel name, grid, the
+    ConvUpdateParams fields after the pointers, and the ``_tile`` kernel's name where the
+    layout allows it (else None): no circular cache, a state of exactly width - 1 slots, each
+    batch row's states one contiguous (dim, width - 1) run of a 16-byte multiple (its address
+    is checked per call)."""
     batch, dim, seqlen = x.shape
     if batch > GRID_YZ_MAX:
         raise ValueError(f"conv1d update kernel supports batch <= {GRID_YZ_MAX}, got {batch}")
@@ -334,14 +337,23 @@ def _update_static(
         0,
     )  # fmt: skip  (ConvUpdateParams after the pointers, field order)
     name = f"m2r_conv1d_update_{KERNEL_DTYPE[x.dtype]}_w{weight.shape[1]}"
-    return name, (-(-dim // _THREADS), batch, 1), tail
+    slots = weight.shape[1] - 1
+    tile = (
+        not circular and conv_state.shape[2] == slots
+        and conv_state.stride(2) == 1 and conv_state.stride(1) == slots
+        and conv_state.stride(0) * conv_state.element_size() % 16 == 0
+    )  # fmt: skip
+    return name, (-(-dim // _THREADS), batch, 1), tail, name + "_tile" if tile else None
 
 
 def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indices, out,
                    plan) -> None:  # fmt: skip
     if plan.static is None:
-        plan.static = _update_static(x, conv_state, weight, bias, silu, out, indices)
-    name, grid, tail = plan.static
+        plan.static = _update_static(x, conv_state, weight, bias, silu, out, indices,
+                                     cache_seqlens is not None)  # fmt: skip
+    name, grid, tail, tile = plan.static
+    if tile is not None and conv_state.data_ptr() % 16 == 0:
+        name = tile
     p = (
         x.data_ptr(), conv_state.data_ptr(), weight.data_ptr(), ptr(bias), out.data_ptr(),
         ptr(cache_seqlens), ptr(indices), *tail,
