@@ -24,20 +24,25 @@ constexpr int kWaves = kThreads / kWavefront;
 // Both loops run a constant trip count with a uniform predicate instead of a run-time bound:
 // ncu counted the run-time loops' branches and index updates as a third of the kernel's
 // instructions (the same sums, in the same order).
-// kWhole: the item is the whole block (tpi == kThreads): no predicates, and no second barrier
-// when the caller sums once (kOnce).
-template <bool kWhole, bool kOnce>
+// kTpi: tpi fixed at compile time -- kThreads (the _b kernels: the item is the whole block) or
+// kThreads / 2 (_h: two items a block) -- or 0 (tpi at run time). The fixed forms have no
+// per-item predicates, and no second barrier when the caller sums once (kOnce).
+template <int kTpi, bool kOnce>
 M2R_DEVICE float item_sum(float v, int tpi, float* partial) {
+  static_assert(kTpi == 0 || kTpi == kThreads || kTpi == kThreads / 2, "tpi fixed at a block or half");
   // butterflies stay inside aligned runs of min(tpi, wavefront) lanes: one item's
 #pragma unroll
   for (int off = kWavefront / 2; off > 0; off /= 2)
-    if (kWhole || off < tpi) v += shfl_xor(v, off);  // (uniform over the wave)
-  if constexpr (kWhole) {
+    if (kTpi != 0 || off < tpi) v += shfl_xor(v, off);  // (uniform over the wave)
+  if constexpr (kTpi != 0) {
+    // the item's waves: all of them, or the half of the block this thread is in
+    constexpr int kPer = kTpi / kWavefront;
+    const int first = kTpi == kThreads ? 0 : static_cast<int>(threadIdx.x) / kTpi * kPer;
     if (threadIdx.x % kWavefront == 0) partial[threadIdx.x / kWavefront] = v;
     __syncthreads();
     v = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWaves; ++w) v += partial[w];
+    for (int w = 0; w < kPer; ++w) v += partial[first + w];
     if constexpr (!kOnce) __syncthreads();  // before partial is written again
     return v;
   }
@@ -113,13 +118,13 @@ M2R_DEVICE void load8_as_float(const void* p, int dtype, int64_t i, float (&v)[8
 
 // kGateAfter: the z gate multiplies the output (z given, norm_before_gate): z's raw runs stay
 // in registers until then; the other kernels keep none (Mamba2's gate comes first).
-// kWhole: one item a block (tpi == kThreads, the host's _b kernels).
-template <typename T, int kVecs, bool kGateAfter, bool kWhole>
+// kTpi: threads per item fixed at compile time (the host's _b: kThreads, _h: kThreads / 2), or 0.
+template <typename T, int kVecs, bool kGateAfter, int kTpi>
 M2R_DEVICE void forward_vec(const RmsNormParams& p) {
   typedef typename T::storage S;
   static_assert(sizeof(S) == 2, "16-bit element types");
   __shared__ float partial[kWaves];
-  const int tpi = kWhole ? kThreads : p.item_threads, local = threadIdx.x % tpi, gs = p.group_size;
+  const int tpi = kTpi ? kTpi : p.item_threads, local = threadIdx.x % tpi, gs = p.group_size;
   // items (row, group) in 32 bits (the host checks rows * groups < 2^31): a 64-bit division
   // is a long instruction sequence ahead of every thread's first load
   const int groups = p.hidden / gs;
@@ -161,7 +166,7 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
     for (int k = 0; k < kVecs; ++k)
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum += v[k][e];
-    const float mean = item_sum<kWhole, false>(sum, tpi, partial) / static_cast<float>(gs);
+    const float mean = item_sum<kTpi, false>(sum, tpi, partial) / static_cast<float>(gs);
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       const bool in = active && 8 * (local + k * tpi) < gs;
@@ -174,7 +179,7 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
   for (int k = 0; k < kVecs; ++k)
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss = fmaf(v[k][e], v[k][e], ss);
-  const float rstd = rsqrtf(item_sum<kWhole, true>(ss, tpi, partial) / static_cast<float>(gs) + p.eps);
+  const float rstd = rsqrtf(item_sum<kTpi, true>(ss, tpi, partial) / static_cast<float>(gs) + p.eps);
 
   S* out = static_cast<S*>(p.out) + row * p.out_row_stride + start;
 #pragma unroll
@@ -208,22 +213,23 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
   M2R_KERNEL(m2r::rmsnorm::kThreads) m2r_rmsnorm_fwd_##DT(RmsNormParams p) {                \
     m2r::rmsnorm::forward<m2r::T>(p);                                                         \
   }
-// m2r_rmsnorm_fwd_<dt>_v<V>[_ga][_b]: V runs per thread; _ga: the gate after the norm; _b: one
-// item a block. NB: blocks
+// m2r_rmsnorm_fwd_<dt>_v<V>[_ga][_b|_h]: V runs per thread; _ga: the gate after the norm; _b /
+// _h: one item a block / two. NB: blocks
 // per SM the NVIDIA build is held to (a register cap; AMD ignores it), the most without spills.
-#define M2R_RMSNORM_VEC1(DT, T, V, NB, GA, WHOLE, SUFFIX)                                                   \
+#define M2R_RMSNORM_VEC1(DT, T, V, NB, GA, TPI, SUFFIX)                                                     \
   M2R_KERNEL_MIN_BLOCKS(m2r::rmsnorm::kThreads, NB) m2r_rmsnorm_fwd_##DT##_v##V##SUFFIX(RmsNormParams p) { \
-    m2r::rmsnorm::forward_vec<m2r::T, V, GA, WHOLE>(p);                                                     \
+    m2r::rmsnorm::forward_vec<m2r::T, V, GA, TPI>(p);                                                       \
   }
-// each with _b: one (row, group) item a block (item_threads == kThreads)
-#define M2R_RMSNORM_VEC(DT, T, V, NB, GA, SUFFIX)      \
-  M2R_RMSNORM_VEC1(DT, T, V, NB, GA, false, SUFFIX)    \
-  M2R_RMSNORM_VEC1(DT, T, V, NB, GA, true, SUFFIX##_b)
-#define M2R_RMSNORM_VECS(DT, T)                                                            \
-  M2R_RMSNORM_VEC(DT, T, 1, 8, false, ) M2R_RMSNORM_VEC(DT, T, 2, 6, false, )             \
-  M2R_RMSNORM_VEC(DT, T, 3, 5, false, ) M2R_RMSNORM_VEC(DT, T, 4, 4, false, )             \
-  M2R_RMSNORM_VEC(DT, T, 1, 6, true, _ga) M2R_RMSNORM_VEC(DT, T, 2, 5, true, _ga)         \
-  M2R_RMSNORM_VEC(DT, T, 3, 4, true, _ga) M2R_RMSNORM_VEC(DT, T, 4, 3, true, _ga)
+// each with _b / _h: item_threads fixed at kThreads / kThreads / 2 (NBH: the _h kernels' cap)
+#define M2R_RMSNORM_VEC(DT, T, V, NB, NBH, GA, SUFFIX)                        \
+  M2R_RMSNORM_VEC1(DT, T, V, NB, GA, 0, SUFFIX)                               \
+  M2R_RMSNORM_VEC1(DT, T, V, NB, GA, m2r::rmsnorm::kThreads, SUFFIX##_b)      \
+  M2R_RMSNORM_VEC1(DT, T, V, NBH, GA, m2r::rmsnorm::kThreads / 2, SUFFIX##_h)
+#define M2R_RMSNORM_VECS(DT, T)                                                                \
+  M2R_RMSNORM_VEC(DT, T, 1, 8, 8, false, ) M2R_RMSNORM_VEC(DT, T, 2, 6, 5, false, )           \
+  M2R_RMSNORM_VEC(DT, T, 3, 5, 5, false, ) M2R_RMSNORM_VEC(DT, T, 4, 4, 4, false, )           \
+  M2R_RMSNORM_VEC(DT, T, 1, 6, 6, true, _ga) M2R_RMSNORM_VEC(DT, T, 2, 5, 5, true, _ga)       \
+  M2R_RMSNORM_VEC(DT, T, 3, 4, 4, true, _ga) M2R_RMSNORM_VEC(DT, T, 4, 3, 3, true, _ga)
 M2R_RMSNORM(f32, F32)
 M2R_RMSNORM(f16, F16)
 M2R_RMSNORM(bf16, BF16)

@@ -189,7 +189,8 @@ SOURCES: dict[str, KernelSource] = {
                     for dt in RMSNORM_VEC_DTYPES
                     for v in RMSNORM_VECS
                     for ga in ("", "_ga")  # the z gate after the norm (norm_before_gate)
-                    for whole in ("", "_b")  # one (row, group) a block: item_threads == kThreads
+                    # item_threads fixed: the whole block (_b) or half of it (_h)
+                    for whole in ("", "_b", "_h")
                 ),
             ),
         ),

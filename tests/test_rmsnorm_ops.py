@@ -95,12 +95,15 @@ def test_vec_plan(group_size, plan):
     [
         ((256, 1), 5, 1, False, ("_v1_b", (5, 1, 1))),  # an item fills the block: _b
         ((256, 3), 5, 2, True, ("_v3_ga_b", (10, 1, 1))),
-        ((128, 3), 5, 1, False, ("_v3", (3, 1, 1))),  # two items a block: the per-item sums
+        ((128, 3), 5, 1, False, ("_v3_h", (3, 1, 1))),  # two items a block: _h
+        ((128, 1), 5, 8, True, ("_v1_ga_h", (20, 1, 1))),
+        ((64, 3), 5, 1, False, ("_v3", (2, 1, 1))),  # four items a block: the run-time sums
         ((1, 1), 300, 1, False, ("_v1", (2, 1, 1))),
     ],
 )
 def test_vec_variant(plan, rows, groups, gate_after, variant):
-    """The whole-block kernels (_b) take exactly the plans whose item is the whole block."""
+    """The kernels with threads per item fixed at compile time (_b: the whole block, _h: half)
+    take exactly those plans; the others read it at run time."""
     assert ops._vec_variant(plan, rows, groups, gate_after) == variant
 
 

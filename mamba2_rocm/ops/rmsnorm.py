@@ -60,10 +60,10 @@ def vec_plan(group_size: int, elem_size: int, addresses: tuple[int, ...]) -> tup
     idle); beyond, the power of two in 32..kThreads with at most ``PREFERRED_MAX_RUNS`` runs
     each if there is one, then the fewest thread-runs left idle, then the fewest runs each.
     Measured on the H100 (bf16, 16384 rows, one group per row, % of copy bandwidth, every
-    choice; 256 threads take the whole-block ``_b`` kernels, v2 held to 40 registers):
-    d1536 256 x 1 96.8% (64 x 3: 83.7%, 128 x 2: 79.7%), d2048 256 x 1 97.8% (128 x 2: 90.9%),
-    d3072 128 x 3 90.8% (256 x 2: 87.4%), d4096 256 x 2 99.7% (128 x 4: 88.6%), d5120 256 x 3
-    95.0%; d8192 in groups of 1024 128 x 1 100.0% (64 x 2: 97.9%, 256 x 1: 78.8%).
+    choice; 256 / 128 threads take the ``_b`` / ``_h`` kernels, v2 held to 40 registers):
+    d1536 256 x 1 97.0% (64 x 3: 83.7%, 128 x 2: 80.8%), d2048 256 x 1 97.9% (128 x 2: 91.6%),
+    d3072 128 x 3 95.8% (256 x 2: 86.9%), d4096 256 x 2 99.8% (128 x 4: 94.7%), d5120 256 x 3
+    94.4%; d8192 in groups of 1024 128 x 1 102.0% (64 x 2: 97.4%, 256 x 1: 78.8%).
     """
     if elem_size != 2 or group_size % _VEC or any(a % 16 for a in addresses):
         return None
@@ -122,10 +122,12 @@ def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, layer_n
 
 def _vec_variant(plan: tuple[int, int], rows: int, groups: int, gate_after: bool):
     """The register-resident kernel's name suffix and grid for ``vec_plan``'s (threads, runs):
-    ``_v<runs>``, ``_ga`` when the z gate comes after the norm, ``_b`` when an item takes the
-    whole block (its sums without the per-item predicates); (row, group) items per block."""
+    ``_v<runs>``, ``_ga`` when the z gate comes after the norm, ``_b`` / ``_h`` when an item
+    takes the whole block / half of it (its sums without the per-item predicates); (row, group)
+    items per block."""
     threads, vecs = plan
-    suffix = f"_v{vecs}" + ("_ga" if gate_after else "") + ("_b" if threads == _THREADS else "")
+    fixed = {_THREADS: "_b", _THREADS // 2: "_h"}.get(threads, "")  # item_threads at compile time
+    suffix = f"_v{vecs}" + ("_ga" if gate_after else "") + fixed
     return suffix, (-(-rows * groups // (_THREADS // threads)), 1, 1)
 
 
