@@ -15,6 +15,41 @@ M2R_DEVICE int wrap(int h, int t, int n) {
   return static_cast<int>((static_cast<uint32_t>(h) + static_cast<uint32_t>(t)) % static_cast<uint32_t>(n));
 }
 
+// A rejected batch entry's outputs: zeros for a padding slot (row -1), NaN for an index out of
+// range or duplicated (-2); its state is not touched.
+template <typename T>
+M2R_DEVICE void fill_out(const ConvUpdateParams& p, int64_t row, typename T::storage* out) {
+  const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
+  for (int t = 0; t < p.seqlen; ++t) out[t * p.out_l_stride] = T::from_float(fill);
+}
+
+// The outputs for the seqlen new tokens x after win[0 .. kW - 1) (the stored ones, as floats).
+template <typename T, int kW>
+M2R_DEVICE void conv_tokens(const ConvUpdateParams& p, const float (&w)[kW], float bias, float (&win)[kW],
+                            const typename T::storage* x, typename T::storage* out) {
+  for (int t = 0; t < p.seqlen; ++t) {
+    win[kW - 1] = T::to_float(x[t * p.x_l_stride]);
+    float acc = bias;
+#pragma unroll
+    for (int k = 0; k < kW; ++k) acc = fmaf(w[k], win[k], acc);
+    out[t * p.out_l_stride] = T::from_float(p.silu ? silu(acc) : acc);
+#pragma unroll
+    for (int k = 0; k < kW - 1; ++k) win[k] = win[k + 1];
+  }
+}
+
+// Slot j of a kW - 1 slot state after the step: the last kW - 1 entries of [hist, x], as stored.
+template <typename T, int kW>
+M2R_DEVICE typename T::storage shifted_slot(const ConvUpdateParams& p, int j,
+                                            const typename T::storage (&hist)[kW - 1],
+                                            const typename T::storage* x) {
+  const int64_t src = j + p.seqlen;
+  typename T::storage v = src >= kW - 1 ? x[(src - (kW - 1)) * p.x_l_stride] : hist[0];
+#pragma unroll
+  for (int k = 1; k < kW - 1; ++k) v = src == k ? hist[k] : v;  // constant indices only
+  return v;
+}
+
 template <typename T, int kW>
 M2R_DEVICE void update(const ConvUpdateParams& p) {
   typedef typename T::storage S;
@@ -27,9 +62,7 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
   const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + c * p.x_c_stride;
   S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + c * p.out_c_stride;
   if (row < 0) {
-    // -1 is a padding slot: zeros out, state untouched. -2: out of range or duplicated.
-    const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
-    for (int t = 0; t < p.seqlen; ++t) out[t * p.out_l_stride] = T::from_float(fill);
+    fill_out<T>(p, row, out);
     return;
   }
   S* state = static_cast<S*>(p.conv_state) + row * p.state_batch_stride + c * p.state_c_stride;
@@ -55,15 +88,7 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
     hist[k] = state[slot * p.state_l_stride];
     win[k] = T::to_float(hist[k]);
   }
-  for (int t = 0; t < p.seqlen; ++t) {
-    win[kW - 1] = T::to_float(x[t * p.x_l_stride]);
-    float acc = bias;
-#pragma unroll
-    for (int k = 0; k < kW; ++k) acc = fmaf(w[k], win[k], acc);
-    out[t * p.out_l_stride] = T::from_float(p.silu ? silu(acc) : acc);
-#pragma unroll
-    for (int k = 0; k < kW - 1; ++k) win[k] = win[k + 1];
-  }
+  conv_tokens<T, kW>(p, w, bias, win, x, out);
 
   if (circular) {
     // Later tokens win when seqlen > state_len, as a sequential write would.
@@ -72,13 +97,7 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
   } else if (L == kW - 1) {
     // The common case: the whole state is in hist.
 #pragma unroll
-    for (int j = 0; j < kW - 1; ++j) {
-      const int64_t src = j + p.seqlen;
-      S v = src >= kW - 1 ? x[(src - (kW - 1)) * p.x_l_stride] : hist[0];
-#pragma unroll
-      for (int k = 1; k < kW - 1; ++k) v = src == k ? hist[k] : v;  // constant indices only
-      state[j * p.state_l_stride] = v;
-    }
+    for (int j = 0; j < kW - 1; ++j) state[j * p.state_l_stride] = shifted_slot<T, kW>(p, j, hist, x);
   } else {
     // Shift register: state <- last state_len entries of [state, x]. Reading ahead of the
     // write index keeps the in-place shift safe.
@@ -107,10 +126,8 @@ M2R_DEVICE void update_tile(const ConvUpdateParams& p) {
   const int64_t row = checked_state_row(p.state_indices, p.indices_stride, p.indices_int64, p.batch, p.num_states, b);
   const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + c * p.x_c_stride;
   S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + c * p.out_c_stride;
-  if (row < 0) {  // uniform over the block (one batch row): padding zeros, NaN if out of range
-    if (c >= p.dim) return;
-    const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
-    for (int t = 0; t < p.seqlen; ++t) out[t * p.out_l_stride] = T::from_float(fill);
+  if (row < 0) {  // uniform over the block (one batch row)
+    if (c < p.dim) fill_out<T>(p, row, out);
     return;
   }
   const int n = static_cast<int>(min(static_cast<int64_t>(kUpdateThreads), p.dim - c0)) * kL;  // block's slots
@@ -134,24 +151,9 @@ M2R_DEVICE void update_tile(const ConvUpdateParams& p) {
     float win[kW];
 #pragma unroll
     for (int k = 0; k < kL; ++k) hist[k] = mine[k], win[k] = T::to_float(hist[k]);
-    for (int t = 0; t < p.seqlen; ++t) {
-      win[kL] = T::to_float(x[t * p.x_l_stride]);
-      float acc = bias;
+    conv_tokens<T, kW>(p, w, bias, win, x, out);
 #pragma unroll
-      for (int k = 0; k < kW; ++k) acc = fmaf(w[k], win[k], acc);
-      out[t * p.out_l_stride] = T::from_float(p.silu ? silu(acc) : acc);
-#pragma unroll
-      for (int k = 0; k < kL; ++k) win[k] = win[k + 1];
-    }
-    // the state's last kL entries of [state, x]
-#pragma unroll
-    for (int j = 0; j < kL; ++j) {
-      const int64_t src = j + p.seqlen;
-      S v = src >= kL ? x[(src - kL) * p.x_l_stride] : hist[0];
-#pragma unroll
-      for (int k = 1; k < kL; ++k) v = src == k ? hist[k] : v;  // constant indices only
-      mine[j] = v;
-    }
+    for (int j = 0; j < kL; ++j) mine[j] = shifted_slot<T, kW>(p, j, hist, x);
   }
   __syncthreads();
   for (int i = threadIdx.x * kVec; i < n; i += kUpdateThreads * kVec) {

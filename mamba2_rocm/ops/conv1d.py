@@ -165,32 +165,32 @@ def _launch(launcher, x: Tensor, params: tuple, grid: tuple[int, int, int],
     launch(launcher, x, params, grid, threads)
 
 
-def _rows_grid(layout: str, batch: int, dim: int, seqlen: int, n_elts: int) -> tuple[int, int, int]:
-    """The grid of a seqlen-contiguous kernel (csrc/conv1d_fwd.hip, fwd_rows): blocks along
-    seqlen, then over channels (_MULTI_ROWS of them a block for vec_m), then batch."""
-    if layout == "vec_m":  # a row's tile: a quarter of the block's threads, 2 vectors each
-        return (
-            -(-seqlen // (_THREADS // _MULTI_ROWS * _SHORT_VECS * n_elts)),
-            -(-dim // _MULTI_ROWS),
-            batch,
-        )
-    tile = (_SHORT_THREADS * _SHORT_VECS if layout == "vec_s" else _THREADS * _ROW_VECS) * n_elts
-    return (-(-seqlen // tile), dim, batch)
+def _row_tile(layout: str, n_elts: int) -> int:
+    """Tokens of one row a block of a seqlen-contiguous kernel covers (csrc/conv1d_fwd.hip,
+    fwd_rows): vec_m a quarter of the block's threads, 2 vectors each; vec_s its 64 threads, 2
+    vectors each; vec 128 threads, 4 vectors each."""
+    if layout == "vec_m":
+        return _THREADS // _MULTI_ROWS * _SHORT_VECS * n_elts
+    if layout == "vec_s":
+        return _SHORT_THREADS * _SHORT_VECS * n_elts
+    return _THREADS * _ROW_VECS * n_elts
 
 
 def _rows_layout(
     batch: int, dim: int, seqlen: int, n_elts: int
 ) -> tuple[str, tuple[int, int, int]]:
     """Which seqlen-contiguous kernel takes rows of ``seqlen`` (``n_elts`` elements a 16-byte
-    vector), and its grid: rows that fit a quarter block go four to a block (vec_m), rows up to
-    half the long tile to the short-row kernel (vec_s), longer ones to the long tile (vec)."""
-    if seqlen <= _THREADS // _MULTI_ROWS * _SHORT_VECS * n_elts:
+    vector), and its grid (blocks along seqlen, then over channels -- _MULTI_ROWS of them a block
+    for vec_m -- then batch): rows that fit a quarter block go four to a block (vec_m), rows up
+    to half the long tile to the short-row kernel (vec_s), longer ones to the long tile (vec)."""
+    if seqlen <= _row_tile("vec_m", n_elts):
         layout = "vec_m"
-    elif 2 * seqlen <= _THREADS * _ROW_VECS * n_elts:  # most of a long block's threads would idle
+    elif 2 * seqlen <= _row_tile("vec", n_elts):  # most of a long block's threads would idle
         layout = "vec_s"
     else:
         layout = "vec"
-    return layout, _rows_grid(layout, batch, dim, seqlen, n_elts)
+    rows = _MULTI_ROWS if layout == "vec_m" else 1
+    return layout, (-(-seqlen // _row_tile(layout, n_elts)), -(-dim // rows), batch)
 
 
 def _sizes_and_codes(x, weight, bias, silu) -> tuple[int, ...]:
@@ -352,10 +352,11 @@ def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indic
         plan.static = _update_static(x, conv_state, weight, bias, silu, out, indices,
                                      cache_seqlens is not None)  # fmt: skip
     name, grid, tail, tile = plan.static
-    if tile is not None and conv_state.data_ptr() % 16 == 0:
+    sp = conv_state.data_ptr()
+    if tile is not None and sp % 16 == 0:
         name = tile
     p = (
-        x.data_ptr(), conv_state.data_ptr(), weight.data_ptr(), ptr(bias), out.data_ptr(),
+        x.data_ptr(), sp, weight.data_ptr(), ptr(bias), out.data_ptr(),
         ptr(cache_seqlens), ptr(indices), *tail,
     )  # fmt: skip
     _launch(kset.launcher(name), x, p, grid)
