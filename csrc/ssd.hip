@@ -32,6 +32,7 @@ constexpr int kSlab = kFmaSlab;     // reduction-dim slab staged in LDS (fma_til
 constexpr int kPad = 4;             // LDS row padding (floats); keeps rows 16-byte aligned
 constexpr int kHeadsPerCumsum = 8;  // heads per chunk_cumsum block
 constexpr int kMaxChunk = 256;
+constexpr int kStateBlocks = 3;     // chunk_state's blocks per multiprocessor (NVIDIA; kStateWavesM)
 
 // ---- shared pieces -------------------------------------------------------------------------
 
@@ -569,6 +570,11 @@ constexpr int kLdO = 64 + 8;
 #define M2R_SSD_SPLIT_STATE 1
 #endif
 constexpr bool kSplitScan = M2R_SSD_SPLIT_SCAN != 0, kSplitState = M2R_SSD_SPLIT_STATE != 0;
+// chunk_state's waves along the tile's rows n (the rest go along p). On NVIDIA two: each wave
+// then holds one p fragment of x and its remainder (8 registers, not 16) and the kernel fits
+// 80 registers, kStateBlocks per multiprocessor (H100, b1 l16384 h64 g8: 195 -> 164 us; 4
+// waves at 2 blocks before). The AMD targets keep 4 (wave32) / 2 (wave64).
+constexpr int kStateWavesM = M2R_MMA == 1 ? 2 : kWaves == 8 ? 4 : 2;
 
 template <int kCols>
 struct KMajor {  // a [kSlab][kCols] tile: rows 16-byte aligned, ldmatrix conflict-free
@@ -801,7 +807,7 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     xf.fetch(xp + first * xl, xl, rows - first, pcols, xvec);
   }
 
-  mma::BlockTile<kThreads, 128, 64, kWaves == 8 ? 4 : 2> tile;  // rows n, cols p
+  mma::BlockTile<kThreads, 128, 64, kStateWavesM> tile;  // rows n, cols p
   for (int s0 = first; s0 < rows; s0 += kSlab) {
     bf.put(Bs, LB::kLd);
 #pragma unroll
@@ -1120,7 +1126,7 @@ M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_state_passing(SsdParams p) { m2r::ssd::st
 
 #define M2R_SSD(DT, T)                                                                           \
   M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_bmm_##DT(SsdParams p) { m2r::ssd::bmm<m2r::T>(p); }     \
-  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_state_##DT(SsdParams p) {                         \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kStateBlocks) m2r_ssd_chunk_state_##DT(SsdParams p) {                     \
     m2r::ssd::chunk_state<m2r::T, false>(p);                                                     \
   }                                                                                              \
   M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_varlen_state_##DT(SsdParams p) {                        \
