@@ -1126,7 +1126,8 @@ M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_state_passing(SsdParams p) { m2r::ssd::st
 
 #define M2R_SSD(DT, T)                                                                           \
   M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_bmm_##DT(SsdParams p) { m2r::ssd::bmm<m2r::T>(p); }     \
-  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kStateBlocks) m2r_ssd_chunk_state_##DT(SsdParams p) {                     \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kStateBlocks)                              \
+  m2r_ssd_chunk_state_##DT(SsdParams p) {                                                        \
     m2r::ssd::chunk_state<m2r::T, false>(p);                                                     \
   }                                                                                              \
   M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_varlen_state_##DT(SsdParams p) {                        \
