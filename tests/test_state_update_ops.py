@@ -137,14 +137,14 @@ def _expected_launch(state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, out):
         and all(s * t.element_size() % b_align == 0 and t.data_ptr() % b_align == 0
                 for t in (B, C) for s in t.stride()[:-1])
     )  # fmt: skip
-    rows_pass = 256 // (tier // vec)
+    rows_pass = ops._THREADS // (tier // vec)
     wide = -(-p // (ops.SSU_ROWS_PER_WIDE * rows_pass))
     if layout and wide * h * b >= ops.WIDE_KERNEL_MIN_BLOCKS:
         suffix, grid = "_contig", (wide, h, b)
     elif layout:
         suffix, grid = "_rows", (-(-p // rows_pass), h, b)
     else:
-        suffix, grid = "", (-(-p // 8), h, b)
+        suffix, grid = "", (-(-p // (ops._THREADS // 32)), h, b)
     bcz = "_f32bcz" if B.dtype != x.dtype else ""
     name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}{bcz}_n{tier}"
     return name + suffix, params, grid

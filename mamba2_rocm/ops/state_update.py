@@ -38,16 +38,17 @@ Tensor = torch.Tensor
 
 __all__ = ["selective_state_update"]
 
-_THREADS = 256  # csrc/state_update.hip: kThreads
+_THREADS = 128  # csrc/state_update.hip: kThreads
 #: Kernel choice when the layout is contiguous (dstate a tier <= 128, unit dstate strides,
 #: 16-byte aligned state rows, B / C aligned for their runs): a row is tier * itemsize / 16
 #: lanes; the ``_contig`` kernel gives each thread SSU_ROWS_PER_WIDE rows from this many of its
 #: blocks on, below that the ``_rows`` kernel (one row per thread) spreads a small batch over
 #: more blocks. Other layouts take the general kernel. Measured on the H100 (bf16, h64 p64
-#: n128, graph-timed, ``scripts/profile_ssu.py --sweep``): _rows / _contig at batch 1 (128
-#: _contig blocks) 3.2 / 3.7 us, with 128 heads (256 blocks) 3.8 / 3.9; batch 4 (512) 6.1 /
-#: 4.8; batch 64 77.2 / 66.9. Two rows per thread beat four (88 registers: 100.0 us at batch
-#: 64) and one.
+#: n128, graph-timed, ``scripts/profile_ssu.py --sweep``) with blocks of 256 threads: _rows /
+#: _contig at batch 1 (128 _contig blocks) 3.2 / 3.7 us, with 128 heads (256 blocks) 3.8 / 3.9;
+#: batch 4 (512) 6.1 / 4.8; batch 64 77.2 / 66.9. Two rows per thread beat four (88 registers:
+#: 100.0 us at batch 64) and one. With blocks of 128 threads (twice the blocks) the same 512
+#: blocks: _contig from batch 2 with 64 heads, from batch 1 with 128 (3.8 us, as _rows was).
 WIDE_KERNEL_MIN_BLOCKS = 512
 
 
