@@ -23,6 +23,15 @@ M2R_DEVICE void fill_out(const ConvUpdateParams& p, int64_t row, typename T::sto
   for (int t = 0; t < p.seqlen; ++t) out[t * p.out_l_stride] = T::from_float(fill);
 }
 
+// Channel c's kW weights into w, and its bias (0 without one).
+template <int kW>
+M2R_DEVICE float load_taps(const ConvUpdateParams& p, int64_t c, float (&w)[kW]) {
+#pragma unroll
+  for (int k = 0; k < kW; ++k)
+    w[k] = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
+  return p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
+}
+
 // The outputs for the seqlen new tokens x after win[0 .. kW - 1) (the stored ones, as floats).
 template <typename T, int kW>
 M2R_DEVICE void conv_tokens(const ConvUpdateParams& p, const float (&w)[kW], float bias, float (&win)[kW],
@@ -68,10 +77,7 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
   S* state = static_cast<S*>(p.conv_state) + row * p.state_batch_stride + c * p.state_c_stride;
 
   float w[kW];
-#pragma unroll
-  for (int k = 0; k < kW; ++k)
-    w[k] = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
-  const float bias = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
+  const float bias = load_taps<kW>(p, c, w);
 
   const int64_t L = p.state_len;
   const bool circular = p.cache_seqlens != nullptr;
@@ -116,10 +122,24 @@ M2R_DEVICE void update(const ConvUpdateParams& p) {
 // contiguous run. It is read and written back in 16-byte pieces by the whole block, where each
 // thread of `update` moved its own 2-byte slots, kW - 1 apart (a partial sector per access:
 // b256 d10240, bf16, width 4 ran at 43% of copy bandwidth on the H100).
+// n slots from src to dst (both 16-byte aligned) by the whole block, 16 bytes a thread and
+// access, the tail slot by slot.
+template <typename S>
+M2R_DEVICE void copy_slots(S* dst, const S* src, int n) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(S));
+  for (int i = threadIdx.x * kVec; i < n; i += kUpdateThreads * kVec) {
+    if (i + kVec <= n) {
+      *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
+    } else {
+      for (int e = i; e < n; ++e) dst[e] = src[e];
+    }
+  }
+}
+
 template <typename T, int kW>
 M2R_DEVICE void update_tile(const ConvUpdateParams& p) {
   typedef typename T::storage S;
-  constexpr int kL = kW - 1, kVec = 16 / static_cast<int>(sizeof(S));
+  constexpr int kL = kW - 1;
   __shared__ __align__(16) S tile[kUpdateThreads * kL];
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kUpdateThreads, c = c0 + threadIdx.x;
   const int64_t b = blockIdx.y;
@@ -132,20 +152,11 @@ M2R_DEVICE void update_tile(const ConvUpdateParams& p) {
   }
   const int n = static_cast<int>(min(static_cast<int64_t>(kUpdateThreads), p.dim - c0)) * kL;  // block's slots
   S* state = static_cast<S*>(p.conv_state) + row * p.state_batch_stride + c0 * kL;
-  for (int i = threadIdx.x * kVec; i < n; i += kUpdateThreads * kVec) {
-    if (i + kVec <= n) {
-      *reinterpret_cast<uint4*>(tile + i) = *reinterpret_cast<const uint4*>(state + i);
-    } else {
-      for (int e = i; e < n; ++e) tile[e] = state[e];
-    }
-  }
+  copy_slots(tile, state, n);
   __syncthreads();
   if (c < p.dim) {
     float w[kW];
-#pragma unroll
-    for (int k = 0; k < kW; ++k)
-      w[k] = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
-    const float bias = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
+    const float bias = load_taps<kW>(p, c, w);
     S* mine = tile + threadIdx.x * kL;
     S hist[kL];
     float win[kW];
@@ -156,13 +167,7 @@ M2R_DEVICE void update_tile(const ConvUpdateParams& p) {
     for (int j = 0; j < kL; ++j) mine[j] = shifted_slot<T, kW>(p, j, hist, x);
   }
   __syncthreads();
-  for (int i = threadIdx.x * kVec; i < n; i += kUpdateThreads * kVec) {
-    if (i + kVec <= n) {
-      *reinterpret_cast<uint4*>(state + i) = *reinterpret_cast<const uint4*>(tile + i);
-    } else {
-      for (int e = i; e < n; ++e) state[e] = tile[e];
-    }
-  }
+  copy_slots(state, tile, n);
 }
 
 }  // namespace conv1d

@@ -36,6 +36,9 @@ Tensor = torch.Tensor
 __all__ = ["LayerNorm", "RMSNorm", "layernorm_fn", "rmsnorm_fn"]
 
 _THREADS = 256  # csrc/rmsnorm.hip and csrc/rmsnorm_bwd.hip: kThreads
+#: vec_plan's threads per item that have kernels with them fixed at compile time: the whole
+#: block (``_b``) or half of it (``_h``)
+_FIXED_TPI = {_THREADS: "_b", _THREADS // 2: "_h"}
 #: The backward's blocks per multiprocessor (column blocks x row blocks); beyond, blocks walk
 #: more rows (fewer partial dweight / dbias rows for the host to add).
 BWD_BLOCKS_PER_SM = 8
@@ -126,7 +129,7 @@ def _vec_variant(plan: tuple[int, int], rows: int, groups: int, gate_after: bool
     takes the whole block / half of it (its sums without the per-item predicates); (row, group)
     items per block."""
     threads, vecs = plan
-    fixed = {_THREADS: "_b", _THREADS // 2: "_h"}.get(threads, "")  # item_threads at compile time
+    fixed = _FIXED_TPI.get(threads, "")
     suffix = f"_v{vecs}" + ("_ga" if gate_after else "") + fixed
     return suffix, (-(-rows * groups // (_THREADS // threads)), 1, 1)
 
