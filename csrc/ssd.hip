@@ -1019,16 +1019,17 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // D, the gate and the store, 64 rows at a time through LDS (over the operand tiles): each
   // thread then owns 4 consecutive headdim columns of every 16th row, 8 bytes at a time.
   float* O = reinterpret_cast<float*>(smem);
+  constexpr int kOutRows = 64 / (kThreads / 16);  // a thread's rows of each 64
   const int cq = 4 * (threadIdx.x % 16), r_first = threadIdx.x / 16;
   // which of those outputs a non-finite x reaches: 4 bits per row, read before O overwrites
   // the marks
-  static_assert(kRows / 64 * 4 * 4 <= 32, "poison bits do not fit a word");
+  static_assert(kRows / 64 * kOutRows * 4 <= 32, "poison bits do not fit a word");
   uint32_t poison = 0;
   if (bad_any) {
 #pragma unroll
     for (int half = 0; half < kRows / 64; ++half)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
+      for (int k = 0; k < kOutRows; ++k) {
         const int t = t0 + 64 * half + r_first + 16 * k;
         if (t < rows) poison |= static_cast<uint32_t>(bad.reaching(t, seg) >> cq & 0xfu) << (16 * half + 4 * k);
       }
@@ -1047,6 +1048,15 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   const bool vec = aligned(xo, 2 * xl, 8) && aligned(out, 2 * ol, 8) && (!kHasZ || aligned(zo, 2 * zl, 8));
 #pragma unroll
   for (int half = 0; half < kRows / 64; ++half) {
+    // the x and z of this thread's rows are requested before the accumulators go through LDS,
+    // all at once: one memory round trip per half instead of one per row
+    Packed4 xq[kOutRows], zq[kHasZ ? kOutRows : 1];
+#pragma unroll
+    for (int k = 0; k < kOutRows; ++k) {
+      const int t = min(t0 + 64 * half + r_first + 16 * k, rows - 1);  // rows past seqlen: not stored
+      xq[k] = load4(xo + t * xl, cq, pcols, vec);
+      if constexpr (kHasZ) zq[k] = load4(zo + t * zl, cq, pcols, vec);
+    }
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < tile.kFm; ++i) {
@@ -1057,21 +1067,24 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
         for (int r = 0; r < mma::kAccRegs; ++r) O[(tile.row(i, r) - 64 * half) * kLdO + tile.col(j, r)] = tile.acc[i][j].v[r];
     }
     __syncthreads();
-    for (int rr = r_first; rr < 64; rr += kThreads / 16) {
-      const int t = t0 + 64 * half + rr;
+#pragma unroll
+    for (int k = 0; k < kOutRows; ++k) {
+      const int rr = r_first + 16 * k, t = t0 + 64 * half + rr;
       if (t >= rows) break;
       const float4 a = *reinterpret_cast<const float4*>(O + rr * kLdO + cq);
       float y[4] = {a.x, a.y, a.z, a.w}, xv[4];
-      const uint32_t poisoned = poison >> (16 * half + 4 * ((rr - r_first) / 16));
+      const uint32_t poisoned = poison >> (16 * half + 4 * k);
+      if (poisoned & 0xfu) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (poisoned >> e & 1u) y[e] = __int_as_float(0x7fc00000);
-      unpack4<T>(load4(xo + t * xl, cq, pcols, vec), xv);
+        for (int e = 0; e < 4; ++e)
+          if (poisoned >> e & 1u) y[e] = __int_as_float(0x7fc00000);
+      }
+      unpack4<T>(xq[k], xv);
 #pragma unroll
       for (int e = 0; e < 4; ++e) y[e] = fmaf(dq[e], xv[e], y[e]);
       if constexpr (kHasZ) {
         float zv[4];
-        unpack4<T>(load4(zo + t * zl, cq, pcols, vec), zv);
+        unpack4<T>(zq[k], zv);
 #pragma unroll
         for (int e = 0; e < 4; ++e) y[e] *= silu(zv[e]);
       }
@@ -1118,32 +1131,39 @@ M2R_DEVICE void chunk_scan(const SsdParams& p) {
   chunk_scan_fma<T, kRows, kHasZ>(p);
 }
 
+// chunk_scan's 64-row tile, blocks per multiprocessor (NVIDIA): 3 at 80 registers on the matrix
+// cores (ptxas took 96 for the non-gated one without the bound), 4 at 64 on the fp32 FMA path
+template <typename T>
+constexpr int kScan64Blocks = mma::kEnabled<T> ? 3 : 4;
+
 }  // namespace ssd
 }  // namespace m2r
 
 M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_cumsum(SsdParams p) { m2r::ssd::chunk_cumsum(p); }
 M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_state_passing(SsdParams p) { m2r::ssd::state_passing(p); }
 
-#define M2R_SSD(DT, T)                                                                           \
-  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_bmm_##DT(SsdParams p) { m2r::ssd::bmm<m2r::T>(p); }     \
-  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kStateBlocks)                              \
-  m2r_ssd_chunk_state_##DT(SsdParams p) {                                                        \
-    m2r::ssd::chunk_state<m2r::T, false>(p);                                                     \
-  }                                                                                              \
-  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_varlen_state_##DT(SsdParams p) {                        \
-    m2r::ssd::chunk_state<m2r::T, true>(p);                                                      \
-  }                                                                                              \
-  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_##DT##_t64(SsdParams p) {                    \
-    m2r::ssd::chunk_scan<m2r::T, 64, false>(p);                                                  \
-  }                                                                                              \
-  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_##DT##_t64_z(SsdParams p) {                  \
-    m2r::ssd::chunk_scan<m2r::T, 64, true>(p);                                                   \
-  }                                                                                              \
-  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_##DT##_t128(SsdParams p) {                   \
-    m2r::ssd::chunk_scan<m2r::T, 128, false>(p);                                                 \
-  }                                                                                              \
-  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_##DT##_t128_z(SsdParams p) {                 \
-    m2r::ssd::chunk_scan<m2r::T, 128, true>(p);                                                  \
+#define M2R_SSD(DT, T)                                                                       \
+  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_bmm_##DT(SsdParams p) { m2r::ssd::bmm<m2r::T>(p); } \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kStateBlocks)                          \
+  m2r_ssd_chunk_state_##DT(SsdParams p) {                                                    \
+    m2r::ssd::chunk_state<m2r::T, false>(p);                                                 \
+  }                                                                                          \
+  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_varlen_state_##DT(SsdParams p) {                    \
+    m2r::ssd::chunk_state<m2r::T, true>(p);                                                  \
+  }                                                                                          \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kScan64Blocks<m2r::T>)                 \
+  m2r_ssd_chunk_scan_##DT##_t64(SsdParams p) {                                               \
+    m2r::ssd::chunk_scan<m2r::T, 64, false>(p);                                              \
+  }                                                                                          \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kScan64Blocks<m2r::T>)                 \
+  m2r_ssd_chunk_scan_##DT##_t64_z(SsdParams p) {                                             \
+    m2r::ssd::chunk_scan<m2r::T, 64, true>(p);                                               \
+  }                                                                                          \
+  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_##DT##_t128(SsdParams p) {               \
+    m2r::ssd::chunk_scan<m2r::T, 128, false>(p);                                             \
+  }                                                                                          \
+  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_##DT##_t128_z(SsdParams p) {             \
+    m2r::ssd::chunk_scan<m2r::T, 128, true>(p);                                              \
   }
 M2R_SSD(f32, F32)
 M2R_SSD(f16, F16)
