@@ -71,6 +71,17 @@ M2R_DEVICE void store_stream(T* p, T v) {
 #endif
 }
 
+// Four floats to global memory in one 16-byte store (p 16-byte aligned). nvcc turned a float4
+// store into four 4-byte ones where a neighbouring branch stored the same elements one by one
+// (state_passing's entering states); the PTX store stays one instruction.
+M2R_DEVICE void store_float4(float* p, float a, float b, float c, float d) {
+#if M2R_CUDA
+  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+#else
+  *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+#endif
+}
+
 #if M2R_CUDA && defined(M2R_EMULATE_GFX9) && !defined(M2R_EMULATE_WAVE64)
 #define M2R_EMULATE_WAVE64 1  // the gfx9 emulation is a wave64 world
 #endif

@@ -280,9 +280,14 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
 // state + own_c, with carry_c = exp(dA_cs[c][last]) when the chunk's last token continues the
 // segment of the token before the chunk, else 0 (a sequence started inside the chunk). The
 // carries of up to kThreads chunks at a time come through LDS, and each chunk's own state is
-// loaded two chunks ahead (one 16-byte load when p * n allows), so the loop's chain of
+// loaded kPassAhead chunks ahead (one 16-byte load when p * n allows), so the loop's chain of
 // dependent steps does not wait on memory.
 constexpr int kPassVec = 4;
+// H100, state_passing us, before -> 4 chunks ahead with one 16-byte store (below): b1 l16384
+// h64 g8 98.2 -> 96.0, b2 l4096 h32 23.0 -> 20.7, Nemotron-H b1 l8192 198.4 -> 192.5. 8 ahead
+// held 68 registers (3 blocks per multiprocessor, not 4) and ran slower than either.
+constexpr int kPassAhead = 4;
+static_assert(kThreads % kPassAhead == 0, "a block of carries holds whole rounds of the ring");
 
 struct PassVec {
   float v[kPassVec];
@@ -318,8 +323,11 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
                                                                      pp * p.init_p_stride + n * p.init_n_stride)
                  : 0.f;
   }
-  PassVec own = pass_load(base, valid, vec);
-  PassVec next = p.nchunks > 1 ? pass_load(base + chunk_stride, valid, vec) : PassVec{};
+  // a ring of own states: chunk c's in own[c % kPassAhead], loaded kPassAhead chunks before its
+  // step (2 ahead left the loop waiting on the loads)
+  PassVec own[kPassAhead];
+#pragma unroll
+  for (int j = 0; j < kPassAhead; ++j) own[j] = j < p.nchunks ? pass_load(base + j * chunk_stride, valid, vec) : PassVec{};
   const int last = p.chunk_size - 1;
   for (int c0 = 0; c0 < p.nchunks; c0 += kThreads) {
     __syncthreads();
@@ -330,20 +338,24 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
     }
     __syncthreads();
     const int count = min(kThreads, p.nchunks - c0);
-    for (int i = 0; i < count; ++i) {
-      float* at = base + (c0 + i) * chunk_stride;
-      const PassVec after = c0 + i + 2 < p.nchunks ? pass_load(at + 2 * chunk_stride, valid, vec) : PassVec{};
-      if (vec && valid >= kPassVec) {
-        *reinterpret_cast<float4*>(at) = make_float4(s.v[0], s.v[1], s.v[2], s.v[3]);
-      } else {
+    float* at = base + c0 * chunk_stride;  // chunk c0 + i's entering state (one running pointer)
+    for (int i0 = 0; i0 < count; i0 += kPassAhead) {
 #pragma unroll
-        for (int v = 0; v < kPassVec; ++v)
-          if (v < valid) at[v] = s.v[v];
+      for (int j = 0; j < kPassAhead; ++j, at += chunk_stride) {  // chunk c0 + i0 + j, own[j]
+        const int i = i0 + j;
+        if (i >= count) break;
+        if (vec && valid >= kPassVec) {
+          store_float4(at, s.v[0], s.v[1], s.v[2], s.v[3]);
+        } else {
+#pragma unroll
+          for (int v = 0; v < kPassVec; ++v)
+            if (v < valid) at[v] = s.v[v];
+        }
+        const float k = carry[i];
+#pragma unroll
+        for (int v = 0; v < kPassVec; ++v) s.v[v] = k < 0.f ? own[j].v[v] : fmaf(k, s.v[v], own[j].v[v]);  // select, not 0 x state
+        if (c0 + i + kPassAhead < p.nchunks) own[j] = pass_load(at + kPassAhead * chunk_stride, valid, vec);
       }
-      const float k = carry[i];
-#pragma unroll
-      for (int v = 0; v < kPassVec; ++v) s.v[v] = k < 0.f ? own.v[v] : fmaf(k, s.v[v], own.v[v]);  // select, not 0 x state
-      own = next, next = after;
     }
   }
   if (!p.final_states) return;  // uniform over the block
@@ -946,14 +958,14 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   } else {
     bad.clear(cs);
   }
-  // whether dA_cs never rises over the chunk's tokens (dt A <= 0, as in every Mamba model):
-  // worked out here, not with acs above (held through the entering state's product, the flag
-  // spilled scalar registers on the wave64 targets)
+  // whether dA_cs never rises over the chunk's tokens (dt A <= 0, as in every Mamba model),
+  // read from acs in LDS (scaled by log2(e), the values the factored exponentials take) after
+  // the entering state's product: a global re-read here cost 1% of chunk_scan (H100), and
+  // worked out with acs above, held through the product, the flag spilled scalar registers on
+  // the wave64 targets
+  if (!(c > 0 || p.initial_states)) __syncthreads();  // acs (the entering state's barriers did)
   int rises = 0;
-  {
-    const float* a = p.dA_cs + chunk_row(p, b, h, c);
-    for (int s = threadIdx.x + 1; s < rows; s += kThreads) rises |= a[s] > a[s - 1];
-  }
+  for (int s = threadIdx.x + 1; s < rows; s += kThreads) rises |= acs[s] > acs[s - 1];
   const bool decays = __syncthreads_count(rises) == 0;  // also the barrier for acs, dts, seg, marks
 
   // within the chunk: positions s <= t of the same segment, M[s][t] = C·Bᵀ[s][t] dt[s]
