@@ -71,6 +71,19 @@ M2R_DEVICE void store_stream(T* p, T v) {
 #endif
 }
 
+// A float read from global memory where the code reads it: LLVM sinks a load whose value only
+// one branch uses into that branch, after the branch's own condition was loaded (two memory
+// round trips in a row: chunk_state's weights). NVIDIA: a volatile PTX load; AMD: plain.
+M2R_DEVICE float load_now(const float* p) {
+#if M2R_CUDA
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+#else
+  return *p;
+#endif
+}
+
 // Four floats to global memory in one 16-byte store (p 16-byte aligned). nvcc turned a float4
 // store into four 4-byte ones where a neighbouring branch stored the same elements one by one
 // (state_passing's entering states); the PTX store stays one instruction.

@@ -232,8 +232,11 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
   const int32_t* seg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
   const float a_end = acs[end];
   const int seg_end = seg[end];
-  for (int s = threadIdx.x; s < p.chunk_size; s += kThreads)
-    w[s] = s <= end && seg[s] == seg_end ? __expf(a_end - acs[s]) * dts[s] : 0.f;
+  for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
+    // acs and dts read with seg whatever the segment: one memory round trip, not two
+    const float as = load_now(acs + s), ds = load_now(dts + s);
+    w[s] = s <= end && seg[s] == seg_end ? __expf(a_end - as) * ds : 0.f;
+  }
   // tokens before `first` belong to earlier sequences: never read (0 x NaN would be NaN)
   const int first = first_of_segment(seg, seg_end, p.chunk_size);
 
@@ -810,8 +813,11 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   const int32_t* seg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
   const float a_end = acs[end];
   const int seg_end = seg[end];
-  for (int s = threadIdx.x; s < p.chunk_size; s += kThreads)
-    w[s] = s <= end && seg[s] == seg_end ? __expf(a_end - acs[s]) * dts[s] : 0.f;
+  for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
+    // acs and dts read with seg whatever the segment: one memory round trip, not two
+    const float as = load_now(acs + s), ds = load_now(dts + s);
+    w[s] = s <= end && seg[s] == seg_end ? __expf(a_end - as) * ds : 0.f;
+  }
   // tokens before `first` belong to earlier sequences: never read (0 x NaN would be NaN)
   const int first = first_of_segment(seg, seg_end, p.chunk_size);
   if (first > 0) {  // refetch from there (rare: a sequence starts inside the chunk)
