@@ -202,6 +202,27 @@ M2R_DEVICE void bmm_fma(const SsdParams& p) {
 
 // ---- 3. chunk states ------------------------------------------------------------------------
 
+// chunk_state's weights: w[s] = exp(dA_cs[end] - dA_cs[s]) dt[s] for the positions s <= end of
+// end's segment, 0 elsewhere; and `first`, where that segment starts in the chunk (tokens before
+// it belong to earlier sequences: never read, since 0 x NaN would be NaN). A block barrier.
+struct ChunkWeights {
+  float a_end;
+  int seg_end, first;
+};
+M2R_DEVICE ChunkWeights chunk_weights(const SsdParams& p, int b, int h, int c, int end, float* w) {
+  const float* acs = p.dA_cs + chunk_row(p, b, h, c);
+  const float* dts = p.dt_out + chunk_row(p, b, h, c);
+  const int32_t* seg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
+  const float a_end = acs[end];
+  const int seg_end = seg[end];
+  for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
+    // acs and dts read with seg whatever the segment: one memory round trip, not two
+    const float as = load_now(acs + s), ds = load_now(dts + s);
+    w[s] = s <= end && seg[s] == seg_end ? __expf(a_end - as) * ds : 0.f;
+  }
+  return {a_end, seg_end, first_of_segment(seg, seg_end, p.chunk_size)};
+}
+
 // A (headdim-tile 64) x (dstate-tile 128) block of one chunk's state, summed over the chunk's
 // positions up to `end` that share its segment, each weighted by exp(dA_cs[end] - dA_cs[s]) dt[s].
 // kVarlen: the state right after the last token of sequence blockIdx.x / tiles (cu_seqlens),
@@ -227,18 +248,9 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
   }
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(end + 1), p.seqlen - l0));
-  const float* acs = p.dA_cs + chunk_row(p, b, h, c);
-  const float* dts = p.dt_out + chunk_row(p, b, h, c);
-  const int32_t* seg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
-  const float a_end = acs[end];
-  const int seg_end = seg[end];
-  for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
-    // acs and dts read with seg whatever the segment: one memory round trip, not two
-    const float as = load_now(acs + s), ds = load_now(dts + s);
-    w[s] = s <= end && seg[s] == seg_end ? __expf(a_end - as) * ds : 0.f;
-  }
-  // tokens before `first` belong to earlier sequences: never read (0 x NaN would be NaN)
-  const int first = first_of_segment(seg, seg_end, p.chunk_size);
+  const ChunkWeights cw = chunk_weights(p, b, h, c, end, w);
+  const float a_end = cw.a_end;
+  const int seg_end = cw.seg_end, first = cw.first;
 
   const S* xp = static_cast<const S*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride;
   const S* Bp = static_cast<const S*>(p.B) + b * p.B_batch_stride + l0 * p.B_l_stride + g * p.B_g_stride;
@@ -808,18 +820,9 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   bf.fetch(Bp, bl, rows, ncols, bvec);  // the first slab's loads go out before the weights
   xf.fetch(xp, xl, rows, pcols, xvec);
 
-  const float* acs = p.dA_cs + chunk_row(p, b, h, c);
-  const float* dts = p.dt_out + chunk_row(p, b, h, c);
-  const int32_t* seg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
-  const float a_end = acs[end];
-  const int seg_end = seg[end];
-  for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) {
-    // acs and dts read with seg whatever the segment: one memory round trip, not two
-    const float as = load_now(acs + s), ds = load_now(dts + s);
-    w[s] = s <= end && seg[s] == seg_end ? __expf(a_end - as) * ds : 0.f;
-  }
-  // tokens before `first` belong to earlier sequences: never read (0 x NaN would be NaN)
-  const int first = first_of_segment(seg, seg_end, p.chunk_size);
+  const ChunkWeights cw = chunk_weights(p, b, h, c, end, w);
+  const float a_end = cw.a_end;
+  const int seg_end = cw.seg_end, first = cw.first;
   if (first > 0) {  // refetch from there (rare: a sequence starts inside the chunk)
     bf.fetch(Bp + first * bl, bl, rows - first, ncols, bvec);
     xf.fetch(xp + first * xl, xl, rows - first, pcols, xvec);
@@ -963,13 +966,13 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     bad.clear(cs);  // Bs_lo is free now
   } else {
     bad.clear(cs);
+    __syncthreads();  // acs (the entering state's product has barriers of its own)
   }
   // whether dA_cs never rises over the chunk's tokens (dt A <= 0, as in every Mamba model),
   // read from acs in LDS (scaled by log2(e), the values the factored exponentials take) after
   // the entering state's product: a global re-read here cost 1% of chunk_scan (H100), and
   // worked out with acs above, held through the product, the flag spilled scalar registers on
   // the wave64 targets
-  if (!(c > 0 || p.initial_states)) __syncthreads();  // acs (the entering state's barriers did)
   int rises = 0;
   for (int s = threadIdx.x + 1; s < rows; s += kThreads) rises |= acs[s] > acs[s - 1];
   const bool decays = __syncthreads_count(rises) == 0;  // also the barrier for acs, dts, seg, marks
