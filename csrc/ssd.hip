@@ -6,10 +6,10 @@
 //   2. bmm           C·Bᵀ per chunk and group, lower-triangular 64x64 tiles only;
 //                                                                   grid (chunks*g*tiles, 1, b)
 //   3. chunk_state   each chunk's own final state: x^T (w ∘ B), w the decay to the chunk end;
-//   4.  + state      then the state entering the next chunk, from the one entering this chunk
-//         passing    (the blocks of a tile chained along the chunks); writes final_states;
 //                    also, as a variant, the state after the last token of each varlen sequence;
 //                                                                   grid (chunks*tiles*h, 1, b)
+//   4. state_passing the state entering each chunk, a loop over chunks; writes final_states;
+//                                                                   grid (p*n / 1024, h, b)
 //   5. chunk_scan    out = decayed C·(entering state) + (masked, decayed C·Bᵀ)·x + D x, then
 //                    the z gate;                                    grid (chunks*tiles*h, 1, b)
 //
@@ -32,9 +32,7 @@ constexpr int kSlab = kFmaSlab;     // reduction-dim slab staged in LDS (fma_til
 constexpr int kPad = 4;             // LDS row padding (floats); keeps rows 16-byte aligned
 constexpr int kHeadsPerCumsum = 8;  // heads per chunk_cumsum block
 constexpr int kMaxChunk = 256;
-constexpr int kStateBlocks = 2;     // chunk_state's blocks per multiprocessor (NVIDIA; see Chain)
-constexpr int kStateP = 64;   // chunk_state's tile: headdim ...
-constexpr int kStateN = 128;  // ... x dstate
+constexpr int kStateBlocks = 3;     // chunk_state's blocks per multiprocessor (NVIDIA; kStateWavesM)
 
 // ---- shared pieces -------------------------------------------------------------------------
 
@@ -94,15 +92,6 @@ M2R_DEVICE int64_t states_at(const SsdParams& p, int b, int c, int h) {
   return ((static_cast<int64_t>(b) * p.nchunks + c) * p.nheads + h) * p.dstate * p.headdim;
 }
 
-M2R_DEVICE int state_tiles(const SsdParams& p) {
-  return ((p.headdim + kStateP - 1) / kStateP) * ((p.dstate + kStateN - 1) / kStateN);
-}
-
-// chunk_state's flag for "states[c] of this (batch, tile, head) is written" (see Chain)
-M2R_DEVICE int* chain_flag(const SsdParams& p, int b, int c, int tile, int h) {
-  return p.chain + 1 + ((static_cast<int64_t>(b) * p.nchunks + c) * state_tiles(p) + tile) * p.nheads + h;
-}
-
 // ---- 1. chunk cumsum ----------------------------------------------------------------------
 
 // A wavefront per head: lane j owns the run of kCumsumPer tokens from j * kCumsumPer, loads them
@@ -133,14 +122,6 @@ M2R_DEVICE void chunk_cumsum(const SsdParams& p) {
   }
 #pragma unroll
   for (int e = 0; e < kCumsumPer; ++e) start[e] = t0 + e > 0 && change[e] != 0.f;
-
-  // chunk_state's chain (which runs two kernels later): the ticket counter, and the flags of this
-  // chunk and block of heads
-  for (int i = threadIdx.x; i < state_tiles(p) * kHeadsPerCumsum; i += kThreads) {
-    const int h = blockIdx.y * kHeadsPerCumsum + i % kHeadsPerCumsum;
-    if (h < p.nheads) *chain_flag(p, b, c, i / kHeadsPerCumsum, h) = 0;
-  }
-  if (c == 0 && b == 0 && blockIdx.y == 0 && threadIdx.x == 0) p.chain[0] = 0;
 
   if (blockIdx.y == 0 && wave == 0) {  // segments: changes of seq_idx since the token before the chunk
     const bool none[kCumsumPer] = {};
@@ -242,81 +223,10 @@ M2R_DEVICE ChunkWeights chunk_weights(const SsdParams& p, int b, int h, int c, i
   return {a_end, seg_end, first_of_segment(seg, seg_end, p.chunk_size)};
 }
 
-// The state passing, chained into chunk_state. The block of chunk c (one batch, tile, head)
-// computes chunk c's own state: then it waits until the block of chunk c - 1 has written
-// states[c], the state entering chunk c, writes states[c + 1] = carry_c states[c] + own_c and
-// flags it for the block of chunk c + 1. carry_c = exp(dA_cs[c][last]) when the chunk's last
-// token continues the segment of the token before the chunk, else the own state alone is taken
-// (a sequence began inside the chunk; selected, never 0 x state). Chunk 0 writes states[0] (the
-// initial states, or 0), the last chunk final_states. The own states never go through memory:
-// the separate state-passing kernel this replaces read them back and wrote the entering states
-// (a third of the SSD's memory traffic at Falcon-H1's shapes). Blocks take their (chunk, batch,
-// tile, head) from an atomic ticket, chunk-major (heads fastest: a group's heads read the same B
-// rows side by side), so a block only waits on one that started before it, whatever order the
-// hardware dispatches the grid in.
-struct StateBlock {
-  int b, c, h, tile;
-};
-// The block's ticket, kept in LDS: the kernels decode it again after their products (a volatile
-// read), instead of holding its four fields in registers through them (NVIDIA spilled).
-M2R_DEVICE int take_ticket(const SsdParams& p, int* slot) {
-  if (threadIdx.x == 0) *slot = atomicAdd(p.chain, 1);
-  __syncthreads();
-  return *static_cast<volatile int*>(slot);
-}
-M2R_DEVICE StateBlock state_block(const SsdParams& p, int ticket) {
-  const int tiles = state_tiles(p), per_chunk = p.batch * tiles * p.nheads;
-  const int c = ticket / per_chunk, r = ticket % per_chunk;
-  return {r / (tiles * p.nheads), c, r % p.nheads, r / p.nheads % tiles};
-}
-
-struct Chain {
-  const SsdParams& p;
-  int b, c, h, tile, p0, n0;
-  float carry;  // < 0: the chunk's own state alone
-  float* in;    // states[c] of the head
-  float* next;  // states[c + 1], or null (the last chunk)
-
-  // Decoded again from the ticket after the block's products, with the carry read from global
-  // memory, instead of holding these through the products: chunk_state spilled on NVIDIA
-  M2R_DEVICE Chain(const SsdParams& q, int ticket) : p(q) {
-    const StateBlock sb = state_block(q, ticket);
-    const int tiles_n = (q.dstate + kStateN - 1) / kStateN, last = q.chunk_size - 1;
-    b = sb.b, c = sb.c, h = sb.h, tile = sb.tile;
-    p0 = (tile / tiles_n) * kStateP, n0 = (tile % tiles_n) * kStateN;
-    const bool carries = q.seg[(static_cast<int64_t>(b) * q.nchunks + c) * q.chunk_size + last] == 0;
-    carry = carries ? __expf(q.dA_cs[chunk_row(q, b, h, c) + last]) : -1.f;
-    in = q.states + states_at(q, b, c, h);
-    next = c + 1 < q.nchunks ? q.states + states_at(q, b, c + 1, h) : nullptr;
-  }
-  // block-wide: states[c] is written (by the block of chunk c - 1; chunk 0: here, the initial
-  // states or 0), and this block may read it
-  M2R_DEVICE void wait() const {
-    if (c > 0) return flag_wait(chain_flag(p, b, c, tile, h));
-    const int pcols = min(kStateP, p.headdim - p0), ncols = min(kStateN, p.dstate - n0);
-    for (int o = threadIdx.x; o < pcols * ncols; o += kThreads) {
-      const int pp = p0 + o % pcols, n = n0 + o / pcols;
-      in[static_cast<int64_t>(n) * p.headdim + pp] =
-          p.initial_states ? load_as_float(p.initial_states, p.init_dtype, b * p.init_batch_stride + h * p.init_h_stride +
-                                                                            pp * p.init_p_stride + n * p.init_n_stride)
-                           : 0.f;
-    }
-    __syncthreads();  // (global memory too, within the block)
-  }
-  M2R_DEVICE void publish() const {  // block-wide: states[c + 1] is written
-    if (next) flag_publish(chain_flag(p, b, c + 1, tile, h));
-  }
-  M2R_DEVICE float step(float entering, float own) const { return carry < 0.f ? own : fmaf(carry, entering, own); }
-  M2R_DEVICE void final_state(int n, int pp, float v) const {  // final_states is [p][n]
-    store_as(p.final_states, p.state_dtype, ((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n, v);
-  }
-};
-
 // A (headdim-tile 64) x (dstate-tile 128) block of one chunk's state, summed over the chunk's
-// positions up to `end` that share its segment, each weighted by exp(dA_cs[end] - dA_cs[s]) dt[s];
-// then the state passing's step (Chain). kVarlen: the state right after the last token of
-// sequence blockIdx.x / tiles (cu_seqlens), which adds the state entering that chunk and is
-// written (headdim, dstate) in state_dtype.
+// positions up to `end` that share its segment, each weighted by exp(dA_cs[end] - dA_cs[s]) dt[s].
+// kVarlen: the state right after the last token of sequence blockIdx.x / tiles (cu_seqlens),
+// which adds the state entering that chunk and is written (headdim, dstate) in state_dtype.
 template <typename T, bool kVarlen>
 M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
   typedef typename T::storage S;
@@ -325,20 +235,17 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
   __shared__ __align__(16) float Bs[kSlab * kLdB];
   __shared__ float w[kMaxChunk];
   // heads fastest: the heads of a group, which read the same B rows, run side by side
-  const int tiles_n = (p.dstate + kStateN - 1) / kStateN, tiles = state_tiles(p);
-  const int item = blockIdx.x / p.nheads / tiles;
-  __shared__ int ticket;
-  StateBlock sb;
-  int end;
+  const int tiles_n = (p.dstate + 127) / 128, tiles = tiles_n * ((p.headdim + 63) / 64);
+  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group;
+  const int tile = (blockIdx.x / p.nheads) % tiles, item = blockIdx.x / p.nheads / tiles;
+  const int p0 = (tile / tiles_n) * 64, n0 = (tile % tiles_n) * 128;
+  int b, c, end;
   if constexpr (kVarlen) {
     const int last = p.cu_seqlens[item + 1] - 1;
-    sb = {0, last / p.chunk_size, static_cast<int>(blockIdx.x % p.nheads), static_cast<int>(blockIdx.x / p.nheads % tiles)};
-    end = last % p.chunk_size;
+    b = 0, c = last / p.chunk_size, end = last % p.chunk_size;
   } else {
-    sb = state_block(p, take_ticket(p, &ticket)), end = p.chunk_size - 1;
+    b = blockIdx.z, c = item, end = p.chunk_size - 1;
   }
-  const int b = sb.b, c = sb.c, h = sb.h, g = h / p.heads_per_group;
-  const int p0 = (sb.tile / tiles_n) * kStateP, n0 = (sb.tile % tiles_n) * kStateN;
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(end + 1), p.seqlen - l0));
   const ChunkWeights cw = chunk_weights(p, b, h, c, end, w);
@@ -371,20 +278,129 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
         store_as(p.varlen_states, p.state_dtype, ((static_cast<int64_t>(item) * p.nheads + h) * p.headdim + pp) * p.dstate + n, v);
       }
   } else {
-    const Chain ch(p, *static_cast<volatile int*>(&ticket));
-    ch.wait();
+    float* out = p.states + states_at(p, b, c, h);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int pp = ch.p0 + p_off + i, n = ch.n0 + n_off + (j % 4) + 64 * (j / 4);
-        if (pp >= p.headdim || n >= p.dstate) continue;
-        const int64_t at = static_cast<int64_t>(n) * p.headdim + pp;
-        const float v = ch.step(load_fresh1(ch.in + at), acc[i][j]);
-        if (ch.next) ch.next[at] = v;
-        else if (p.final_states) ch.final_state(n, pp, v);
+        const int pp = p0 + p_off + i, n = n0 + n_off + (j % 4) + 64 * (j / 4);
+        if (pp < p.headdim && n < p.dstate) out[static_cast<int64_t>(n) * p.headdim + pp] = acc[i][j];
       }
-    ch.publish();
+  }
+}
+
+// ---- 4. state passing -----------------------------------------------------------------------
+
+// kPassVec (n, p) elements of a head's state per thread: entering[c] = state; state = carry_c
+// state + own_c, with carry_c = exp(dA_cs[c][last]) when the chunk's last token continues the
+// segment of the token before the chunk, else 0 (a sequence started inside the chunk). The
+// carries of up to kThreads chunks at a time come through LDS, and each chunk's own state is
+// loaded kPassAhead chunks ahead (one 16-byte load when p * n allows), so the loop's chain of
+// dependent steps does not wait on memory.
+constexpr int kPassVec = 4;
+// H100, state_passing us, before -> 4 chunks ahead with one 16-byte store (below): b1 l16384
+// h64 g8 98.2 -> 96.0, b2 l4096 h32 23.0 -> 20.7, Nemotron-H b1 l8192 198.4 -> 192.5. 8 ahead
+// held 68 registers (3 blocks per multiprocessor, not 4) and ran slower than either.
+constexpr int kPassAhead = 4;
+static_assert(kThreads % kPassAhead == 0, "a block of carries holds whole rounds of the ring");
+
+struct PassVec {
+  float v[kPassVec];
+};
+
+M2R_DEVICE PassVec pass_load(const float* at, int64_t valid, bool vec) {  // valid: elements in range
+  PassVec r;
+  if (vec && valid >= kPassVec) {
+    const float4 q = *reinterpret_cast<const float4*>(at);
+    r.v[0] = q.x, r.v[1] = q.y, r.v[2] = q.z, r.v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int v = 0; v < kPassVec; ++v) r.v[v] = v < valid ? at[v] : 0.f;
+  }
+  return r;
+}
+
+M2R_DEVICE void state_passing(const SsdParams& p) {
+  __shared__ float carry[kThreads];
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int64_t pn = static_cast<int64_t>(p.headdim) * p.dstate;
+  const int64_t e0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kPassVec;
+  const int64_t chunk_stride = static_cast<int64_t>(p.nheads) * pn, valid = pn - e0;
+  const bool vec = pn % kPassVec == 0;  // then e0 and every chunk's block are 16-byte aligned
+  float* base = p.states + states_at(p, b, 0, h) + e0;
+  PassVec s;
+#pragma unroll
+  for (int v = 0; v < kPassVec; ++v) {
+    const int64_t e = e0 + v;
+    const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
+    s.v[v] = e < pn && p.initial_states
+                 ? load_as_float(p.initial_states, p.init_dtype, b * p.init_batch_stride + h * p.init_h_stride +
+                                                                     pp * p.init_p_stride + n * p.init_n_stride)
+                 : 0.f;
+  }
+  // a ring of own states: chunk c's in own[c % kPassAhead], loaded kPassAhead chunks before its
+  // step (2 ahead left the loop waiting on the loads)
+  PassVec own[kPassAhead];
+#pragma unroll
+  for (int j = 0; j < kPassAhead; ++j) own[j] = j < p.nchunks ? pass_load(base + j * chunk_stride, valid, vec) : PassVec{};
+  const int last = p.chunk_size - 1;
+  for (int c0 = 0; c0 < p.nchunks; c0 += kThreads) {
+    __syncthreads();
+    const int cc = c0 + threadIdx.x;
+    if (cc < p.nchunks) {
+      const bool carries = p.seg[(static_cast<int64_t>(b) * p.nchunks + cc) * p.chunk_size + last] == 0;
+      carry[threadIdx.x] = carries ? __expf(p.dA_cs[chunk_row(p, b, h, cc) + last]) : -1.f;  // -1: restart
+    }
+    __syncthreads();
+    const int count = min(kThreads, p.nchunks - c0);
+    float* at = base + c0 * chunk_stride;  // chunk c0 + i's entering state (one running pointer)
+    for (int i0 = 0; i0 < count; i0 += kPassAhead) {
+#pragma unroll
+      for (int j = 0; j < kPassAhead; ++j, at += chunk_stride) {  // chunk c0 + i0 + j, own[j]
+        const int i = i0 + j;
+        if (i >= count) break;
+        if (vec && valid >= kPassVec) {
+          store_float4(at, s.v[0], s.v[1], s.v[2], s.v[3]);
+        } else {
+#pragma unroll
+          for (int v = 0; v < kPassVec; ++v)
+            if (v < valid) at[v] = s.v[v];
+        }
+        const float k = carry[i];
+#pragma unroll
+        for (int v = 0; v < kPassVec; ++v) s.v[v] = k < 0.f ? own[j].v[v] : fmaf(k, s.v[v], own[j].v[v]);  // select, not 0 x state
+        if (c0 + i + kPassAhead < p.nchunks) own[j] = pass_load(at + kPassAhead * chunk_stride, valid, vec);
+      }
+    }
+  }
+  if (!p.final_states) return;  // uniform over the block
+  constexpr int kSpan = kThreads * kPassVec;  // the block's elements e: whole n rows when
+  if (kSpan % p.headdim == 0) {                // headdim divides kSpan
+    // final_states is [p][n]: through LDS, so neighbouring threads write neighbouring n
+    // (rows padded to headdim + 1 floats: conflict-free reads down a column)
+    __shared__ float fin[2 * kSpan];
+    const int hd = p.headdim, rows_all = kSpan / hd;
+    const int n_first = static_cast<int>(static_cast<int64_t>(blockIdx.x) * kSpan / hd);
+    const int rows = min(rows_all, p.dstate - n_first);
+#pragma unroll
+    for (int v = 0; v < kPassVec; ++v) {
+      const int el = static_cast<int>(threadIdx.x) * kPassVec + v;
+      if (el / hd < rows) fin[(el / hd) * (hd + 1) + el % hd] = s.v[v];
+    }
+    __syncthreads();
+    const int64_t out0 = (static_cast<int64_t>(b) * p.nheads + h) * hd * p.dstate + n_first;
+    for (int o = threadIdx.x; o < rows * hd; o += kThreads) {
+      const int n = o % rows, pp = o / rows;
+      store_as(p.final_states, p.state_dtype, out0 + static_cast<int64_t>(pp) * p.dstate + n, fin[n * (hd + 1) + pp]);
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < kPassVec; ++v) {
+      const int64_t e = e0 + v;
+      if (e >= pn) continue;
+      const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
+      store_as(p.final_states, p.state_dtype, ((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n, s.v[v]);
+    }
   }
 }
 
@@ -781,20 +797,17 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   uint16_t* Xh = Bs + LB::kSize;      // [s][p], decay-weighted x rounded
   uint16_t* Xl = Xh + LX::kSize;      // its rounding remainder
   __shared__ float w[kMaxChunk];
-  const int tiles_n = (p.dstate + kStateN - 1) / kStateN, tiles = state_tiles(p);
-  const int item = blockIdx.x / p.nheads / tiles;
-  __shared__ int ticket;
-  StateBlock sb;
-  int end;
+  const int tiles_n = (p.dstate + 127) / 128, tiles = tiles_n * ((p.headdim + 63) / 64);
+  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group;
+  const int tile_id = (blockIdx.x / p.nheads) % tiles, item = blockIdx.x / p.nheads / tiles;
+  const int p0 = (tile_id / tiles_n) * 64, n0 = (tile_id % tiles_n) * 128;
+  int b, c, end;
   if constexpr (kVarlen) {
     const int last = p.cu_seqlens[item + 1] - 1;
-    sb = {0, last / p.chunk_size, static_cast<int>(blockIdx.x % p.nheads), static_cast<int>(blockIdx.x / p.nheads % tiles)};
-    end = last % p.chunk_size;
+    b = 0, c = last / p.chunk_size, end = last % p.chunk_size;
   } else {
-    sb = state_block(p, take_ticket(p, &ticket)), end = p.chunk_size - 1;
+    b = blockIdx.z, c = item, end = p.chunk_size - 1;
   }
-  const int b = sb.b, c = sb.c, h = sb.h, g = h / p.heads_per_group;
-  const int p0 = (sb.tile / tiles_n) * kStateP, n0 = (sb.tile % tiles_n) * kStateN;
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(end + 1), p.seqlen - l0));
   const uint16_t* xp = static_cast<const uint16_t*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride + p0;
@@ -836,65 +849,12 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     __syncthreads();
   }
 
+  float* st = p.states + states_at(p, b, c, h);  // varlen: the entering state; else: written
   if constexpr (!kVarlen) {
-    // the state passing's step (Chain) on the accumulators where they are: between the wait and
-    // the stores the chain's links wait on, one round trip of loads and no barrier (NVIDIA: 8-byte
-    // accesses, a register pair's neighbouring columns; AMD: a row's 16 columns over 16 lanes)
-    const Chain ch(p, *static_cast<volatile int*>(&ticket));
-    const int p0 = ch.p0, n0 = ch.n0;
-    constexpr int kStep = mma::kAccColPairs ? 2 : 1;
-    const bool pairs = mma::kAccColPairs && p.headdim % 2 == 0;  // (then pp is even: 8-byte aligned)
-    ch.wait();
-    float e[tile.kFm][tile.kFn][mma::kAccRegs];
-#pragma unroll
-    for (int i = 0; i < tile.kFm; ++i)
-#pragma unroll
-      for (int j = 0; j < tile.kFn; ++j)
-#pragma unroll
-        for (int r = 0; r < mma::kAccRegs; r += kStep) {
-          const int n = n0 + tile.row(i, r), pp = p0 + tile.col(j, r);
-          const float* at = ch.in + static_cast<int64_t>(n) * p.headdim + pp;
-          const bool in_n = n < p.dstate;
-          if (kStep == 2 && pairs && in_n && pp + 1 < p.headdim) {
-            const float2 q = load_fresh2(at);
-            e[i][j][r] = q.x, e[i][j][r + kStep - 1] = q.y;
-          } else {
-#pragma unroll
-            for (int u = 0; u < kStep; ++u) e[i][j][r + u] = in_n && pp + u < p.headdim ? load_fresh1(at + u) : 0.f;
-          }
-        }
-#pragma unroll
-    for (int i = 0; i < tile.kFm; ++i)
-#pragma unroll
-      for (int j = 0; j < tile.kFn; ++j)
-#pragma unroll
-        for (int r = 0; r < mma::kAccRegs; ++r) tile.acc[i][j].v[r] = ch.step(e[i][j][r], tile.acc[i][j].v[r]);
-    if (ch.next) {
-#pragma unroll
-      for (int i = 0; i < tile.kFm; ++i)
-#pragma unroll
-        for (int j = 0; j < tile.kFn; ++j)
-#pragma unroll
-          for (int r = 0; r < mma::kAccRegs; r += kStep) {
-            const int n = n0 + tile.row(i, r), pp = p0 + tile.col(j, r);
-            if (n >= p.dstate) continue;
-            float* at = ch.next + static_cast<int64_t>(n) * p.headdim + pp;
-            if (kStep == 2 && pairs && pp + 1 < p.headdim) {
-              *reinterpret_cast<float2*>(at) = make_float2(tile.acc[i][j].v[r], tile.acc[i][j].v[r + kStep - 1]);
-            } else {
-#pragma unroll
-              for (int u = 0; u < kStep; ++u)
-                if (pp + u < p.headdim) at[u] = tile.acc[i][j].v[r + u];
-            }
-          }
-      ch.publish();
-      return;
-    }
-    if (!p.final_states) return;
-    // the last chunk: final_states ([p][n]) through LDS, 64 rows n at a time (over the operand
-    // tiles), so that neighbouring threads write neighbouring n
+    // through LDS, 64 rows n at a time (over the operand tiles), so each row of the state
+    // ([n][p], p contiguous) is written by 16-byte stores of neighbouring threads
     float* O = reinterpret_cast<float*>(smem);
-    const int pcols = min(kStateP, p.headdim - p0);
+    const int cq = 4 * (threadIdx.x % 16), vec = p.headdim % 4 == 0;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       __syncthreads();
@@ -907,14 +867,23 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
           for (int r = 0; r < mma::kAccRegs; ++r) O[(tile.row(i, r) - 64 * half) * kLdO + tile.col(j, r)] = tile.acc[i][j].v[r];
       }
       __syncthreads();
-      for (int o = threadIdx.x; o < 64 * pcols; o += kThreads) {
-        const int rr = o % 64, pc = o / 64, n = n0 + 64 * half + rr;
-        if (n < p.dstate) ch.final_state(n, p0 + pc, O[rr * kLdO + pc]);
+      for (int rr = threadIdx.x / 16; rr < 64; rr += kThreads / 16) {
+        const int n = n0 + 64 * half + rr;
+        if (n >= p.dstate) break;
+        const float4 v = *reinterpret_cast<const float4*>(O + rr * kLdO + cq);
+        float* row = st + static_cast<int64_t>(n) * p.headdim + p0 + cq;
+        if (vec && cq + 3 < pcols) {
+          *reinterpret_cast<float4*>(row) = v;
+        } else {
+          const float e4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (cq + e < pcols) row[e] = e4[e];
+        }
       }
     }
     return;
   }
-  const float* st = p.states + states_at(p, b, c, h);  // the state entering the chunk
   const bool carries = seg_end == 0;  // varlen: the sequence began before this chunk
   const float carry = __expf(a_end);
 #pragma unroll
@@ -1192,6 +1161,7 @@ constexpr int kScan64Blocks = mma::kEnabled<T> ? 3 : 4;
 }  // namespace m2r
 
 M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_cumsum(SsdParams p) { m2r::ssd::chunk_cumsum(p); }
+M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_state_passing(SsdParams p) { m2r::ssd::state_passing(p); }
 
 #define M2R_SSD(DT, T)                                                                       \
   M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_bmm_##DT(SsdParams p) { m2r::ssd::bmm<m2r::T>(p); } \

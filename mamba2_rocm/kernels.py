@@ -144,6 +144,7 @@ SOURCES: dict[str, KernelSource] = {
             SsdParams,
             (
                 "m2r_ssd_chunk_cumsum",
+                "m2r_ssd_state_passing",
                 *(
                     f"m2r_ssd_{stage}_{dt}"
                     for dt in KERNEL_DTYPES

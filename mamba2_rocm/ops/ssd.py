@@ -62,12 +62,12 @@ __all__ = ["mamba_chunk_scan_combined"]
 # csrc/ssd.hip
 _THREADS = 256
 _CUMSUM_HEADS = 8  # kHeadsPerCumsum
-_STATE_TILES = (64, 128)  # chunk_state: (headdim, dstate) per block (kStateP, kStateN)
+_STATE_TILES = (64, 128)  # chunk_state: (headdim, dstate) per block
 _SCAN_COLS = 64  # chunk_scan: headdim per block
+_PASS_VEC = 4  # state_passing: elements per thread
 _INT32_MAX = 2**31 - 1
 # csrc/ssd_bwd.hip
 _BWD_TILE = 64  # kTile: tokens / headdim / dstate per output tile
-_PASS_VEC = 4  # kPassVec: the reversed state passing's elements per thread
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -84,8 +84,8 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     """The forward's five stages; ``(out, states)``, states the state entering each chunk
     (float32, (batch, nchunks, nheads, dstate, headdim)). With ``recompute`` (the backward's
     first step) only stages 1-4, and the workspaces the backward reads: (dt', dA_cs, seg, C·Bᵀ,
-    states); stages 3-4 (chunk_state, with the state passing chained in) only when ``states``
-    (the forward's, kept for the backward: ``_kept_states``) is not given."""
+    states); stages 3-4 (chunk_state, state_passing) only when ``states`` (the forward's, kept
+    for the backward: ``_kept_states``) is not given."""
     dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
     initial_states = as_kernel_float(initial_states)
     x, B, C, z = (
@@ -117,9 +117,6 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     given = states is not None  # (the backward's: the forward's, kept)
     if not given:
         states = torch.empty(batch, nchunks, nheads, dstate, headdim, dtype=f32, device=dev)
-    state_tiles = _cdiv(headdim, _STATE_TILES[0]) * _cdiv(dstate, _STATE_TILES[1])
-    # chunk_state's ticket counter and chain flags (chunk_cumsum zeroes them)
-    chain = torch.empty(1 + batch * nchunks * state_tiles * nheads, dtype=torch.int32, device=dev)
     out = None if recompute else torch.empty(x.shape, dtype=x.dtype, device=dev)
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     if D is None:
@@ -149,7 +146,6 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         seg.data_ptr(),
         cb.data_ptr(),
         states.data_ptr(),
-        chain.data_ptr(),
         *x.stride()[:3],
         *strides(z, 4)[:3],
         *(x if out is None else out).stride()[:3],
@@ -183,6 +179,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         0,
     )  # fmt: skip  (SsdParams, field order)
     dt_name = KERNEL_DTYPE[x.dtype]
+    state_tiles = _cdiv(headdim, _STATE_TILES[0]) * _cdiv(dstate, _STATE_TILES[1])
     pairs = (cs // 64) * (cs // 64 + 1) // 2
     rows = 64 if cs == 64 else 128
     scan_tiles = (cs // rows) * _cdiv(headdim, _SCAN_COLS)
@@ -192,6 +189,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     run(f"m2r_ssd_bmm_{dt_name}", (nchunks * ngroups * pairs, 1, batch))
     if not given:
         run(f"m2r_ssd_chunk_state_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
+        run("m2r_ssd_state_passing", (_cdiv(headdim * dstate, _THREADS * _PASS_VEC), nheads, batch))
     if recompute:
         return dt_out, dA_cs, seg, cb, states
     if varlen is not None:
