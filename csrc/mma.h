@@ -168,6 +168,7 @@ M2R_DEVICE int acc_col(int r) { return 8 * (r >> 2) + 2 * (lane() % 4) + (r & 1)
 constexpr int kAccRows = 2, kRowLanes = 4;
 M2R_DEVICE int acc_slot(int r) { return (r >> 1) & 1; }
 M2R_DEVICE int acc_slot_reg(int s) { return 2 * s; }
+constexpr bool kAccColPairs = true;  // registers 2q, 2q + 1: neighbouring columns of one row
 
 #elif M2R_MMA == 2  // ------------------------------------------------------- AMD MFMA, wave64
 typedef short s16x4 __attribute__((ext_vector_type(4)));
@@ -281,6 +282,7 @@ M2R_DEVICE int acc_col(int) { return lane() % 16; }
 
 #if M2R_MMA >= 2  // AMD: each register its own row, a row's columns over 16 lanes
 constexpr int kAccRows = kAccRegs, kRowLanes = 16;
+constexpr bool kAccColPairs = false;
 M2R_DEVICE int acc_slot(int r) { return r; }
 M2R_DEVICE int acc_slot_reg(int s) { return s; }
 #endif

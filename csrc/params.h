@@ -223,8 +223,10 @@ struct RmsNormBwdParams {
 //   dt_out, dA_cs (batch, nheads, nchunks, chunk_size): dt' and the inclusive cumsum of dt' A;
 //   seg (batch, nchunks, chunk_size): seq_idx changes since the token before the chunk;
 //   cb (batch, nchunks, ngroups, chunk_size, chunk_size): C·Bᵀ stored [s][t];
-//   states (batch, nchunks, nheads, dstate, headdim): each chunk's own state, turned in place
-//   into the state entering the chunk by the state-passing kernel.
+//   states (batch, nchunks, nheads, dstate, headdim): the state entering each chunk, written by
+//   chunk_state (the state passing runs at the end of its blocks, chained along the chunks);
+//   chain (1 + batch * nchunks * state tiles * nheads): chunk_state's ticket counter and flags,
+//   zeroed by chunk_cumsum.
 struct SsdParams {
   const void* x;
   const void* dt;              // (batch, seqlen, nheads), dtype dt_dtype
@@ -245,6 +247,7 @@ struct SsdParams {
   int32_t* seg;
   float* cb;
   float* states;
+  int32_t* chain;  // chunk_state's ticket counter, then a flag per (batch, chunk, tile, head)
   int64_t x_batch_stride, x_l_stride, x_h_stride;
   int64_t z_batch_stride, z_l_stride, z_h_stride;
   int64_t out_batch_stride, out_l_stride, out_h_stride;

@@ -95,6 +95,58 @@ M2R_DEVICE void store_float4(float* p, float a, float b, float c, float d) {
 #endif
 }
 
+// One block hands data to a later one of the same grid (ssd.hip's chained chunk_state): the
+// producer's threads store it, then call flag_publish; the consumer calls flag_wait, then reads
+// it with load_fresh. Both are block-wide (a barrier each). NVIDIA: one thread's release store
+// after the barrier and one thread's acquire loads before it (PTX's memory model makes the
+// barrier carry the order to the other threads: CUTLASS's semaphore does the same), and the
+// data is read from L2 (ld.global.cg). AMD: each thread's device-scope fence, which also writes
+// back / invalidates the non-coherent vector L1. A consumer must only wait on a block that is
+// already running or done (ssd.hip takes its chunks from an atomic ticket), or the wait could
+// hold the multiprocessor the producer needs.
+M2R_DEVICE void flag_publish(int* flag) {
+#if M2R_AMD
+  __threadfence();  // this thread's stores are visible device-wide ...
+  __syncthreads();  // ... for every thread of the block, before the flag is
+  if (threadIdx.x == 0) __hip_atomic_store(flag, 1, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  __syncthreads();
+  if (threadIdx.x == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(1) : "memory");
+#endif
+}
+
+M2R_DEVICE void flag_wait(const int* flag) {
+#if M2R_AMD
+  if (threadIdx.x == 0)
+    while (__hip_atomic_load(flag, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT) == 0) __builtin_amdgcn_s_sleep(1);
+  __syncthreads();
+  __threadfence();  // the loads after this see what the producer stored before its flag
+#else
+  if (threadIdx.x == 0) {
+    int v;
+    do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+    while (v == 0);
+  }
+  __syncthreads();
+#endif
+}
+
+M2R_DEVICE float2 load_fresh2(const float* p) {  // 8-byte aligned
+#if M2R_AMD
+  return *reinterpret_cast<const float2*>(p);
+#else
+  return __ldcg(reinterpret_cast<const float2*>(p));
+#endif
+}
+
+M2R_DEVICE float load_fresh1(const float* p) {
+#if M2R_AMD
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+
 #if M2R_CUDA && defined(M2R_EMULATE_GFX9) && !defined(M2R_EMULATE_WAVE64)
 #define M2R_EMULATE_WAVE64 1  // the gfx9 emulation is a wave64 world
 #endif

@@ -6,10 +6,10 @@
 //   2. bmm           C·Bᵀ per chunk and group, lower-triangular 64x64 tiles only;
 //                                                                   grid (chunks*g*tiles, 1, b)
 //   3. chunk_state   each chunk's own final state: x^T (w ∘ B), w the decay to the chunk end;
+//   4.  + state      then the state entering the next chunk, from the one entering this chunk
+//         passing    (the blocks of a tile chained along the chunks); writes final_states;
 //                    also, as a variant, the state after the last token of each varlen sequence;
 //                                                                   grid (chunks*tiles*h, 1, b)
-//   4. state_passing the state entering each chunk, a loop over chunks; writes final_states;
-//                                                                   grid (p*n / 1024, h, b)
 //   5. chunk_scan    out = decayed C·(entering state) + (masked, decayed C·Bᵀ)·x + D x, then
 //                    the z gate;                                    grid (chunks*tiles*h, 1, b)
 //
@@ -33,6 +33,9 @@ constexpr int kPad = 4;             // LDS row padding (floats); keeps rows 16-b
 constexpr int kHeadsPerCumsum = 8;  // heads per chunk_cumsum block
 constexpr int kMaxChunk = 256;
 constexpr int kStateBlocks = 3;     // chunk_state's blocks per multiprocessor (NVIDIA; kStateWavesM)
+constexpr int kChainBlocks = 2;     // the same, chained (see Chain: at 3 the link spilled)
+constexpr int kStateP = 64;   // chunk_state's tile: headdim ...
+constexpr int kStateN = 128;  // ... x dstate
 
 // ---- shared pieces -------------------------------------------------------------------------
 
@@ -92,6 +95,15 @@ M2R_DEVICE int64_t states_at(const SsdParams& p, int b, int c, int h) {
   return ((static_cast<int64_t>(b) * p.nchunks + c) * p.nheads + h) * p.dstate * p.headdim;
 }
 
+M2R_DEVICE int state_tiles(const SsdParams& p) {
+  return ((p.headdim + kStateP - 1) / kStateP) * ((p.dstate + kStateN - 1) / kStateN);
+}
+
+// chunk_state's flag for "states[c] of this (batch, tile, head) is written" (see Chain)
+M2R_DEVICE int* chain_flag(const SsdParams& p, int b, int c, int tile, int h) {
+  return p.chain + 1 + ((static_cast<int64_t>(b) * p.nchunks + c) * state_tiles(p) + tile) * p.nheads + h;
+}
+
 // ---- 1. chunk cumsum ----------------------------------------------------------------------
 
 // A wavefront per head: lane j owns the run of kCumsumPer tokens from j * kCumsumPer, loads them
@@ -122,6 +134,16 @@ M2R_DEVICE void chunk_cumsum(const SsdParams& p) {
   }
 #pragma unroll
   for (int e = 0; e < kCumsumPer; ++e) start[e] = t0 + e > 0 && change[e] != 0.f;
+
+  // chunk_state's chain (which runs two kernels later): the ticket counter, and the flags of this
+  // chunk and block of heads
+  if (p.chain) {
+    for (int i = threadIdx.x; i < state_tiles(p) * kHeadsPerCumsum; i += kThreads) {
+      const int h = blockIdx.y * kHeadsPerCumsum + i % kHeadsPerCumsum;
+      if (h < p.nheads) *chain_flag(p, b, c, i / kHeadsPerCumsum, h) = 0;
+    }
+    if (c == 0 && b == 0 && blockIdx.y == 0 && threadIdx.x == 0) p.chain[0] = 0;
+  }
 
   if (blockIdx.y == 0 && wave == 0) {  // segments: changes of seq_idx since the token before the chunk
     const bool none[kCumsumPer] = {};
@@ -223,11 +245,82 @@ M2R_DEVICE ChunkWeights chunk_weights(const SsdParams& p, int b, int h, int c, i
   return {a_end, seg_end, first_of_segment(seg, seg_end, p.chunk_size)};
 }
 
+// The state passing, chained into chunk_state. The block of chunk c (one batch, tile, head)
+// computes chunk c's own state: then it waits until the block of chunk c - 1 has written
+// states[c], the state entering chunk c, writes states[c + 1] = carry_c states[c] + own_c and
+// flags it for the block of chunk c + 1. carry_c = exp(dA_cs[c][last]) when the chunk's last
+// token continues the segment of the token before the chunk, else the own state alone is taken
+// (a sequence began inside the chunk; selected, never 0 x state). Chunk 0 writes states[0] (the
+// initial states, or 0), the last chunk final_states. The own states never go through memory:
+// the separate state-passing kernel this replaces read them back and wrote the entering states
+// (a third of the SSD's memory traffic at Falcon-H1's shapes). Blocks take their (chunk, batch,
+// tile, head) from an atomic ticket, chunk-major (heads fastest: a group's heads read the same B
+// rows side by side), so a block only waits on one that started before it, whatever order the
+// hardware dispatches the grid in.
+struct StateBlock {
+  int b, c, h, tile;
+};
+// The block's ticket, kept in LDS: the kernels decode it again after their products (a volatile
+// read), instead of holding its four fields in registers through them (NVIDIA spilled).
+M2R_DEVICE int take_ticket(const SsdParams& p, int* slot) {
+  if (threadIdx.x == 0) *slot = atomicAdd(p.chain, 1);
+  __syncthreads();
+  return *static_cast<volatile int*>(slot);
+}
+M2R_DEVICE StateBlock state_block(const SsdParams& p, int ticket) {
+  const int tiles = state_tiles(p), per_chunk = p.batch * tiles * p.nheads;
+  const int c = ticket / per_chunk, r = ticket % per_chunk;
+  return {r / (tiles * p.nheads), c, r % p.nheads, r / p.nheads % tiles};
+}
+
+struct Chain {
+  const SsdParams& p;
+  int b, c, h, tile, p0, n0;
+  float carry;  // < 0: the chunk's own state alone
+  float* in;    // states[c] of the head
+  float* next;  // states[c + 1], or null (the last chunk)
+
+  // Decoded again from the ticket after the block's products, with the carry read from global
+  // memory, instead of holding these through the products: chunk_state spilled on NVIDIA
+  M2R_DEVICE Chain(const SsdParams& q, int ticket) : p(q) {
+    const StateBlock sb = state_block(q, ticket);
+    const int tiles_n = (q.dstate + kStateN - 1) / kStateN, last = q.chunk_size - 1;
+    b = sb.b, c = sb.c, h = sb.h, tile = sb.tile;
+    p0 = (tile / tiles_n) * kStateP, n0 = (tile % tiles_n) * kStateN;
+    const bool carries = q.seg[(static_cast<int64_t>(b) * q.nchunks + c) * q.chunk_size + last] == 0;
+    carry = carries ? __expf(q.dA_cs[chunk_row(q, b, h, c) + last]) : -1.f;
+    in = q.states + states_at(q, b, c, h);
+    next = c + 1 < q.nchunks ? q.states + states_at(q, b, c + 1, h) : nullptr;
+  }
+  // block-wide: states[c] is written (by the block of chunk c - 1; chunk 0: here, the initial
+  // states or 0), and this block may read it
+  M2R_DEVICE void wait() const {
+    if (c > 0) return flag_wait(chain_flag(p, b, c, tile, h));
+    const int pcols = min(kStateP, p.headdim - p0), ncols = min(kStateN, p.dstate - n0);
+    for (int o = threadIdx.x; o < pcols * ncols; o += kThreads) {
+      const int pp = p0 + o % pcols, n = n0 + o / pcols;
+      in[static_cast<int64_t>(n) * p.headdim + pp] =
+          p.initial_states ? load_as_float(p.initial_states, p.init_dtype, b * p.init_batch_stride + h * p.init_h_stride +
+                                                                            pp * p.init_p_stride + n * p.init_n_stride)
+                           : 0.f;
+    }
+    __syncthreads();  // (global memory too, within the block)
+  }
+  M2R_DEVICE void publish() const {  // block-wide: states[c + 1] is written
+    if (next) flag_publish(chain_flag(p, b, c + 1, tile, h));
+  }
+  M2R_DEVICE float step(float entering, float own) const { return carry < 0.f ? own : fmaf(carry, entering, own); }
+  M2R_DEVICE void final_state(int n, int pp, float v) const {  // final_states is [p][n]
+    store_as(p.final_states, p.state_dtype, ((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n, v);
+  }
+};
+
 // A (headdim-tile 64) x (dstate-tile 128) block of one chunk's state, summed over the chunk's
-// positions up to `end` that share its segment, each weighted by exp(dA_cs[end] - dA_cs[s]) dt[s].
-// kVarlen: the state right after the last token of sequence blockIdx.x / tiles (cu_seqlens),
-// which adds the state entering that chunk and is written (headdim, dstate) in state_dtype.
-template <typename T, bool kVarlen>
+// positions up to `end` that share its segment, each weighted by exp(dA_cs[end] - dA_cs[s]) dt[s];
+// then the state passing's step (Chain). kVarlen: the state right after the last token of
+// sequence blockIdx.x / tiles (cu_seqlens), which adds the state entering that chunk and is
+// written (headdim, dstate) in state_dtype.
+template <typename T, bool kVarlen, bool kChain>
 M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
   typedef typename T::storage S;
   constexpr int kLdX = 64 + kPad, kLdB = 128 + kPad;
@@ -235,17 +328,23 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
   __shared__ __align__(16) float Bs[kSlab * kLdB];
   __shared__ float w[kMaxChunk];
   // heads fastest: the heads of a group, which read the same B rows, run side by side
-  const int tiles_n = (p.dstate + 127) / 128, tiles = tiles_n * ((p.headdim + 63) / 64);
-  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group;
-  const int tile = (blockIdx.x / p.nheads) % tiles, item = blockIdx.x / p.nheads / tiles;
-  const int p0 = (tile / tiles_n) * 64, n0 = (tile % tiles_n) * 128;
-  int b, c, end;
+  const int tiles_n = (p.dstate + kStateN - 1) / kStateN, tiles = state_tiles(p);
+  const int item = blockIdx.x / p.nheads / tiles;
+  __shared__ int ticket;
+  StateBlock sb;
+  int end;
   if constexpr (kVarlen) {
     const int last = p.cu_seqlens[item + 1] - 1;
-    b = 0, c = last / p.chunk_size, end = last % p.chunk_size;
+    sb = {0, last / p.chunk_size, static_cast<int>(blockIdx.x % p.nheads), static_cast<int>(blockIdx.x / p.nheads % tiles)};
+    end = last % p.chunk_size;
+  } else if constexpr (kChain) {
+    sb = state_block(p, take_ticket(p, &ticket)), end = p.chunk_size - 1;
   } else {
-    b = blockIdx.z, c = item, end = p.chunk_size - 1;
+    sb = {static_cast<int>(blockIdx.z), item, static_cast<int>(blockIdx.x % p.nheads), static_cast<int>(blockIdx.x / p.nheads % tiles)};
+    end = p.chunk_size - 1;
   }
+  const int b = sb.b, c = sb.c, h = sb.h, g = h / p.heads_per_group;
+  const int p0 = (sb.tile / tiles_n) * kStateP, n0 = (sb.tile % tiles_n) * kStateN;
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(end + 1), p.seqlen - l0));
   const ChunkWeights cw = chunk_weights(p, b, h, c, end, w);
@@ -277,7 +376,7 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
         const float v = carries ? fmaf(carry, entering[static_cast<int64_t>(n) * p.headdim + pp], acc[i][j]) : acc[i][j];
         store_as(p.varlen_states, p.state_dtype, ((static_cast<int64_t>(item) * p.nheads + h) * p.headdim + pp) * p.dstate + n, v);
       }
-  } else {
+  } else if constexpr (!kChain) {
     float* out = p.states + states_at(p, b, c, h);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -286,6 +385,21 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
         const int pp = p0 + p_off + i, n = n0 + n_off + (j % 4) + 64 * (j / 4);
         if (pp < p.headdim && n < p.dstate) out[static_cast<int64_t>(n) * p.headdim + pp] = acc[i][j];
       }
+  } else {
+    const Chain ch(p, *static_cast<volatile int*>(&ticket));
+    ch.wait();
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int pp = ch.p0 + p_off + i, n = ch.n0 + n_off + (j % 4) + 64 * (j / 4);
+        if (pp >= p.headdim || n >= p.dstate) continue;
+        const int64_t at = static_cast<int64_t>(n) * p.headdim + pp;
+        const float v = ch.step(load_fresh1(ch.in + at), acc[i][j]);
+        if (ch.next) ch.next[at] = v;
+        else if (p.final_states) ch.final_state(n, pp, v);
+      }
+    ch.publish();
   }
 }
 
@@ -787,7 +901,7 @@ M2R_DEVICE void bmm_mma(const SsdParams& p) {
     *reinterpret_cast<float4*>(out + rr * cs + cq) = *reinterpret_cast<const float4*>(O + rr * kLdO + cq);
 }
 
-template <typename T, bool kVarlen>
+template <typename T, bool kVarlen, bool kChain>
 M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   typedef KMajor<128> LB;
   typedef KMajor<64> LX;
@@ -797,17 +911,23 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   uint16_t* Xh = Bs + LB::kSize;      // [s][p], decay-weighted x rounded
   uint16_t* Xl = Xh + LX::kSize;      // its rounding remainder
   __shared__ float w[kMaxChunk];
-  const int tiles_n = (p.dstate + 127) / 128, tiles = tiles_n * ((p.headdim + 63) / 64);
-  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group;
-  const int tile_id = (blockIdx.x / p.nheads) % tiles, item = blockIdx.x / p.nheads / tiles;
-  const int p0 = (tile_id / tiles_n) * 64, n0 = (tile_id % tiles_n) * 128;
-  int b, c, end;
+  const int tiles_n = (p.dstate + kStateN - 1) / kStateN, tiles = state_tiles(p);
+  const int item = blockIdx.x / p.nheads / tiles;
+  __shared__ int ticket;
+  StateBlock sb;
+  int end;
   if constexpr (kVarlen) {
     const int last = p.cu_seqlens[item + 1] - 1;
-    b = 0, c = last / p.chunk_size, end = last % p.chunk_size;
+    sb = {0, last / p.chunk_size, static_cast<int>(blockIdx.x % p.nheads), static_cast<int>(blockIdx.x / p.nheads % tiles)};
+    end = last % p.chunk_size;
+  } else if constexpr (kChain) {
+    sb = state_block(p, take_ticket(p, &ticket)), end = p.chunk_size - 1;
   } else {
-    b = blockIdx.z, c = item, end = p.chunk_size - 1;
+    sb = {static_cast<int>(blockIdx.z), item, static_cast<int>(blockIdx.x % p.nheads), static_cast<int>(blockIdx.x / p.nheads % tiles)};
+    end = p.chunk_size - 1;
   }
+  const int b = sb.b, c = sb.c, h = sb.h, g = h / p.heads_per_group;
+  const int p0 = (sb.tile / tiles_n) * kStateP, n0 = (sb.tile % tiles_n) * kStateN;
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(end + 1), p.seqlen - l0));
   const uint16_t* xp = static_cast<const uint16_t*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride + p0;
@@ -849,10 +969,10 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     __syncthreads();
   }
 
-  float* st = p.states + states_at(p, b, c, h);  // varlen: the entering state; else: written
-  if constexpr (!kVarlen) {
+  if constexpr (!kVarlen && !kChain) {
     // through LDS, 64 rows n at a time (over the operand tiles), so each row of the state
     // ([n][p], p contiguous) is written by 16-byte stores of neighbouring threads
+    float* st = p.states + states_at(p, b, c, h);
     float* O = reinterpret_cast<float*>(smem);
     const int cq = 4 * (threadIdx.x % 16), vec = p.headdim % 4 == 0;
 #pragma unroll
@@ -884,6 +1004,85 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     }
     return;
   }
+  if constexpr (kChain) {
+    // the state passing's step (Chain) on the accumulators where they are: between the wait and
+    // the stores the chain's links wait on, one round trip of loads and no barrier (NVIDIA: 8-byte
+    // accesses, a register pair's neighbouring columns; AMD: a row's 16 columns over 16 lanes)
+    const Chain ch(p, *static_cast<volatile int*>(&ticket));
+    const int p0 = ch.p0, n0 = ch.n0;
+    constexpr int kStep = mma::kAccColPairs ? 2 : 1;
+    const bool pairs = mma::kAccColPairs && p.headdim % 2 == 0;  // (then pp is even: 8-byte aligned)
+    ch.wait();
+    float e[tile.kFm][tile.kFn][mma::kAccRegs];
+#pragma unroll
+    for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+      for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+        for (int r = 0; r < mma::kAccRegs; r += kStep) {
+          const int n = n0 + tile.row(i, r), pp = p0 + tile.col(j, r);
+          const float* at = ch.in + static_cast<int64_t>(n) * p.headdim + pp;
+          const bool in_n = n < p.dstate;
+          if (kStep == 2 && pairs && in_n && pp + 1 < p.headdim) {
+            const float2 q = load_fresh2(at);
+            e[i][j][r] = q.x, e[i][j][r + kStep - 1] = q.y;
+          } else {
+#pragma unroll
+            for (int u = 0; u < kStep; ++u) e[i][j][r + u] = in_n && pp + u < p.headdim ? load_fresh1(at + u) : 0.f;
+          }
+        }
+#pragma unroll
+    for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+      for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+        for (int r = 0; r < mma::kAccRegs; ++r) tile.acc[i][j].v[r] = ch.step(e[i][j][r], tile.acc[i][j].v[r]);
+    if (ch.next) {
+#pragma unroll
+      for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+        for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+          for (int r = 0; r < mma::kAccRegs; r += kStep) {
+            const int n = n0 + tile.row(i, r), pp = p0 + tile.col(j, r);
+            if (n >= p.dstate) continue;
+            float* at = ch.next + static_cast<int64_t>(n) * p.headdim + pp;
+            if (kStep == 2 && pairs && pp + 1 < p.headdim) {
+              *reinterpret_cast<float2*>(at) = make_float2(tile.acc[i][j].v[r], tile.acc[i][j].v[r + kStep - 1]);
+            } else {
+#pragma unroll
+              for (int u = 0; u < kStep; ++u)
+                if (pp + u < p.headdim) at[u] = tile.acc[i][j].v[r + u];
+            }
+          }
+      ch.publish();
+      return;
+    }
+    if (!p.final_states) return;
+    // the last chunk: final_states ([p][n]) through LDS, 64 rows n at a time (over the operand
+    // tiles), so that neighbouring threads write neighbouring n
+    float* O = reinterpret_cast<float*>(smem);
+    const int pcols = min(kStateP, p.headdim - p0);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < tile.kFm; ++i) {
+        if ((tile.m0 + 16 * i) / 64 != half) continue;  // uniform over the fragment
+#pragma unroll
+        for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+          for (int r = 0; r < mma::kAccRegs; ++r) O[(tile.row(i, r) - 64 * half) * kLdO + tile.col(j, r)] = tile.acc[i][j].v[r];
+      }
+      __syncthreads();
+      for (int o = threadIdx.x; o < 64 * pcols; o += kThreads) {
+        const int rr = o % 64, pc = o / 64, n = n0 + 64 * half + rr;
+        if (n < p.dstate) ch.final_state(n, p0 + pc, O[rr * kLdO + pc]);
+      }
+    }
+    return;
+  }
+  const float* st = p.states + states_at(p, b, c, h);  // the state entering the chunk
   const bool carries = seg_end == 0;  // varlen: the sequence began before this chunk
   const float carry = __expf(a_end);
 #pragma unroll
@@ -1134,13 +1333,13 @@ M2R_DEVICE void bmm(const SsdParams& p) {
   bmm_fma<T>(p);
 }
 
-template <typename T, bool kVarlen>
+template <typename T, bool kVarlen, bool kChain>
 M2R_DEVICE void chunk_state(const SsdParams& p) {
 #if M2R_MMA != 0
-  if constexpr (mma::kEnabled<T>) return chunk_state_mma<T, kVarlen>(p);
+  if constexpr (mma::kEnabled<T>) return chunk_state_mma<T, kVarlen, kChain>(p);
   else
 #endif
-  chunk_state_fma<T, kVarlen>(p);
+  chunk_state_fma<T, kVarlen, kChain>(p);
 }
 
 template <typename T, int kRows, bool kHasZ>
@@ -1167,10 +1366,14 @@ M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_state_passing(SsdParams p) { m2r::ssd::st
   M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_bmm_##DT(SsdParams p) { m2r::ssd::bmm<m2r::T>(p); } \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kStateBlocks)                          \
   m2r_ssd_chunk_state_##DT(SsdParams p) {                                                    \
-    m2r::ssd::chunk_state<m2r::T, false>(p);                                                 \
+    m2r::ssd::chunk_state<m2r::T, false, false>(p);                                          \
+  }                                                                                          \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kChainBlocks)                          \
+  m2r_ssd_chunk_state_chain_##DT(SsdParams p) {                                              \
+    m2r::ssd::chunk_state<m2r::T, false, true>(p);                                           \
   }                                                                                          \
   M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_varlen_state_##DT(SsdParams p) {                    \
-    m2r::ssd::chunk_state<m2r::T, true>(p);                                                  \
+    m2r::ssd::chunk_state<m2r::T, true, false>(p);                                           \
   }                                                                                          \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kScan64Blocks<m2r::T>)                 \
   m2r_ssd_chunk_scan_##DT##_t64(SsdParams p) {                                               \

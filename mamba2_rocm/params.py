@@ -111,7 +111,7 @@ class SsdParams(ctypes.Structure):
     _fields_ = [
         *_fields(
             "x dt A B C D z dt_bias initial_states seq_idx cu_seqlens out final_states "
-            "varlen_states dt_out dA_cs seg cb states",
+            "varlen_states dt_out dA_cs seg cb states chain",
             "x_batch_stride x_l_stride x_h_stride z_batch_stride z_l_stride z_h_stride "
             "out_batch_stride out_l_stride out_h_stride B_batch_stride B_l_stride B_g_stride "
             "C_batch_stride C_l_stride C_g_stride dt_batch_stride dt_l_stride dt_h_stride "

@@ -96,6 +96,8 @@ def test_launch_geometry_matches_kernel_constants():
             {
                 "kThreads": ssd._THREADS,
                 "kHeadsPerCumsum": ssd._CUMSUM_HEADS,
+                "kStateP": ssd._STATE_TILES[0],
+                "kStateN": ssd._STATE_TILES[1],
                 "kPassVec": ssd._PASS_VEC,
             },
         ),

@@ -234,3 +234,31 @@ def test_kept_states_fit_what_mamba_ssm_keeps(dtype, n, cs, L, kept):
     x = torch.empty(2, L, 8, 64, dtype=dtype, device="meta")
     states = torch.empty(2, -(-L // cs), 8, n, 64, dtype=torch.float32, device="meta")
     assert (ssd_ops._kept_states(x, states, cs) is states) == kept
+
+
+@pytest.mark.parametrize(("chains_per_sm", "chained"), [(0.0, True), (math.inf, False)])
+def test_state_passing_chained_or_separate(monkeypatch, chains_per_sm, chained):
+    """chunk_state runs chained (the state passing in its blocks, the flags zeroed by
+    chunk_cumsum) where there are enough chains for the GPU, else followed by the separate
+    state-passing kernel; the chain workspace goes to the kernels only when chained."""
+    from helpers import stand_in_kernels
+
+    from mamba2_rocm.params import SsdParams
+
+    monkeypatch.setattr(ssd_ops, "CHAIN_CHAINS_PER_SM", chains_per_sm)
+    kset = stand_in_kernels(monkeypatch, ssd_ops)
+    a = _inputs(seeded("chained", chained), L=200)
+    ssd_ops._impl(a["x"], a["dt"], a["A"], a["B"], a["C"], 64, None, None, None, None, None, None,
+                  False, (0.0, math.inf), False, None)  # fmt: skip
+    names = [name for name, _, _ in kset.launches]
+    stage = [n for n in names if n.startswith("m2r_ssd_chunk_state")]
+    assert stage == (["m2r_ssd_chunk_state_chain_f32"] if chained else ["m2r_ssd_chunk_state_f32"])
+    assert ("m2r_ssd_state_passing" in names) is not chained
+    chain_ptr = kset.launches[0][1][[f[0] for f in SsdParams._fields_].index("chain")]
+    assert (chain_ptr != 0) is chained
+
+
+def test_chained_rule():
+    """One chain per two multiprocessors at least (H100-calibrated: see CHAIN_CHAINS_PER_SM)."""
+    assert ssd_ops._chained(66, 132) and not ssd_ops._chained(65, 132)
+    assert ssd_ops._chained(1, 0)  # no GPU (the CPU stand-ins)

@@ -37,6 +37,7 @@ from mamba2_rocm.ops._launch import (
     register_training,
     save_inputs,
     saved_inputs,
+    sm_count,
     strides,
     traced,
     wants_grads,
@@ -62,7 +63,7 @@ __all__ = ["mamba_chunk_scan_combined"]
 # csrc/ssd.hip
 _THREADS = 256
 _CUMSUM_HEADS = 8  # kHeadsPerCumsum
-_STATE_TILES = (64, 128)  # chunk_state: (headdim, dstate) per block
+_STATE_TILES = (64, 128)  # chunk_state: (headdim, dstate) per block (kStateP, kStateN)
 _SCAN_COLS = 64  # chunk_scan: headdim per block
 _PASS_VEC = 4  # state_passing: elements per thread
 _INT32_MAX = 2**31 - 1
@@ -84,8 +85,8 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     """The forward's five stages; ``(out, states)``, states the state entering each chunk
     (float32, (batch, nchunks, nheads, dstate, headdim)). With ``recompute`` (the backward's
     first step) only stages 1-4, and the workspaces the backward reads: (dt', dA_cs, seg, C·Bᵀ,
-    states); stages 3-4 (chunk_state, state_passing) only when ``states`` (the forward's, kept
-    for the backward: ``_kept_states``) is not given."""
+    states); stages 3-4 (chunk_state and the state passing, chained or not: ``_chained``) only
+    when ``states`` (the forward's, kept for the backward: ``_kept_states``) is not given."""
     dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
     initial_states = as_kernel_float(initial_states)
     x, B, C, z = (
@@ -117,6 +118,14 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     given = states is not None  # (the backward's: the forward's, kept)
     if not given:
         states = torch.empty(batch, nchunks, nheads, dstate, headdim, dtype=f32, device=dev)
+    state_tiles = _cdiv(headdim, _STATE_TILES[0]) * _cdiv(dstate, _STATE_TILES[1])
+    chained = not given and _chained(batch * state_tiles * nheads, sm_count(dev))
+    # the chained chunk_state's ticket counter and flags (chunk_cumsum zeroes them)
+    chain = None
+    if chained:
+        chain = torch.empty(
+            1 + batch * nchunks * state_tiles * nheads, dtype=torch.int32, device=dev
+        )
     out = None if recompute else torch.empty(x.shape, dtype=x.dtype, device=dev)
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     if D is None:
@@ -146,6 +155,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         seg.data_ptr(),
         cb.data_ptr(),
         states.data_ptr(),
+        ptr(chain),
         *x.stride()[:3],
         *strides(z, 4)[:3],
         *(x if out is None else out).stride()[:3],
@@ -179,7 +189,6 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         0,
     )  # fmt: skip  (SsdParams, field order)
     dt_name = KERNEL_DTYPE[x.dtype]
-    state_tiles = _cdiv(headdim, _STATE_TILES[0]) * _cdiv(dstate, _STATE_TILES[1])
     pairs = (cs // 64) * (cs // 64 + 1) // 2
     rows = 64 if cs == 64 else 128
     scan_tiles = (cs // rows) * _cdiv(headdim, _SCAN_COLS)
@@ -188,14 +197,36 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     run("m2r_ssd_chunk_cumsum", (nchunks, _cdiv(nheads, _CUMSUM_HEADS), batch))
     run(f"m2r_ssd_bmm_{dt_name}", (nchunks * ngroups * pairs, 1, batch))
     if not given:
-        run(f"m2r_ssd_chunk_state_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
-        run("m2r_ssd_state_passing", (_cdiv(headdim * dstate, _THREADS * _PASS_VEC), nheads, batch))
+        if chained:
+            run(f"m2r_ssd_chunk_state_chain_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
+        else:
+            run(f"m2r_ssd_chunk_state_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
+            run(
+                "m2r_ssd_state_passing",
+                (_cdiv(headdim * dstate, _THREADS * _PASS_VEC), nheads, batch),
+            )
     if recompute:
         return dt_out, dA_cs, seg, cb, states
     if varlen is not None:
         run(f"m2r_ssd_varlen_state_{dt_name}", (dims.num_seqs * state_tiles * nheads, 1, 1))
     run(f"m2r_ssd_chunk_scan_{dt_name}_t{rows}{zs}", (nchunks * scan_tiles * nheads, 1, batch))
     return out, states
+
+
+# At least this many (batch, state tile, head) chains per multiprocessor take the chained
+# chunk_state (csrc/ssd.hip: Chain): each chain is a sequence of dependent links of a few µs,
+# which only the chains side by side hide. Measured on an H100 (132 SMs; scripts/profile_ssd.py,
+# bench ssd): chained, the SSD forward took 10-12% less at Falcon-H1 (96 chains at b1 l8192) and
+# Nemotron-H b1 l8192 (128), 3-5% less at mamba2-2.7b b1 (80), but 33% more at mamba2-130m b1
+# l8192 (24 chains of 32 chunks) and 2-5% more at b2 l4096 h32 (64 chains of 16). Calibrated on
+# NVIDIA only; the AMD targets take the same rule untested.
+CHAIN_CHAINS_PER_SM = 0.5
+
+
+def _chained(chains: int, sms: int) -> bool:
+    """Whether chunk_state runs chained (the state passing in its blocks) for this many chains on
+    this many multiprocessors (0: no GPU, as in the CPU tests: chained)."""
+    return chains >= CHAIN_CHAINS_PER_SM * sms
 
 
 def _kept_states(x: Tensor, states: Tensor, chunk_size: int) -> Tensor | None:

@@ -17,6 +17,7 @@ SETTINGS = settings(
 
 @SETTINGS
 @given(case=ssd_cases(max_seqlen=600, headdims=(3, 64, 80, 128), dstates=(16, 64, 128)))
+@pytest.mark.usefixtures("ssd_state_paths")
 def test_ssd_kernel_nonfinite_stays_in_its_sequence(case):
     check_ssd(case, "cuda")
 

@@ -31,6 +31,7 @@ from mamba2_rocm.reference.ssd import ssd_chunked_bwd, ssd_sequential
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not gpu_available(), reason="needs a GPU (run on the device machine)"),
+    pytest.mark.usefixtures("ssd_state_paths"),
 ]
 
 DEV = "cuda"

@@ -14,7 +14,11 @@ from helpers import gpu_available, make_seq_idx, poison_allocator, seeded
 from mamba2_rocm import mamba_chunk_scan_combined, selective_state_update
 from mamba2_rocm.reference.ssd import ssd_chunked, ssd_sequential
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu_available(), reason="needs a GPU"),
+    pytest.mark.usefixtures("ssd_state_paths"),
+]
 DEV = "cuda"
 # out: fp32 rtol/atol 1e-3 (the issue's), fp16/bf16 as mamba_ssm's SSD tests; states fp32
 OUT_TOL = {torch.float32: (1e-3, 1e-3), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 5e-2)}
