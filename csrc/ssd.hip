@@ -6,10 +6,12 @@
 //   2. bmm           C·Bᵀ per chunk and group, lower-triangular 64x64 tiles only;
 //                                                                   grid (chunks*g*tiles, 1, b)
 //   3. chunk_state   each chunk's own final state: x^T (w ∘ B), w the decay to the chunk end;
-//   4.  + state      then the state entering the next chunk, from the one entering this chunk
-//         passing    (the blocks of a tile chained along the chunks); writes final_states;
 //                    also, as a variant, the state after the last token of each varlen sequence;
 //                                                                   grid (chunks*tiles*h, 1, b)
+//   4. state_passing the state entering each chunk, a loop over chunks; writes final_states;
+//                                                                   grid (p*n / 1024, h, b)
+//      or 3+4 chained: chunk_state's blocks pass the states along the chunks themselves (Chain),
+//                    where the GPU runs enough chains side by side (the host's choice)
 //   5. chunk_scan    out = decayed C·(entering state) + (masked, decayed C·Bᵀ)·x + D x, then
 //                    the z gate;                                    grid (chunks*tiles*h, 1, b)
 //
@@ -251,9 +253,10 @@ M2R_DEVICE ChunkWeights chunk_weights(const SsdParams& p, int b, int h, int c, i
 // flags it for the block of chunk c + 1. carry_c = exp(dA_cs[c][last]) when the chunk's last
 // token continues the segment of the token before the chunk, else the own state alone is taken
 // (a sequence began inside the chunk; selected, never 0 x state). Chunk 0 writes states[0] (the
-// initial states, or 0), the last chunk final_states. The own states never go through memory:
-// the separate state-passing kernel this replaces read them back and wrote the entering states
-// (a third of the SSD's memory traffic at Falcon-H1's shapes). Blocks take their (chunk, batch,
+// initial states, or 0), the last chunk final_states. The own states never go through memory
+// (stage 4 reads them back and writes the entering states: a third of the SSD's memory traffic at
+// Falcon-H1's shapes), but each chain is a sequence of dependent links of a few µs: the host takes
+// this form only where enough chains run side by side to hide them. Blocks take their (chunk, batch,
 // tile, head) from an atomic ticket, chunk-major (heads fastest: a group's heads read the same B
 // rows side by side), so a block only waits on one that started before it, whatever order the
 // hardware dispatches the grid in.
@@ -317,7 +320,7 @@ struct Chain {
 
 // A (headdim-tile 64) x (dstate-tile 128) block of one chunk's state, summed over the chunk's
 // positions up to `end` that share its segment, each weighted by exp(dA_cs[end] - dA_cs[s]) dt[s];
-// then the state passing's step (Chain). kVarlen: the state right after the last token of
+// kChain: then the state passing's step (Chain). kVarlen: the state right after the last token of
 // sequence blockIdx.x / tiles (cu_seqlens), which adds the state entering that chunk and is
 // written (headdim, dstate) in state_dtype.
 template <typename T, bool kVarlen, bool kChain>
@@ -388,15 +391,22 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
   } else {
     const Chain ch(p, *static_cast<volatile int*>(&ticket));
     ch.wait();
+    float e[4][8];  // all loads before the first store (which they could alias): one round trip
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int pp = ch.p0 + p_off + i, n = ch.n0 + n_off + (j % 4) + 64 * (j / 4);
+        e[i][j] = pp < p.headdim && n < p.dstate ? load_fresh1(ch.in + static_cast<int64_t>(n) * p.headdim + pp) : 0.f;
+      }
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int pp = ch.p0 + p_off + i, n = ch.n0 + n_off + (j % 4) + 64 * (j / 4);
         if (pp >= p.headdim || n >= p.dstate) continue;
-        const int64_t at = static_cast<int64_t>(n) * p.headdim + pp;
-        const float v = ch.step(load_fresh1(ch.in + at), acc[i][j]);
-        if (ch.next) ch.next[at] = v;
+        const float v = ch.step(e[i][j], acc[i][j]);
+        if (ch.next) ch.next[static_cast<int64_t>(n) * p.headdim + pp] = v;
         else if (p.final_states) ch.final_state(n, pp, v);
       }
     ch.publish();
