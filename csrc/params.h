@@ -223,10 +223,11 @@ struct RmsNormBwdParams {
 //   dt_out, dA_cs (batch, nheads, nchunks, chunk_size): dt' and the inclusive cumsum of dt' A;
 //   seg (batch, nchunks, chunk_size): seq_idx changes since the token before the chunk;
 //   cb (batch, nchunks, ngroups, chunk_size, chunk_size): C·Bᵀ stored [s][t];
-//   states (batch, nchunks, nheads, dstate, headdim): the state entering each chunk, written by
-//   chunk_state (the state passing runs at the end of its blocks, chained along the chunks);
-//   chain (1 + batch * nchunks * state tiles * nheads): chunk_state's ticket counter and flags,
-//   zeroed by chunk_cumsum.
+//   states (batch, nchunks, nheads, dstate, headdim): each chunk's own state, turned in place
+//   into the state entering the chunk by the state-passing kernel; or, chained, the entering
+//   states written by chunk_state itself (the state passing at the end of its blocks);
+//   chain (1 + batch * nchunks * state tiles * nheads): the chained chunk_state's ticket counter
+//   and flags, zeroed by chunk_cumsum; null when not chained.
 struct SsdParams {
   const void* x;
   const void* dt;              // (batch, seqlen, nheads), dtype dt_dtype
