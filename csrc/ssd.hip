@@ -101,6 +101,27 @@ M2R_DEVICE int state_tiles(const SsdParams& p) {
   return ((p.headdim + kStateP - 1) / kStateP) * ((p.dstate + kStateN - 1) / kStateN);
 }
 
+// The state entering chunk 0 at (n, pp) of head h: initial_states, or 0
+M2R_DEVICE float initial_state(const SsdParams& p, int b, int h, int n, int pp) {
+  return p.initial_states ? load_as_float(p.initial_states, p.init_dtype,
+                                          b * p.init_batch_stride + h * p.init_h_stride + pp * p.init_p_stride + n * p.init_n_stride)
+                          : 0.f;
+}
+
+// The state passing's carry over chunk c: exp(dA_cs[c][last]) when the chunk's last token
+// continues the segment of the token before the chunk, else -1 (a sequence began inside the
+// chunk: the chunk's own state alone, selected, never 0 x state)
+M2R_DEVICE float chunk_carry(const SsdParams& p, int b, int h, int c) {
+  const int last = p.chunk_size - 1;
+  const bool carries = p.seg[(static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size + last] == 0;
+  return carries ? __expf(p.dA_cs[chunk_row(p, b, h, c) + last]) : -1.f;
+}
+
+// final_states (batch, nheads, headdim, dstate) at (n, pp) of head h, in state_dtype
+M2R_DEVICE void store_final(const SsdParams& p, int b, int h, int n, int pp, float v) {
+  store_as(p.final_states, p.state_dtype, ((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n, v);
+}
+
 // chunk_state's flag for "states[c] of this (batch, tile, head) is written" (see Chain)
 M2R_DEVICE int* chain_flag(const SsdParams& p, int b, int c, int tile, int h) {
   return p.chain + 1 + ((static_cast<int64_t>(b) * p.nchunks + c) * state_tiles(p) + tile) * p.nheads + h;
@@ -262,6 +283,8 @@ M2R_DEVICE ChunkWeights chunk_weights(const SsdParams& p, int b, int h, int c, i
 // hardware dispatches the grid in.
 struct StateBlock {
   int b, c, h, tile;
+  M2R_DEVICE int p0(const SsdParams& p) const { return tile / ((p.dstate + kStateN - 1) / kStateN) * kStateP; }
+  M2R_DEVICE int n0(const SsdParams& p) const { return tile % ((p.dstate + kStateN - 1) / kStateN) * kStateN; }
 };
 // The block's ticket, kept in LDS: the kernels decode it again after their products (a volatile
 // read), instead of holding its four fields in registers through them (NVIDIA spilled).
@@ -276,10 +299,30 @@ M2R_DEVICE StateBlock state_block(const SsdParams& p, int ticket) {
   return {r / (tiles * p.nheads), c, r % p.nheads, r / p.nheads % tiles};
 }
 
+// A chunk_state block's (batch, chunk, head, tile) and the last position `end` it sums up to.
+// kVarlen: sequence blockIdx.x / (tiles * nheads)'s last token (cu_seqlens); kChain: from the
+// ticket (taken into *ticket, in LDS); else the grid's, heads fastest (the heads of a group,
+// which read the same B rows, run side by side).
+template <bool kVarlen, bool kChain>
+M2R_DEVICE StateBlock chunk_state_block(const SsdParams& p, int* ticket, int& end) {
+  const int tiles = state_tiles(p), h = blockIdx.x % p.nheads, tile = blockIdx.x / p.nheads % tiles;
+  const int item = blockIdx.x / p.nheads / tiles;
+  end = p.chunk_size - 1;
+  if constexpr (kVarlen) {
+    const int last = p.cu_seqlens[item + 1] - 1;
+    end = last % p.chunk_size;
+    return {0, last / p.chunk_size, h, tile};
+  } else if constexpr (kChain) {
+    return state_block(p, take_ticket(p, ticket));
+  } else {
+    return {static_cast<int>(blockIdx.z), item, h, tile};
+  }
+}
+
 struct Chain {
   const SsdParams& p;
   int b, c, h, tile, p0, n0;
-  float carry;  // < 0: the chunk's own state alone
+  float carry;  // chunk_carry: < 0, the chunk's own state alone
   float* in;    // states[c] of the head
   float* next;  // states[c + 1], or null (the last chunk)
 
@@ -287,11 +330,8 @@ struct Chain {
   // memory, instead of holding these through the products: chunk_state spilled on NVIDIA
   M2R_DEVICE Chain(const SsdParams& q, int ticket) : p(q) {
     const StateBlock sb = state_block(q, ticket);
-    const int tiles_n = (q.dstate + kStateN - 1) / kStateN, last = q.chunk_size - 1;
-    b = sb.b, c = sb.c, h = sb.h, tile = sb.tile;
-    p0 = (tile / tiles_n) * kStateP, n0 = (tile % tiles_n) * kStateN;
-    const bool carries = q.seg[(static_cast<int64_t>(b) * q.nchunks + c) * q.chunk_size + last] == 0;
-    carry = carries ? __expf(q.dA_cs[chunk_row(q, b, h, c) + last]) : -1.f;
+    b = sb.b, c = sb.c, h = sb.h, tile = sb.tile, p0 = sb.p0(q), n0 = sb.n0(q);
+    carry = chunk_carry(q, b, h, c);
     in = q.states + states_at(q, b, c, h);
     next = c + 1 < q.nchunks ? q.states + states_at(q, b, c + 1, h) : nullptr;
   }
@@ -302,10 +342,7 @@ struct Chain {
     const int pcols = min(kStateP, p.headdim - p0), ncols = min(kStateN, p.dstate - n0);
     for (int o = threadIdx.x; o < pcols * ncols; o += kThreads) {
       const int pp = p0 + o % pcols, n = n0 + o / pcols;
-      in[static_cast<int64_t>(n) * p.headdim + pp] =
-          p.initial_states ? load_as_float(p.initial_states, p.init_dtype, b * p.init_batch_stride + h * p.init_h_stride +
-                                                                            pp * p.init_p_stride + n * p.init_n_stride)
-                           : 0.f;
+      in[static_cast<int64_t>(n) * p.headdim + pp] = initial_state(p, b, h, n, pp);
     }
     __syncthreads();  // (global memory too, within the block)
   }
@@ -313,9 +350,6 @@ struct Chain {
     if (next) flag_publish(chain_flag(p, b, c + 1, tile, h));
   }
   M2R_DEVICE float step(float entering, float own) const { return carry < 0.f ? own : fmaf(carry, entering, own); }
-  M2R_DEVICE void final_state(int n, int pp, float v) const {  // final_states is [p][n]
-    store_as(p.final_states, p.state_dtype, ((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n, v);
-  }
 };
 
 // A (headdim-tile 64) x (dstate-tile 128) block of one chunk's state, summed over the chunk's
@@ -330,24 +364,11 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
   __shared__ __align__(16) float Xs[kSlab * kLdX];
   __shared__ __align__(16) float Bs[kSlab * kLdB];
   __shared__ float w[kMaxChunk];
-  // heads fastest: the heads of a group, which read the same B rows, run side by side
-  const int tiles_n = (p.dstate + kStateN - 1) / kStateN, tiles = state_tiles(p);
-  const int item = blockIdx.x / p.nheads / tiles;
+  const int item = blockIdx.x / p.nheads / state_tiles(p);  // kVarlen: the sequence
   __shared__ int ticket;
-  StateBlock sb;
   int end;
-  if constexpr (kVarlen) {
-    const int last = p.cu_seqlens[item + 1] - 1;
-    sb = {0, last / p.chunk_size, static_cast<int>(blockIdx.x % p.nheads), static_cast<int>(blockIdx.x / p.nheads % tiles)};
-    end = last % p.chunk_size;
-  } else if constexpr (kChain) {
-    sb = state_block(p, take_ticket(p, &ticket)), end = p.chunk_size - 1;
-  } else {
-    sb = {static_cast<int>(blockIdx.z), item, static_cast<int>(blockIdx.x % p.nheads), static_cast<int>(blockIdx.x / p.nheads % tiles)};
-    end = p.chunk_size - 1;
-  }
-  const int b = sb.b, c = sb.c, h = sb.h, g = h / p.heads_per_group;
-  const int p0 = (sb.tile / tiles_n) * kStateP, n0 = (sb.tile % tiles_n) * kStateN;
+  const StateBlock sb = chunk_state_block<kVarlen, kChain>(p, &ticket, end);
+  const int b = sb.b, c = sb.c, h = sb.h, g = h / p.heads_per_group, p0 = sb.p0(p), n0 = sb.n0(p);
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(end + 1), p.seqlen - l0));
   const ChunkWeights cw = chunk_weights(p, b, h, c, end, w);
@@ -407,7 +428,7 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
         if (pp >= p.headdim || n >= p.dstate) continue;
         const float v = ch.step(e[i][j], acc[i][j]);
         if (ch.next) ch.next[static_cast<int64_t>(n) * p.headdim + pp] = v;
-        else if (p.final_states) ch.final_state(n, pp, v);
+        else if (p.final_states) store_final(p, ch.b, ch.h, n, pp, v);
       }
     ch.publish();
   }
@@ -457,24 +478,17 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
   for (int v = 0; v < kPassVec; ++v) {
     const int64_t e = e0 + v;
     const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
-    s.v[v] = e < pn && p.initial_states
-                 ? load_as_float(p.initial_states, p.init_dtype, b * p.init_batch_stride + h * p.init_h_stride +
-                                                                     pp * p.init_p_stride + n * p.init_n_stride)
-                 : 0.f;
+    s.v[v] = e < pn ? initial_state(p, b, h, n, pp) : 0.f;
   }
   // a ring of own states: chunk c's in own[c % kPassAhead], loaded kPassAhead chunks before its
   // step (2 ahead left the loop waiting on the loads)
   PassVec own[kPassAhead];
 #pragma unroll
   for (int j = 0; j < kPassAhead; ++j) own[j] = j < p.nchunks ? pass_load(base + j * chunk_stride, valid, vec) : PassVec{};
-  const int last = p.chunk_size - 1;
   for (int c0 = 0; c0 < p.nchunks; c0 += kThreads) {
     __syncthreads();
     const int cc = c0 + threadIdx.x;
-    if (cc < p.nchunks) {
-      const bool carries = p.seg[(static_cast<int64_t>(b) * p.nchunks + cc) * p.chunk_size + last] == 0;
-      carry[threadIdx.x] = carries ? __expf(p.dA_cs[chunk_row(p, b, h, cc) + last]) : -1.f;  // -1: restart
-    }
+    if (cc < p.nchunks) carry[threadIdx.x] = chunk_carry(p, b, h, cc);
     __syncthreads();
     const int count = min(kThreads, p.nchunks - c0);
     float* at = base + c0 * chunk_stride;  // chunk c0 + i's entering state (one running pointer)
@@ -523,7 +537,7 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
       const int64_t e = e0 + v;
       if (e >= pn) continue;
       const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
-      store_as(p.final_states, p.state_dtype, ((static_cast<int64_t>(b) * p.nheads + h) * p.headdim + pp) * p.dstate + n, s.v[v]);
+      store_final(p, b, h, n, pp, s.v[v]);
     }
   }
 }
@@ -712,6 +726,19 @@ constexpr int kLdH = kSlab + 8;  // [row][k] tiles with k = kSlab: rows 16-byte 
 // fp32 output tiles staged in LDS for coalesced stores: 64 columns, rows padded to 72 floats
 // (8 banks apart: the accumulators' 8-byte stores, 4 rows at a time, do not conflict)
 constexpr int kLdO = 64 + 8;
+
+// A block tile's accumulator rows [64 half, 64 half + 64) into O ([row - 64 half][kLdO], fp32)
+template <typename Tile>
+M2R_DEVICE void stage_half(const Tile& tile, float* O, int half) {
+#pragma unroll
+  for (int i = 0; i < Tile::kFm; ++i) {
+    if ((tile.m0 + 16 * i) / 64 != half) continue;  // uniform over the fragment
+#pragma unroll
+    for (int j = 0; j < Tile::kFn; ++j)
+#pragma unroll
+      for (int r = 0; r < mma::kAccRegs; ++r) O[(tile.row(i, r) - 64 * half) * kLdO + tile.col(j, r)] = tile.acc[i][j].v[r];
+  }
+}
 // Build knobs (measurement only): M2R_SSD_SPLIT_SCAN / M2R_SSD_SPLIT_STATE = 0 round chunk_scan's /
 // chunk_state's fp32-computed operands once, as mamba_ssm's Triton kernels do (half the products).
 #ifndef M2R_SSD_SPLIT_SCAN
@@ -921,23 +948,11 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   uint16_t* Xh = Bs + LB::kSize;      // [s][p], decay-weighted x rounded
   uint16_t* Xl = Xh + LX::kSize;      // its rounding remainder
   __shared__ float w[kMaxChunk];
-  const int tiles_n = (p.dstate + kStateN - 1) / kStateN, tiles = state_tiles(p);
-  const int item = blockIdx.x / p.nheads / tiles;
+  const int item = blockIdx.x / p.nheads / state_tiles(p);  // kVarlen: the sequence
   __shared__ int ticket;
-  StateBlock sb;
   int end;
-  if constexpr (kVarlen) {
-    const int last = p.cu_seqlens[item + 1] - 1;
-    sb = {0, last / p.chunk_size, static_cast<int>(blockIdx.x % p.nheads), static_cast<int>(blockIdx.x / p.nheads % tiles)};
-    end = last % p.chunk_size;
-  } else if constexpr (kChain) {
-    sb = state_block(p, take_ticket(p, &ticket)), end = p.chunk_size - 1;
-  } else {
-    sb = {static_cast<int>(blockIdx.z), item, static_cast<int>(blockIdx.x % p.nheads), static_cast<int>(blockIdx.x / p.nheads % tiles)};
-    end = p.chunk_size - 1;
-  }
-  const int b = sb.b, c = sb.c, h = sb.h, g = h / p.heads_per_group;
-  const int p0 = (sb.tile / tiles_n) * kStateP, n0 = (sb.tile % tiles_n) * kStateN;
+  const StateBlock sb = chunk_state_block<kVarlen, kChain>(p, &ticket, end);
+  const int b = sb.b, c = sb.c, h = sb.h, g = h / p.heads_per_group, p0 = sb.p0(p), n0 = sb.n0(p);
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(end + 1), p.seqlen - l0));
   const uint16_t* xp = static_cast<const uint16_t*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride + p0;
@@ -988,14 +1003,7 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       __syncthreads();
-#pragma unroll
-      for (int i = 0; i < tile.kFm; ++i) {
-        if ((tile.m0 + 16 * i) / 64 != half) continue;  // uniform over the fragment
-#pragma unroll
-        for (int j = 0; j < tile.kFn; ++j)
-#pragma unroll
-          for (int r = 0; r < mma::kAccRegs; ++r) O[(tile.row(i, r) - 64 * half) * kLdO + tile.col(j, r)] = tile.acc[i][j].v[r];
-      }
+      stage_half(tile, O, half);
       __syncthreads();
       for (int rr = threadIdx.x / 16; rr < 64; rr += kThreads / 16) {
         const int n = n0 + 64 * half + rr;
@@ -1076,18 +1084,11 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       __syncthreads();
-#pragma unroll
-      for (int i = 0; i < tile.kFm; ++i) {
-        if ((tile.m0 + 16 * i) / 64 != half) continue;  // uniform over the fragment
-#pragma unroll
-        for (int j = 0; j < tile.kFn; ++j)
-#pragma unroll
-          for (int r = 0; r < mma::kAccRegs; ++r) O[(tile.row(i, r) - 64 * half) * kLdO + tile.col(j, r)] = tile.acc[i][j].v[r];
-      }
+      stage_half(tile, O, half);
       __syncthreads();
       for (int o = threadIdx.x; o < 64 * pcols; o += kThreads) {
         const int rr = o % 64, pc = o / 64, n = n0 + 64 * half + rr;
-        if (n < p.dstate) ch.final_state(n, p0 + pc, O[rr * kLdO + pc]);
+        if (n < p.dstate) store_final(p, ch.b, ch.h, n, p0 + pc, O[rr * kLdO + pc]);
       }
     }
     return;
@@ -1288,14 +1289,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       if constexpr (kHasZ) zq[k] = load4(zo + t * zl, cq, pcols, vec);
     }
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < tile.kFm; ++i) {
-      if ((tile.m0 + 16 * i) / 64 != half) continue;  // uniform over the fragment
-#pragma unroll
-      for (int j = 0; j < tile.kFn; ++j)
-#pragma unroll
-        for (int r = 0; r < mma::kAccRegs; ++r) O[(tile.row(i, r) - 64 * half) * kLdO + tile.col(j, r)] = tile.acc[i][j].v[r];
-    }
+    stage_half(tile, O, half);
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < kOutRows; ++k) {

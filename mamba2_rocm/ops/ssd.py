@@ -119,13 +119,10 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     if not given:
         states = torch.empty(batch, nchunks, nheads, dstate, headdim, dtype=f32, device=dev)
     state_tiles = _cdiv(headdim, _STATE_TILES[0]) * _cdiv(dstate, _STATE_TILES[1])
-    chained = not given and _chained(batch * state_tiles * nheads, sm_count(dev))
+    chains = batch * state_tiles * nheads  # (batch, state tile, head): see _chained
+    chained = not given and _chained(chains, sm_count(dev))
     # the chained chunk_state's ticket counter and flags (chunk_cumsum zeroes them)
-    chain = None
-    if chained:
-        chain = torch.empty(
-            1 + batch * nchunks * state_tiles * nheads, dtype=torch.int32, device=dev
-        )
+    chain = torch.empty(1 + nchunks * chains, dtype=torch.int32, device=dev) if chained else None
     out = None if recompute else torch.empty(x.shape, dtype=x.dtype, device=dev)
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     if D is None:
@@ -197,10 +194,9 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     run("m2r_ssd_chunk_cumsum", (nchunks, _cdiv(nheads, _CUMSUM_HEADS), batch))
     run(f"m2r_ssd_bmm_{dt_name}", (nchunks * ngroups * pairs, 1, batch))
     if not given:
-        if chained:
-            run(f"m2r_ssd_chunk_state_chain_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
-        else:
-            run(f"m2r_ssd_chunk_state_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
+        stage = "chunk_state_chain" if chained else "chunk_state"
+        run(f"m2r_ssd_{stage}_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
+        if not chained:
             run(
                 "m2r_ssd_state_passing",
                 (_cdiv(headdim * dstate, _THREADS * _PASS_VEC), nheads, batch),
