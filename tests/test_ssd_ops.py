@@ -236,8 +236,8 @@ def test_kept_states_fit_what_mamba_ssm_keeps(dtype, n, cs, L, kept):
     assert (ssd_ops._kept_states(x, states, cs) is states) == kept
 
 
-@pytest.mark.parametrize(("chains_per_sm", "chained"), [(0.0, True), (math.inf, False)])
-def test_state_passing_chained_or_separate(monkeypatch, chains_per_sm, chained):
+@pytest.mark.parametrize("chained", [True, False])
+def test_state_passing_chained_or_separate(monkeypatch, chained):
     """chunk_state runs chained (the state passing in its blocks, the flags zeroed by
     chunk_cumsum) where there are enough chains for the GPU, else followed by the separate
     state-passing kernel; the chain workspace goes to the kernels only when chained."""
@@ -245,7 +245,7 @@ def test_state_passing_chained_or_separate(monkeypatch, chains_per_sm, chained):
 
     from mamba2_rocm.params import SsdParams
 
-    monkeypatch.setattr(ssd_ops, "CHAIN_CHAINS_PER_SM", chains_per_sm)
+    monkeypatch.setattr(ssd_ops, "_chained", lambda chains, chunks, sms: chained)
     kset = stand_in_kernels(monkeypatch, ssd_ops)
     a = _inputs(seeded("chained", chained), L=200)
     ssd_ops._impl(a["x"], a["dt"], a["A"], a["B"], a["C"], 64, None, None, None, None, None, None,
@@ -258,7 +258,24 @@ def test_state_passing_chained_or_separate(monkeypatch, chains_per_sm, chained):
     assert (chain_ptr != 0) is chained
 
 
-def test_chained_rule():
-    """One chain per two multiprocessors at least (H100-calibrated: see CHAIN_CHAINS_PER_SM)."""
-    assert ssd_ops._chained(66, 132) and not ssd_ops._chained(65, 132)
-    assert ssd_ops._chained(1, 0)  # no GPU (the CPU stand-ins)
+@pytest.mark.parametrize(
+    ("chains", "chunks", "chained"),
+    [
+        # the H100 grid points either side of each step (CHAIN_CHAINS_PER_SM's comment)
+        (256, 2, True),  # mamba2-370m b8 l512
+        (192, 2, False),  # mamba2-130m b8 l512
+        (192, 8, True),  # mamba2-780m b4 l2048
+        (128, 8, False),  # mamba2-370m b4 l2048
+        (64, 16, False),  # b2 l4096 h32
+        (64, 64, True),  # b1 l16384 h64 g8
+        (48, 64, False),  # mamba2-780m b1 l16384
+        (24, 32, False),  # mamba2-130m b1 l8192
+    ],
+)
+def test_chained_rule(chains, chunks, chained):
+    """Few chunks per chain take many chains to chain, long chains few (H100-calibrated)."""
+    assert ssd_ops._chained(chains, chunks, 132) is chained
+
+
+def test_chained_rule_without_gpu():
+    assert ssd_ops._chained(1, 1000, 0)  # no GPU (the CPU stand-ins): chained

@@ -120,7 +120,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         states = torch.empty(batch, nchunks, nheads, dstate, headdim, dtype=f32, device=dev)
     state_tiles = _cdiv(headdim, _STATE_TILES[0]) * _cdiv(dstate, _STATE_TILES[1])
     chains = batch * state_tiles * nheads  # (batch, state tile, head): see _chained
-    chained = not given and _chained(chains, sm_count(dev))
+    chained = not given and _chained(chains, nchunks, sm_count(dev))
     # the chained chunk_state's ticket counter and flags (chunk_cumsum zeroes them)
     chain = torch.empty(1 + nchunks * chains, dtype=torch.int32, device=dev) if chained else None
     out = None if recompute else torch.empty(x.shape, dtype=x.dtype, device=dev)
@@ -209,20 +209,26 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     return out, states
 
 
-# At least this many (batch, state tile, head) chains per multiprocessor take the chained
-# chunk_state (csrc/ssd.hip: Chain): each chain is a sequence of dependent links of a few µs,
-# which only the chains side by side hide. Measured on an H100 (132 SMs; scripts/profile_ssd.py,
-# bench ssd): chained, the SSD forward took 10-12% less at Falcon-H1 (96 chains at b1 l8192) and
-# Nemotron-H b1 l8192 (128), 3-5% less at mamba2-2.7b b1 (80), but 33% more at mamba2-130m b1
-# l8192 (24 chains of 32 chunks) and 2-5% more at b2 l4096 h32 (64 chains of 16). Calibrated on
-# NVIDIA only; the AMD targets take the same rule untested.
-CHAIN_CHAINS_PER_SM = 0.5
+# (most chunks, chains per multiprocessor): a forward whose chains have at most that many chunks
+# takes the chained chunk_state (csrc/ssd.hip: Chain) from that many (batch, state tile, head)
+# chains per multiprocessor on. Chained, chunk_state runs at 2 blocks per multiprocessor instead
+# of 3 and each chain's links wait on each other; separate, the state-passing kernel reads and
+# writes every state once more and walks the chunks in turn. So few chunks need many chains (the
+# blocks the lost occupancy costs), and long chains few (the state-passing kernel grows with
+# them). Measured on an H100 (132 SMs): every point of `bench ssd`'s grid forced each way
+# (graph µs, one session), chained was faster by 2-6% from 256 chains of 2 chunks (mamba2-370m
+# b8 l512; slower by 4% at 192, mamba2-130m), from 192 chains of 8 (slower by 2-4% at 96 and
+# 128), and from 64 chains of 64 chunks (b1 l16384 h64 g8: 815 vs 837 µs; slower by 1% at 48
+# chains, 4.5% at 64 chains of 16); at 24-32 chains of 32-64 chunks it was 20-35% slower.
+# Calibrated on NVIDIA only; the AMD targets take the same rule untested.
+CHAIN_CHAINS_PER_SM = ((2, 1.6), (16, 1.2), (math.inf, 0.48))
 
 
-def _chained(chains: int, sms: int) -> bool:
-    """Whether chunk_state runs chained (the state passing in its blocks) for this many chains on
-    this many multiprocessors (0: no GPU, as in the CPU tests: chained)."""
-    return chains >= CHAIN_CHAINS_PER_SM * sms
+def _chained(chains: int, chunks: int, sms: int) -> bool:
+    """Whether chunk_state runs chained (the state passing in its blocks) for this many chains of
+    this many chunks on this many multiprocessors (0: no GPU, as in the CPU tests: chained)."""
+    per_sm = next(v for most, v in CHAIN_CHAINS_PER_SM if chunks <= most)
+    return chains >= per_sm * sms
 
 
 def _kept_states(x: Tensor, states: Tensor, chunk_size: int) -> Tensor | None:

@@ -12,10 +12,8 @@ def ssd_state_paths(request, monkeypatch):
     """The test runs twice: the SSD forward's chunk_state chained (the state passing in its
     blocks) and followed by the separate state-passing kernel, whichever the GPU's size and the
     test's shapes would pick (mamba2_rocm.ops.ssd._chained)."""
-    import math
-
     import mamba2_rocm.ops.ssd as ssd_ops
 
     chained = request.param == "chained"
-    monkeypatch.setattr(ssd_ops, "CHAIN_CHAINS_PER_SM", 0.0 if chained else math.inf)
+    monkeypatch.setattr(ssd_ops, "_chained", lambda chains, chunks, sms: chained)
     return request.param
