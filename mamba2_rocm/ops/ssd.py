@@ -215,12 +215,15 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
 # of 3 and each chain's links wait on each other; separate, the state-passing kernel reads and
 # writes every state once more and walks the chunks in turn. So few chunks need many chains (the
 # blocks the lost occupancy costs), and long chains few (the state-passing kernel grows with
-# them). Measured on an H100 (132 SMs): every point of `bench ssd`'s grid forced each way
-# (graph µs, one session), chained was faster by 2-6% from 256 chains of 2 chunks (mamba2-370m
-# b8 l512; slower by 4% at 192, mamba2-130m), from 192 chains of 8 (slower by 2-4% at 96 and
-# 128), and from 64 chains of 64 chunks (b1 l16384 h64 g8: 815 vs 837 µs; slower by 1% at 48
-# chains, 4.5% at 64 chains of 16); at 24-32 chains of 32-64 chunks it was 20-35% slower.
-# Calibrated on NVIDIA only; the AMD targets take the same rule untested.
+# them). Measured on an H100 (132 SMs) with scripts/sweep_ssd_chain.py (every point of
+# `bench ssd`'s grid forced each way, graph µs), chained was faster by 2-6% from 256 chains of
+# 2 chunks (mamba2-370m b8 l512; slower by 4% at 192, mamba2-130m), from 192 chains of 8
+# (slower by 2-4% at 96 and 128), and from 64 chains of 64 chunks (b1 l16384 h64 g8: 815 vs
+# 837 µs; slower by 1% at 48 chains, 4.5% at 64 chains of 16); at 24-32 chains of 32-64 chunks
+# it was 20-35% slower. A
+# second sweep, after the table was set, found its pick within 0.5% of the faster path at all 38
+# points. Calibrated on NVIDIA only; the AMD targets take the same rule untested (an AMD runner
+# reruns the script to check it).
 CHAIN_CHAINS_PER_SM = ((2, 1.6), (16, 1.2), (math.inf, 0.48))
 
 

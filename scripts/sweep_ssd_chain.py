@@ -1,0 +1,77 @@
+"""Calibrate the SSD forward's chained / separate state passing on this GPU: every point of
+``bench ssd``'s grid run both ways (``mamba_chunk_scan_combined``, bf16, CUDA/HIP-graph time per
+call, the better of two rounds each), against the path the host rule
+(``mamba2_rocm.ops.ssd._chained``, table ``CHAIN_CHAINS_PER_SM``) picks on this GPU. Prints one
+line per point and a summary of the points where the rule's pick is more than 0.5% slower than
+the other path; ``--json FILE`` writes the rows. This is how the table was measured on the H100;
+an AMD runner reruns it to see whether its multiprocessor count moves the steps.
+
+Usage (kernels built, on the GPU machine): python scripts/sweep_ssd_chain.py [--json FILE]
+"""
+
+import argparse
+import json
+import math
+
+import torch
+
+from mamba2_rocm import mamba_chunk_scan_combined
+from mamba2_rocm.bench.ssd import grid
+from mamba2_rocm.bench.timing import time_graph
+from mamba2_rocm.ops import ssd as ssd_ops
+from mamba2_rocm.ops._launch import sm_count
+
+
+def inputs(b, L, h, p, g, n, cs):
+    gen = torch.Generator(device="cuda").manual_seed(L + h)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    x, dt = r(b, L, h, p).bfloat16(), (r(b, L, h) - 2).bfloat16()
+    B, C = r(b, L, g, n).bfloat16(), r(b, L, g, n).bfloat16()
+    A, D, bias = -torch.rand(h, device="cuda", generator=gen) - 0.05, r(h), r(h) * 0.5
+    kw = dict(D=D, dt_bias=bias, dt_softplus=True, return_final_states=True)
+    return lambda: mamba_chunk_scan_combined(x, dt, A, B, C, cs, **kw)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", metavar="FILE", help="write the rows to FILE")
+    args = ap.parse_args()
+    sms = sm_count(torch.device("cuda"))
+    rule = ssd_ops._chained
+    print(f"device: {torch.cuda.get_device_name()}, {sms} multiprocessors")
+    rows = []
+    try:
+        for label, shape in grid():
+            b, L, h, p, _g, n, cs = shape
+            tiles = math.ceil(p / ssd_ops._STATE_TILES[0]) * math.ceil(n / ssd_ops._STATE_TILES[1])
+            chains, chunks = b * tiles * h, math.ceil(L / cs)
+            call = inputs(*shape)
+            us = {}
+            for _ in range(2):
+                for chained in (False, True):
+                    ssd_ops._chained = lambda *a, v=chained: v
+                    t = time_graph(call, replays=10, per_graph=10).median_us
+                    us[chained] = min(us.get(chained, math.inf), t)
+            picked = rule(chains, chunks, sms)
+            loss = us[picked] / min(us.values()) - 1
+            rows.append(dict(case=label, shape=shape, chains=chains, chunks=chunks,
+                             separate_us=round(us[False], 1), chained_us=round(us[True], 1),
+                             rule_chained=picked, rule_loss=round(loss, 4)))  # fmt: skip
+            print(f"{label:14} b{b} l{L:<5} h{h:<3} p{p} n{n} c{cs}  chains {chains:4} chunks {chunks:3}"
+                  f"  separate {us[False]:8.1f}  chained {us[True]:8.1f} us  rule: "
+                  f"{'chained' if picked else 'separate'}{f'  ({100 * loss:.1f}% slower)' if loss > 0.005 else ''}",
+                  flush=True)  # fmt: skip
+            del call
+            torch.cuda.empty_cache()
+    finally:
+        ssd_ops._chained = rule
+    missed = [r for r in rows if r["rule_loss"] > 0.005]
+    print(f"the rule's pick is more than 0.5% slower at {len(missed)} of {len(rows)} points"
+          + "".join(f"\n  {r['case']} {r['shape'][:2]}: {100 * r['rule_loss']:.1f}%" for r in missed))  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
