@@ -139,6 +139,14 @@ M2R_DEVICE float2 load_fresh2(const float* p) {  // 8-byte aligned
 #endif
 }
 
+M2R_DEVICE float4 load_fresh4(const float* p) {  // 16-byte aligned
+#if M2R_AMD
+  return *reinterpret_cast<const float4*>(p);
+#else
+  return __ldcg(reinterpret_cast<const float4*>(p));
+#endif
+}
+
 M2R_DEVICE float load_fresh1(const float* p) {
 #if M2R_AMD
   return *p;

@@ -36,6 +36,7 @@ constexpr int kHeadsPerCumsum = 8;  // heads per chunk_cumsum block
 constexpr int kMaxChunk = 256;
 constexpr int kStateBlocks = 3;     // chunk_state's blocks per multiprocessor (NVIDIA; kStateWavesM)
 constexpr int kChainBlocks = 2;     // the same, chained (see Chain: at 3 the link spilled)
+constexpr int kChainLdsBlocks = 3;  // the same, chained with the link through LDS (matrix cores)
 constexpr int kStateP = 64;   // chunk_state's tile: headdim ...
 constexpr int kStateN = 128;  // ... x dstate
 
@@ -280,7 +281,10 @@ M2R_DEVICE ChunkWeights chunk_weights(const SsdParams& p, int b, int h, int c, i
 // this form only where enough chains run side by side to hide them. Blocks take their (chunk, batch,
 // tile, head) from an atomic ticket, chunk-major (heads fastest: a group's heads read the same B
 // rows side by side), so a block only waits on one that started before it, whatever order the
-// hardware dispatches the grid in.
+// hardware dispatches the grid in. The link takes one of two forms (the host picks, by the chains
+// per multiprocessor): from the accumulators where they are (one round trip a link; 2 blocks per
+// multiprocessor on NVIDIA, the registers beside the accumulators), or through LDS, 64 rows at a
+// time (two round trips; 3 blocks: better where many short chains run, worse on long ones).
 struct StateBlock {
   int b, c, h, tile;
   M2R_DEVICE int p0(const SsdParams& p) const { return tile / ((p.dstate + kStateN - 1) / kStateN) * kStateP; }
@@ -319,38 +323,43 @@ M2R_DEVICE StateBlock chunk_state_block(const SsdParams& p, int* ticket, int& en
   }
 }
 
+// states[0]'s (p0, n0) tile of head h: the initial states, or 0 (a chained block of chunk 0)
+M2R_DEVICE void write_initial_tile(const SsdParams& p, int b, int h, int p0, int n0) {
+  float* in = p.states + states_at(p, b, 0, h);
+  const int pcols = min(kStateP, p.headdim - p0), ncols = min(kStateN, p.dstate - n0);
+  for (int o = threadIdx.x; o < pcols * ncols; o += kThreads) {
+    const int pp = p0 + o % pcols, n = n0 + o / pcols;
+    in[static_cast<int64_t>(n) * p.headdim + pp] = initial_state(p, b, h, n, pp);
+  }
+}
+
 struct Chain {
-  const SsdParams& p;
-  int b, c, h, tile, p0, n0;
+  int b, c, h, p0, n0;
   float carry;  // chunk_carry: < 0, the chunk's own state alone
   float* in;    // states[c] of the head
-  float* next;  // states[c + 1], or null (the last chunk)
+  int* flag;    // states[c]'s flag (written by chunk c - 1's block; unused for chunk 0)
 
-  // Decoded again from the ticket after the block's products, with the carry read from global
-  // memory, instead of holding these through the products: chunk_state spilled on NVIDIA
-  M2R_DEVICE Chain(const SsdParams& q, int ticket) : p(q) {
-    const StateBlock sb = state_block(q, ticket);
-    b = sb.b, c = sb.c, h = sb.h, tile = sb.tile, p0 = sb.p0(q), n0 = sb.n0(q);
-    carry = chunk_carry(q, b, h, c);
-    in = q.states + states_at(q, b, c, h);
-    next = c + 1 < q.nchunks ? q.states + states_at(q, b, c + 1, h) : nullptr;
-  }
-  // block-wide: states[c] is written (by the block of chunk c - 1; chunk 0: here, the initial
-  // states or 0), and this block may read it
+  M2R_DEVICE bool last(const SsdParams& p) const { return c + 1 == p.nchunks; }
+  // states[c + 1] of the head (not the last chunk), and its flag: one chunk on
+  M2R_DEVICE float* next(const SsdParams& p) const { return in + static_cast<int64_t>(p.nheads) * p.dstate * p.headdim; }
+  M2R_DEVICE int* next_flag(const SsdParams& p) const { return flag + state_tiles(p) * p.nheads; }
+  // block-wide: states[c] is written (by the block of chunk c - 1; chunk 0: by this block,
+  // write_initial_tile), and this block may read it
   M2R_DEVICE void wait() const {
-    if (c > 0) return flag_wait(chain_flag(p, b, c, tile, h));
-    const int pcols = min(kStateP, p.headdim - p0), ncols = min(kStateN, p.dstate - n0);
-    for (int o = threadIdx.x; o < pcols * ncols; o += kThreads) {
-      const int pp = p0 + o % pcols, n = n0 + o / pcols;
-      in[static_cast<int64_t>(n) * p.headdim + pp] = initial_state(p, b, h, n, pp);
-    }
+    if (c > 0) return flag_wait(flag);
     __syncthreads();  // (global memory too, within the block)
   }
-  M2R_DEVICE void publish() const {  // block-wide: states[c + 1] is written
-    if (next) flag_publish(chain_flag(p, b, c + 1, tile, h));
+  M2R_DEVICE void publish(const SsdParams& p) const {  // block-wide: states[c + 1] is written
+    if (!last(p)) flag_publish(next_flag(p));
   }
   M2R_DEVICE float step(float entering, float own) const { return carry < 0.f ? own : fmaf(carry, entering, own); }
 };
+// The link of chunk_state block sb (chained), whose chunk carries the state by `carry`. Fields
+// and not pointers where they can be derived: the kernels hold these beside their accumulators
+M2R_DEVICE Chain chain_of(const SsdParams& p, const StateBlock& sb, float carry) {
+  return {sb.b, sb.c, sb.h, sb.p0(p), sb.n0(p), carry, p.states + states_at(p, sb.b, sb.c, sb.h),
+          chain_flag(p, sb.b, sb.c, sb.tile, sb.h)};
+}
 
 // A (headdim-tile 64) x (dstate-tile 128) block of one chunk's state, summed over the chunk's
 // positions up to `end` that share its segment, each weighted by exp(dA_cs[end] - dA_cs[s]) dt[s];
@@ -410,7 +419,11 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
         if (pp < p.headdim && n < p.dstate) out[static_cast<int64_t>(n) * p.headdim + pp] = acc[i][j];
       }
   } else {
-    const Chain ch(p, *static_cast<volatile int*>(&ticket));
+    // decoded again from the ticket, the carry read from global memory, instead of holding
+    // these through the products (chunk_state spilled on NVIDIA)
+    const StateBlock sc = state_block(p, *static_cast<volatile int*>(&ticket));
+    const Chain ch = chain_of(p, sc, chunk_carry(p, sc.b, sc.h, sc.c));
+    if (ch.c == 0) write_initial_tile(p, ch.b, ch.h, ch.p0, ch.n0);
     ch.wait();
     float e[4][8];  // all loads before the first store (which they could alias): one round trip
 #pragma unroll
@@ -427,10 +440,10 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
         const int pp = ch.p0 + p_off + i, n = ch.n0 + n_off + (j % 4) + 64 * (j / 4);
         if (pp >= p.headdim || n >= p.dstate) continue;
         const float v = ch.step(e[i][j], acc[i][j]);
-        if (ch.next) ch.next[static_cast<int64_t>(n) * p.headdim + pp] = v;
+        if (!ch.last(p)) ch.next(p)[static_cast<int64_t>(n) * p.headdim + pp] = v;
         else if (p.final_states) store_final(p, ch.b, ch.h, n, pp, v);
       }
-    ch.publish();
+    ch.publish(p);
   }
 }
 
@@ -938,7 +951,7 @@ M2R_DEVICE void bmm_mma(const SsdParams& p) {
     *reinterpret_cast<float4*>(out + rr * cs + cq) = *reinterpret_cast<const float4*>(O + rr * kLdO + cq);
 }
 
-template <typename T, bool kVarlen, bool kChain>
+template <typename T, bool kVarlen, bool kChain, bool kLds>
 M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   typedef KMajor<128> LB;
   typedef KMajor<64> LX;
@@ -972,6 +985,15 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     bf.fetch(Bp + first * bl, bl, rows - first, ncols, bvec);
     xf.fetch(xp + first * xl, xl, rows - first, pcols, xvec);
   }
+  // kLds (3 blocks per multiprocessor on NVIDIA, so every register counts): chunk 0's block
+  // writes states[0] now, before the accumulators live; the chunk carries the state entering it
+  // by exp(dA_cs[end]) unless a sequence starts inside it (chunk_carry; end is the chunk's last
+  // position here); the chunk index waits in LDS (held through the products beside the rest of
+  // the block's position, it spilled)
+  if (kLds && c == 0) write_initial_tile(p, b, h, p0, n0);
+  const float chain_carry = seg_end == 0 ? __expf(a_end) : -1.f;
+  __shared__ int held_c;
+  if (kLds && threadIdx.x == 0) held_c = c;
 
   mma::BlockTile<kThreads, 128, 64, kStateWavesM> tile;  // rows n, cols p
   for (int s0 = first; s0 < rows; s0 += kSlab) {
@@ -988,7 +1010,19 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     }
     __syncthreads();
     const int s1 = s0 + kSlab;
-    if (s1 < rows) bf.fetch(Bp + s1 * bl, bl, rows - s1, ncols, bvec), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
+    if (s1 < rows) {
+      if constexpr (kLds) {
+        // 32-bit element offsets from the parameters' pointers: fewer registers held through
+        // the loop (the host takes this form only where x's and B's offsets fit 32 bits)
+        const uint16_t* B0 = static_cast<const uint16_t*>(p.B);
+        const uint16_t* x0 = static_cast<const uint16_t*>(p.x);
+        const uint32_t bo = static_cast<uint32_t>(Bp - B0), xo = static_cast<uint32_t>(xp - x0);
+        bf.fetch(B0 + bo + s1 * bl, bl, rows - s1, ncols, bvec);
+        xf.fetch(x0 + xo + s1 * xl, xl, rows - s1, pcols, xvec);
+      } else {
+        bf.fetch(Bp + s1 * bl, bl, rows - s1, ncols, bvec), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
+      }
+    }
     if constexpr (kSplitState) tile.template product_split<T, kSlab, true, true, false>(Bs, nullptr, LB::kLd, Xh, Xl, LX::kLd);
     else tile.template product<T, kSlab, true, true>(Bs, LB::kLd, Xh, LX::kLd);
     __syncthreads();
@@ -1022,12 +1056,16 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     }
     return;
   }
-  if constexpr (kChain) {
+  if constexpr (kChain && !kLds) {
     // the state passing's step (Chain) on the accumulators where they are: between the wait and
     // the stores the chain's links wait on, one round trip of loads and no barrier (NVIDIA: 8-byte
-    // accesses, a register pair's neighbouring columns; AMD: a row's 16 columns over 16 lanes)
-    const Chain ch(p, *static_cast<volatile int*>(&ticket));
+    // accesses, a register pair's neighbouring columns; AMD: a row's 16 columns over 16 lanes).
+    // The block's position decoded again from the ticket and the carry read from global memory,
+    // instead of holding these through the products (chunk_state spilled on NVIDIA)
+    const StateBlock sc = state_block(p, *static_cast<volatile int*>(&ticket));
+    const Chain ch = chain_of(p, sc, chunk_carry(p, sc.b, sc.h, sc.c));
     const int p0 = ch.p0, n0 = ch.n0;
+    if (ch.c == 0) write_initial_tile(p, ch.b, ch.h, p0, n0);
     constexpr int kStep = mma::kAccColPairs ? 2 : 1;
     const bool pairs = mma::kAccColPairs && p.headdim % 2 == 0;  // (then pp is even: 8-byte aligned)
     ch.wait();
@@ -1055,7 +1093,8 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
       for (int j = 0; j < tile.kFn; ++j)
 #pragma unroll
         for (int r = 0; r < mma::kAccRegs; ++r) tile.acc[i][j].v[r] = ch.step(e[i][j][r], tile.acc[i][j].v[r]);
-    if (ch.next) {
+    if (!ch.last(p)) {
+      float* const next = ch.next(p);
 #pragma unroll
       for (int i = 0; i < tile.kFm; ++i)
 #pragma unroll
@@ -1064,7 +1103,7 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
           for (int r = 0; r < mma::kAccRegs; r += kStep) {
             const int n = n0 + tile.row(i, r), pp = p0 + tile.col(j, r);
             if (n >= p.dstate) continue;
-            float* at = ch.next + static_cast<int64_t>(n) * p.headdim + pp;
+            float* at = next + static_cast<int64_t>(n) * p.headdim + pp;
             if (kStep == 2 && pairs && pp + 1 < p.headdim) {
               *reinterpret_cast<float2*>(at) = make_float2(tile.acc[i][j].v[r], tile.acc[i][j].v[r + kStep - 1]);
             } else {
@@ -1073,7 +1112,7 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
                 if (pp + u < p.headdim) at[u] = tile.acc[i][j].v[r + u];
             }
           }
-      ch.publish();
+      ch.publish(p);
       return;
     }
     if (!p.final_states) return;
@@ -1091,6 +1130,65 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
         if (n < p.dstate) store_final(p, ch.b, ch.h, n, p0 + pc, O[rr * kLdO + pc]);
       }
     }
+    return;
+  }
+  if constexpr (kChain && kLds) {
+    // the state passing's step (Chain), 64 rows n at a time through LDS (over the operand
+    // tiles): the accumulators are free once staged, so the link's loads and stores take no
+    // registers beside them (straight from the accumulators it spilled at kChainBlocks 3), and
+    // neighbouring threads read and write 16-byte runs of a state row
+    StateBlock sh = sb;
+    sh.c = *static_cast<volatile int*>(&held_c);
+    const Chain ch = chain_of(p, sh, chain_carry);
+    float* O = reinterpret_cast<float*>(smem);
+    const int p0 = ch.p0, n0 = ch.n0, pcols = min(kStateP, p.headdim - p0);
+    const int cq = 4 * (threadIdx.x % 16);
+    const bool vec = p.headdim % 4 == 0 && cq + 3 < pcols;  // (then the row's run is 16-byte aligned)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      __syncthreads();
+      stage_half(tile, O, half);
+      if (half == 0) ch.wait();  // (its barrier orders the staging too)
+      else __syncthreads();
+      for (int rr = threadIdx.x / 16; rr < 64; rr += kThreads / 16) {
+        const int n = n0 + 64 * half + rr;
+        if (n >= p.dstate) break;
+        float* own = O + rr * kLdO + cq;
+        const float* in = ch.in + static_cast<int64_t>(n) * p.headdim + p0 + cq;
+        float e[4];
+        if (vec) {
+          const float4 q = load_fresh4(in);
+          e[0] = q.x, e[1] = q.y, e[2] = q.z, e[3] = q.w;
+        } else {
+#pragma unroll
+          for (int u = 0; u < 4; ++u) e[u] = cq + u < pcols ? load_fresh1(in + u) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) e[u] = ch.step(e[u], own[u]);
+        if (ch.last(p)) {  // final_states, below
+#pragma unroll
+          for (int u = 0; u < 4; ++u) own[u] = e[u];
+          continue;
+        }
+        float* out = ch.next(p) + static_cast<int64_t>(n) * p.headdim + p0 + cq;
+        if (vec) {
+          *reinterpret_cast<float4*>(out) = make_float4(e[0], e[1], e[2], e[3]);
+        } else {
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            if (cq + u < pcols) out[u] = e[u];
+        }
+      }
+      if (!ch.last(p) || !p.final_states) continue;
+      // the last chunk: final_states ([p][n]) from LDS, so that neighbouring threads write
+      // neighbouring n
+      __syncthreads();
+      for (int o = threadIdx.x; o < 64 * pcols; o += kThreads) {
+        const int rr = o % 64, pc = o / 64, n = n0 + 64 * half + rr;
+        if (n < p.dstate) store_final(p, ch.b, ch.h, n, p0 + pc, O[rr * kLdO + pc]);
+      }
+    }
+    ch.publish(p);
     return;
   }
   const float* st = p.states + states_at(p, b, c, h);  // the state entering the chunk
@@ -1337,10 +1435,11 @@ M2R_DEVICE void bmm(const SsdParams& p) {
   bmm_fma<T>(p);
 }
 
-template <typename T, bool kVarlen, bool kChain>
+// kLds: chained with the link through LDS (chunk_state_mma; the FMA path has one form)
+template <typename T, bool kVarlen, bool kChain, bool kLds = false>
 M2R_DEVICE void chunk_state(const SsdParams& p) {
 #if M2R_MMA != 0
-  if constexpr (mma::kEnabled<T>) return chunk_state_mma<T, kVarlen, kChain>(p);
+  if constexpr (mma::kEnabled<T>) return chunk_state_mma<T, kVarlen, kChain, kLds>(p);
   else
 #endif
   chunk_state_fma<T, kVarlen, kChain>(p);
@@ -1354,6 +1453,11 @@ M2R_DEVICE void chunk_scan(const SsdParams& p) {
 #endif
   chunk_scan_fma<T, kRows, kHasZ>(p);
 }
+
+// the chained chunk_state's blocks per multiprocessor with the link through LDS (NVIDIA; the FMA
+// path's one form keeps kChainBlocks)
+template <typename T>
+constexpr int kChainLdsBlocksOf = mma::kEnabled<T> ? kChainLdsBlocks : kChainBlocks;
 
 // chunk_scan's 64-row tile, blocks per multiprocessor (NVIDIA): 3 at 80 registers on the matrix
 // cores (ptxas took 96 for the non-gated one without the bound), 4 at 64 on the fp32 FMA path
@@ -1375,6 +1479,10 @@ M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_state_passing(SsdParams p) { m2r::ssd::st
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kChainBlocks)                          \
   m2r_ssd_chunk_state_chain_##DT(SsdParams p) {                                              \
     m2r::ssd::chunk_state<m2r::T, false, true>(p);                                           \
+  }                                                                                          \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kChainLdsBlocksOf<m2r::T>)             \
+  m2r_ssd_chunk_state_chain_lds_##DT(SsdParams p) {                                          \
+    m2r::ssd::chunk_state<m2r::T, false, true, true>(p);                                     \
   }                                                                                          \
   M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_varlen_state_##DT(SsdParams p) {                    \
     m2r::ssd::chunk_state<m2r::T, true, false>(p);                                           \

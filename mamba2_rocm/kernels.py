@@ -148,7 +148,13 @@ SOURCES: dict[str, KernelSource] = {
                 *(
                     f"m2r_ssd_{stage}_{dt}"
                     for dt in KERNEL_DTYPES
-                    for stage in ("bmm", "chunk_state", "chunk_state_chain", "varlen_state")
+                    for stage in (
+                        "bmm",
+                        "chunk_state",
+                        "chunk_state_chain",
+                        "chunk_state_chain_lds",
+                        "varlen_state",
+                    )
                 ),
                 *(
                     f"m2r_ssd_chunk_scan_{dt}_t{rows}{z}"

@@ -1,10 +1,12 @@
-"""Calibrate the SSD forward's chained / separate state passing on this GPU: every point of
-``bench ssd``'s grid run both ways (``mamba_chunk_scan_combined``, bf16, CUDA/HIP-graph time per
-call, the better of two rounds each), against the path the host rule
-(``mamba2_rocm.ops.ssd._chained``, table ``CHAIN_CHAINS_PER_SM``) picks on this GPU. Prints one
-line per point and a summary of the points where the rule's pick is more than 0.5% slower than
-the other path; ``--json FILE`` writes the rows. This is how the table was measured on the H100;
-an AMD runner reruns it to see whether its multiprocessor count moves the steps.
+"""Calibrate the SSD forward's state passing on this GPU: every point of ``bench ssd``'s grid
+run three ways (``mamba_chunk_scan_combined``, bf16, CUDA/HIP-graph time per call, the better of
+two rounds each): separate (chunk_state, then the state-passing kernel), chained with the link
+from the accumulators, chained with the link through LDS; against the path the host rules
+(``mamba2_rocm.ops.ssd._chained``, table ``CHAIN_CHAINS_PER_SM``; ``_lds_link``,
+``CHAIN_LDS_CHAINS_PER_SM``) pick on this GPU. Prints one line per point and a summary of the
+points where the rules' pick is more than 0.5% slower than the fastest; ``--json FILE`` writes
+the rows. This is how the rules were measured on the H100; an AMD runner reruns it to see whether
+its multiprocessor count moves the steps.
 
 Usage (kernels built, on the GPU machine): python scripts/sweep_ssd_chain.py [--json FILE]
 """
@@ -37,36 +39,41 @@ def main():
     ap.add_argument("--json", metavar="FILE", help="write the rows to FILE")
     args = ap.parse_args()
     sms = sm_count(torch.device("cuda"))
-    rule = ssd_ops._chained
+    rule, lds_rule = ssd_ops._chained, ssd_ops._lds_link
+    paths = ("separate", "chained", "chained_lds")
     print(f"device: {torch.cuda.get_device_name()}, {sms} multiprocessors")
     rows = []
     try:
         for label, shape in grid():
-            b, L, h, p, _g, n, cs = shape
+            b, L, h, p, g, n, cs = shape
             tiles = math.ceil(p / ssd_ops._STATE_TILES[0]) * math.ceil(n / ssd_ops._STATE_TILES[1])
             chains, chunks = b * tiles * h, math.ceil(L / cs)
             call = inputs(*shape)
             us = {}
             for _ in range(2):
-                for chained in (False, True):
-                    ssd_ops._chained = lambda *a, v=chained: v
+                for path in paths:
+                    ssd_ops._chained = lambda *a, v=path != "separate": v
+                    ssd_ops._lds_link = lambda *a, v=path == "chained_lds": v
                     t = time_graph(call, replays=10, per_graph=10).median_us
-                    us[chained] = min(us.get(chained, math.inf), t)
-            picked = rule(chains, chunks, sms)
+                    us[path] = min(us.get(path, math.inf), t)
+            x, B = torch.empty(b, L, h, p, device="meta"), torch.empty(b, L, g, n, device="meta")
+            picked = "separate"
+            if rule(chains, chunks, sms):
+                picked = "chained_lds" if lds_rule(chains, chunks, sms, x, B) else "chained"
             loss = us[picked] / min(us.values()) - 1
             rows.append(dict(case=label, shape=shape, chains=chains, chunks=chunks,
-                             separate_us=round(us[False], 1), chained_us=round(us[True], 1),
-                             rule_chained=picked, rule_loss=round(loss, 4)))  # fmt: skip
-            print(f"{label:14} b{b} l{L:<5} h{h:<3} p{p} n{n} c{cs}  chains {chains:4} chunks {chunks:3}"
-                  f"  separate {us[False]:8.1f}  chained {us[True]:8.1f} us  rule: "
-                  f"{'chained' if picked else 'separate'}{f'  ({100 * loss:.1f}% slower)' if loss > 0.005 else ''}",
+                             **{f"{k}_us": round(v, 1) for k, v in us.items()},
+                             rule=picked, rule_loss=round(loss, 4)))  # fmt: skip
+            print(f"{label:14} b{b} l{L:<5} h{h:<3} p{p} n{n} c{cs}  chains {chains:4} chunks {chunks:3}  "
+                  + "  ".join(f"{k} {v:7.1f}" for k, v in us.items())
+                  + f" us  rule: {picked}{f'  ({100 * loss:.1f}% slower)' if loss > 0.005 else ''}",
                   flush=True)  # fmt: skip
             del call
             torch.cuda.empty_cache()
     finally:
-        ssd_ops._chained = rule
+        ssd_ops._chained, ssd_ops._lds_link = rule, lds_rule
     missed = [r for r in rows if r["rule_loss"] > 0.005]
-    print(f"the rule's pick is more than 0.5% slower at {len(missed)} of {len(rows)} points"
+    print(f"the rules' pick is more than 0.5% slower at {len(missed)} of {len(rows)} points"
           + "".join(f"\n  {r['case']} {r['shape'][:2]}: {100 * r['rule_loss']:.1f}%" for r in missed))  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

@@ -236,23 +236,28 @@ def test_kept_states_fit_what_mamba_ssm_keeps(dtype, n, cs, L, kept):
     assert (ssd_ops._kept_states(x, states, cs) is states) == kept
 
 
-@pytest.mark.parametrize("chained", [True, False])
-def test_state_passing_chained_or_separate(monkeypatch, chained):
-    """chunk_state runs chained (the state passing in its blocks, the flags zeroed by
-    chunk_cumsum) where there are enough chains for the GPU, else followed by the separate
-    state-passing kernel; the chain workspace goes to the kernels only when chained."""
+@pytest.mark.parametrize("form", ["chain", "chain_lds", None])
+def test_state_passing_chained_or_separate(monkeypatch, form):
+    """chunk_state runs chained (the state passing in its blocks, the link from the accumulators
+    or through LDS; the flags zeroed by chunk_cumsum) where there are enough chains for the GPU,
+    else followed by the separate state-passing kernel; the chain workspace goes to the kernels
+    only when chained."""
     from helpers import stand_in_kernels
 
     from mamba2_rocm.params import SsdParams
 
+    chained = form is not None
     monkeypatch.setattr(ssd_ops, "_chained", lambda chains, chunks, sms: chained)
+    monkeypatch.setattr(ssd_ops, "_lds_link", lambda chains, chunks, sms, x, B: form == "chain_lds")
     kset = stand_in_kernels(monkeypatch, ssd_ops)
-    a = _inputs(seeded("chained", chained), L=200)
+    a = _inputs(seeded("chained", form), L=200)
     ssd_ops._impl(a["x"], a["dt"], a["A"], a["B"], a["C"], 64, None, None, None, None, None, None,
                   False, (0.0, math.inf), False, None)  # fmt: skip
     names = [name for name, _, _ in kset.launches]
     stage = [n for n in names if n.startswith("m2r_ssd_chunk_state")]
-    assert stage == (["m2r_ssd_chunk_state_chain_f32"] if chained else ["m2r_ssd_chunk_state_f32"])
+    assert stage == (
+        [f"m2r_ssd_chunk_state_{form}_f32"] if chained else ["m2r_ssd_chunk_state_f32"]
+    )
     assert ("m2r_ssd_state_passing" in names) is not chained
     chain_ptr = kset.launches[0][1][[f[0] for f in SsdParams._fields_].index("chain")]
     assert (chain_ptr != 0) is chained
@@ -279,3 +284,30 @@ def test_chained_rule(chains, chunks, chained):
 
 def test_chained_rule_without_gpu():
     assert ssd_ops._chained(1, 1000, 0)  # no GPU (the CPU stand-ins): chained
+
+
+@pytest.mark.parametrize(
+    ("chains", "chunks", "lds"),
+    [
+        # the H100 grid points either side of each step (CHAIN_LDS_CHAINS_PER_SM's comment)
+        (384, 2, True),  # mamba2-780m b8 l512
+        (256, 2, False),  # mamba2-370m b8 l512
+        (128, 32, True),  # codestral b1 l8192
+        (96, 64, False),  # Falcon-H1 b1 l8192
+    ],
+)
+def test_lds_link_rule(chains, chunks, lds):
+    """The LDS link from 2.5 chains per multiprocessor on at 2 chunks, 0.96 beyond
+    (H100-calibrated)."""
+    x = torch.empty(8, 512, 24, 128, device="meta")
+    B = torch.empty(8, 512, 1, 256, device="meta")
+    assert ssd_ops._lds_link(chains, chunks, 132, x, B) is lds
+
+
+def test_lds_link_only_within_32_bit_offsets():
+    """That kernel holds x's and B's element offsets in 32 bits: a view whose last element lies
+    2**32 elements past its first (strides, not storage) takes the other link."""
+    B = torch.empty(8, 512, 1, 256, device="meta")
+    wide = torch.empty(1, device="meta").as_strided((2, 512, 24, 128), (2**32, 24 * 128, 128, 1))
+    assert ssd_ops._lds_link(10_000, 8, 132, torch.empty(2, 512, 24, 128, device="meta"), B)
+    assert not ssd_ops._lds_link(10_000, 8, 132, wide, B)

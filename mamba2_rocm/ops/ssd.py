@@ -120,7 +120,8 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         states = torch.empty(batch, nchunks, nheads, dstate, headdim, dtype=f32, device=dev)
     state_tiles = _cdiv(headdim, _STATE_TILES[0]) * _cdiv(dstate, _STATE_TILES[1])
     chains = batch * state_tiles * nheads  # (batch, state tile, head): see _chained
-    chained = not given and _chained(chains, nchunks, sm_count(dev))
+    sms = sm_count(dev)
+    chained = not given and _chained(chains, nchunks, sms)
     # the chained chunk_state's ticket counter and flags (chunk_cumsum zeroes them)
     chain = torch.empty(1 + nchunks * chains, dtype=torch.int32, device=dev) if chained else None
     out = None if recompute else torch.empty(x.shape, dtype=x.dtype, device=dev)
@@ -194,7 +195,13 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     run("m2r_ssd_chunk_cumsum", (nchunks, _cdiv(nheads, _CUMSUM_HEADS), batch))
     run(f"m2r_ssd_bmm_{dt_name}", (nchunks * ngroups * pairs, 1, batch))
     if not given:
-        stage = "chunk_state_chain" if chained else "chunk_state"
+        stage = "chunk_state"
+        if chained:
+            stage = (
+                "chunk_state_chain_lds"
+                if _lds_link(chains, nchunks, sms, x, B)
+                else "chunk_state_chain"
+            )
         run(f"m2r_ssd_{stage}_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
         if not chained:
             run(
@@ -225,6 +232,34 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
 # points. Calibrated on NVIDIA only; the AMD targets take the same rule untested (an AMD runner
 # reruns the script to check it).
 CHAIN_CHAINS_PER_SM = ((2, 1.6), (16, 1.2), (math.inf, 0.48))
+
+
+# (most chunks, chains per multiprocessor): a chained forward whose chains have at most that many
+# chunks passes the state through LDS from that many chains per multiprocessor on
+# (m2r_ssd_chunk_state_chain_lds_*: the accumulators staged 64 rows at a time, then 16-byte loads
+# of the entering state and stores of the next; 3 blocks per multiprocessor on NVIDIA instead of
+# 2, but two round trips a link instead of one), else from the accumulators. Measured on an H100
+# with scripts/sweep_ssd_chain.py: through LDS 2-11% faster from 384 chains of 2 chunks
+# (mamba2-780m b8 l512 155.1 vs 157.9 µs; 4% slower at 256, mamba2-370m) and from 128 chains of
+# more (Falcon-H1 b4 l2048, 384 of 16: 424.0 vs 474.5; Codestral b1 l8192, 128 of 32: 741.4 vs
+# 772.9; mamba2-2.7b b4 l2048, 320 of 8: 455.6 vs 477.2), slower on fewer, longer chains (80-96
+# chains of 32-128 chunks: 1-9%; b1 l16384 h64 g8 872.0 vs 820.5), where a link's latency is the
+# chain's pace; Nemotron-H b1 (128 chains of 64-128 chunks of 128) is the one point it loses,
+# by 1-1.5%. The FMA path (fp32; targets without matrix cores) has one link form: both names
+# run it. Calibrated on NVIDIA only, like the table above.
+CHAIN_LDS_CHAINS_PER_SM = ((2, 2.5), (math.inf, 0.96))
+_UINT32_MAX = 2**32 - 1
+
+
+def _lds_link(chains: int, chunks: int, sms: int, x: Tensor, B: Tensor) -> bool:
+    """Whether the chained chunk_state takes the LDS link (enough chains for the occupancy to
+    pay; x's and B's element offsets within 32 bits, which that kernel holds them in)."""
+
+    def span(t: Tensor) -> int:
+        return sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+
+    per_sm = next(v for most, v in CHAIN_LDS_CHAINS_PER_SM if chunks <= most)
+    return chains >= per_sm * sms and max(span(x), span(B)) <= _UINT32_MAX
 
 
 def _chained(chains: int, chunks: int, sms: int) -> bool:

@@ -7,13 +7,17 @@ def kernel_backend(backend):
     backend("kernel")
 
 
-@pytest.fixture(params=["chained", "separate"])
+@pytest.fixture(params=["chained", "chained_lds", "separate"])
 def ssd_state_paths(request, monkeypatch):
-    """The test runs twice: the SSD forward's chunk_state chained (the state passing in its
-    blocks) and followed by the separate state-passing kernel, whichever the GPU's size and the
-    test's shapes would pick (mamba2_rocm.ops.ssd._chained)."""
+    """The test runs three times: the SSD forward's chunk_state chained (the state passing in its
+    blocks) with the link from the accumulators or through LDS, and followed by the separate
+    state-passing kernel, whichever the GPU's size and the test's shapes would pick
+    (mamba2_rocm.ops.ssd._chained, _lds_link)."""
     import mamba2_rocm.ops.ssd as ssd_ops
 
-    chained = request.param == "chained"
+    chained = request.param != "separate"
     monkeypatch.setattr(ssd_ops, "_chained", lambda chains, chunks, sms: chained)
+    monkeypatch.setattr(
+        ssd_ops, "_lds_link", lambda chains, chunks, sms, x, B: request.param == "chained_lds"
+    )
     return request.param
