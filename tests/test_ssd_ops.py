@@ -304,6 +304,15 @@ def test_lds_link_rule(chains, chunks, lds):
     assert ssd_ops._lds_link(chains, chunks, 132, x, B) is lds
 
 
+def test_lds_link_not_on_rocm(monkeypatch):
+    """A ROCm torch keeps the register link (no occupancy for the LDS form to gain on AMD)."""
+    x = torch.empty(8, 512, 24, 128, device="meta")
+    B = torch.empty(8, 512, 1, 256, device="meta")
+    assert ssd_ops._lds_link(10_000, 8, 132, x, B)
+    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    assert not ssd_ops._lds_link(10_000, 8, 132, x, B)
+
+
 def test_lds_link_only_within_32_bit_offsets():
     """That kernel holds x's and B's element offsets in 32 bits: a view whose last element lies
     2**32 elements past its first (strides, not storage) takes the other link."""

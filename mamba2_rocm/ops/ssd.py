@@ -246,18 +246,25 @@ CHAIN_CHAINS_PER_SM = ((2, 1.6), (16, 1.2), (math.inf, 0.48))
 # chains of 32-128 chunks: 1-9%; b1 l16384 h64 g8 872.0 vs 820.5), where a link's latency is the
 # chain's pace; Nemotron-H b1 (128 chains of 64-128 chunks of 128) is the one point it loses,
 # by 1-1.5%. The FMA path (fp32; targets without matrix cores) has one link form: both names
-# run it. Calibrated on NVIDIA only, like the table above.
+# run it. NVIDIA only: on AMD the LDS form's registers give no more waves per SIMD than the
+# register link's (gfx90a / gfx942: 176 VGPRs + 48 AGPRs against 148 + 32; gfx1100: 204 against
+# 192; hipcc 7.0.2), so the occupancy that pays for its second round trip is not there, and a
+# ROCm torch keeps the register link until an AMD runner's scripts/sweep_ssd_chain.py says
+# otherwise (it forces each form whatever this rule says).
 CHAIN_LDS_CHAINS_PER_SM = ((2, 2.5), (math.inf, 0.96))
 _UINT32_MAX = 2**32 - 1
 
 
 def _lds_link(chains: int, chunks: int, sms: int, x: Tensor, B: Tensor) -> bool:
-    """Whether the chained chunk_state takes the LDS link (enough chains for the occupancy to
-    pay; x's and B's element offsets within 32 bits, which that kernel holds them in)."""
+    """Whether the chained chunk_state takes the LDS link (NVIDIA; enough chains for the
+    occupancy to pay; x's and B's element offsets within 32 bits, which that kernel holds them
+    in)."""
 
     def span(t: Tensor) -> int:
         return sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
 
+    if torch.version.hip is not None:  # AMD: see CHAIN_LDS_CHAINS_PER_SM
+        return False
     per_sm = next(v for most, v in CHAIN_LDS_CHAINS_PER_SM if chunks <= most)
     return chains >= per_sm * sms and max(span(x), span(B)) <= _UINT32_MAX
 
