@@ -131,27 +131,13 @@ M2R_DEVICE void flag_wait(const int* flag) {
 #endif
 }
 
-M2R_DEVICE float2 load_fresh2(const float* p) {  // 8-byte aligned
+// V = float, float2 or float4, p aligned to sizeof(V)
+template <typename V>
+M2R_DEVICE V load_fresh(const float* p) {
 #if M2R_AMD
-  return *reinterpret_cast<const float2*>(p);
+  return *reinterpret_cast<const V*>(p);
 #else
-  return __ldcg(reinterpret_cast<const float2*>(p));
-#endif
-}
-
-M2R_DEVICE float4 load_fresh4(const float* p) {  // 16-byte aligned
-#if M2R_AMD
-  return *reinterpret_cast<const float4*>(p);
-#else
-  return __ldcg(reinterpret_cast<const float4*>(p));
-#endif
-}
-
-M2R_DEVICE float load_fresh1(const float* p) {
-#if M2R_AMD
-  return *p;
-#else
-  return __ldcg(p);
+  return __ldcg(reinterpret_cast<const V*>(p));
 #endif
 }
 

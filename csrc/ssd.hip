@@ -431,7 +431,7 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int pp = ch.p0 + p_off + i, n = ch.n0 + n_off + (j % 4) + 64 * (j / 4);
-        e[i][j] = pp < p.headdim && n < p.dstate ? load_fresh1(ch.in + static_cast<int64_t>(n) * p.headdim + pp) : 0.f;
+        e[i][j] = pp < p.headdim && n < p.dstate ? load_fresh<float>(ch.in + static_cast<int64_t>(n) * p.headdim + pp) : 0.f;
       }
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -752,6 +752,15 @@ M2R_DEVICE void stage_half(const Tile& tile, float* O, int half) {
       for (int r = 0; r < mma::kAccRegs; ++r) O[(tile.row(i, r) - 64 * half) * kLdO + tile.col(j, r)] = tile.acc[i][j].v[r];
   }
 }
+// A chained block of the last chunk: final_states ([p][n]) from the 64 rows n of `half` staged in
+// O, so that neighbouring threads write neighbouring n
+M2R_DEVICE void store_final_half(const SsdParams& p, const Chain& ch, int pcols, const float* O, int half) {
+  for (int o = threadIdx.x; o < 64 * pcols; o += kThreads) {
+    const int rr = o % 64, pc = o / 64, n = ch.n0 + 64 * half + rr;
+    if (n < p.dstate) store_final(p, ch.b, ch.h, n, ch.p0 + pc, O[rr * kLdO + pc]);
+  }
+}
+
 // Build knobs (measurement only): M2R_SSD_SPLIT_SCAN / M2R_SSD_SPLIT_STATE = 0 round chunk_scan's /
 // chunk_state's fp32-computed operands once, as mamba_ssm's Triton kernels do (half the products).
 #ifndef M2R_SSD_SPLIT_SCAN
@@ -1080,11 +1089,11 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
           const float* at = ch.in + static_cast<int64_t>(n) * p.headdim + pp;
           const bool in_n = n < p.dstate;
           if (kStep == 2 && pairs && in_n && pp + 1 < p.headdim) {
-            const float2 q = load_fresh2(at);
+            const float2 q = load_fresh<float2>(at);
             e[i][j][r] = q.x, e[i][j][r + kStep - 1] = q.y;
           } else {
 #pragma unroll
-            for (int u = 0; u < kStep; ++u) e[i][j][r + u] = in_n && pp + u < p.headdim ? load_fresh1(at + u) : 0.f;
+            for (int u = 0; u < kStep; ++u) e[i][j][r + u] = in_n && pp + u < p.headdim ? load_fresh<float>(at + u) : 0.f;
           }
         }
 #pragma unroll
@@ -1119,16 +1128,12 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     // the last chunk: final_states ([p][n]) through LDS, 64 rows n at a time (over the operand
     // tiles), so that neighbouring threads write neighbouring n
     float* O = reinterpret_cast<float*>(smem);
-    const int pcols = min(kStateP, p.headdim - p0);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       __syncthreads();
       stage_half(tile, O, half);
       __syncthreads();
-      for (int o = threadIdx.x; o < 64 * pcols; o += kThreads) {
-        const int rr = o % 64, pc = o / 64, n = n0 + 64 * half + rr;
-        if (n < p.dstate) store_final(p, ch.b, ch.h, n, p0 + pc, O[rr * kLdO + pc]);
-      }
+      store_final_half(p, ch, min(kStateP, p.headdim - p0), O, half);
     }
     return;
   }
@@ -1157,11 +1162,11 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
         const float* in = ch.in + static_cast<int64_t>(n) * p.headdim + p0 + cq;
         float e[4];
         if (vec) {
-          const float4 q = load_fresh4(in);
+          const float4 q = load_fresh<float4>(in);
           e[0] = q.x, e[1] = q.y, e[2] = q.z, e[3] = q.w;
         } else {
 #pragma unroll
-          for (int u = 0; u < 4; ++u) e[u] = cq + u < pcols ? load_fresh1(in + u) : 0.f;
+          for (int u = 0; u < 4; ++u) e[u] = cq + u < pcols ? load_fresh<float>(in + u) : 0.f;
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) e[u] = ch.step(e[u], own[u]);
@@ -1180,13 +1185,8 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
         }
       }
       if (!ch.last(p) || !p.final_states) continue;
-      // the last chunk: final_states ([p][n]) from LDS, so that neighbouring threads write
-      // neighbouring n
       __syncthreads();
-      for (int o = threadIdx.x; o < 64 * pcols; o += kThreads) {
-        const int rr = o % 64, pc = o / 64, n = n0 + 64 * half + rr;
-        if (n < p.dstate) store_final(p, ch.b, ch.h, n, p0 + pc, O[rr * kLdO + pc]);
-      }
+      store_final_half(p, ch, pcols, O, half);  // the last chunk
     }
     ch.publish(p);
     return;

@@ -16,22 +16,13 @@ import json
 import math
 
 import torch
+from profile_ssd import make_call  # (scripts/, on the path when run as a script)
 
 from mamba2_rocm import mamba_chunk_scan_combined
 from mamba2_rocm.bench.ssd import grid
 from mamba2_rocm.bench.timing import time_graph
 from mamba2_rocm.ops import ssd as ssd_ops
 from mamba2_rocm.ops._launch import sm_count
-
-
-def inputs(b, L, h, p, g, n, cs):
-    gen = torch.Generator(device="cuda").manual_seed(L + h)
-    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
-    x, dt = r(b, L, h, p).bfloat16(), (r(b, L, h) - 2).bfloat16()
-    B, C = r(b, L, g, n).bfloat16(), r(b, L, g, n).bfloat16()
-    A, D, bias = -torch.rand(h, device="cuda", generator=gen) - 0.05, r(h), r(h) * 0.5
-    kw = dict(D=D, dt_bias=bias, dt_softplus=True, return_final_states=True)
-    return lambda: mamba_chunk_scan_combined(x, dt, A, B, C, cs, **kw)
 
 
 def main():
@@ -48,7 +39,7 @@ def main():
             b, L, h, p, g, n, cs = shape
             tiles = math.ceil(p / ssd_ops._STATE_TILES[0]) * math.ceil(n / ssd_ops._STATE_TILES[1])
             chains, chunks = b * tiles * h, math.ceil(L / cs)
-            call = inputs(*shape)
+            call = make_call(mamba_chunk_scan_combined, *shape)[0]
             us = {}
             for _ in range(2):
                 for path in paths:

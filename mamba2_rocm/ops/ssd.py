@@ -227,10 +227,9 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
 # 2 chunks (mamba2-370m b8 l512; slower by 4% at 192, mamba2-130m), from 192 chains of 8
 # (slower by 2-4% at 96 and 128), and from 64 chains of 64 chunks (b1 l16384 h64 g8: 815 vs
 # 837 µs; slower by 1% at 48 chains, 4.5% at 64 chains of 16); at 24-32 chains of 32-64 chunks
-# it was 20-35% slower. A
-# second sweep, after the table was set, found its pick within 0.5% of the faster path at all 38
-# points. Calibrated on NVIDIA only; the AMD targets take the same rule untested (an AMD runner
-# reruns the script to check it).
+# it was 20-35% slower. A second sweep, after the table was set, found its pick within 0.5% of
+# the faster path at all 38 points. Calibrated on NVIDIA only; the AMD targets take the same rule
+# untested (an AMD runner reruns the script to check it).
 CHAIN_CHAINS_PER_SM = ((2, 1.6), (16, 1.2), (math.inf, 0.48))
 
 
@@ -265,14 +264,22 @@ def _lds_link(chains: int, chunks: int, sms: int, x: Tensor, B: Tensor) -> bool:
 
     if torch.version.hip is not None:  # AMD: see CHAIN_LDS_CHAINS_PER_SM
         return False
-    per_sm = next(v for most, v in CHAIN_LDS_CHAINS_PER_SM if chunks <= most)
-    return chains >= per_sm * sms and max(span(x), span(B)) <= _UINT32_MAX
+    return (
+        _enough_chains(CHAIN_LDS_CHAINS_PER_SM, chains, chunks, sms)
+        and max(span(x), span(B)) <= _UINT32_MAX
+    )
 
 
 def _chained(chains: int, chunks: int, sms: int) -> bool:
     """Whether chunk_state runs chained (the state passing in its blocks) for this many chains of
     this many chunks on this many multiprocessors (0: no GPU, as in the CPU tests: chained)."""
-    per_sm = next(v for most, v in CHAIN_CHAINS_PER_SM if chunks <= most)
+    return _enough_chains(CHAIN_CHAINS_PER_SM, chains, chunks, sms)
+
+
+def _enough_chains(table, chains: int, chunks: int, sms: int) -> bool:
+    """At least the chains per multiprocessor that ``table`` ((most chunks, chains per
+    multiprocessor) steps) asks of chains this many chunks long."""
+    per_sm = next(v for most, v in table if chunks <= most)
     return chains >= per_sm * sms
 
 
