@@ -50,7 +50,7 @@ def main():
             x, B = torch.empty(b, L, h, p, device="meta"), torch.empty(b, L, g, n, device="meta")
             picked = "separate"
             if rule(chains, chunks, sms):
-                picked = "chained_lds" if lds_rule(chains, chunks, sms, x, B) else "chained"
+                picked = "chained_lds" if lds_rule(chains, chunks, sms, x, B, cs) else "chained"
             loss = us[picked] / min(us.values()) - 1
             rows.append(dict(case=label, shape=shape, chains=chains, chunks=chunks,
                              **{f"{k}_us": round(v, 1) for k, v in us.items()},

@@ -85,13 +85,18 @@ def poison_allocator(nbytes: int, device="cuda") -> None:
 
 class RecordingKernels:
     """The kernel tier on the CPU: a kernel set whose launchers record each launch (kernel
-    name, parameter tuple, grid) instead of running it."""
+    name, parameter tuple, grid; the block in ``blocks``) instead of running it."""
 
     def __init__(self):
         self.launches = []
+        self.blocks = []
 
     def launcher(self, name):
-        return lambda params, grid, block, stream: self.launches.append((name, params, grid))
+        def record(params, grid, block, stream):
+            self.launches.append((name, params, grid))
+            self.blocks.append(block)
+
+        return record
 
 
 def stand_in_kernels(monkeypatch, ops) -> RecordingKernels:
@@ -104,7 +109,7 @@ def stand_in_kernels(monkeypatch, ops) -> RecordingKernels:
     for mod in (ops, _launch):
         monkeypatch.setattr(mod, "choose", lambda device: ("kernel", kset))
     monkeypatch.setattr(
-        ops, "launch", lambda launcher, x, p, grid, threads: launcher(p, grid, None, 0)
+        ops, "launch", lambda launcher, x, p, grid, threads: launcher(p, grid, (threads, 1, 1), 0)
     )
     return kset
 

@@ -248,7 +248,9 @@ def test_state_passing_chained_or_separate(monkeypatch, form):
 
     chained = form is not None
     monkeypatch.setattr(ssd_ops, "_chained", lambda chains, chunks, sms: chained)
-    monkeypatch.setattr(ssd_ops, "_lds_link", lambda chains, chunks, sms, x, B: form == "chain_lds")
+    monkeypatch.setattr(
+        ssd_ops, "_lds_link", lambda chains, chunks, sms, x, B, cs: form == "chain_lds"
+    )
     kset = stand_in_kernels(monkeypatch, ssd_ops)
     a = _inputs(seeded("chained", form), L=200)
     ssd_ops._impl(a["x"], a["dt"], a["A"], a["B"], a["C"], 64, None, None, None, None, None, None,
@@ -261,6 +263,34 @@ def test_state_passing_chained_or_separate(monkeypatch, form):
     assert ("m2r_ssd_state_passing" in names) is not chained
     chain_ptr = kset.launches[0][1][[f[0] for f in SsdParams._fields_].index("chain")]
     assert (chain_ptr != 0) is chained
+
+
+@pytest.mark.parametrize(
+    ("dtype", "chunk", "headdim", "kernel", "tiles"),
+    [
+        # 128-row tiles from chunk 128, 64-row tiles at 64; 64 headdim columns a block
+        (torch.bfloat16, 128, 128, "bf16_t128", 2),
+        (torch.float16, 256, 96, "f16_t128", 4),  # 2 row tiles x 2 column tiles
+        (torch.bfloat16, 256, 72, "bf16_t128", 4),
+        (torch.bfloat16, 128, 64, "bf16_t128", 1),
+        (torch.bfloat16, 64, 128, "bf16_t64", 2),
+        (torch.float32, 128, 100, "f32_t128", 2),
+    ],
+)
+def test_chunk_scan_tile(monkeypatch, dtype, chunk, headdim, kernel, tiles):
+    """chunk_scan's kernel, grid and block by chunk size, headdim and dtype."""
+    from helpers import stand_in_kernels
+
+    kset = stand_in_kernels(monkeypatch, ssd_ops)
+    a = _inputs(seeded("tile", chunk, headdim), L=300, p=headdim)
+    a = {k: v if k == "A" else v.to(dtype) for k, v in a.items()}
+    ssd_ops._impl(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk, None, None, None, None, None, None,
+                  False, (0.0, math.inf), False, None)  # fmt: skip
+    (i,) = [i for i, (name, _, _) in enumerate(kset.launches) if "chunk_scan" in name]
+    name, _, grid = kset.launches[i]
+    assert name == f"m2r_ssd_chunk_scan_{kernel}"
+    assert grid == (-(-300 // chunk) * tiles * 4, 1, 2)
+    assert kset.blocks[i] == (256, 1, 1)
 
 
 @pytest.mark.parametrize(
@@ -287,30 +317,35 @@ def test_chained_rule_without_gpu():
 
 
 @pytest.mark.parametrize(
-    ("chains", "chunks", "lds"),
+    ("chains", "chunks", "chunk_size", "lds"),
     [
         # the H100 grid points either side of each step (CHAIN_LDS_CHAINS_PER_SM's comment)
-        (384, 2, True),  # mamba2-780m b8 l512
-        (256, 2, False),  # mamba2-370m b8 l512
-        (128, 32, True),  # codestral b1 l8192
-        (96, 64, False),  # Falcon-H1 b1 l8192
+        (384, 2, 256, True),  # mamba2-780m b8 l512
+        (256, 2, 256, False),  # mamba2-370m b8 l512
+        (128, 32, 256, True),  # codestral b1 l8192
+        (128, 64, 256, True),  # codestral b1 l16384
+        (80, 64, 256, False),  # mamba2-2.7b b1 l16384
+        (384, 16, 128, True),  # Falcon-H1 b4 l2048
+        (128, 64, 128, False),  # Nemotron-H b1 l8192
+        (96, 64, 128, False),  # Falcon-H1 b1 l8192
+        (128, 64, 64, False),  # chunks of 64: the 128 table
     ],
 )
-def test_lds_link_rule(chains, chunks, lds):
-    """The LDS link from 2.5 chains per multiprocessor on at 2 chunks, 0.96 beyond
-    (H100-calibrated)."""
+def test_lds_link_rule(chains, chunks, chunk_size, lds):
+    """The LDS link from 2.5 chains per multiprocessor on at 2 chunks, beyond that from 0.96
+    with chunks of 256 and 1.5 with shorter ones (H100-calibrated)."""
     x = torch.empty(8, 512, 24, 128, device="meta")
     B = torch.empty(8, 512, 1, 256, device="meta")
-    assert ssd_ops._lds_link(chains, chunks, 132, x, B) is lds
+    assert ssd_ops._lds_link(chains, chunks, 132, x, B, chunk_size) is lds
 
 
 def test_lds_link_not_on_rocm(monkeypatch):
     """A ROCm torch keeps the register link (no occupancy for the LDS form to gain on AMD)."""
     x = torch.empty(8, 512, 24, 128, device="meta")
     B = torch.empty(8, 512, 1, 256, device="meta")
-    assert ssd_ops._lds_link(10_000, 8, 132, x, B)
+    assert ssd_ops._lds_link(10_000, 8, 132, x, B, 256)
     monkeypatch.setattr(torch.version, "hip", "6.4.0")
-    assert not ssd_ops._lds_link(10_000, 8, 132, x, B)
+    assert not ssd_ops._lds_link(10_000, 8, 132, x, B, 256)
 
 
 def test_lds_link_only_within_32_bit_offsets():
@@ -318,5 +353,5 @@ def test_lds_link_only_within_32_bit_offsets():
     2**32 elements past its first (strides, not storage) takes the other link."""
     B = torch.empty(8, 512, 1, 256, device="meta")
     wide = torch.empty(1, device="meta").as_strided((2, 512, 24, 128), (2**32, 24 * 128, 128, 1))
-    assert ssd_ops._lds_link(10_000, 8, 132, torch.empty(2, 512, 24, 128, device="meta"), B)
-    assert not ssd_ops._lds_link(10_000, 8, 132, wide, B)
+    assert ssd_ops._lds_link(10_000, 8, 132, torch.empty(2, 512, 24, 128, device="meta"), B, 256)
+    assert not ssd_ops._lds_link(10_000, 8, 132, wide, B, 256)

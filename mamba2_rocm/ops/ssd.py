@@ -199,7 +199,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         if chained:
             stage = (
                 "chunk_state_chain_lds"
-                if _lds_link(chains, nchunks, sms, x, B)
+                if _lds_link(chains, nchunks, sms, x, B, cs)
                 else "chunk_state_chain"
             )
         run(f"m2r_ssd_{stage}_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
@@ -233,8 +233,8 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
 CHAIN_CHAINS_PER_SM = ((2, 1.6), (16, 1.2), (math.inf, 0.48))
 
 
-# (most chunks, chains per multiprocessor): a chained forward whose chains have at most that many
-# chunks passes the state through LDS from that many chains per multiprocessor on
+# chunk size -> (most chunks, chains per multiprocessor): a chained forward whose chains have at
+# most that many chunks passes the state through LDS from that many chains per multiprocessor on
 # (m2r_ssd_chunk_state_chain_lds_*: the accumulators staged 64 rows at a time, then 16-byte loads
 # of the entering state and stores of the next; 3 blocks per multiprocessor on NVIDIA instead of
 # 2, but two round trips a link instead of one), else from the accumulators. Measured on an H100
@@ -243,21 +243,27 @@ CHAIN_CHAINS_PER_SM = ((2, 1.6), (16, 1.2), (math.inf, 0.48))
 # more (Falcon-H1 b4 l2048, 384 of 16: 424.0 vs 474.5; Codestral b1 l8192, 128 of 32: 741.4 vs
 # 772.9; mamba2-2.7b b4 l2048, 320 of 8: 455.6 vs 477.2), slower on fewer, longer chains (80-96
 # chains of 32-128 chunks: 1-9%; b1 l16384 h64 g8 872.0 vs 820.5), where a link's latency is the
-# chain's pace; Nemotron-H b1 (128 chains of 64-128 chunks of 128) is the one point it loses,
-# by 1-1.5%. The FMA path (fp32; targets without matrix cores) has one link form: both names
-# run it. NVIDIA only: on AMD the LDS form's registers give no more waves per SIMD than the
+# chain's pace. Chunks of 128 (half a link's work) need more chains: Nemotron-H b1 (128 chains
+# of 64-128 chunks of 128) lost 1-1.5% through LDS (780.9 vs 792.7 µs at l8192), where Codestral
+# and Bamba b1 (128 chains of 32-64 chunks of 256) gained 2.5-4%; from 384 chains of 128-token
+# chunks (Falcon-H1 and Nemotron-H at b4 / b8) it gained 3-11%. Chunks of 64 (not on the grid)
+# take the 128 table. The FMA path (fp32; targets without matrix cores) has one link form: both
+# names run it. NVIDIA only: on AMD the LDS form's registers give no more waves per SIMD than the
 # register link's (gfx90a / gfx942: 176 VGPRs + 48 AGPRs against 148 + 32; gfx1100: 204 against
 # 192; hipcc 7.0.2), so the occupancy that pays for its second round trip is not there, and a
 # ROCm torch keeps the register link until an AMD runner's scripts/sweep_ssd_chain.py says
 # otherwise (it forces each form whatever this rule says).
-CHAIN_LDS_CHAINS_PER_SM = ((2, 2.5), (math.inf, 0.96))
+CHAIN_LDS_CHAINS_PER_SM = {
+    256: ((2, 2.5), (math.inf, 0.96)),
+    128: ((2, 2.5), (math.inf, 1.5)),
+}
 _UINT32_MAX = 2**32 - 1
 
 
-def _lds_link(chains: int, chunks: int, sms: int, x: Tensor, B: Tensor) -> bool:
-    """Whether the chained chunk_state takes the LDS link (NVIDIA; enough chains for the
-    occupancy to pay; x's and B's element offsets within 32 bits, which that kernel holds them
-    in)."""
+def _lds_link(chains: int, chunks: int, sms: int, x: Tensor, B: Tensor, chunk_size: int) -> bool:
+    """Whether the chained chunk_state takes the LDS link (NVIDIA; enough chains of chunks this
+    long for the occupancy to pay; x's and B's element offsets within 32 bits, which that kernel
+    holds them in)."""
 
     def span(t: Tensor) -> int:
         return sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
@@ -265,7 +271,9 @@ def _lds_link(chains: int, chunks: int, sms: int, x: Tensor, B: Tensor) -> bool:
     if torch.version.hip is not None:  # AMD: see CHAIN_LDS_CHAINS_PER_SM
         return False
     return (
-        _enough_chains(CHAIN_LDS_CHAINS_PER_SM, chains, chunks, sms)
+        _enough_chains(
+            CHAIN_LDS_CHAINS_PER_SM[256 if chunk_size >= 256 else 128], chains, chunks, sms
+        )
         and max(span(x), span(B)) <= _UINT32_MAX
     )
 

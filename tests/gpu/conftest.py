@@ -18,6 +18,6 @@ def ssd_state_paths(request, monkeypatch):
     chained = request.param != "separate"
     monkeypatch.setattr(ssd_ops, "_chained", lambda chains, chunks, sms: chained)
     monkeypatch.setattr(
-        ssd_ops, "_lds_link", lambda chains, chunks, sms, x, B: request.param == "chained_lds"
+        ssd_ops, "_lds_link", lambda chains, chunks, sms, x, B, cs: request.param == "chained_lds"
     )
     return request.param

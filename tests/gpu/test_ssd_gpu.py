@@ -93,6 +93,18 @@ def test_seq_idx_restarts(dtype, chunk):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("chunk", [128, 256])
+@pytest.mark.parametrize("p", [72, 100, 128])
+def test_headdim_over_64(dtype, chunk, p):
+    """Headdim over 64 (chunk_scan's second column tile, whole or partial) with restarts,
+    initial states, D per column and the gate, against the recurrence."""
+    g = seeded("wide", str(dtype), chunk, p, device=DEV)
+    args = _inputs(g, 2, 517, 3, p, 1, 96, dtype, D="hp", z=True, bias=True, init=True)
+    args["seq_idx"] = make_seq_idx(2, 517, device=DEV, gen=torch.Generator().manual_seed(p))
+    _check(args, chunk, dtype, dt_softplus=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(("dt_shift", "a_scale"), [(1.0, 2.0), (3.0, 6.0), (5.0, 16.0)])
 def test_steep_decays(dtype, dt_shift, a_scale):
     """Decays of about 2^-5 .. 2^-150 per token (dt * A up to ~ -100): the intra-chunk weights
