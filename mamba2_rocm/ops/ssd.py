@@ -188,7 +188,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     )  # fmt: skip  (SsdParams, field order)
     dt_name = KERNEL_DTYPE[x.dtype]
     pairs = (cs // 64) * (cs // 64 + 1) // 2
-    rows = _scan_rows(cs, headdim)
+    rows = _scan_rows(cs)
     scan_tiles = (cs // rows) * _cdiv(headdim, _SCAN_COLS)
     zs = "_z" if z is not None else ""
     run = lambda name, grid: launch(kset.launcher(name), x, params, grid, _THREADS)  # noqa: E731
@@ -216,7 +216,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     return out, states
 
 
-def _scan_rows(chunk_size: int, headdim: int) -> int:
+def _scan_rows(chunk_size: int) -> int:
     """chunk_scan's positions per tile (csrc/ssd.hip: the _t64 / _t128 kernels)."""
     return 64 if chunk_size == 64 else 128
 
