@@ -132,13 +132,26 @@ M2R_DEVICE int* chain_flag(const SsdParams& p, int b, int c, int tile, int h) {
 
 // A wavefront per head: lane j owns the run of kCumsumPer tokens from j * kCumsumPer, loads them
 // together and sums them in order; one shuffle scan joins the runs (wave_runs_segmented_scan).
-// The block's waves share its kHeadsPerCumsum heads; there is no block barrier.
+// The block's waves share its kHeadsPerCumsum heads. Where the block's heads' 16-bit dt lie as
+// one aligned 16-byte run per token (unit head stride, as a Mamba2 block passes dt), each
+// thread loads one token's run and the runs go to the waves through LDS (one barrier): one
+// 16-byte load per token instead of one 2-byte gather per token and head, which ncu had as the
+// kernel's main stall.
 constexpr int kCumsumPer = kMaxChunk / kWavefront;
+static_assert(kHeadsPerCumsum == 8 && kThreads >= kMaxChunk, "a thread's token run: 8 heads of 16-bit dt");
 
 M2R_DEVICE void chunk_cumsum(const SsdParams& p) {
+  __shared__ float dt_runs[kHeadsPerCumsum][kMaxChunk];  // [head - h0][token]
   const int lane = static_cast<int>(threadIdx.x) % kWavefront, wave = static_cast<int>(threadIdx.x) / kWavefront;
-  const int c = blockIdx.x, b = blockIdx.z, t0 = lane * kCumsumPer;
+  const int c = blockIdx.x, b = blockIdx.z, t0 = lane * kCumsumPer, h0 = blockIdx.y * kHeadsPerCumsum;
   const int64_t pos0 = static_cast<int64_t>(c) * p.chunk_size + t0;
+  const uint16_t* dt_run = static_cast<const uint16_t*>(p.dt) + b * p.dt_batch_stride + h0;
+  const bool runs = p.dt_dtype != M2R_DTYPE_F32 && p.dt_h_stride == 1 && h0 + kHeadsPerCumsum <= p.nheads &&
+                    p.dt_l_stride % 8 == 0 && reinterpret_cast<uintptr_t>(dt_run) % 16 == 0;
+  const int s_own = static_cast<int>(threadIdx.x);  // this thread's token of the runs
+  const bool own = runs && s_own < p.chunk_size && static_cast<int64_t>(c) * p.chunk_size + s_own < p.seqlen;
+  const uint4 run = own ? *reinterpret_cast<const uint4*>(dt_run + (static_cast<int64_t>(c) * p.chunk_size + s_own) * p.dt_l_stride)
+                        : make_uint4(0u, 0u, 0u, 0u);
   bool valid[kCumsumPer], start[kCumsumPer];
   float change[kCumsumPer];  // seq_idx changes at this token (from the implicit id 0 before token 0)
 #pragma unroll
@@ -177,13 +190,38 @@ M2R_DEVICE void chunk_cumsum(const SsdParams& p) {
     for (int e = 0; e < kCumsumPer; ++e)
       if (t0 + e < p.chunk_size) seg[e] = static_cast<int32_t>(change[e]);
   }
-  for (int i = wave; i < kHeadsPerCumsum; i += kThreads / kWavefront) {
-    const int h = blockIdx.y * kHeadsPerCumsum + i;
-    if (h >= p.nheads) break;  // uniform over the wave
-    float d[kCumsumPer], cum[kCumsumPer];  // (dt's loads first: they are the long ones)
-    load_as_float_n(p.dt, p.dt_dtype, b * p.dt_batch_stride + pos0 * p.dt_l_stride + h * p.dt_h_stride, p.dt_l_stride, valid, d);
-    const float bias = p.dt_bias ? load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_stride) : 0.f;
-    const float a = load_as_float(p.A, p.a_dtype, h * p.A_stride);
+  // this wave's heads' dt_bias and A, requested before the barrier (not a round trip after it)
+  constexpr int kWavesCs = kThreads / kWavefront, kPerWave = (kHeadsPerCumsum + kWavesCs - 1) / kWavesCs;
+  float bias_w[kPerWave], a_w[kPerWave];
+#pragma unroll
+  for (int k = 0; k < kPerWave; ++k) {
+    const int h = min(h0 + wave + k * kWavesCs, p.nheads - 1);  // (heads past nheads: unused)
+    bias_w[k] = p.dt_bias ? load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_stride) : 0.f;
+    a_w[k] = load_as_float(p.A, p.a_dtype, h * p.A_stride);
+  }
+  if (runs) {
+    if (s_own < p.chunk_size) {
+      const uint32_t w[4] = {run.x, run.y, run.z, run.w};
+#pragma unroll
+      for (int j = 0; j < kHeadsPerCumsum; ++j) {
+        const uint16_t bits = static_cast<uint16_t>(w[j / 2] >> (16 * (j % 2)));
+        dt_runs[j][s_own] = p.dt_dtype == M2R_DTYPE_F16 ? fp16_to_float(bits) : bf16_to_float(bits);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int k = 0; k < kPerWave; ++k) {
+    const int i = wave + k * kWavesCs, h = h0 + i;
+    if (i >= kHeadsPerCumsum || h >= p.nheads) break;  // uniform over the wave
+    float d[kCumsumPer], cum[kCumsumPer];
+    if (runs) {
+#pragma unroll
+      for (int e = 0; e < kCumsumPer; ++e) d[e] = valid[e] ? dt_runs[i][t0 + e] : 0.f;
+    } else {
+      load_as_float_n(p.dt, p.dt_dtype, b * p.dt_batch_stride + pos0 * p.dt_l_stride + h * p.dt_h_stride, p.dt_l_stride, valid, d);
+    }
+    const float bias = bias_w[k], a = a_w[k];
 #pragma unroll
     for (int e = 0; e < kCumsumPer; ++e) {
       if (valid[e]) {

@@ -38,6 +38,19 @@ def test_ssd_headdim_128_nonfinite_x(dtype, col, varlen):
     check_ssd(case, "cuda")
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+@pytest.mark.parametrize("chunk", [64, 256])
+@pytest.mark.usefixtures("ssd_state_paths")
+def test_ssd_dt_run_nonfinite(dtype, value, chunk):
+    """A non-finite dt read through chunk_cumsum's 16-byte runs (16 heads) stays in its head's
+    sequence."""
+    case = SsdCase(seqlen=300, nheads=16, headdim=32, ngroups=2, dstate=32, chunk_size=chunk,
+                   starts=(90, 200), target="dt", seq=1, where=0.5, value=value,
+                   varlen=False, dtype=dtype, seed=13)  # fmt: skip
+    check_ssd(case, "cuda")
+
+
 @SETTINGS
 @given(case=conv_cases())
 def test_conv1d_kernel_nonfinite_stays_in_its_sequence(case):

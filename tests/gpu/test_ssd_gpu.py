@@ -105,6 +105,34 @@ def test_headdim_over_64(dtype, chunk, p):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("chunk", [64, 256])
+@pytest.mark.parametrize("layout", ["contiguous", "h12", "misaligned", "padded", "head_strided"])
+def test_dt_layouts(dtype, chunk, layout):
+    """chunk_cumsum reads 8 heads' 16-bit dt as one 16-byte run per token where they lie so
+    (contiguous, nheads a multiple of 8; a padded token stride), else per head (12 heads: the
+    second block of heads; a view one element off 16-byte alignment; heads 2 apart): all against
+    the recurrence, with restarts, softplus and dt_limit."""
+    g = seeded("dtl", str(dtype), chunk, layout, device=DEV)
+    h, L = (12 if layout == "h12" else 16), 333
+    args = _inputs(g, 2, L, h, 64, 2, 64, dtype, bias=True, z=True, init=True)
+    dt = args["dt"]
+    if layout == "misaligned":  # heads 1..16 of 24: 2 bytes past a 16-byte boundary
+        wide = (torch.randn(2, L, 24, device=DEV, generator=g) - 2).to(dtype)
+        wide[:, :, 1:17] = dt
+        args["dt"] = wide[:, :, 1:17]
+    elif layout == "padded":  # token stride 24 (48 bytes): runs still aligned
+        wide = (torch.randn(2, L, 24, device=DEV, generator=g) - 2).to(dtype)
+        wide[:, :, :16] = dt
+        args["dt"] = wide[:, :, :16]
+    elif layout == "head_strided":
+        wide = (torch.randn(2, L, 32, device=DEV, generator=g) - 2).to(dtype)
+        wide[:, :, ::2] = dt
+        args["dt"] = wide[:, :, ::2]
+    args["seq_idx"] = make_seq_idx(2, L, device=DEV, gen=torch.Generator().manual_seed(chunk))
+    _check(args, chunk, dtype, dt_softplus=True, dt_limit=(0.02, 0.4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(("dt_shift", "a_scale"), [(1.0, 2.0), (3.0, 6.0), (5.0, 16.0)])
 def test_steep_decays(dtype, dt_shift, a_scale):
     """Decays of about 2^-5 .. 2^-150 per token (dt * A up to ~ -100): the intra-chunk weights
