@@ -109,14 +109,18 @@ def test_headdim_over_64(dtype, chunk, p):
 @pytest.mark.parametrize("layout", ["contiguous", "h12", "misaligned", "padded", "head_strided"])
 def test_dt_layouts(dtype, chunk, layout):
     """chunk_cumsum reads 8 heads' 16-bit dt as one 16-byte run per token where they lie so
-    (contiguous, nheads a multiple of 8; a padded token stride), else per head (12 heads: the
-    second block of heads; a view one element off 16-byte alignment; heads 2 apart): all against
-    the recurrence, with restarts, softplus and dt_limit."""
+    (contiguous, nheads a multiple of 8; a padded token stride; the first 8 of 12 heads), else
+    per head (heads 8-11 of 12; a view one element off 16-byte alignment; heads 2 apart): all
+    against the recurrence, with restarts, softplus and dt_limit."""
     g = seeded("dtl", str(dtype), chunk, layout, device=DEV)
     h, L = (12 if layout == "h12" else 16), 333
     args = _inputs(g, 2, L, h, 64, 2, 64, dtype, bias=True, z=True, init=True)
     dt = args["dt"]
-    if layout == "misaligned":  # heads 1..16 of 24: 2 bytes past a 16-byte boundary
+    if layout == "h12":  # token stride 16: a run block of heads, then a gathered one
+        wide = (torch.randn(2, L, 16, device=DEV, generator=g) - 2).to(dtype)
+        wide[:, :, :12] = dt
+        args["dt"] = wide[:, :, :12]
+    elif layout == "misaligned":  # heads 1..16 of 24: 2 bytes past a 16-byte boundary
         wide = (torch.randn(2, L, 24, device=DEV, generator=g) - 2).to(dtype)
         wide[:, :, 1:17] = dt
         args["dt"] = wide[:, :, 1:17]
