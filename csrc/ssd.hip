@@ -135,8 +135,8 @@ M2R_DEVICE int* chain_flag(const SsdParams& p, int b, int c, int tile, int h) {
 // The block's waves share its kHeadsPerCumsum heads. Where the block's heads' 16-bit dt lie as
 // one aligned 16-byte run per token (unit head stride, as a Mamba2 block passes dt), each
 // thread loads one token's run and the runs go to the waves through LDS (one barrier): one
-// 16-byte load per token instead of one 2-byte gather per token and head, which ncu had as the
-// kernel's main stall.
+// 16-byte load per token instead of one 2-byte gather per token and head, where ncu had the
+// kernel's largest stall.
 constexpr int kCumsumPer = kMaxChunk / kWavefront;
 static_assert(kHeadsPerCumsum == 8 && kThreads >= kMaxChunk, "a thread's token run: 8 heads of 16-bit dt");
 
