@@ -31,26 +31,23 @@ def main():
     args = ap.parse_args()
     sms = sm_count(torch.device("cuda"))
     rule, lds_rule = ssd_ops._chained, ssd_ops._lds_link
-    paths = ("separate", "chained", "chained_lds")
     print(f"device: {torch.cuda.get_device_name()}, {sms} multiprocessors")
     rows = []
     try:
         for label, shape in grid():
             b, L, h, p, g, n, cs = shape
-            tiles = math.ceil(p / ssd_ops._STATE_TILES[0]) * math.ceil(n / ssd_ops._STATE_TILES[1])
-            chains, chunks = b * tiles * h, math.ceil(L / cs)
+            chains, chunks = b * ssd_ops._state_tiles(p, n) * h, math.ceil(L / cs)
+            x, B = torch.empty(b, L, h, p, device="meta"), torch.empty(b, L, g, n, device="meta")
+            ssd_ops._chained, ssd_ops._lds_link = rule, lds_rule  # the rules' own pick first
+            picked = ssd_ops._state_path(chains, chunks, sms, x, B, cs)
             call = make_call(mamba_chunk_scan_combined, *shape)[0]
             us = {}
             for _ in range(2):
-                for path in paths:
+                for path in ssd_ops._STATE_STAGES:
                     ssd_ops._chained = lambda *a, v=path != "separate": v
                     ssd_ops._lds_link = lambda *a, v=path == "chained_lds": v
                     t = time_graph(call, replays=10, per_graph=10).median_us
                     us[path] = min(us.get(path, math.inf), t)
-            x, B = torch.empty(b, L, h, p, device="meta"), torch.empty(b, L, g, n, device="meta")
-            picked = "separate"
-            if rule(chains, chunks, sms):
-                picked = "chained_lds" if lds_rule(chains, chunks, sms, x, B, cs) else "chained"
             loss = us[picked] / min(us.values()) - 1
             rows.append(dict(case=label, shape=shape, chains=chains, chunks=chunks,
                              **{f"{k}_us": round(v, 1) for k, v in us.items()},

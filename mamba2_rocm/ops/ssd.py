@@ -118,10 +118,10 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     given = states is not None  # (the backward's: the forward's, kept)
     if not given:
         states = torch.empty(batch, nchunks, nheads, dstate, headdim, dtype=f32, device=dev)
-    state_tiles = _cdiv(headdim, _STATE_TILES[0]) * _cdiv(dstate, _STATE_TILES[1])
+    state_tiles = _state_tiles(headdim, dstate)
     chains = batch * state_tiles * nheads  # (batch, state tile, head): see _chained
-    sms = sm_count(dev)
-    chained = not given and _chained(chains, nchunks, sms)
+    path = "separate" if given else _state_path(chains, nchunks, sm_count(dev), x, B, cs)
+    chained = path != "separate"
     # the chained chunk_state's ticket counter and flags (chunk_cumsum zeroes them)
     chain = torch.empty(1 + nchunks * chains, dtype=torch.int32, device=dev) if chained else None
     out = None if recompute else torch.empty(x.shape, dtype=x.dtype, device=dev)
@@ -195,13 +195,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     run("m2r_ssd_chunk_cumsum", (nchunks, _cdiv(nheads, _CUMSUM_HEADS), batch))
     run(f"m2r_ssd_bmm_{dt_name}", (nchunks * ngroups * pairs, 1, batch))
     if not given:
-        stage = "chunk_state"
-        if chained:
-            stage = (
-                "chunk_state_chain_lds"
-                if _lds_link(chains, nchunks, sms, x, B, cs)
-                else "chunk_state_chain"
-            )
+        stage = _STATE_STAGES[path]
         run(f"m2r_ssd_{stage}_{dt_name}", (nchunks * state_tiles * nheads, 1, batch))
         if not chained:
             run(
@@ -214,6 +208,28 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         run(f"m2r_ssd_varlen_state_{dt_name}", (dims.num_seqs * state_tiles * nheads, 1, 1))
     run(f"m2r_ssd_chunk_scan_{dt_name}_t{rows}{zs}", (nchunks * scan_tiles * nheads, 1, batch))
     return out, states
+
+
+def _state_tiles(headdim: int, dstate: int) -> int:
+    """chunk_state's tiles per head (csrc/ssd.hip: kStateP x kStateN)."""
+    return _cdiv(headdim, _STATE_TILES[0]) * _cdiv(dstate, _STATE_TILES[1])
+
+
+#: the forward's state passing -> its chunk_state kernel (the separate path then runs the
+#: state-passing kernel)
+_STATE_STAGES = {
+    "separate": "chunk_state",
+    "chained": "chunk_state_chain",
+    "chained_lds": "chunk_state_chain_lds",
+}
+
+
+def _state_path(chains: int, chunks: int, sms: int, x: Tensor, B: Tensor, chunk_size: int) -> str:
+    """How the forward passes the states along the chunks (a key of ``_STATE_STAGES``):
+    chained where ``_chained`` says so, through LDS where ``_lds_link`` does too."""
+    if not _chained(chains, chunks, sms):
+        return "separate"
+    return "chained_lds" if _lds_link(chains, chunks, sms, x, B, chunk_size) else "chained"
 
 
 def _scan_rows(chunk_size: int) -> int:
