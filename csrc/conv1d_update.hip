@@ -170,19 +170,209 @@ M2R_DEVICE void update_tile(const ConvUpdateParams& p) {
   copy_slots(state, tile, n);
 }
 
+
+// The decode layouts of the models' own caches, in whole words (the _vec kernels): x and out
+// channel-contiguous (a decode step's (batch, dim) slice, as a Mamba2 block passes it), the
+// states of each batch row one 16-byte aligned (dim, kS) block in one of two orders -- each
+// channel's kS slots together (kSlotMajor false: transformers' (batch, dim, width) cache,
+// causal-conv1d's (batch, dim, width - 1)) or each slot's channels together (kSlotMajor true:
+// mamba_ssm's and vLLM's (batch, width [- 1], dim) caches seen through a transposed view) --
+// and kS, the slots, width - 1 or width. Each thread owns kCh consecutive channels (VecChannels),
+// so its states, x, out, bias and taps (where they lie as (dim, width) in x's type) are one run
+// each (one per slot in slot order), moved in 16- / 8- / 4-byte pieces: no LDS, no barrier, and
+// x, the taps and the bias are requested before the state row (a pool index, then its duplicate
+// search) is known. In channel order where a channel's kS slots divide 16 bytes (4 bf16 slots)
+// a thread's channels are those of one 16-byte word, so a warp's state accesses are one
+// contiguous run; else (and in slot order) 8 bytes' channels (4 bf16 channels: 8 bytes of each
+// slot, or 24 bytes of 3-slot states). H100, bf16, width 4, graph-timed: 8 bytes took 0.4 us off
+// batch 1 and 10% off batch 256 against 16 in slot order (4 bytes: slower at batch 256). The
+// _tile kernel covered only the (batch, dim, width - 1) order and moved each block's states
+// through LDS behind two barriers: 50% of a copy of its bytes at Codestral's b256 update.
+// (build knob, for measuring: bytes of each slot a thread of the _vec kernels moves where its
+// channels are not one 16-byte word of states)
+#ifndef M2R_CONV_VEC_BYTES
+#define M2R_CONV_VEC_BYTES 8
+#endif
+template <typename S, int kS, bool kSlotMajor>
+struct VecChannels {  // (mamba2_rocm/ops/conv1d.py, _vec_channels, mirrors it)
+  static constexpr int kRun = kS * static_cast<int>(sizeof(S));
+  static constexpr int value = !kSlotMajor && 16 % kRun == 0 ? 16 / kRun : M2R_CONV_VEC_BYTES / static_cast<int>(sizeof(S));
+};
+
+// A run of kN elements of S, moved in pieces of the largest of 16 / 8 / 4 / 2 bytes that
+// divides its size: p must be aligned to that piece (a run at a multiple of its size from a
+// 16-byte aligned start is).
+template <int kPiece> struct PieceType;
+template <> struct PieceType<16> { typedef uint4 type; };
+template <> struct PieceType<8> { typedef uint2 type; };
+template <> struct PieceType<4> { typedef uint32_t type; };
+template <> struct PieceType<2> { typedef uint16_t type; };
+template <int kBytes>
+struct RunPiece {
+  static constexpr int kPiece = kBytes % 16 == 0 ? 16 : kBytes % 8 == 0 ? 8 : kBytes % 4 == 0 ? 4 : 2;
+  typedef typename PieceType<kPiece>::type type;
+  static constexpr int kN = kBytes / kPiece;
+};
+
+template <typename S, int kN>
+M2R_DEVICE void load_run(const S* p, S (&e)[kN]) {
+  typedef RunPiece<kN * static_cast<int>(sizeof(S))> R;
+  typename R::type q[R::kN];
+#pragma unroll
+  for (int i = 0; i < R::kN; ++i) q[i] = reinterpret_cast<const typename R::type*>(p)[i];
+  __builtin_memcpy(e, q, sizeof(q));
+}
+
+template <typename S, int kN>
+M2R_DEVICE void store_run(S* p, const S (&e)[kN]) {
+  typedef RunPiece<kN * static_cast<int>(sizeof(S))> R;
+  typename R::type q[R::kN];
+  __builtin_memcpy(q, e, sizeof(q));
+#pragma unroll
+  for (int i = 0; i < R::kN; ++i) reinterpret_cast<typename R::type*>(p)[i] = q[i];
+}
+
+template <typename T, int kW, int kS, bool kSlotMajor>
+M2R_DEVICE void update_vec(const ConvUpdateParams& p) {
+  typedef typename T::storage S;
+  constexpr int kCh = VecChannels<S, kS, kSlotMajor>::value;
+  static_assert(kS == kW - 1 || kS == kW, "a state of width - 1 or width slots");
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * kUpdateThreads + threadIdx.x) * kCh;
+  const int64_t b = blockIdx.y;
+  const bool mine = c < p.dim;  // (the host: dim % kCh == 0)
+  const S* x = static_cast<const S*>(p.x) + b * p.x_batch_stride + c;
+  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + c;
+  S xe[kCh];
+  float w[kCh][kW], bias[kCh];
+  if (mine) {
+    load_run(x, xe);
+    // the taps as one run where they lie as (dim, width) in x's type, 16-byte aligned
+    if (p.weight_dtype == T::kDType && p.weight_c_stride == kW && p.weight_w_stride == 1 &&
+        reinterpret_cast<uintptr_t>(p.weight) % 16 == 0) {
+      S we[kCh * kW];
+      load_run(static_cast<const S*>(p.weight) + c * kW, we);
+#pragma unroll
+      for (int j = 0; j < kCh; ++j)
+#pragma unroll
+        for (int k = 0; k < kW; ++k) w[j][k] = T::to_float(we[j * kW + k]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kCh; ++j)
+#pragma unroll
+        for (int k = 0; k < kW; ++k)
+          w[j][k] = load_as_float(p.weight, p.weight_dtype, (c + j) * p.weight_c_stride + k * p.weight_w_stride);
+    }
+    if (p.bias && p.bias_dtype == T::kDType && reinterpret_cast<uintptr_t>(p.bias) % 16 == 0) {
+      S be[kCh];
+      load_run(static_cast<const S*>(p.bias) + c, be);
+#pragma unroll
+      for (int j = 0; j < kCh; ++j) bias[j] = T::to_float(be[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kCh; ++j) bias[j] = p.bias ? load_as_float(p.bias, p.bias_dtype, c + j) : 0.f;
+    }
+  }
+  // (every lane of the wave: the duplicate search is wave-wide)
+  const int64_t row = checked_state_row(p.state_indices, p.indices_stride, p.indices_int64, p.batch, p.num_states, b);
+  if (!mine) return;
+  if (row < 0) {
+    const S fill = T::from_float(row == -1 ? 0.f : __int_as_float(0x7fc00000));
+    S f[kCh];
+#pragma unroll
+    for (int j = 0; j < kCh; ++j) f[j] = fill;
+    for (int t = 0; t < p.seqlen; ++t) store_run(out + t * p.out_l_stride, f);
+    return;
+  }
+  // se[kSlotMajor ? slot * kCh + j : j * kS + slot]: slot `slot` of channel c + j
+  S* state = static_cast<S*>(p.conv_state) + row * p.state_batch_stride + (kSlotMajor ? c : c * kS);
+  S se[kS * kCh];
+  if constexpr (kSlotMajor) {
+#pragma unroll
+    for (int i = 0; i < kS; ++i) {
+      S part[kCh];
+      load_run(state + i * p.state_l_stride, part);
+#pragma unroll
+      for (int j = 0; j < kCh; ++j) se[i * kCh + j] = part[j];
+    }
+  } else {
+    load_run(state, se);
+  }
+  // win[j][k]: channel j's last kW - 1 inputs as stored (slot kS - kW + 1 + k), oldest first
+  S win[kCh][kW - 1];
+#pragma unroll
+  for (int j = 0; j < kCh; ++j)
+#pragma unroll
+    for (int k = 0; k < kW - 1; ++k) {
+      const int slot = kS - (kW - 1) + k;
+      win[j][k] = se[kSlotMajor ? slot * kCh + j : j * kS + slot];
+    }
+  // the input the last token shifted out of the window: a width-slot state's oldest slot after
+  S drop[kCh];
+#pragma unroll
+  for (int j = 0; j < kCh; ++j) drop[j] = se[kSlotMajor ? j : j * kS];
+  for (int t = 0; t < p.seqlen; ++t) {
+    if (t > 0) load_run(x + t * p.x_l_stride, xe);
+    S oe[kCh];
+#pragma unroll
+    for (int j = 0; j < kCh; ++j) {
+      float acc = bias[j];
+#pragma unroll
+      for (int k = 0; k < kW - 1; ++k) acc = fmaf(w[j][k], T::to_float(win[j][k]), acc);
+      acc = fmaf(w[j][kW - 1], T::to_float(xe[j]), acc);
+      oe[j] = T::from_float(p.silu ? silu(acc) : acc);
+      drop[j] = win[j][0];
+#pragma unroll
+      for (int k = 0; k < kW - 2; ++k) win[j][k] = win[j][k + 1];
+      win[j][kW - 2] = xe[j];
+    }
+    store_run(out + t * p.out_l_stride, oe);
+  }
+  // the state after the step: the last kS inputs, as stored
+#pragma unroll
+  for (int j = 0; j < kCh; ++j) {
+    if constexpr (kS == kW) se[kSlotMajor ? j : j * kS] = drop[j];
+#pragma unroll
+    for (int k = 0; k < kW - 1; ++k) {
+      const int slot = kS - (kW - 1) + k;
+      se[kSlotMajor ? slot * kCh + j : j * kS + slot] = win[j][k];
+    }
+  }
+  if constexpr (kSlotMajor) {
+#pragma unroll
+    for (int i = 0; i < kS; ++i) {
+      S part[kCh];
+#pragma unroll
+      for (int j = 0; j < kCh; ++j) part[j] = se[i * kCh + j];
+      store_run(state + i * p.state_l_stride, part);
+    }
+  } else {
+    store_run(state, se);
+  }
+}
+
 }  // namespace conv1d
 }  // namespace m2r
 
-// m2r_conv1d_update_<dt>_w<W>[_tile]: any layout, or (_tile) the block's states through LDS
-#define M2R_CONV_UPDATE(DT, T, W)                                                                  \
+// m2r_conv1d_update_<dt>_w<W>[_tile]: any layout, or (_tile) the block's states through LDS;
+// m2r_conv1d_update_<dt>_w<W>_vec_{c,s}<S>: the 16-byte form, states of S slots in channel (c)
+// or slot (s) order (update_vec)
+#define M2R_CONV_UPDATE_VEC(DT, T, W, ORDER, S, SLOT_MAJOR)                                       \
+  M2R_KERNEL(m2r::conv1d::kUpdateThreads) m2r_conv1d_update_##DT##_w##W##_vec_##ORDER##S(ConvUpdateParams p) { \
+    m2r::conv1d::update_vec<m2r::T, W, S, SLOT_MAJOR>(p);                                         \
+  }
+#define M2R_CONV_UPDATE(DT, T, W, WM1)                                                             \
   M2R_KERNEL(m2r::conv1d::kUpdateThreads) m2r_conv1d_update_##DT##_w##W(ConvUpdateParams p) {      \
     m2r::conv1d::update<m2r::T, W>(p);                                                             \
   }                                                                                                \
   M2R_KERNEL(m2r::conv1d::kUpdateThreads) m2r_conv1d_update_##DT##_w##W##_tile(ConvUpdateParams p) { \
     m2r::conv1d::update_tile<m2r::T, W>(p);                                                        \
-  }
+  }                                                                                                \
+  M2R_CONV_UPDATE_VEC(DT, T, W, c, WM1, false)                                                     \
+  M2R_CONV_UPDATE_VEC(DT, T, W, c, W, false)                                                       \
+  M2R_CONV_UPDATE_VEC(DT, T, W, s, WM1, true)                                                      \
+  M2R_CONV_UPDATE_VEC(DT, T, W, s, W, true)
 #define M2R_CONV_UPDATE_WIDTHS(DT, T) \
-  M2R_CONV_UPDATE(DT, T, 2) M2R_CONV_UPDATE(DT, T, 3) M2R_CONV_UPDATE(DT, T, 4)
+  M2R_CONV_UPDATE(DT, T, 2, 1) M2R_CONV_UPDATE(DT, T, 3, 2) M2R_CONV_UPDATE(DT, T, 4, 3)
 
 M2R_CONV_UPDATE_WIDTHS(f32, F32)
 M2R_CONV_UPDATE_WIDTHS(f16, F16)

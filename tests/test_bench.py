@@ -321,7 +321,7 @@ def test_ratio_summary_flags_cases_below_the_target_and_the_worst():
 
 
 def test_conv1d_summary_takes_the_large_cases_and_the_worst_cudnn_ratio():
-    from mamba2_rocm.bench.conv1d import CUDNN, LARGE_BYTES, summary
+    from mamba2_rocm.bench.conv1d import COPY, CUDNN, LARGE_BYTES, summary
 
     big, small = LARGE_BYTES, LARGE_BYTES - 1
     k = "mamba2-rocm kernel"
@@ -331,10 +331,17 @@ def test_conv1d_summary_takes_the_large_cases_and_the_worst_cudnn_ratio():
         {"case": "n fwd b8 d8 l8", "impl": k, "bytes": small, "copy_frac": 0.1, "best_us": 4.0},
         {"case": "n fwd b8 d8 l8", "impl": CUDNN, "bytes": small, "copy_frac": 0.1, "best_us": 2.0},
         {"case": "m update b64 d8", "impl": k, "bytes": big, "copy_frac": 0.95, "best_us": 3.0},
+        {"case": "m update b64 d8", "impl": COPY, "bytes": big, "copy_frac": 1, "best_us": 2.4},
+        {"case": "m update b256 d8", "impl": k, "bytes": small, "copy_frac": 0.9, "best_us": 5.0},
+        {"case": "m update b256 d8", "impl": COPY, "bytes": small, "copy_frac": 1, "best_us": 4.5},
+        {"case": "m update b1 d8", "impl": k, "bytes": small, "copy_frac": 0.1, "best_us": 2.0},
+        {"case": "m update b1 d8", "impl": COPY, "bytes": small, "copy_frac": 0.1, "best_us": 1.0},
     ]
     assert summary(rows) == [
         "worst fwd at >= 64 MB: 80.0% of copy (m fwd b1 d8 l8; target 90%)",
         "worst update at >= 64 MB: 95.0% of copy (m update b64 d8; target 90%)",
+        "worst update against a copy of its bytes (device time): 50.0% (m update b1 d8); "
+        "at batch 256: 90.0% (m update b256 d8)",
         "worst ratio to cuDNN (device time): 0.50x (n fwd b8 d8 l8)",
     ]
 

@@ -280,41 +280,101 @@ def test_update_cached_launch_equals_a_fresh_one(update_kernels):
 
 
 @pytest.mark.parametrize(
-    ("case", "tile"),
-    [("plain", True), ("long state", False), ("circular", False), ("strided", False),
-     ("unaligned", False), ("odd row stride", False), ("pool", True)],
+    ("case", "kernel"),
+    [("plain", "_vec_c3"), ("width slots", "_vec_c4"), ("width slots, unaligned x", "_vec_c4"),
+     ("slot order", "_vec_s3"),
+     ("slot order, width slots", "_vec_s4"), ("pool", "_vec_c3"),
+     ("fp16, float32 taps", "_vec_c3"), ("tokens", "_tile"), ("odd dim", ""),
+     ("unaligned x", "_tile"), ("x batch stride", "_tile"), ("long state", ""),
+     ("circular", ""), ("slot order, odd slot stride", ""), ("unaligned", ""),
+     ("odd row stride", "")],
 )  # fmt: skip
-def test_update_takes_the_tile_kernel_where_the_states_are_one_aligned_run(
-    update_kernels, case, tile
-):
-    """The _tile kernel (the block's states through LDS in 16-byte pieces) needs exactly width - 1
-    slots, no circular cache, each batch row's (dim, width - 1) states contiguous and a 16-byte
-    multiple apart, and a 16-byte aligned address (checked per call: a cached layout may meet
-    another buffer)."""
-    g = _gen("upd-tile", case)
-    x, w, b = (
-        torch.randn(3, 40, generator=g),
-        torch.randn(40, 4, generator=g),
-        torch.randn(40, generator=g),
-    )
-    state = torch.randn(3, 40, 3, generator=g)
+def test_update_kernel_by_layout(update_kernels, case, kernel):
+    """The _vec kernels (16 bytes a thread and access) need no circular cache, each batch row's
+    states one (dim, width - 1 or width) block in channel or slot order a 16-byte multiple
+    apart, x (and out) channel-contiguous with 16-byte multiples between rows, dim a multiple
+    of 16 bytes' elements and 16-byte aligned addresses (checked per call: a cached layout may
+    meet another buffer); else the _tile kernel (the block's states through LDS) needs exactly
+    width - 1 slots in channel order, each batch row's states contiguous and a 16-byte multiple
+    apart, and an aligned state; else the general kernel."""
+    g = _gen("upd-kernel", case)
+    dim, dtype = (42 if case == "odd dim" else 40), torch.float32
+    if case.startswith("fp16"):
+        dtype = torch.float16
+    x = torch.randn(3, dim, generator=g).to(dtype)
+    w, b = torch.randn(dim, 4, generator=g), torch.randn(dim, generator=g).to(dtype)
+    w = w if "float32 taps" in case else w.to(dtype)
+    state = torch.randn(3, dim, 3, generator=g).to(dtype)
     kw = {}
-    if case == "long state":
-        state = torch.randn(3, 40, 5, generator=g)
+    if case.startswith("width slots"):  # a thread: one channel (16 bytes of float32 states)
+        state = torch.randn(3, dim, 4, generator=g)
+    elif case == "slot order":
+        state = torch.randn(3, 3, dim, generator=g).transpose(1, 2)
+    elif case == "slot order, width slots":
+        state = torch.randn(3, 4, dim, generator=g).transpose(1, 2)
+    elif case == "slot order, odd slot stride":  # slots 41 floats apart
+        state = torch.randn(3, 3, 41, generator=g)[..., :40].transpose(1, 2)
+    elif case == "tokens":
+        x = torch.randn(3, dim, 2, generator=g)
+    if case.endswith("unaligned x"):  # one float32 past an aligned start
+        x = torch.randn(3 * dim + 1, generator=g)[1:].view(3, dim)
+    elif case == "x batch stride":  # rows 41 floats apart
+        x = torch.randn(3, 41, generator=g)[:, :40]
+    elif case == "long state":
+        state = torch.randn(3, dim, 5, generator=g)
     elif case == "circular":
         kw["cache_seqlens"] = torch.tensor([0, 4, 9], dtype=torch.int32)
-    elif case == "strided":
-        state = torch.randn(3, 3, 40, generator=g).transpose(1, 2)
     elif case == "unaligned":  # one float32 past an aligned start
-        state = torch.randn(3 * 40 * 3 + 1, generator=g)[1:].view(3, 40, 3)
+        state = torch.randn(3 * dim * 3 + 1, generator=g)[1:].view(3, dim, 3)
     elif case == "odd row stride":  # rows 121 floats apart: not a 16-byte multiple
-        state = torch.randn(3, 121, generator=g)[:, :120].view(3, 40, 3)
+        state = torch.randn(3, 121, generator=g)[:, :120].view(3, dim, 3)
     elif case == "pool":
-        state = torch.randn(5, 40, 3, generator=g)
+        state = torch.randn(5, dim, 3, generator=g)
         kw["conv_state_indices"] = torch.tensor([4, 0, 2], dtype=torch.int32)
     causal_conv1d_update(x, state, w, b, activation="silu", **kw)
     name, _, grid = update_kernels.launches[-1]
-    assert name.endswith("_w4_tile") == tile and grid == (1, 3, 1)
+    prefix = f"m2r_conv1d_update_{'f16' if dtype == torch.float16 else 'f32'}_w4"
+    assert name == prefix + kernel and grid == (1, 3, 1)
+
+
+def test_update_vec_grid():
+    """A _vec kernel's block covers 128 threads of _vec_channels channels each."""
+    from mamba2_rocm.ops import conv1d as ops
+
+    x = torch.empty(5, 10240, 1, dtype=torch.bfloat16)
+    w = torch.empty(10240, 4, dtype=torch.bfloat16)
+    for slots, order, per_thread in ((3, "c3", 4), (4, "c4", 2)):
+        state = torch.empty(5, 10240, slots, dtype=torch.bfloat16)
+        static = ops._update_static(x, state, w, None, True, torch.empty_like(x))
+        vec, grid, run = static[4]
+        assert static[1] == (80, 5, 1) and vec.endswith(f"_w4_vec_{order}")
+        assert grid == (10240 // (128 * per_thread), 5, 1) and run == 2 * per_thread
+    x32 = x.float()
+    state = torch.empty(5, 10240, 3)
+    static = ops._update_static(x32, state, w.float(), None, True, torch.empty_like(x32))
+    assert static[4][1] == (40, 5, 1)  # 10240 / (128 * 2)
+
+
+@pytest.mark.parametrize("elt", [2, 4])
+def test_update_vec_channels(elt):
+    """A thread's states in channel order are one 16-byte word where a channel's slots divide
+    it, else (and in slot order) 8 bytes of each slot; its channels divide a word's elements
+    (so a 16-byte multiple of dim always fits), and its runs are 2-, 4-, 8-byte or 16-byte
+    multiples (the kernel's pieces)."""
+    from mamba2_rocm.ops.conv1d import _VEC_BYTES, _vec_channels
+
+    assert _VEC_BYTES == 8
+    for slots in (1, 2, 3, 4):
+        for order in "cs":
+            n = _vec_channels(f"{order}{slots}", elt)
+            assert (16 // elt) % n == 0
+            if order == "c" and 16 % (slots * elt) == 0:
+                assert n * slots * elt == 16
+            else:
+                assert n * elt == 8
+            assert (n * slots * elt) in (2, 4, 8) or n * slots * elt % 8 == 0
+    assert _vec_channels("c4", 2) == 2 and _vec_channels("c3", 2) == 4
+    assert _vec_channels("s4", 2) == 4 and _vec_channels("s3", 4) == 2
 
 
 def test_update_repeated_layout_skips_the_checks_but_never_a_bad_call(update_kernels, monkeypatch):

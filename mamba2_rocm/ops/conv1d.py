@@ -308,14 +308,47 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
     return partial
 
 
+def _vec_order(conv_state, width: int) -> str | None:
+    """The _vec kernels' name for conv_state's order ("c<S>": each channel's S slots together,
+    "s<S>": each slot's channels together; S is width - 1 or width), or None where each batch
+    row's states are not one such block a 16-byte multiple apart."""
+    _pool, _dim, slots = conv_state.shape
+    s0, s1, s2 = conv_state.stride()
+    elt = conv_state.element_size()
+    if slots not in (width - 1, width) or s0 * elt % 16:
+        return None
+    if s1 == slots and (slots == 1 or s2 == 1):
+        return f"c{slots}"
+    if s1 == 1 and s2 * elt % 16 == 0:
+        return f"s{slots}"
+    return None
+
+
+#: bytes of each slot a thread of a _vec kernel moves where its channels are not one 16-byte
+#: word of states (csrc/conv1d_update.hip, M2R_CONV_VEC_BYTES)
+_VEC_BYTES = 8
+
+
+def _vec_channels(order: str, elt: int) -> int:
+    """Channels a thread of a _vec kernel owns (csrc/conv1d_update.hip, VecChannels): in channel
+    order where a channel's slots divide 16 bytes, the channels of one 16-byte word of states;
+    else _VEC_BYTES' channels."""
+    run = int(order[1:]) * elt
+    return 16 // run if order[0] == "c" and 16 % run == 0 else _VEC_BYTES // elt
+
+
 def _update_static(
     x, conv_state, weight, bias, silu, out, indices=None, circular=False
-) -> tuple[str, tuple, tuple, str | None]:
+) -> tuple[str, tuple, tuple, str | None, tuple]:
     """The launch's parts that depend only on the arguments' layouts: kernel name, grid, the
-    ConvUpdateParams fields after the pointers, and the ``_tile`` kernel's name where the
-    layout allows it (else None): no circular cache, a state of exactly width - 1 slots, each
-    batch row's states one contiguous (dim, width - 1) run of a 16-byte multiple (its address
-    is checked per call)."""
+    ConvUpdateParams fields after the pointers; the ``_tile`` kernel's name where the layout
+    allows it (else None): no circular cache, a state of exactly width - 1 slots, each batch
+    row's states one contiguous (dim, width - 1) run of a 16-byte multiple; and the ``_vec``
+    kernel's (name or None, grid, alignment of x and out): it needs no circular cache,
+    each batch row's states a (dim, width - 1 or width) block in either order (_vec_order), dim
+    a multiple of a thread's channels (_vec_channels), x and out channel-contiguous with their
+    rows and tokens a multiple of a thread's run of them apart. The addresses are checked per call (a cached layout may meet another
+    buffer)."""
     batch, dim, seqlen = x.shape
     if batch > GRID_YZ_MAX:
         raise ValueError(f"conv1d update kernel supports batch <= {GRID_YZ_MAX}, got {batch}")
@@ -336,14 +369,27 @@ def _update_static(
         int(indices is not None and indices.dtype == torch.int64),
         0,
     )  # fmt: skip  (ConvUpdateParams after the pointers, field order)
-    name = f"m2r_conv1d_update_{KERNEL_DTYPE[x.dtype]}_w{weight.shape[1]}"
-    slots = weight.shape[1] - 1
+    width = weight.shape[1]
+    name = f"m2r_conv1d_update_{KERNEL_DTYPE[x.dtype]}_w{width}"
+    slots = width - 1
     tile = (
         not circular and conv_state.shape[2] == slots
         and conv_state.stride(2) == 1 and conv_state.stride(1) == slots
         and conv_state.stride(0) * conv_state.element_size() % 16 == 0
     )  # fmt: skip
-    return name, (-(-dim // _THREADS), batch, 1), tail, name + "_tile" if tile else None
+    order = None if circular else _vec_order(conv_state, width)
+    per_thread = _vec_channels(order, x.element_size()) if order else 1
+    run = per_thread * x.element_size()  # bytes of a thread's x and out of a token
+    rows_ok = dim % per_thread == 0 and all(
+        t.stride(1) == 1
+        and t.stride(0) * t.element_size() % run == 0
+        and (seqlen == 1 or t.stride(2) * t.element_size() % run == 0)
+        for t in (x, out)
+    )
+    vec = f"{name}_vec_{order}" if order is not None and rows_ok else None
+    vec_grid = (-(-dim // (_THREADS * per_thread)), batch, 1)
+    return (name, (-(-dim // _THREADS), batch, 1), tail, name + "_tile" if tile else None,
+            (vec, vec_grid, run))  # fmt: skip
 
 
 def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indices, out,
@@ -351,14 +397,13 @@ def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indic
     if plan.static is None:
         plan.static = _update_static(x, conv_state, weight, bias, silu, out, indices,
                                      cache_seqlens is not None)  # fmt: skip
-    name, grid, tail, tile = plan.static
-    sp = conv_state.data_ptr()
-    if tile is not None and sp % 16 == 0:
+    name, grid, tail, tile, (vec, vec_grid, run) = plan.static
+    sp, xp, op = conv_state.data_ptr(), x.data_ptr(), out.data_ptr()
+    if vec is not None and sp % 16 == 0 and (xp | op) % run == 0:
+        name, grid = vec, vec_grid
+    elif tile is not None and sp % 16 == 0:
         name = tile
-    p = (
-        x.data_ptr(), sp, weight.data_ptr(), ptr(bias), out.data_ptr(),
-        ptr(cache_seqlens), ptr(indices), *tail,
-    )  # fmt: skip
+    p = (xp, sp, weight.data_ptr(), ptr(bias), op, ptr(cache_seqlens), ptr(indices), *tail)
     _launch(kset.launcher(name), x, p, grid)
 
 

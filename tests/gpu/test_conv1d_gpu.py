@@ -28,6 +28,21 @@ def _gen(*key):
     return seeded(*key, device=DEV)
 
 
+def launched(monkeypatch) -> list[str]:
+    """The names of the conv1d kernels launched from here on (the list fills as they run)."""
+    import mamba2_rocm.ops.conv1d as ops
+
+    names = []
+    real = ops.launch
+
+    def spy(launcher, *args):
+        names.append(launcher.name)
+        return real(launcher, *args)
+
+    monkeypatch.setattr(ops, "launch", spy)
+    return names
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("seqlen", [1, 2, 129, 151, 1134, 4096])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -96,14 +111,7 @@ def test_fwd_seqlen_contiguous_tiles(monkeypatch, width, dtype, seqlen, layout16
     the tokens of a 16-bit one."""
     import mamba2_rocm.ops.conv1d as ops
 
-    names = []
-    real = ops.launch
-
-    def spy(launcher, *args):
-        names.append(launcher.name)
-        return real(launcher, *args)
-
-    monkeypatch.setattr(ops, "launch", spy)
+    names = launched(monkeypatch)
     g = _gen("tiles", width, str(dtype), seqlen)
     batch, dim = 3, 70
     x = make_x(batch, dim, seqlen, dtype, "contiguous", device=DEV, gen=g)
@@ -172,6 +180,76 @@ def test_update_kernel(width, dtype, mode, seqlen):
     assert not out.isnan().any()
     torch.testing.assert_close(out, ref, **TOL[dtype])
     assert torch.equal(state, ref_state), "conv_state must be updated exactly"
+
+
+@pytest.mark.parametrize("mode", ["plain", "pool", "float32 taps", "no bias"])
+@pytest.mark.parametrize("slots", ["width - 1", "width"])
+@pytest.mark.parametrize("order", ["c", "s"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_update_vec_kernels(monkeypatch, width, dtype, order, slots, mode):
+    """The _vec kernels at the models' decode layouts: x a channel slice of a wider projection
+    (as a Mamba2 block's xBC), states in channel order (transformers' (batch, dim, width)
+    cache) or slot order (mamba_ssm's transposed (batch, width, dim) one) of width - 1 or
+    width slots; dim 2056 ends inside a third block; the pool with a padded row (zeros) and a
+    row out of range (NaN), neither touching a state. The kernel that ran is checked."""
+    import mamba2_rocm.ops.conv1d as ops
+
+    names = launched(monkeypatch)
+    g = _gen("upd-vec", width, str(dtype), order, slots, mode)
+    batch, dim = 6, 2056
+    n_slots = width - 1 if slots == "width - 1" else width
+    pool = 9 if mode == "pool" else batch
+    proj = torch.randn(batch, dim + 136, device=DEV, generator=g).to(dtype)
+    x = proj[:, 128 : 128 + dim]  # a 256-byte (16-bit) / 512-byte offset into each row
+    if order == "c":
+        state = torch.randn(pool, dim, n_slots, device=DEV, generator=g).to(dtype)
+    else:
+        state = torch.randn(pool, n_slots, dim, device=DEV, generator=g).to(dtype).transpose(1, 2)
+    w = torch.randn(dim, width, device=DEV, generator=g)
+    w = w if mode == "float32 taps" else w.to(dtype)
+    b = None if mode == "no bias" else torch.randn(dim, device=DEV, generator=g).to(dtype)
+    idx = (
+        torch.tensor([7, -1, 0, 4, 2, 9], dtype=torch.int32, device=DEV) if mode == "pool" else None
+    )
+    ref_state = state.clone()
+    poison_allocator(x.numel() * x.element_size())
+    out = causal_conv1d_update(x, state, w, b, activation="silu", conv_state_indices=idx)
+    order = "c" if n_slots == 1 else order  # (one slot: the two orders are one layout)
+    assert names == [f"m2r_conv1d_update_{ops.KERNEL_DTYPE[dtype]}_w{width}_vec_{order}{n_slots}"]
+    ref_idx = None if idx is None else torch.where(idx < 9, idx, -1)  # (the reference raises)
+    ref = causal_conv1d_update_eager(
+        x.unsqueeze(-1), ref_state, w, b, silu=True, conv_state_indices=ref_idx
+    ).squeeze(-1)
+    if mode == "pool":
+        assert not out[1].any() and out[5].isnan().all()
+        keep = [0, 2, 3, 4]
+        out, ref = out[keep], ref[keep]
+    assert not out.isnan().any(), "unwritten output elements"
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    assert torch.equal(state, ref_state), "conv_state must be updated exactly"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_update_vec_channel_order_two_channels_a_thread(monkeypatch, dtype):
+    """transformers' (batch, dim, 4) cache at width 4: a thread of the _vec kernel owns the
+    channels of one 16-byte word of states (2 for 16-bit, 1 for float32), so dim 1030 (not a
+    multiple of 8) still takes it, its last block partly idle."""
+    import mamba2_rocm.ops.conv1d as ops
+
+    names = launched(monkeypatch)
+    g = _gen("upd-vec-c4", str(dtype))
+    batch, dim = 3, 1030
+    x = torch.randn(batch, dim, device=DEV, generator=g).to(dtype)
+    state = torch.randn(batch, dim, 4, device=DEV, generator=g).to(dtype)
+    w = torch.randn(dim, 4, device=DEV, generator=g).to(dtype)
+    b = torch.randn(dim, device=DEV, generator=g).to(dtype)
+    ref_state = state.clone()
+    out = causal_conv1d_update(x, state, w, b, activation="silu")
+    assert names == [f"m2r_conv1d_update_{ops.KERNEL_DTYPE[dtype]}_w4_vec_c4"]
+    ref = causal_conv1d_update_eager(x.unsqueeze(-1), ref_state, w, b, silu=True).squeeze(-1)
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    assert torch.equal(state, ref_state)
 
 
 def test_update_out_of_range_index_is_loud():
