@@ -203,9 +203,10 @@ M2R_DEVICE void chunk_cumsum(const SsdParams& p) {
     if (s_own < p.chunk_size) {
       const uint32_t w[4] = {run.x, run.y, run.z, run.w};
 #pragma unroll
-      for (int j = 0; j < kHeadsPerCumsum; ++j) {
-        const uint16_t bits = static_cast<uint16_t>(w[j / 2] >> (16 * (j % 2)));
-        dt_runs[j][s_own] = p.dt_dtype == M2R_DTYPE_F16 ? fp16_to_float(bits) : bf16_to_float(bits);
+      for (int j = 0; j < kHeadsPerCumsum / 2; ++j) {
+        const float2 v = p.dt_dtype == M2R_DTYPE_F16 ? fp16x2_to_float2(w[j]) : bf16x2_to_float2(w[j]);
+        dt_runs[2 * j][s_own] = v.x;
+        dt_runs[2 * j + 1][s_own] = v.y;
       }
     }
     __syncthreads();
