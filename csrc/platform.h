@@ -423,6 +423,19 @@ M2R_DEVICE float load_as_float(const void* p, int dtype, int64_t idx) {
   return dtype == M2R_DTYPE_F16 ? fp16_to_float(bits) : bf16_to_float(bits);
 }
 
+// load_as_float in two steps, for a thread that reads several such tensors at once: the raw
+// bits first (a float's, or a 16-bit value zero-extended), the conversion once every load is
+// in flight. load_as_float converts inside its dtype branch, where the thread then waits for
+// that one load before it reaches the next.
+M2R_DEVICE uint32_t load_bits(const void* p, int dtype, int64_t idx) {
+  return dtype == M2R_DTYPE_F32 ? __float_as_uint(static_cast<const float*>(p)[idx])
+                                : static_cast<uint32_t>(static_cast<const uint16_t*>(p)[idx]);
+}
+M2R_DEVICE float bits_to_float(uint32_t v, int dtype) {
+  if (dtype == M2R_DTYPE_F32) return __uint_as_float(v);
+  return dtype == M2R_DTYPE_F16 ? fp16_to_float(static_cast<uint16_t>(v)) : __uint_as_float(v << 16);
+}
+
 // out[e] = element idx0 + e * stride where valid[e], else 0 (as load_as_float): every load is
 // issued before the first conversion, so their latencies overlap instead of adding up
 template <int kN>

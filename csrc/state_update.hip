@@ -130,24 +130,37 @@ M2R_DEVICE void update_lanes(const SsuParams& p) {
   SS* st = static_cast<SS*>(p.state) + row * p.state_batch_stride + h * p.state_h_stride + lane * kVec;
   const bool a_tied = p.A_p_stride == 0 && p.A_n_stride == 0;  // Mamba2: one A per head
 
-  // every load of every row first
+  // every load of every row first, raw (load_bits): the conversions wait for them all at once
   Chunk<SB, kVec> bv, cv;
   bv.load(B);
   cv.load(C);
   Chunk<SS, kVec> s_old[kRowsPer];
-  float dt[kRowsPer], x[kRowsPer], d[kRowsPer], zg[kRowsPer], a[kRowsPer];
+  uint32_t dt_r[kRowsPer], bias_r[kRowsPer], d_r[kRowsPer], a_r[kRowsPer];
+  SI x_r[kRowsPer];
+  SB z_r[kRowsPer];
 #pragma unroll
   for (int j = 0; j < kRowsPer; ++j) {
     const int64_t pr = pr0 + j * kPass;
     const bool live = pr < p.headdim;
     const int64_t prc = live ? pr : 0;  // rows past headdim read row 0 and write nothing
     s_old[j].load(st + prc * p.state_p_stride);
-    dt[j] = load_as_float(p.dt, p.dt_dtype, b * p.dt_batch_stride + h * p.dt_h_stride + prc * p.dt_p_stride);
-    if (p.dt_bias) dt[j] += load_as_float(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_h_stride + prc * p.dt_bias_p_stride);
-    x[j] = TI::to_float(static_cast<const SI*>(p.x)[b * p.x_batch_stride + h * p.x_h_stride + prc * p.x_p_stride]);
-    d[j] = p.D ? load_as_float(p.D, p.d_dtype, h * p.D_h_stride + prc * p.D_p_stride) : 0.f;
-    zg[j] = p.z ? TB::to_float(static_cast<const SB*>(p.z)[b * p.z_batch_stride + h * p.z_h_stride + prc * p.z_p_stride]) : 0.f;
-    a[j] = a_tied ? load_as_float(p.A, p.a_dtype, h * p.A_h_stride) : 0.f;
+    dt_r[j] = load_bits(p.dt, p.dt_dtype, b * p.dt_batch_stride + h * p.dt_h_stride + prc * p.dt_p_stride);
+    bias_r[j] = p.dt_bias ? load_bits(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_h_stride + prc * p.dt_bias_p_stride) : 0u;
+    x_r[j] = static_cast<const SI*>(p.x)[b * p.x_batch_stride + h * p.x_h_stride + prc * p.x_p_stride];
+    d_r[j] = p.D ? load_bits(p.D, p.d_dtype, h * p.D_h_stride + prc * p.D_p_stride) : 0u;
+    a_r[j] = a_tied ? load_bits(p.A, p.a_dtype, h * p.A_h_stride) : 0u;
+    // (last: LLVM converts z inside its branch, where the thread waits for it)
+    z_r[j] = p.z ? static_cast<const SB*>(p.z)[b * p.z_batch_stride + h * p.z_h_stride + prc * p.z_p_stride] : SB{};
+  }
+  float dt[kRowsPer], x[kRowsPer], d[kRowsPer], zg[kRowsPer], a[kRowsPer];
+#pragma unroll
+  for (int j = 0; j < kRowsPer; ++j) {
+    dt[j] = bits_to_float(dt_r[j], p.dt_dtype);
+    if (p.dt_bias) dt[j] += bits_to_float(bias_r[j], p.dt_bias_dtype);
+    x[j] = TI::to_float(x_r[j]);
+    d[j] = p.D ? bits_to_float(d_r[j], p.d_dtype) : 0.f;
+    zg[j] = p.z ? TB::to_float(z_r[j]) : 0.f;
+    a[j] = a_tied ? bits_to_float(a_r[j], p.a_dtype) : 0.f;
   }
 
   float acc[kRowsPer];
