@@ -1,5 +1,6 @@
 // Causal depthwise conv1d, decode step: new tokens against a rolling conv_state, in place.
-// One thread per (batch, channel); grid (ceil(dim / kUpdateThreads), batch). Semantics in params.h.
+// update / update_tile: one thread per (batch, channel), grid (ceil(dim / kUpdateThreads), batch);
+// update_vec: a few channels a thread (VecChannels). Semantics in params.h.
 #include "platform.h"
 #include "state_rows.h"
 
@@ -170,7 +171,6 @@ M2R_DEVICE void update_tile(const ConvUpdateParams& p) {
   copy_slots(state, tile, n);
 }
 
-
 // The decode layouts of the models' own caches, in whole words (the _vec kernels): x and out
 // channel-contiguous (a decode step's (batch, dim) slice, as a Mamba2 block passes it), the
 // states of each batch row one 16-byte aligned (dim, kS) block in one of two orders -- each
@@ -187,7 +187,7 @@ M2R_DEVICE void update_tile(const ConvUpdateParams& p) {
 // slot, or 24 bytes of 3-slot states). H100, bf16, width 4, graph-timed: 8 bytes took 0.4 us off
 // batch 1 and 10% off batch 256 against 16 in slot order (4 bytes: slower at batch 256). The
 // _tile kernel covered only the (batch, dim, width - 1) order and moved each block's states
-// through LDS behind two barriers: 50% of a copy of its bytes at Codestral's b256 update.
+// through LDS behind two barriers: 50% of copy bandwidth at Codestral's b256 update.
 // (build knob, for measuring: bytes of each slot a thread of the _vec kernels moves where its
 // channels are not one 16-byte word of states)
 #ifndef M2R_CONV_VEC_BYTES
@@ -354,8 +354,8 @@ M2R_DEVICE void update_vec(const ConvUpdateParams& p) {
 }  // namespace m2r
 
 // m2r_conv1d_update_<dt>_w<W>[_tile]: any layout, or (_tile) the block's states through LDS;
-// m2r_conv1d_update_<dt>_w<W>_vec_{c,s}<S>: the 16-byte form, states of S slots in channel (c)
-// or slot (s) order (update_vec)
+// m2r_conv1d_update_<dt>_w<W>_vec_{c,s}<S>: a few channels a thread in whole runs, states of S
+// slots in channel (c) or slot (s) order (update_vec)
 #define M2R_CONV_UPDATE_VEC(DT, T, W, ORDER, S, SLOT_MAJOR)                                       \
   M2R_KERNEL(m2r::conv1d::kUpdateThreads) m2r_conv1d_update_##DT##_w##W##_vec_##ORDER##S(ConvUpdateParams p) { \
     m2r::conv1d::update_vec<m2r::T, W, S, SLOT_MAJOR>(p);                                         \

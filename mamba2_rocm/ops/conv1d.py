@@ -344,11 +344,11 @@ def _update_static(
     ConvUpdateParams fields after the pointers; the ``_tile`` kernel's name where the layout
     allows it (else None): no circular cache, a state of exactly width - 1 slots, each batch
     row's states one contiguous (dim, width - 1) run of a 16-byte multiple; and the ``_vec``
-    kernel's (name or None, grid, alignment of x and out): it needs no circular cache,
-    each batch row's states a (dim, width - 1 or width) block in either order (_vec_order), dim
-    a multiple of a thread's channels (_vec_channels), x and out channel-contiguous with their
-    rows and tokens a multiple of a thread's run of them apart. The addresses are checked per call (a cached layout may meet another
-    buffer)."""
+    kernel's (name or None, grid, alignment of x and out): it needs no circular cache, each
+    batch row's states a (dim, width - 1 or width) block in either order (_vec_order), dim a
+    multiple of a thread's channels (_vec_channels), x and out channel-contiguous with their
+    rows and tokens a multiple of a thread's run of them apart. The addresses are checked per
+    call (a cached layout may meet another buffer)."""
     batch, dim, seqlen = x.shape
     if batch > GRID_YZ_MAX:
         raise ValueError(f"conv1d update kernel supports batch <= {GRID_YZ_MAX}, got {batch}")

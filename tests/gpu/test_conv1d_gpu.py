@@ -182,7 +182,7 @@ def test_update_kernel(width, dtype, mode, seqlen):
     assert torch.equal(state, ref_state), "conv_state must be updated exactly"
 
 
-@pytest.mark.parametrize("mode", ["plain", "pool", "float32 taps", "no bias"])
+@pytest.mark.parametrize("mode", ["plain", "pool", "float32 taps and bias", "no bias"])
 @pytest.mark.parametrize("slots", ["width - 1", "width"])
 @pytest.mark.parametrize("order", ["c", "s"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -191,7 +191,8 @@ def test_update_vec_kernels(monkeypatch, width, dtype, order, slots, mode):
     """The _vec kernels at the models' decode layouts: x a channel slice of a wider projection
     (as a Mamba2 block's xBC), states in channel order (transformers' (batch, dim, width)
     cache) or slot order (mamba_ssm's transposed (batch, width, dim) one) of width - 1 or
-    width slots; dim 2056 ends inside a third block; the pool with a padded row (zeros) and a
+    width slots; dim 2056 leaves each kernel's last block a few threads; float32 taps and
+    bias with 16-bit x (their element-wise loads); the pool with a padded row (zeros) and a
     row out of range (NaN), neither touching a state. The kernel that ran is checked."""
     import mamba2_rocm.ops.conv1d as ops
 
@@ -207,8 +208,9 @@ def test_update_vec_kernels(monkeypatch, width, dtype, order, slots, mode):
     else:
         state = torch.randn(pool, n_slots, dim, device=DEV, generator=g).to(dtype).transpose(1, 2)
     w = torch.randn(dim, width, device=DEV, generator=g)
-    w = w if mode == "float32 taps" else w.to(dtype)
-    b = None if mode == "no bias" else torch.randn(dim, device=DEV, generator=g).to(dtype)
+    b = None if mode == "no bias" else torch.randn(dim, device=DEV, generator=g)
+    if mode != "float32 taps and bias":
+        w, b = w.to(dtype), None if b is None else b.to(dtype)
     idx = (
         torch.tensor([7, -1, 0, 4, 2, 9], dtype=torch.int32, device=DEV) if mode == "pool" else None
     )
