@@ -433,7 +433,7 @@ M2R_DEVICE uint32_t load_bits(const void* p, int dtype, int64_t idx) {
 }
 M2R_DEVICE float bits_to_float(uint32_t v, int dtype) {
   if (dtype == M2R_DTYPE_F32) return __uint_as_float(v);
-  return dtype == M2R_DTYPE_F16 ? fp16_to_float(static_cast<uint16_t>(v)) : __uint_as_float(v << 16);
+  return dtype == M2R_DTYPE_F16 ? fp16_to_float(static_cast<uint16_t>(v)) : bf16_to_float(static_cast<uint16_t>(v));
 }
 
 // out[e] = element idx0 + e * stride where valid[e], else 0 (as load_as_float): every load is

@@ -86,8 +86,8 @@ SOURCES: dict[str, KernelSource] = {
                 f"m2r_conv1d_update_{dt}_w{w}{tile}"
                 for dt in KERNEL_DTYPES
                 for w in CONV_WIDTHS
-                # _tile: the block's states through LDS; _vec_c<S> / _vec_s<S>: 16 bytes a
-                # thread and access, states of S slots in channel or slot order
+                # _tile: the block's states through LDS; _vec_c<S> / _vec_s<S>: a few channels a
+                # thread in whole runs, states of S slots in channel or slot order
                 for tile in ("", "_tile", *(f"_vec_{o}{s}" for o in "cs" for s in (w - 1, w)))
             ),
         ),

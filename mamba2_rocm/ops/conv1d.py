@@ -371,13 +371,8 @@ def _update_static(
     )  # fmt: skip  (ConvUpdateParams after the pointers, field order)
     width = weight.shape[1]
     name = f"m2r_conv1d_update_{KERNEL_DTYPE[x.dtype]}_w{width}"
-    slots = width - 1
-    tile = (
-        not circular and conv_state.shape[2] == slots
-        and conv_state.stride(2) == 1 and conv_state.stride(1) == slots
-        and conv_state.stride(0) * conv_state.element_size() % 16 == 0
-    )  # fmt: skip
     order = None if circular else _vec_order(conv_state, width)
+    tile = order == f"c{width - 1}"  # the _tile kernel's layout: width - 1 slots, channel order
     per_thread = _vec_channels(order, x.element_size()) if order else 1
     run = per_thread * x.element_size()  # bytes of a thread's x and out of a token
     rows_ok = dim % per_thread == 0 and all(
