@@ -102,6 +102,15 @@ struct LaneMap {
 #define M2R_SSU_ROWS_PER_WIDE 2
 #endif
 constexpr int kRowsPerWide = M2R_SSU_ROWS_PER_WIDE;
+// Offsets within a batch row in 32 bits (the _rows kernels) or 64 (_contig): see update_lanes.
+template <bool k32>
+struct RowOffset {
+  typedef int64_t T;
+};
+template <>
+struct RowOffset<true> {
+  typedef int T;
+};
 
 template <typename TS, typename TI, typename TB, int kN, int kRowsPer>
 M2R_DEVICE void update_lanes(const SsuParams& p) {
@@ -110,24 +119,31 @@ M2R_DEVICE void update_lanes(const SsuParams& p) {
   typedef typename TB::storage SB;
   typedef LaneMap<TS, kN> Map;
   constexpr int kVec = Map::kVec, kRL = Map::kRowLanes, kPass = Map::kRowsPass;
+  // The _rows kernels (kRowsPer 1) take offsets within a batch row in 32 bits: each tensor's
+  // base is moved to its batch row (the state's to its pool row) in 64 bits, once, and the host
+  // checks that every offset within a row fits (int32_offsets, mamba2_rocm/ops/state_update.py):
+  // 64-bit offsets were a third of the kernel's instructions, all before the first load. The
+  // _contig kernels keep 64-bit ones: in 32 bits ptxas took 62 registers instead of 56 (8 blocks
+  // per multiprocessor instead of 9: batch 64-256 ran 6% slower) and spilled when held to 56.
+  typedef typename RowOffset<kRowsPer == 1>::T I;
   const int lane = static_cast<int>(threadIdx.x) % kRL;
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  const int64_t pr0 = static_cast<int64_t>(blockIdx.x) * (kPass * kRowsPer) + static_cast<int>(threadIdx.x) / kRL;
-  SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * p.out_h_stride;
+  const I h = blockIdx.y, b = blockIdx.z;
+  const I pr0 = static_cast<I>(blockIdx.x) * (kPass * kRowsPer) + static_cast<int>(threadIdx.x) / kRL;
+  SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * static_cast<I>(p.out_h_stride);
   const int64_t row = p.state_indices ? p.state_indices[b] : b;
   if (row < 0 || row >= p.num_states) {  // -1: padding, zeros; beyond the pool: NaN, loudly
     const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
 #pragma unroll
     for (int j = 0; j < kRowsPer; ++j) {
-      const int64_t pr = pr0 + j * kPass;
-      if (lane == 0 && pr < p.headdim) out[pr * p.out_p_stride] = TI::from_float(fill);
+      const I pr = pr0 + j * kPass;
+      if (lane == 0 && pr < p.headdim) out[pr * static_cast<I>(p.out_p_stride)] = TI::from_float(fill);
     }
     return;
   }
-  const int64_t g = h / p.heads_per_group;
-  const SB* B = static_cast<const SB*>(p.B) + b * p.B_batch_stride + g * p.B_g_stride + lane * kVec;
-  const SB* C = static_cast<const SB*>(p.C) + b * p.C_batch_stride + g * p.C_g_stride + lane * kVec;
-  SS* st = static_cast<SS*>(p.state) + row * p.state_batch_stride + h * p.state_h_stride + lane * kVec;
+  const I g = h / p.heads_per_group;
+  const SB* B = static_cast<const SB*>(p.B) + b * p.B_batch_stride + (g * static_cast<I>(p.B_g_stride) + lane * kVec);
+  const SB* C = static_cast<const SB*>(p.C) + b * p.C_batch_stride + (g * static_cast<I>(p.C_g_stride) + lane * kVec);
+  SS* st = static_cast<SS*>(p.state) + row * p.state_batch_stride + (h * static_cast<I>(p.state_h_stride) + lane * kVec);
   const bool a_tied = p.A_p_stride == 0 && p.A_n_stride == 0;  // Mamba2: one A per head
 
   // every load of every row first, raw (load_bits): the conversions wait for them all at once
@@ -140,17 +156,17 @@ M2R_DEVICE void update_lanes(const SsuParams& p) {
   SB z_r[kRowsPer];
 #pragma unroll
   for (int j = 0; j < kRowsPer; ++j) {
-    const int64_t pr = pr0 + j * kPass;
+    const I pr = pr0 + j * kPass;
     const bool live = pr < p.headdim;
-    const int64_t prc = live ? pr : 0;  // rows past headdim read row 0 and write nothing
-    s_old[j].load(st + prc * p.state_p_stride);
-    dt_r[j] = load_bits(p.dt, p.dt_dtype, b * p.dt_batch_stride + h * p.dt_h_stride + prc * p.dt_p_stride);
-    bias_r[j] = p.dt_bias ? load_bits(p.dt_bias, p.dt_bias_dtype, h * p.dt_bias_h_stride + prc * p.dt_bias_p_stride) : 0u;
-    x_r[j] = static_cast<const SI*>(p.x)[b * p.x_batch_stride + h * p.x_h_stride + prc * p.x_p_stride];
-    d_r[j] = p.D ? load_bits(p.D, p.d_dtype, h * p.D_h_stride + prc * p.D_p_stride) : 0u;
-    a_r[j] = a_tied ? load_bits(p.A, p.a_dtype, h * p.A_h_stride) : 0u;
+    const I prc = live ? pr : 0;  // rows past headdim read row 0 and write nothing
+    s_old[j].load(st + prc * static_cast<I>(p.state_p_stride));
+    dt_r[j] = load_bits(p.dt, p.dt_dtype, b * p.dt_batch_stride + (h * static_cast<I>(p.dt_h_stride) + prc * static_cast<I>(p.dt_p_stride)));
+    bias_r[j] = p.dt_bias ? load_bits(p.dt_bias, p.dt_bias_dtype, h * static_cast<I>(p.dt_bias_h_stride) + prc * static_cast<I>(p.dt_bias_p_stride)) : 0u;
+    x_r[j] = static_cast<const SI*>(p.x)[b * p.x_batch_stride + (h * static_cast<I>(p.x_h_stride) + prc * static_cast<I>(p.x_p_stride))];
+    d_r[j] = p.D ? load_bits(p.D, p.d_dtype, h * static_cast<I>(p.D_h_stride) + prc * static_cast<I>(p.D_p_stride)) : 0u;
+    a_r[j] = a_tied ? load_bits(p.A, p.a_dtype, h * static_cast<I>(p.A_h_stride)) : 0u;
     // (last: LLVM converts z inside its branch, where the thread waits for it)
-    z_r[j] = p.z ? static_cast<const SB*>(p.z)[b * p.z_batch_stride + h * p.z_h_stride + prc * p.z_p_stride] : SB{};
+    z_r[j] = p.z ? static_cast<const SB*>(p.z)[b * p.z_batch_stride + (h * static_cast<I>(p.z_h_stride) + prc * static_cast<I>(p.z_p_stride))] : SB{};
   }
   float dt[kRowsPer], x[kRowsPer], d[kRowsPer], zg[kRowsPer], a[kRowsPer];
 #pragma unroll
@@ -166,13 +182,13 @@ M2R_DEVICE void update_lanes(const SsuParams& p) {
   float acc[kRowsPer];
 #pragma unroll
   for (int j = 0; j < kRowsPer; ++j) {
-    const int64_t pr = pr0 + j * kPass;
+    const I pr = pr0 + j * kPass;
     const float dtj = p.dt_softplus ? softplus(dt[j]) : dt[j];
     const float dtx = dtj * x[j];
     const float da_tied = __expf(a[j] * dtj);
     // A per element (unit dstate stride, host-checked): read here, not ahead, so the tied case
     // (Mamba2's, one A per head) holds one register per row instead of kVec
-    const int64_t a_row = h * p.A_h_stride + (pr < p.headdim ? pr : 0) * p.A_p_stride + lane * kVec;
+    const I a_row = h * static_cast<I>(p.A_h_stride) + (pr < p.headdim ? pr : 0) * static_cast<I>(p.A_p_stride) + lane * kVec;
     Chunk<SS, kVec> s_new;
     acc[j] = 0.f;
 #pragma unroll
@@ -182,7 +198,7 @@ M2R_DEVICE void update_lanes(const SsuParams& p) {
       acc[j] = fmaf(s, TB::to_float(cv.get(i)), acc[j]);
       s_new.set(i, TS::from_float(s));
     }
-    if (pr < p.headdim) s_new.store(st + pr * p.state_p_stride);
+    if (pr < p.headdim) s_new.store(st + pr * static_cast<I>(p.state_p_stride));
   }
 #pragma unroll
   for (int off = kRL / 2; off > 0; off /= 2) {
@@ -191,11 +207,11 @@ M2R_DEVICE void update_lanes(const SsuParams& p) {
   }
 #pragma unroll
   for (int j = 0; j < kRowsPer; ++j) {
-    const int64_t pr = pr0 + j * kPass;
+    const I pr = pr0 + j * kPass;
     if (lane == 0 && pr < p.headdim) {
       float y = p.D ? fmaf(d[j], x[j], acc[j]) : acc[j];
       if (p.z) y *= silu(zg[j]);
-      out[pr * p.out_p_stride] = TI::from_float(y);
+      out[pr * static_cast<I>(p.out_p_stride)] = TI::from_float(y);
     }
   }
 }

@@ -9,6 +9,7 @@ from mamba2_rocm.ops import state_update as ops
 from mamba2_rocm.ops._launch import KERNEL_DTYPE, as_kernel_float
 from mamba2_rocm.params import SsuParams
 from mamba2_rocm.reference.ssd import selective_state_update_ref
+from mamba2_rocm.reference.ssd_checks import StateUpdateDims
 
 
 def _inputs(g, b=3, h=4, p=8, n=16, groups=2, heads=True, pool=None):
@@ -137,9 +138,10 @@ def _expected_launch(state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, out):
         and all(s * t.element_size() % b_align == 0 and t.data_ptr() % b_align == 0
                 for t in (B, C) for s in t.stride()[:-1])
     )  # fmt: skip
+    fits = ops.int32_offsets(state, x, dt, A, B, C, D, z, dt_bias, out)
     rows_pass = ops._THREADS // (tier // vec)
     wide = -(-p // (ops.SSU_ROWS_PER_WIDE * rows_pass))
-    if layout and wide * h * b >= ops.WIDE_KERNEL_MIN_BLOCKS:
+    if layout and (wide * h * b >= ops.WIDE_KERNEL_MIN_BLOCKS or not fits):
         suffix, grid = "_contig", (wide, h, b)
     elif layout:
         suffix, grid = "_rows", (-(-p // rows_pass), h, b)
@@ -311,6 +313,54 @@ def test_head_kernel_threshold_is_read_per_call(fake_kernels, monkeypatch):
         monkeypatch.setattr(ops, "WIDE_KERNEL_MIN_BLOCKS", blocks)
         ops.selective_state_update(**args)
         assert fake_kernels.launches[-1][0] == "m2r_ssu_bf16_bf16_n32" + suffix
+
+
+def _meta_step(h=3, h_stride=None, x_batch_stride=None):
+    """A decode step's tensors on the meta device (shapes and strides only, no memory): batch 2,
+    headdim 4, dstate 32, bf16, the state's heads h_stride elements apart."""
+    b, p, n = 2, 4, 32
+    h_stride = p * n if h_stride is None else h_stride
+    meta = lambda shape, stride, dtype=torch.bfloat16: torch.empty_strided(  # noqa: E731
+        shape, stride, dtype=dtype, device="meta"
+    )
+    x = meta((b, h, p), (h * p if x_batch_stride is None else x_batch_stride, p, 1))
+    args = dict(
+        state=meta((b, h, p, n), (h * h_stride, h_stride, n, 1)), x=x, dt=meta((b, h, p), (h, 1, 0)),
+        A=meta((h, p, n), (1, 0, 0), torch.float32), B=meta((b, 1, n), (n, n, 1)),
+        C=meta((b, 1, n), (n, n, 1)), D=meta((h, p), (1, 0), torch.float32),
+        z=meta((b, h, p), (h * p, p, 1)), dt_bias=meta((h, p), (1, 0), torch.float32),
+    )  # fmt: skip
+    dims = StateUpdateDims(
+        batch=b, nheads=h, headdim=p, dstate=n, ngroups=1, pool=b, has_heads=True
+    )
+    return args, dims, torch.empty_like(x)
+
+
+#: the state's head stride at which its last element of a batch row is exactly INT32_OFFSET_MAX
+#: (3 heads: 2 strides + 3 rows of 32 + 31; a multiple of the 8 elements a lane moves)
+_EDGE = (ops.INT32_OFFSET_MAX - 3 * 32 - 31) // 2
+
+
+@pytest.mark.parametrize("case, fits", [
+    ("at the int32 edge", True), ("one lane past it", False),
+    ("a huge stride of a size-1 dim", True), ("a huge batch stride", True),
+])  # fmt: skip
+def test_rows_kernel_only_where_offsets_fit_int32(case, fits):
+    """The _rows kernels index within a batch row in 32 bits: a layout whose offsets there pass
+    INT32_OFFSET_MAX takes the _contig kernel (64-bit offsets) at every batch instead, checked
+    without allocating (meta tensors)."""
+    assert _EDGE % 8 == 0 and 2 * _EDGE + 3 * 32 + 31 == ops.INT32_OFFSET_MAX
+    args, dims, out = {
+        "at the int32 edge": lambda: _meta_step(h_stride=_EDGE),
+        "one lane past it": lambda: _meta_step(h_stride=_EDGE + 8),
+        "a huge stride of a size-1 dim": lambda: _meta_step(h=1, h_stride=1 << 40),
+        "a huge batch stride": lambda: _meta_step(x_batch_stride=1 << 40),
+    }[case]()
+    plan = ops._kernel_plan(*args.values(), True, dims, out)
+    assert plan.contig[0] == "m2r_ssu_bf16_bf16_n32_contig"
+    assert plan.rows == (
+        (plan.contig[0][: -len("_contig")] + "_rows", (1, dims.nheads, 2)) if fits else plan.contig
+    )
 
 
 def _base():

@@ -42,14 +42,15 @@ _THREADS = 128  # csrc/state_update.hip: kThreads
 #: Kernel choice when the layout is contiguous (dstate a tier <= 128, unit dstate strides,
 #: 16-byte aligned state rows, B / C aligned for their runs): a row is tier * itemsize / 16
 #: lanes; the ``_contig`` kernel gives each thread SSU_ROWS_PER_WIDE rows from this many of its
-#: blocks on, below that the ``_rows`` kernel (one row per thread) spreads a small batch over
-#: more blocks. Other layouts take the general kernel. Measured on the H100 (bf16, h64 p64
-#: n128, graph-timed, ``scripts/profile_ssu.py --sweep``) with blocks of 256 threads: _rows /
-#: _contig at batch 1 (128 _contig blocks) 3.2 / 3.7 us, with 128 heads (256 blocks) 3.8 / 3.9;
-#: batch 4 (512) 6.1 / 4.8; batch 64 77.2 / 66.9. Two rows per thread beat four (88 registers:
-#: 100.0 us at batch 64) and one. With blocks of 128 threads (twice the blocks) the same 512
-#: blocks: _contig from batch 2 with 64 heads, from batch 1 with 128 (3.8 us, as _rows was).
-WIDE_KERNEL_MIN_BLOCKS = 512
+#: blocks on, below that the ``_rows`` kernel (one row per thread, offsets within a batch row
+#: in 32 bits: only where ``int32_offsets``, else ``_contig`` at every batch) spreads a small
+#: batch over more blocks. Other layouts take the general kernel. Measured on the H100 (bf16,
+#: p64 n128, graph-timed, ``scripts/profile_ssu.py --sweep``, blocks of 128 threads), _rows /
+#: _contig: 64 heads batch 1 (256 _contig blocks) 2.9 / 3.2 us, batch 4 (1024) 5.2 / 5.3,
+#: batch 16 (4096) 14.7 / 14.9, batch 64 (16384) 58.5 / 54.5; 128 heads batch 4 (2048) 8.3 /
+#: 8.5, batch 16 (8192) 28.4 / 27.9. (Before _rows took 32-bit offsets: from 512 blocks.) Two
+#: rows per thread beat four (88 registers: 123.7 against 105.6 us at batch 64 with 128 heads).
+WIDE_KERNEL_MIN_BLOCKS = 8192
 
 
 class _KernelPlan(NamedTuple):
@@ -58,10 +59,30 @@ class _KernelPlan(NamedTuple):
     tail: tuple  # SsuParams after the 11 pointers: strides, sizes, flags, dtype codes
     general: tuple[str, tuple[int, int, int]]  # kernel name and grid, one block per 8 rows
     contig: tuple[str, tuple[int, int, int]] | None  # rows per thread: SSU_ROWS_PER_WIDE
-    rows: tuple[str, tuple[int, int, int]] | None  # the same layout, one row per thread
+    rows: tuple[str, tuple[int, int, int]] | None  # one row per thread (or contig: int32_offsets)
     blocks: int  # the contig kernel's block count
     align: tuple[int, int, int]  # byte alignment state, B, C must have for the contiguous kernels
     contiguous_out: bool  # out can be allocated as empty_like(x, contiguous_format)
+
+
+#: The largest element offset the ``_rows`` kernels take in 32 bits: they move each tensor to
+#: its batch row (the state to its pool row) in 64 bits and index within it in 32
+#: (csrc/state_update.hip, update_lanes; 64-bit offsets were a third of their instructions,
+#: all before the first load).
+INT32_OFFSET_MAX = 2**31 - 1
+
+
+def _extent(t, lead: int) -> int:
+    """The largest element offset within one row of t: over its dims from ``lead`` on."""
+    return sum((n - 1) * s for n, s in zip(t.shape[lead:], t.stride()[lead:], strict=True))
+
+
+def int32_offsets(state, x, dt, A, B, C, D, z, dt_bias, out) -> bool:
+    """Whether every offset the ``_rows`` kernels take in 32 bits fits: within a batch
+    row of state, x, dt, B, C, z and out, and anywhere in A, D and dt_bias (multi-head views).
+    A size-1 dim contributes nothing, whatever its stride: its index is always 0."""
+    rows = all(t is None or _extent(t, 1) <= INT32_OFFSET_MAX for t in (state, x, dt, B, C, z, out))
+    return rows and all(t is None or _extent(t, 0) <= INT32_OFFSET_MAX for t in (A, D, dt_bias))
 
 
 def _run_alignment(nbytes: int) -> int:
@@ -116,11 +137,14 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
     name = f"m2r_ssu_{KERNEL_DTYPE[state.dtype]}_{KERNEL_DTYPE[x.dtype]}{bcz}_n{tier}"
     rows_pass = _THREADS // (tier // vec)  # rows per block and row per thread
     wide = -(-headdim // (rows_pass * SSU_ROWS_PER_WIDE))
+    contig = (name + "_contig", (wide, nheads, batch)) if contig_layout else None
     return _KernelPlan(
         tail=tail,
         general=(name, (-(-headdim // (_THREADS // 32)), nheads, batch)),
-        contig=(name + "_contig", (wide, nheads, batch)) if contig_layout else None,
-        rows=(name + "_rows", (-(-headdim // rows_pass), nheads, batch)) if contig_layout else None,
+        contig=contig,
+        rows=(name + "_rows", (-(-headdim // rows_pass), nheads, batch))
+        if contig_layout and int32_offsets(state, x, dt, A, B, C, D, z, dt_bias, out)
+        else contig,
         blocks=wide * nheads * batch,
         align=(16, b_align, b_align),
         contiguous_out=type(x) is Tensor,

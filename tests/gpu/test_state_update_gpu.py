@@ -111,6 +111,45 @@ def test_pool_indices_and_padding(kernel_choice):
     assert out[0].isnan().all(), "an out-of-range index must be loud"
 
 
+@pytest.mark.parametrize("far", ["pool rows", "batch rows of x and B"])
+def test_offsets_past_int32_between_rows(far, kernel_choice):
+    """The _rows kernels index within a batch row in 32 bits and move to the row in 64 (the
+    _contig kernels all in 64): a pool whose rows lie past 2^31 elements (4.3 GB of bf16
+    states), and x / B whose batch rows do, are read and written where they are, by both. The
+    pool row between two updated ones is left alone."""
+    g = seeded("far", far, device=DEV)
+    h, p, n = 2, 64, 128
+    args = _make(g, 3, h, p, n, 1, torch.bfloat16, torch.bfloat16, True)
+    idx = None
+    if far == "pool rows":
+        pool = (1 << 31) // (h * p * n) + 3  # rows pool - 3 .. pool - 1 start past 2^31 elements
+        state = torch.empty(pool, h, p, n, dtype=torch.bfloat16, device=DEV)
+        idx = torch.tensor([pool - 1, 0, pool - 3], dtype=torch.int32, device=DEV)
+        state[idx.long()] = args["state"]
+        state[pool - 2] = 7.0
+        args["state"] = state
+        ref_state = args["state"][idx.long()].clone()
+        ref_args = {**args, "state": ref_state}
+    else:
+        far_rows = []
+        for name in ("x", "B"):
+            t = args[name]
+            buf = torch.empty(2 * (1 << 30) + t[0].numel(), dtype=t.dtype, device=DEV)
+            view = buf.as_strided(t.shape, (1 << 30, *t.stride()[1:]))  # batch row 2 at 2^31
+            view.copy_(t)
+            args[name] = view
+            far_rows.append(view)
+        ref_state = args["state"].clone()
+        ref_args = {**args, "state": ref_state, "x": far_rows[0].clone(), "B": far_rows[1].clone()}
+    ref = selective_state_update_ref(**ref_args, dt_softplus=True, compute_dtype=torch.float64)
+    out = selective_state_update(**args, dt_softplus=True, state_batch_indices=idx)
+    torch.testing.assert_close(out, ref, rtol=1e-2, atol=5e-2)
+    got = args["state"][idx.long()] if idx is not None else args["state"]
+    torch.testing.assert_close(got, ref_state, rtol=1e-2, atol=5e-2)
+    if idx is not None:
+        assert (args["state"][-2] == 7.0).all()
+
+
 def test_decode_continues_the_scan():
     """Scan a prefix, then step token by token: equals the scan over the whole sequence."""
     g = seeded("decode", device=DEV)
