@@ -101,7 +101,7 @@ SOURCES: dict[str, KernelSource] = {
                 for bcz in ("", "_f32bcz")  # B, C, z read in x's dtype, or in float32
                 if not (bcz and xd == "f32")
                 for n in SSU_DSTATE_TIERS
-                for contig in ("", "_contig", "_rows")
+                for contig in ("", "_contig", "_rows", "_rows_std")
                 if not (contig and n > SSU_CONTIG_MAX_DSTATE)
             ),
         ),

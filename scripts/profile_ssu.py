@@ -21,10 +21,12 @@ from mamba2_rocm.bench.decode import GRID, decode_inputs
 
 
 def _force(ops, kernel: str) -> None:
-    """Make the op take one kernel whatever the batch (this tree's threshold name, or an older
-    tree's, so the sweep also times the build it replaced)."""
-    name = "WIDE_KERNEL_MIN_BLOCKS" if hasattr(ops, "WIDE_KERNEL_MIN_BLOCKS") else "HEAD_KERNEL_MIN_BLOCKS"
-    setattr(ops, name, 0 if kernel == "contig" else 1 << 40)
+    """Make the op take one kernel whatever the batch (this tree's threshold names, or an older
+    tree's, so the sweep also times the build it replaced); "rows" is _rows_std where the inputs
+    are a Mamba2 block's (bench decode's are)."""
+    names = ("WIDE_KERNEL_MIN_BLOCKS", "STD_WIDE_KERNEL_MIN_BLOCKS", "HEAD_KERNEL_MIN_BLOCKS")
+    for name in (n for n in names if hasattr(ops, n)):
+        setattr(ops, name, 0 if kernel == "contig" else 1 << 40)
     ops.clear_plan_cache()
 
 

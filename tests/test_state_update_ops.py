@@ -141,10 +141,14 @@ def _expected_launch(state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, out):
     fits = ops.int32_offsets(state, x, dt, A, B, C, D, z, dt_bias, out)
     rows_pass = ops._THREADS // (tier // vec)
     wide = -(-p // (ops.SSU_ROWS_PER_WIDE * rows_pass))
-    if layout and (wide * h * b >= ops.WIDE_KERNEL_MIN_BLOCKS or not fits):
+    # _std: a Mamba2 block's parameters (tied float32 A, float32 D / dt_bias, dt as x)
+    std = fits and (A.stride(-1) == 0 and A.stride(-2) == 0 and dt.dtype == x.dtype
+                    and all(t is None or t.dtype == torch.float32 for t in (A, D, dt_bias)))  # fmt: skip
+    wide_from = ops.STD_WIDE_KERNEL_MIN_BLOCKS if std else ops.WIDE_KERNEL_MIN_BLOCKS
+    if layout and (wide * h * b >= wide_from or not fits):
         suffix, grid = "_contig", (wide, h, b)
     elif layout:
-        suffix, grid = "_rows", (-(-p // rows_pass), h, b)
+        suffix, grid = "_rows_std" if std else "_rows", (-(-p // rows_pass), h, b)
     else:
         suffix, grid = "", (-(-p // (ops._THREADS // 32)), h, b)
     bcz = "_f32bcz" if B.dtype != x.dtype else ""
@@ -209,6 +213,7 @@ def _padded_rows(t, pad):
 def test_cached_launch_matches_uncached_formula(layout, blocks, fake_kernels, monkeypatch):
     """Every call, cached or not, launches what the per-call code computed (new addresses)."""
     monkeypatch.setattr(ops, "WIDE_KERNEL_MIN_BLOCKS", blocks)
+    monkeypatch.setattr(ops, "STD_WIDE_KERNEL_MIN_BLOCKS", blocks)
     for step in range(3):  # the first call builds the plan, the others reuse it
         args, idx = _LAYOUTS[layout](seeded("plan", layout, step))
         out = ops.selective_state_update(**args, dt_softplus=step != 1, state_batch_indices=idx)
@@ -217,7 +222,7 @@ def test_cached_launch_matches_uncached_formula(layout, blocks, fake_kernels, mo
         expected = _expected_launch(*_pos(args, step != 1, idx), out)
         assert fake_kernels.launches[-1] == expected
         assert expected[0].endswith("_contig") == (blocks == 0 and _CONTIGUOUS[layout])
-        assert expected[0].endswith("_rows") == (blocks != 0 and _CONTIGUOUS[layout])
+        assert ("_rows" in expected[0]) == (blocks != 0 and _CONTIGUOUS[layout])
     assert len(fake_kernels.launches) == 3
 
 
@@ -307,10 +312,17 @@ def test_hits_skip_the_checks(fake_kernels, monkeypatch):
     assert len(fake_kernels.launches) == 4
 
 
-def test_head_kernel_threshold_is_read_per_call(fake_kernels, monkeypatch):
+@pytest.mark.parametrize("std", [True, False], ids=["Mamba2 parameters", "bfloat16 D"])
+def test_head_kernel_threshold_is_read_per_call(std, fake_kernels, monkeypatch):
+    """Each per-row kernel has its own threshold, read per call; the other one does not move it."""
     args = _tied(seeded("threshold"))
-    for blocks, suffix in ((0, "_contig"), (1 << 40, "_rows"), (0, "_contig")):
-        monkeypatch.setattr(ops, "WIDE_KERNEL_MIN_BLOCKS", blocks)
+    if not std:
+        args["D"] = args["D"].bfloat16()
+    mine, other = ("STD_WIDE_KERNEL_MIN_BLOCKS", "WIDE_KERNEL_MIN_BLOCKS")[:: 1 if std else -1]
+    rows = "_rows_std" if std else "_rows"
+    for blocks, suffix in ((0, "_contig"), (1 << 40, rows), (0, "_contig")):
+        monkeypatch.setattr(ops, mine, blocks)
+        monkeypatch.setattr(ops, other, 1 << 40 if blocks == 0 else 0)
         ops.selective_state_update(**args)
         assert fake_kernels.launches[-1][0] == "m2r_ssu_bf16_bf16_n32" + suffix
 
@@ -359,8 +371,38 @@ def test_rows_kernel_only_where_offsets_fit_int32(case, fits):
     plan = ops._kernel_plan(*args.values(), True, dims, out)
     assert plan.contig[0] == "m2r_ssu_bf16_bf16_n32_contig"
     assert plan.rows == (
-        (plan.contig[0][: -len("_contig")] + "_rows", (1, dims.nheads, 2)) if fits else plan.contig
+        (plan.contig[0][: -len("_contig")] + "_rows_std", (1, dims.nheads, 2))
+        if fits
+        else plan.contig
     )
+
+
+@pytest.mark.parametrize("change, std", [
+    ("none", True), ("no D, no dt_bias", True), ("float32 x and dt", True),
+    ("A per headdim row", False), ("A per element", False), ("bfloat16 A", False),
+    ("bfloat16 D", False), ("float16 dt_bias", False), ("float32 dt", False),
+])  # fmt: skip
+def test_rows_std_kernel_only_for_mamba2_parameters(change, std, fake_kernels, monkeypatch):
+    """The per-row kernel with the parameters' dtypes fixed (_rows_std) runs exactly where they
+    are a Mamba2 block's: A one float32 value per head, float32 D / dt_bias, dt in x's dtype."""
+    monkeypatch.setattr(ops, "WIDE_KERNEL_MIN_BLOCKS", 1 << 40)
+    args = _tied(seeded("std", change))
+    h, p, n = args["A"].shape
+    changed = {
+        "none": {},
+        "no D, no dt_bias": {"D": None, "dt_bias": None},
+        "float32 x and dt": {k: args[k].float() for k in ("x", "dt", "z", "B", "C")},
+        "A per headdim row": {"A": -torch.rand(h, p, 1).expand(h, p, n)},
+        "A per element": {"A": -torch.rand(h, p, n)},
+        "bfloat16 A": {"A": args["A"].bfloat16()},
+        "bfloat16 D": {"D": args["D"].bfloat16()},
+        "float16 dt_bias": {"dt_bias": args["dt_bias"].half()},
+        "float32 dt": {"dt": args["dt"].float()},
+    }[change]
+    args = {**args, **changed}
+    out = ops.selective_state_update(**args, dt_softplus=True)
+    assert fake_kernels.launches[-1] == _expected_launch(*_pos(args), out)
+    assert fake_kernels.launches[-1][0].endswith("_rows_std" if std else "_rows")
 
 
 def _base():

@@ -51,6 +51,10 @@ _THREADS = 128  # csrc/state_update.hip: kThreads
 #: 8.5, batch 16 (8192) 28.4 / 27.9. (Before _rows took 32-bit offsets: from 512 blocks.) Two
 #: rows per thread beat four (88 registers: 123.7 against 105.6 us at batch 64 with 128 heads).
 WIDE_KERNEL_MIN_BLOCKS = 8192
+#: The same for the ``_rows_std`` kernels (``mamba2_params``): never, they beat ``_contig`` at
+#: every batch (H100, graph-timed, 64 heads: batch 16 12.9 / 15.0 us, batch 64 50.0 / 54.6,
+#: batch 256 190.9 / 208.2; 128 heads batch 256 379.5 / 414.2).
+STD_WIDE_KERNEL_MIN_BLOCKS = 1 << 62
 
 
 class _KernelPlan(NamedTuple):
@@ -59,7 +63,8 @@ class _KernelPlan(NamedTuple):
     tail: tuple  # SsuParams after the 11 pointers: strides, sizes, flags, dtype codes
     general: tuple[str, tuple[int, int, int]]  # kernel name and grid, one block per 8 rows
     contig: tuple[str, tuple[int, int, int]] | None  # rows per thread: SSU_ROWS_PER_WIDE
-    rows: tuple[str, tuple[int, int, int]] | None  # one row per thread (or contig: int32_offsets)
+    rows: tuple[str, tuple[int, int, int]] | None  # one row per thread, _rows[_std] (or contig)
+    std: bool  # rows is a _rows_std kernel
     blocks: int  # the contig kernel's block count
     align: tuple[int, int, int]  # byte alignment state, B, C must have for the contiguous kernels
     contiguous_out: bool  # out can be allocated as empty_like(x, contiguous_format)
@@ -83,6 +88,16 @@ def int32_offsets(state, x, dt, A, B, C, D, z, dt_bias, out) -> bool:
     A size-1 dim contributes nothing, whatever its stride: its index is always 0."""
     rows = all(t is None or _extent(t, 1) <= INT32_OFFSET_MAX for t in (state, x, dt, B, C, z, out))
     return rows and all(t is None or _extent(t, 0) <= INT32_OFFSET_MAX for t in (A, D, dt_bias))
+
+
+def mamba2_params(x, dt, A, D, dt_bias) -> bool:
+    """Whether the parameters are a Mamba2 block's, as the ``_rows_std`` kernels read them with
+    their dtypes fixed at compile time (csrc/state_update.hip, update_lanes' kStd): A one value
+    per head (stride 0 over headdim and dstate), A, D and dt_bias float32 (D, dt_bias optional),
+    dt in x's dtype. The dtype branches they drop were 17% of batch 1's time."""
+    tied = A.stride(-1) == 0 and A.stride(-2) == 0
+    f32 = all(t is None or t.dtype == torch.float32 for t in (A, D, dt_bias))
+    return tied and f32 and dt.dtype == x.dtype
 
 
 def _run_alignment(nbytes: int) -> int:
@@ -138,13 +153,16 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
     rows_pass = _THREADS // (tier // vec)  # rows per block and row per thread
     wide = -(-headdim // (rows_pass * SSU_ROWS_PER_WIDE))
     contig = (name + "_contig", (wide, nheads, batch)) if contig_layout else None
+    rows, std = contig, False  # (offsets past int32 within a row: the 64-bit _contig throughout)
+    if contig_layout and int32_offsets(state, x, dt, A, B, C, D, z, dt_bias, out):
+        std = mamba2_params(x, dt, A, D, dt_bias)
+        rows = (name + ("_rows_std" if std else "_rows"), (-(-headdim // rows_pass), nheads, batch))
     return _KernelPlan(
         tail=tail,
         general=(name, (-(-headdim // (_THREADS // 32)), nheads, batch)),
         contig=contig,
-        rows=(name + "_rows", (-(-headdim // rows_pass), nheads, batch))
-        if contig_layout and int32_offsets(state, x, dt, A, B, C, D, z, dt_bias, out)
-        else contig,
+        rows=rows,
+        std=std,
         blocks=wide * nheads * batch,
         align=(16, b_align, b_align),
         contiguous_out=type(x) is Tensor,
@@ -294,7 +312,8 @@ def _impl(
     if kp.contig is None or sp % a_s or bp % a_b or cp % a_c:
         name, grid = kp.general
     else:
-        name, grid = kp.contig if kp.blocks >= WIDE_KERNEL_MIN_BLOCKS else kp.rows
+        wide_from = STD_WIDE_KERNEL_MIN_BLOCKS if kp.std else WIDE_KERNEL_MIN_BLOCKS
+        name, grid = kp.contig if kp.blocks >= wide_from else kp.rows
     ptrs = (
         sp,
         x.data_ptr(),

@@ -145,7 +145,8 @@ def test_ssu_strided_indices_read_as_given(dtype, heads, kernel, monkeypatch):
     contiguous copy, duplicates included, on each of the three update kernels."""
     from mamba2_rocm.ops import state_update as ops
 
-    monkeypatch.setattr(ops, "WIDE_KERNEL_MIN_BLOCKS", 0 if kernel == "wide" else 1 << 40)
+    for name in ("WIDE_KERNEL_MIN_BLOCKS", "STD_WIDE_KERNEL_MIN_BLOCKS"):
+        monkeypatch.setattr(ops, name, 0 if kernel == "wide" else 1 << 40)
     args = _ssu(pool=9, b=5)
     if kernel == "general":  # B with a non-unit dstate stride: only the general kernel reads it
         args["B"] = torch.stack([args["B"], args["B"]], -1)[..., 0]

@@ -42,9 +42,8 @@ def kernel_choice(request, monkeypatch):
     thread) is otherwise picked for big batches."""
     from mamba2_rocm.ops import state_update
 
-    monkeypatch.setattr(
-        state_update, "WIDE_KERNEL_MIN_BLOCKS", 0 if request.param == "wide kernel" else 1 << 40
-    )
+    for name in ("WIDE_KERNEL_MIN_BLOCKS", "STD_WIDE_KERNEL_MIN_BLOCKS"):
+        monkeypatch.setattr(state_update, name, 0 if request.param == "wide kernel" else 1 << 40)
     return request.param
 
 
@@ -109,6 +108,33 @@ def test_pool_indices_and_padding(kernel_choice):
     bad = torch.tensor([9, 0, 0, 0], dtype=torch.int32, device=DEV)
     out = selective_state_update(**{**args, "state": before.clone()}, state_batch_indices=bad)
     assert out[0].isnan().all(), "an out-of-range index must be loud"
+
+
+@pytest.mark.parametrize("params", ["float32", "bfloat16 D", "float32 dt"])
+@pytest.mark.parametrize("xdt", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_rows_std_kernel(params, xdt, monkeypatch):
+    """A Mamba2 block's parameters (tied float32 A, float32 D / dt_bias, dt in x's dtype) take
+    the per-row kernel with their dtypes fixed at compile time (_rows_std), any other the one
+    reading them as passed; both match the reference, and the state only changes where it should."""
+    from mamba2_rocm.ops import state_update
+
+    monkeypatch.setattr(state_update, "WIDE_KERNEL_MIN_BLOCKS", 1 << 40)
+    g = seeded("std", params, str(xdt), device=DEV)
+    args = _make(g, 3, 6, 40, 64, 2, xdt, torch.bfloat16, True)
+    if params == "bfloat16 D":
+        args["D"] = args["D"].bfloat16()
+    elif params == "float32 dt" and xdt != torch.float32:
+        args["dt"] = args["dt"].float()
+    std = params == "float32" or (xdt == torch.float32 and params == "float32 dt")
+    ref_state = args["state"].clone()
+    ref = selective_state_update_ref(
+        **{**args, "state": ref_state}, dt_softplus=True, compute_dtype=torch.float64
+    )
+    out = selective_state_update(**args, dt_softplus=True)
+    assert state_update._last[1].kernel.rows[0].endswith("_rows_std" if std else "_rows")
+    rtol, atol = TOL[xdt if xdt != torch.float32 else torch.bfloat16]
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
+    torch.testing.assert_close(args["state"], ref_state, rtol=1e-2, atol=5e-2)
 
 
 @pytest.mark.parametrize("far", ["pool rows", "batch rows of x and B"])
