@@ -302,7 +302,7 @@ M2R_DEVICE void update_rows(const SsuParams& p) {
   M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##BD##_n##N(SsuParams p) {             \
     m2r::ssu::update_rows<m2r::TS, m2r::TI, m2r::TB, N>(p);                                 \
   }
-// The contiguous-layout kernels stop at dstate 128 (dstate 256 uses the general kernel).
+// The contiguous-layout kernels, up to dstate 128 for every state dtype (256: below).
 #define M2R_SSU_CONTIG(SD, TS, ID, TI, BD, TB, N)                                                        \
   M2R_KERNEL(m2r::ssu::kThreads) m2r_ssu_##SD##_##ID##BD##_n##N##_contig(SsuParams p) {                  \
     m2r::ssu::update_lanes<m2r::TS, m2r::TI, m2r::TB, N, m2r::ssu::kRowsPerWide>(p);                     \
@@ -322,7 +322,15 @@ M2R_DEVICE void update_rows(const SsuParams& p) {
   M2R_SSU_N(SD, TS, f32, F32, , F32) M2R_SSU_N(SD, TS, f16, F16, , F16)                             \
   M2R_SSU_N(SD, TS, bf16, BF16, , BF16) M2R_SSU_N(SD, TS, f16, F16, _f32bcz, F32)                   \
   M2R_SSU_N(SD, TS, bf16, BF16, _f32bcz, F32)
+// dstate 256 in the contiguous layout: 16-bit states only (a row's 32 lanes of 16 bytes; float32
+// would take 64: mamba2_rocm.kernels.SSU_CONTIG_MAX_DSTATE)
+#define M2R_SSU_STATE16_N256(SD, TS)                                                                 \
+  M2R_SSU_CONTIG(SD, TS, f32, F32, , F32, 256) M2R_SSU_CONTIG(SD, TS, f16, F16, , F16, 256)         \
+  M2R_SSU_CONTIG(SD, TS, bf16, BF16, , BF16, 256) M2R_SSU_CONTIG(SD, TS, f16, F16, _f32bcz, F32, 256) \
+  M2R_SSU_CONTIG(SD, TS, bf16, BF16, _f32bcz, F32, 256)
 
 M2R_SSU_STATE(f32, F32)
 M2R_SSU_STATE(f16, F16)
 M2R_SSU_STATE(bf16, BF16)
+M2R_SSU_STATE16_N256(f16, F16)
+M2R_SSU_STATE16_N256(bf16, BF16)

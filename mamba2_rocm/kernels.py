@@ -32,7 +32,9 @@ CONV_WIDTHS = (2, 3, 4)
 CONV_FWD_LAYOUTS = ("vec", "vec_s", "vec_m", "cl_vec", "strided")
 CONV_BWD_SHAPES = ("rows", "cl")  # csrc/conv1d_bwd.hip: the tile walked along seqlen / channels
 SSU_DSTATE_TIERS = (32, 64, 128, 256)
-SSU_CONTIG_MAX_DSTATE = 128  # csrc/state_update.hip: no contiguous-layout kernels beyond
+#: csrc/state_update.hip: the contiguous-layout kernels' largest dstate per state dtype (a row is
+#: at most 32 lanes of 16 bytes: 256 16-bit or 128 float32 elements)
+SSU_CONTIG_MAX_DSTATE = {"f32": 128, "f16": 256, "bf16": 256}
 SSU_ROWS_PER_WIDE = 2  # csrc/state_update.hip: kRowsPerWide, rows per thread of the _contig kernels
 SSD_SCAN_ROWS = (64, 128)  # csrc/ssd.hip: positions per chunk_scan tile
 RMSNORM_VECS = (1, 2, 3, 4)  # csrc/rmsnorm.hip: 8-element runs per thread, register-resident form
@@ -102,7 +104,7 @@ SOURCES: dict[str, KernelSource] = {
                 if not (bcz and xd == "f32")
                 for n in SSU_DSTATE_TIERS
                 for contig in ("", "_contig", "_rows", "_rows_std")
-                if not (contig and n > SSU_CONTIG_MAX_DSTATE)
+                if not (contig and n > SSU_CONTIG_MAX_DSTATE[sd])
             ),
         ),
         KernelSource("state_rows", StateRowsParams, ("m2r_state_rows",)),

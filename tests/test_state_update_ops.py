@@ -131,7 +131,7 @@ def _expected_launch(state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, out):
     vec = 16 // state.element_size()  # a lane's 16 bytes of state
     b_align = 16 if vec * B.element_size() == 16 else 8
     layout = (
-        n == tier and tier <= 128
+        n == tier and tier * state.element_size() <= 512  # a row: at most 32 lanes of 16 bytes
         and state.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
         and (A.stride(-1) == 1 or (A.stride(-1) == 0 and A.stride(-2) == 0))
         and all(s % vec == 0 for s in state.stride()[:-1]) and state.data_ptr() % 16 == 0
@@ -375,6 +375,20 @@ def test_rows_kernel_only_where_offsets_fit_int32(case, fits):
         if fits
         else plan.contig
     )
+
+
+@pytest.mark.parametrize("sdt, kernel", [
+    (torch.bfloat16, "m2r_ssu_bf16_bf16_n256_rows_std"), (torch.float16, "m2r_ssu_f16_bf16_n256_rows_std"),
+    (torch.float32, "m2r_ssu_f32_bf16_n256"),
+])  # fmt: skip
+def test_dstate_256_contiguous_for_16_bit_states(sdt, kernel, fake_kernels):
+    """dstate 256 (Falcon-H1) takes the contiguous-layout kernels with 16-bit states (a row's 32
+    lanes of 16 bytes), the general kernel with float32 ones (64 lanes)."""
+    args = _tied(seeded("n256", str(sdt)), n=256)
+    args["state"] = args["state"].to(sdt)
+    out = ops.selective_state_update(**args, dt_softplus=True)
+    assert fake_kernels.launches[-1][0] == kernel
+    assert fake_kernels.launches[-1] == _expected_launch(*_pos(args), out)
 
 
 @pytest.mark.parametrize("change, std", [

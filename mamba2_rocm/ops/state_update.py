@@ -142,7 +142,7 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
     b_align = _run_alignment(vec * B.element_size())  # (B and C share a dtype: bcz_operands)
     contig_layout = (
         dstate == tier
-        and tier <= SSU_CONTIG_MAX_DSTATE
+        and tier <= SSU_CONTIG_MAX_DSTATE[KERNEL_DTYPE[state.dtype]]
         and state.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
         and (A.stride(-1) == 1 or (A.stride(-1) == 0 and A.stride(-2) == 0))  # unit, or tied per head
         and all(st % vec == 0 for st in state.stride()[:-1])
