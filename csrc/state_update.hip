@@ -129,7 +129,7 @@ M2R_DEVICE void update_lanes(const SsuParams& p) {
   // kStd (the _rows_std kernels): a Mamba2 block's parameters, which the host checks: A one value
   // per head (stride 0 over headdim and dstate), A, D and dt_bias float32, dt in x's dtype. Known
   // at compile time, their dtype branches and the per-element A path are gone: 17% off batch 1
-  // (H100, 64 heads: 2.92 -> 2.41 us, graph-timed).
+  // (H100, 64 heads: 2.93 -> 2.43 us, graph-timed).
   // (the dtype each use names: kStd ? the fixed one : the field; locals holding the fields
   // moved ptxas's schedule of the other kernels)
   constexpr int kF32 = M2R_DTYPE_F32;

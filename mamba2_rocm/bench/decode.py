@@ -5,10 +5,11 @@ several processes).
 Mamba2 decode (bf16 state, tied-head A/dt/dt_bias/D as HF transformers passes them) for the
 issue's shape (nheads 64, headdim 64, dstate 128, ngroups 8) at batch 1/16/64, and over batch
 1/4/16/64/256 for mamba2-1.3b (h64 g1), the grouped hybrids' layers (Codestral-Mamba-7B /
-Nemotron-H-8B: h128 g8) and Falcon-H1-7B's (h24, headdim 128, dstate 256). Reports the median per-call device-event time (launch included), the
-per-call time inside a CUDA graph (kernel only), bandwidth over the bytes that must move (the
-state read and written once, inputs, output), and per case the ratio to Triton's best with the
-worst over the grid (issue #17: ahead at every batch).
+Nemotron-H-8B: h128 g8) and Falcon-H1-7B's (h24, headdim 128, dstate 256). Reports the median
+per-call device-event time (launch included), the per-call time inside a CUDA graph (kernel
+only), bandwidth over the bytes that must move (the state read and written once, inputs,
+output), and per case the ratio to Triton's best with the worst over the grid (issue #17: ahead
+at every batch).
 """
 
 from __future__ import annotations
