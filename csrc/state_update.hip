@@ -318,19 +318,17 @@ M2R_DEVICE void update_rows(const SsuParams& p) {
   M2R_SSU(SD, TS, ID, TI, BD, TB, 128) M2R_SSU(SD, TS, ID, TI, BD, TB, 256)                         \
   M2R_SSU_CONTIG(SD, TS, ID, TI, BD, TB, 32) M2R_SSU_CONTIG(SD, TS, ID, TI, BD, TB, 64)             \
   M2R_SSU_CONTIG(SD, TS, ID, TI, BD, TB, 128)
-#define M2R_SSU_STATE(SD, TS)                                                                        \
-  M2R_SSU_N(SD, TS, f32, F32, , F32) M2R_SSU_N(SD, TS, f16, F16, , F16)                             \
-  M2R_SSU_N(SD, TS, bf16, BF16, , BF16) M2R_SSU_N(SD, TS, f16, F16, _f32bcz, F32)                   \
-  M2R_SSU_N(SD, TS, bf16, BF16, _f32bcz, F32)
+// Every input combination of state dtype SD (x's dtype; B, C, z in it or, _f32bcz, in float32),
+// each given to X(SD, TS, ID, TI, BD, TB)
+#define M2R_SSU_INPUTS(X, SD, TS)                                                                    \
+  X(SD, TS, f32, F32, , F32) X(SD, TS, f16, F16, , F16) X(SD, TS, bf16, BF16, , BF16)              \
+  X(SD, TS, f16, F16, _f32bcz, F32) X(SD, TS, bf16, BF16, _f32bcz, F32)
+#define M2R_SSU_CONTIG_N256(SD, TS, ID, TI, BD, TB) M2R_SSU_CONTIG(SD, TS, ID, TI, BD, TB, 256)
+
+M2R_SSU_INPUTS(M2R_SSU_N, f32, F32)
+M2R_SSU_INPUTS(M2R_SSU_N, f16, F16)
+M2R_SSU_INPUTS(M2R_SSU_N, bf16, BF16)
 // dstate 256 in the contiguous layout: 16-bit states only (a row's 32 lanes of 16 bytes; float32
 // would take 64: mamba2_rocm.kernels.SSU_CONTIG_MAX_DSTATE)
-#define M2R_SSU_STATE16_N256(SD, TS)                                                                 \
-  M2R_SSU_CONTIG(SD, TS, f32, F32, , F32, 256) M2R_SSU_CONTIG(SD, TS, f16, F16, , F16, 256)         \
-  M2R_SSU_CONTIG(SD, TS, bf16, BF16, , BF16, 256) M2R_SSU_CONTIG(SD, TS, f16, F16, _f32bcz, F32, 256) \
-  M2R_SSU_CONTIG(SD, TS, bf16, BF16, _f32bcz, F32, 256)
-
-M2R_SSU_STATE(f32, F32)
-M2R_SSU_STATE(f16, F16)
-M2R_SSU_STATE(bf16, BF16)
-M2R_SSU_STATE16_N256(f16, F16)
-M2R_SSU_STATE16_N256(bf16, BF16)
+M2R_SSU_INPUTS(M2R_SSU_CONTIG_N256, f16, F16)
+M2R_SSU_INPUTS(M2R_SSU_CONTIG_N256, bf16, BF16)

@@ -39,17 +39,18 @@ Tensor = torch.Tensor
 __all__ = ["selective_state_update"]
 
 _THREADS = 128  # csrc/state_update.hip: kThreads
-#: Kernel choice when the layout is contiguous (dstate a tier <= 128, unit dstate strides,
-#: 16-byte aligned state rows, B / C aligned for their runs): a row is tier * itemsize / 16
-#: lanes; the ``_contig`` kernel gives each thread SSU_ROWS_PER_WIDE rows from this many of its
-#: blocks on, below that the ``_rows`` kernel (one row per thread, offsets within a batch row
-#: in 32 bits: only where ``int32_offsets``, else ``_contig`` at every batch) spreads a small
-#: batch over more blocks. Other layouts take the general kernel. Measured on the H100 (bf16,
-#: p64 n128, graph-timed, ``scripts/profile_ssu.py --sweep``, blocks of 128 threads), _rows /
-#: _contig: 64 heads batch 1 (256 _contig blocks) 2.9 / 3.2 us, batch 4 (1024) 5.2 / 5.3,
-#: batch 16 (4096) 14.7 / 14.9, batch 64 (16384) 58.5 / 54.5; 128 heads batch 4 (2048) 8.3 /
-#: 8.5, batch 16 (8192) 28.4 / 27.9. (Before _rows took 32-bit offsets: from 512 blocks.) Two
-#: rows per thread beat four (88 registers: 123.7 against 105.6 us at batch 64 with 128 heads).
+#: Kernel choice when the layout is contiguous (dstate a tier up to SSU_CONTIG_MAX_DSTATE for
+#: the state dtype, unit dstate strides, 16-byte aligned state rows, B / C aligned for their
+#: runs): a row is tier * itemsize / 16 lanes; the ``_contig`` kernel gives each thread
+#: SSU_ROWS_PER_WIDE rows from this many of its blocks on, below that the ``_rows`` kernel (one
+#: row per thread, offsets within a batch row in 32 bits: only where ``int32_offsets``, else
+#: ``_contig`` at every batch) spreads a small batch over more blocks. Other layouts take the
+#: general kernel. Measured on the H100 (bf16, p64 n128, graph-timed, ``scripts/profile_ssu.py
+#: --sweep``, blocks of 128 threads), _rows / _contig: 64 heads batch 1 (256 _contig blocks)
+#: 2.9 / 3.2 us, batch 4 (1024) 5.2 / 5.3, batch 16 (4096) 14.7 / 14.9, batch 64 (16384) 58.5 /
+#: 54.5; 128 heads batch 4 (2048) 8.3 / 8.5, batch 16 (8192) 28.4 / 27.9. (Before _rows took
+#: 32-bit offsets: from 512 blocks.) Two rows per thread beat four (88 registers: 123.7 against
+#: 105.6 us at batch 64 with 128 heads).
 WIDE_KERNEL_MIN_BLOCKS = 8192
 #: The same for the ``_rows_std`` kernels (``mamba2_params``): never, they beat ``_contig`` at
 #: every batch (H100, graph-timed, 64 heads: batch 16 12.9 / 15.0 us, batch 64 50.0 / 54.6,
@@ -90,14 +91,18 @@ def int32_offsets(state, x, dt, A, B, C, D, z, dt_bias, out) -> bool:
     return rows and all(t is None or _extent(t, 0) <= INT32_OFFSET_MAX for t in (A, D, dt_bias))
 
 
+def _a_per_head(A) -> bool:
+    """Whether A holds one value per head (stride 0 over headdim and dstate), as Mamba2's."""
+    return A.stride(-1) == 0 and A.stride(-2) == 0
+
+
 def mamba2_params(x, dt, A, D, dt_bias) -> bool:
     """Whether the parameters are a Mamba2 block's, as the ``_rows_std`` kernels read them with
     their dtypes fixed at compile time (csrc/state_update.hip, update_lanes' kStd): A one value
     per head (stride 0 over headdim and dstate), A, D and dt_bias float32 (D, dt_bias optional),
     dt in x's dtype. The dtype branches they drop were 17% of batch 1's time."""
-    tied = A.stride(-1) == 0 and A.stride(-2) == 0
     f32 = all(t is None or t.dtype == torch.float32 for t in (A, D, dt_bias))
-    return tied and f32 and dt.dtype == x.dtype
+    return _a_per_head(A) and f32 and dt.dtype == x.dtype
 
 
 def _run_alignment(nbytes: int) -> int:
@@ -144,7 +149,7 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
         dstate == tier
         and tier <= SSU_CONTIG_MAX_DSTATE[KERNEL_DTYPE[state.dtype]]
         and state.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
-        and (A.stride(-1) == 1 or (A.stride(-1) == 0 and A.stride(-2) == 0))  # unit, or tied per head
+        and (A.stride(-1) == 1 or _a_per_head(A))  # unit dstate stride, or one value per head
         and all(st % vec == 0 for st in state.stride()[:-1])
         and all(st * t.element_size() % b_align == 0 for t in (B, C) for st in t.stride()[:-1])
     )  # fmt: skip
