@@ -224,27 +224,43 @@ M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
   const int j_lo = static_cast<int>(max(static_cast<int64_t>(0), (kW - 1) - t0));
   const int j_hi = static_cast<int>(min(static_cast<int64_t>(kJ), p.seqlen - t0 + (kW - 1)));
   const S* px = x + (t0 - (kW - 1)) * p.x_l_stride;
+  // an interior block's thread (its kJ inputs inside the sequence, both channels in range, no
+  // seq_idx): one word per input through a running pointer, no per-position checks (the checks
+  // and 64-bit offsets had made this kernel issue-bound, not memory-bound: H100, ncu)
+  const bool interior = !kSeq && full_c && j_lo == 0 && j_hi == kJ;
   uint32_t raw[kJ];
+  if (interior) {
 #pragma unroll
-  for (int j = 0; j < kJ; ++j, px += p.x_l_stride) {
-    const int64_t pos = t0 - (kW - 1) + j;
-    if (full_c && j >= j_lo && j < j_hi) {
-      raw[j] = load_stream(reinterpret_cast<const uint32_t*>(px));
-    } else {
-      float f[kC];
+    for (int j = 0; j < kJ; ++j, px += p.x_l_stride) raw[j] = load_stream(reinterpret_cast<const uint32_t*>(px));
+  } else {
 #pragma unroll
-      for (int i = 0; i < kC; ++i) f[i] = c0 + i < p.dim && pos < p.seqlen ? x_at<T, kW>(p, b, c0 + i, pos) : 0.f;
-      raw[j] = T::pack(f);
+    for (int j = 0; j < kJ; ++j, px += p.x_l_stride) {
+      const int64_t pos = t0 - (kW - 1) + j;
+      if (full_c && j >= j_lo && j < j_hi) {
+        raw[j] = load_stream(reinterpret_cast<const uint32_t*>(px));
+      } else {
+        float f[kC];
+#pragma unroll
+        for (int i = 0; i < kC; ++i) f[i] = c0 + i < p.dim && pos < p.seqlen ? x_at<T, kW>(p, b, c0 + i, pos) : 0.f;
+        raw[j] = T::pack(f);
+      }
     }
   }
-  float w[kC][kW], bias[kC];
+  // the taps and bias: every load issued before the first conversion (load_bits)
+  uint32_t wb[kC][kW], bb[kC];
 #pragma unroll
   for (int i = 0; i < kC; ++i) {
     const int64_t c = min(c0 + i, static_cast<int64_t>(p.dim) - 1);
 #pragma unroll
-    for (int k = 0; k < kW; ++k)
-      w[i][k] = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
-    bias[i] = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
+    for (int k = 0; k < kW; ++k) wb[i][k] = load_bits(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
+    bb[i] = p.bias ? load_bits(p.bias, p.bias_dtype, c) : 0u;
+  }
+  float w[kC][kW], bias[kC];
+#pragma unroll
+  for (int i = 0; i < kC; ++i) {
+#pragma unroll
+    for (int k = 0; k < kW; ++k) w[i][k] = bits_to_float(wb[i][k], p.weight_dtype);
+    bias[i] = p.bias ? bits_to_float(bb[i], p.bias_dtype) : 0.f;
   }
   // position j's channel i, unpacked where it is used, not all kJ x kC up front: 2-3% more
   // bandwidth on the H100 (bf16 b4 d4096 l4096 86.0 -> 88.4% of copy, b8 d10240 l512 82.3 -> 85.3%)
@@ -254,11 +270,12 @@ M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
     return f[i];
   };
 
-  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride;
+  const int n_out = interior ? kP : static_cast<int>(min(static_cast<int64_t>(kP), p.seqlen - t0));
+  // (position t0, channel c0): a running pointer
+  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + t0 * p.out_l_stride + c0;
 #pragma unroll
-  for (int s = 0; s < kP; ++s) {
-    const int64_t t = t0 + s;
-    if (t >= p.seqlen) break;
+  for (int s = 0; s < kP; ++s, out += p.out_l_stride) {
+    if (s >= n_out) break;
     float y[kC];
 #pragma unroll
     for (int i = 0; i < kC; ++i) {
@@ -266,14 +283,14 @@ M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
 #pragma unroll
       for (int k = 0; k < kW; ++k)
         if (!kSeq || sh_sid[s + k] == sh_sid[s + kW - 1]) acc = fmaf(w[i][k], xf(s + k, i), acc);
-      y[i] = kSeq && sh_sid[s + kW - 1] < 0 ? 0.f : p.silu ? silu(acc) : acc;  // padding token: 0
+      y[i] = kSeq && sh_sid[s + kW - 1] < 0 ? 0.f : p.silu ? silu_fast(acc) : acc;  // padding token: 0
     }
     if (full_c) {
-      store_stream(reinterpret_cast<uint32_t*>(out + t * p.out_l_stride + c0), T::pack(y));
+      store_stream(reinterpret_cast<uint32_t*>(out), T::pack(y));
     } else {
 #pragma unroll
       for (int i = 0; i < kC; ++i)
-        if (c0 + i < p.dim) out[t * p.out_l_stride + (c0 + i) * p.out_c_stride] = T::from_float(y[i]);
+        if (c0 + i < p.dim) out[(c0 + i) * p.out_c_stride - c0] = T::from_float(y[i]);
     }
   }
   if (p.final_states != nullptr && t0 + kP >= p.seqlen) {

@@ -535,6 +535,10 @@ M2R_DEVICE float softplus_select(float x) {
 }
 
 M2R_DEVICE float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+// silu with the exponential as one fast_exp2, for kernels whose issue rate bounds them (the
+// channel-last conv forward): where fast_exp2 flushes (2^-126 and below) 1 + it is 1 in fp32
+// anyway, so on NVIDIA the result is silu's bit for bit, 3 instructions fewer (no denormal path)
+M2R_DEVICE float silu_fast(float x) { return __fdividef(x, 1.0f + fast_exp2(-x * kLog2e)); }
 // d silu(x) / dx = s (1 + x (1 - s)), s = sigmoid(x)
 M2R_DEVICE float dsilu(float x) {
   const float s = __fdividef(1.0f, 1.0f + __expf(-x));
