@@ -321,12 +321,27 @@ def test_ratio_summary_flags_cases_below_the_target_and_the_worst():
 
 
 def test_conv1d_summary_takes_the_large_cases_and_the_worst_cudnn_ratio():
-    from mamba2_rocm.bench.conv1d import COPY, CUDNN, LARGE_BYTES, summary
+    from mamba2_rocm.bench.conv1d import COPY, CUDNN, KERNEL_CL, LARGE_BYTES, summary
 
     big, small = LARGE_BYTES, LARGE_BYTES - 1
-    k = "mamba2-rocm kernel"
+    k, cl, cl_case = "mamba2-rocm kernel", KERNEL_CL, " channel-last"
     rows = [
         {"case": "m fwd b1 d8 l8", "impl": k, "bytes": big, "copy_frac": 0.8, "best_us": 10.0},
+        # the channel-last kernel: its own line, the small case left out, no cuDNN ratio
+        {
+            "case": "m fwd b1 d8 l8" + cl_case,
+            "impl": cl,
+            "bytes": big,
+            "copy_frac": 0.85,
+            "best_us": 1,
+        },
+        {
+            "case": "n fwd b8 d8 l8" + cl_case,
+            "impl": cl,
+            "bytes": small,
+            "copy_frac": 0.05,
+            "best_us": 1,
+        },
         {"case": "m fwd b1 d8 l8", "impl": CUDNN, "bytes": big, "copy_frac": 0.5, "best_us": 15.0},
         {"case": "n fwd b8 d8 l8", "impl": k, "bytes": small, "copy_frac": 0.1, "best_us": 4.0},
         {"case": "n fwd b8 d8 l8", "impl": CUDNN, "bytes": small, "copy_frac": 0.1, "best_us": 2.0},
@@ -340,6 +355,7 @@ def test_conv1d_summary_takes_the_large_cases_and_the_worst_cudnn_ratio():
     assert summary(rows) == [
         "worst fwd at >= 64 MB: 80.0% of copy (m fwd b1 d8 l8; target 90%)",
         "worst update at >= 64 MB: 95.0% of copy (m update b64 d8; target 90%)",
+        "worst fwd channel-last at >= 64 MB: 85.0% of copy (m fwd b1 d8 l8 channel-last; target 90%)",
         "worst update against a copy of its bytes (device time): 50.0% (m update b1 d8); "
         "at batch 256: 90.0% (m update b256 d8)",
         "worst ratio to cuDNN (device time): 0.50x (n fwd b8 d8 l8)",

@@ -9,11 +9,12 @@ then the grid of the models people run, width 4 with SiLU: the conv channels of 
 checkpoint (d_inner + 2 ngroups dstate: 1792 / 2304 / 3328 / 4352 / 5376 for 130m … 2.7b), of
 the hybrids (Codestral-Mamba-7B / Nemotron-H-8B 10240, Bamba-9B 8448, Falcon-H1-7B 3584) and
 mamba-2.8b's d_inner 5120, each at (batch, seqlen) (8, 512), (4, 2048), (1, 8192), (1, 16384)
-against ``F.conv1d``; the decode update at batch 1 / 16 / 64 / 256 for 1.3b's and Codestral's
+against ``F.conv1d``, and ours again on the channel-last layout a Mamba2 block passes (the
+input projection's (batch, seqlen, channels) output seen as (batch, channels, seqlen)); the decode update at batch 1 / 16 / 64 / 256 for 1.3b's and Codestral's
 widths in three conv_state layouts (UPDATE_CACHES), each against a copy of the same bytes (a
 decode step moves 0.1-42 MB, where a copy itself runs below the 1 GB copy rate). A summary gives
 the worst fraction of copy bandwidth over the cases that move at least 64 MB (issue #17's
-target: 90%), the update's worst fraction of its same-size copy (overall and at batch 256) and
+target: 90%; the seqlen-contiguous and the channel-last kernels apart), the update's worst fraction of its same-size copy (overall and at batch 256) and
 the worst ratio to cuDNN.
 
 ``--backward`` (:func:`run_backward`): training instead, forward + backward through autograd
@@ -53,6 +54,7 @@ UPDATE_CACHES = {
     ).transpose(1, 2),
 }
 COPY = "copy of the same bytes"
+KERNEL, KERNEL_CL = "mamba2-rocm kernel", "mamba2-rocm kernel (channel-last)"
 LARGE_BYTES = 64 << 20  # the "large shapes" the copy-bandwidth target applies to
 CUDNN = "F.conv1d (cuDNN) + silu"
 
@@ -96,7 +98,7 @@ def run_backward(width=4, dtype="bfloat16") -> list[dict]:
             out = F.silu(F.conv1d(x, w.unsqueeze(1), b, padding=width - 1, groups=w.shape[0]))
             return torch.autograd.grad(out[..., :L], (x, w, b), dout)
 
-        for impl, fn, tier in (("mamba2-rocm kernel", ours, "kernel"),
+        for impl, fn, tier in ((KERNEL, ours, "kernel"),
                                ("vectorized torch tier", ours, "torch"), (CUDNN, cudnn, "torch")):  # fmt: skip
             with backend(tier):
                 t = time_calls(fn)
@@ -152,8 +154,8 @@ def run(
     b = torch.randn(dim, device=dev, dtype=dt)
     fwd_bytes = 2 * x.numel() * elt + w.numel() * elt + b.numel() * elt
     case = f"fwd b{batch} d{dim} l{seqlen} w{width} {dtype}"
-    add(case, "mamba2-rocm kernel", lambda: causal_conv1d_fn(x, w, b, activation="silu"), fwd_bytes)
-    add(case + " channel-last", "mamba2-rocm kernel (channel-last)",
+    add(case, KERNEL, lambda: causal_conv1d_fn(x, w, b, activation="silu"), fwd_bytes)
+    add(case + " channel-last", KERNEL_CL,
         lambda: causal_conv1d_fn(x_cl, w, b, activation="silu"), fwd_bytes)  # fmt: skip
     add(
         case,
@@ -173,7 +175,7 @@ def run(
     case = f"update b{decode_batch} d{decode_dim} w{width} {dtype}"
     add(
         case,
-        "mamba2-rocm kernel",
+        KERNEL,
         lambda: causal_conv1d_update(xs, state, wd, bd, activation="silu"),
         upd_bytes,
     )
@@ -187,10 +189,14 @@ def run(
                 x = torch.randn(bt, d, L, device=dev, dtype=dt)
                 nbytes = (2 * x.numel() + w.numel() + b.numel()) * elt
                 case = f"{name} fwd b{bt} d{d} l{L}"
-                add(case, "mamba2-rocm kernel",
+                add(case, KERNEL,
                     lambda x=x, w=w, b=b: causal_conv1d_fn(x, w, b, activation="silu"), nbytes)  # fmt: skip
                 add(case, CUDNN, lambda x=x, wc=wc, b=b, L=L: F.silu(
                     F.conv1d(x, wc, b, padding=width - 1, groups=wc.shape[0])[..., :L]), nbytes)  # fmt: skip
+                del x
+                x = torch.randn(bt, L, d, device=dev, dtype=dt).transpose(1, 2)
+                add(case + " channel-last", KERNEL_CL,
+                    lambda x=x, w=w, b=b: causal_conv1d_fn(x, w, b, activation="silu"), nbytes)  # fmt: skip
                 del x
         models, batches = DECODE_GRID
         for name, d in models:
@@ -204,7 +210,7 @@ def run(
                     state = make(torch, bt, d, width, dt)
                     nbytes = (2 * xs.numel() + 2 * state.numel() + wd.numel() + bd.numel()) * elt
                     case = f"{name} update b{bt} d{d}{cache}"
-                    add(case, "mamba2-rocm kernel",
+                    add(case, KERNEL,
                         lambda xs=xs, state=state, wd=wd, bd=bd: causal_conv1d_update(
                             xs, state, wd, bd, activation="silu"), nbytes)  # fmt: skip
                     src = torch.empty(nbytes // 2, device=dev, dtype=torch.uint8)
@@ -238,11 +244,11 @@ def format_table(rows: list[dict]) -> str:
     for r in rows:
         by_case.setdefault(r["case"].replace(" channel-last", ""), {})[r["impl"]] = r["us"]
     for case, impls in by_case.items():
-        ours = impls.get("mamba2-rocm kernel")
+        ours = impls.get(KERNEL)
         others = ", ".join(
             f"{k}: {v / ours:.1f}x"
             for k, v in impls.items()
-            if ours and k not in ("mamba2-rocm kernel", COPY)  # (the copy: in the summary)
+            if ours and k not in (KERNEL, KERNEL_CL, COPY)  # (the copy: in the summary)
         )
         if others:
             lines.append(f"speed-up of the kernel, {case}: {others}")
@@ -251,19 +257,21 @@ def format_table(rows: list[dict]) -> str:
 
 def summary(rows: list[dict]) -> list[str]:
     """The worst fraction of copy bandwidth of our kernel over the cases moving at least
-    LARGE_BYTES, forward, update and training apart, and the worst device-time ratio to cuDNN
-    (and, for training, the worst peak-memory ratio to it)."""
+    LARGE_BYTES, forward, update and training apart (and the channel-last forward apart from the
+    seqlen-contiguous one), and the worst device-time ratio to cuDNN (and, for training, the worst
+    peak-memory ratio to it)."""
     lines = []
-    ours = [r for r in rows if r["impl"] == "mamba2-rocm kernel" and r["bytes"] >= LARGE_BYTES]
-    for kind in ("fwd", "update", "fwd+bwd"):
-        sel = [r for r in ours if f" {kind} " in f" {r['case']} "]
-        if sel:
-            worst = min(sel, key=lambda r: r["copy_frac"])
-            lines.append(f"worst {kind} at >= {LARGE_BYTES >> 20} MB: {100 * worst['copy_frac']:.1f}% "
-                         f"of copy ({worst['case']}; target 90%)")  # fmt: skip
+    for impl, layout in ((KERNEL, ""), (KERNEL_CL, " channel-last")):
+        ours = [r for r in rows if r["impl"] == impl and r["bytes"] >= LARGE_BYTES]
+        for kind in ("fwd", "update", "fwd+bwd"):
+            sel = [r for r in ours if f" {kind} " in f" {r['case']} "]
+            if sel:
+                worst = min(sel, key=lambda r: r["copy_frac"])
+                lines.append(f"worst {kind}{layout} at >= {LARGE_BYTES >> 20} MB: "
+                             f"{100 * worst['copy_frac']:.1f}% of copy ({worst['case']}; target 90%)")  # fmt: skip
     best = {(r["case"], r["impl"]): r["best_us"] for r in rows}
     to_copy = [(best[(c, COPY)] / us, c) for (c, impl), us in best.items()
-               if impl == "mamba2-rocm kernel" and (c, COPY) in best]  # fmt: skip
+               if impl == KERNEL and (c, COPY) in best]  # fmt: skip
     if to_copy:
         low = min(to_copy)
         big = [t for t in to_copy if " b256 " in f"{t[1]} "]
@@ -271,13 +279,13 @@ def summary(rows: list[dict]) -> list[str]:
                      f" ({low[1]})" + (f"; at batch 256: {100 * min(big)[0]:.1f}% ({min(big)[1]})"
                                        if big else ""))  # fmt: skip
     ratios = [(best[(c, CUDNN)] / us, c) for (c, impl), us in best.items()
-              if impl == "mamba2-rocm kernel" and (c, CUDNN) in best]  # fmt: skip
+              if impl == KERNEL and (c, CUDNN) in best]  # fmt: skip
     if ratios:
         low = min(ratios)
         lines.append(f"worst ratio to cuDNN (device time): {low[0]:.2f}x ({low[1]})")
     mem = {(r["case"], r["impl"]): r["peak_mb"] for r in rows if "peak_mb" in r}
     mem_ratios = [(us / mem[(c, CUDNN)], c) for (c, impl), us in mem.items()
-                  if impl == "mamba2-rocm kernel" and mem.get((c, CUDNN))]  # fmt: skip
+                  if impl == KERNEL and mem.get((c, CUDNN))]  # fmt: skip
     if mem_ratios:
         high = max(mem_ratios)
         lines.append(f"highest peak memory relative to cuDNN: {high[0]:.2f}x ({high[1]})")
