@@ -246,7 +246,8 @@ M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
       }
     }
   }
-  // the taps and bias: every load issued before the first conversion (load_bits)
+  // the taps and bias: every load issued before the first conversion (load_bits; through
+  // load_as_float_n a channel at a time, the _seq kernels spilled on sm_90)
   uint32_t wb[kC][kW], bb[kC];
 #pragma unroll
   for (int i = 0; i < kC; ++i) {

@@ -4,18 +4,19 @@ Prints, per case, the median device-event time of one call (launch included), th
 call inside a CUDA graph (kernel only), and the achieved bandwidth over the bytes that must move
 (inputs read once, outputs written once), as a fraction of the measured copy bandwidth.
 
-Cases: b4 d4096 l4096 (every implementation, channel-last too) and a 64-row decode update;
-then the grid of the models people run, width 4 with SiLU: the conv channels of every Mamba2
+Cases: b4 d4096 l4096 (every implementation, channel-last too) and a 64-row decode update; then
+the grid of the models people run, width 4 with SiLU: the conv channels of every Mamba2
 checkpoint (d_inner + 2 ngroups dstate: 1792 / 2304 / 3328 / 4352 / 5376 for 130m … 2.7b), of
 the hybrids (Codestral-Mamba-7B / Nemotron-H-8B 10240, Bamba-9B 8448, Falcon-H1-7B 3584) and
 mamba-2.8b's d_inner 5120, each at (batch, seqlen) (8, 512), (4, 2048), (1, 8192), (1, 16384)
-against ``F.conv1d``, and ours again on the channel-last layout a Mamba2 block passes (the
-input projection's (batch, seqlen, channels) output seen as (batch, channels, seqlen)); the decode update at batch 1 / 16 / 64 / 256 for 1.3b's and Codestral's
-widths in three conv_state layouts (UPDATE_CACHES), each against a copy of the same bytes (a
-decode step moves 0.1-42 MB, where a copy itself runs below the 1 GB copy rate). A summary gives
-the worst fraction of copy bandwidth over the cases that move at least 64 MB (issue #17's
-target: 90%; the seqlen-contiguous and the channel-last kernels apart), the update's worst fraction of its same-size copy (overall and at batch 256) and
-the worst ratio to cuDNN.
+against ``F.conv1d``, and ours again on the channel-last layout a Mamba2 block passes (the input
+projection's (batch, seqlen, channels) output seen as (batch, channels, seqlen)); the decode
+update at batch 1 / 16 / 64 / 256 for 1.3b's and Codestral's widths in three conv_state layouts
+(UPDATE_CACHES), each against a copy of the same bytes (a decode step moves 0.1-42 MB, where a
+copy itself runs below the 1 GB copy rate). A summary gives the worst fraction of copy bandwidth
+over the cases that move at least 64 MB (issue #17's target: 90%; the seqlen-contiguous and the
+channel-last kernels apart), the update's worst fraction of its same-size copy (overall and at
+batch 256) and the worst ratio to cuDNN.
 
 ``--backward`` (:func:`run_backward`): training instead, forward + backward through autograd
 (gradients of x, weight and bias) at the conv of the two Mamba2 shapes of ``bench ssd`` and of
