@@ -11,9 +11,10 @@ namespace m2r {
 constexpr int kFmaSlab = 32;
 
 // acc[i][j] += sum_k A[k][row_i] * B[k][col_j] over one LDS slab. A thread's rows are
-// kRowGroups runs of 4 at row0 + 64 g, its columns kColGroups runs of 4 at col0 + 64 g, so a
-// quarter-wavefront reads consecutive 16-byte words (no bank conflicts) or one broadcast word.
-template <int kRowGroups, int kColGroups, int kLdA, int kLdB>
+// kRowGroups runs of 4 at row0 + kRowStride g, its columns kColGroups runs of 4 at col0 + 64 g,
+// so a quarter-wavefront reads consecutive 16-byte words (no bank conflicts) or one broadcast
+// word.
+template <int kRowGroups, int kColGroups, int kLdA, int kLdB, int kRowStride = 64>
 M2R_DEVICE void slab_product(float (&acc)[4 * kRowGroups][4 * kColGroups], const float* As,
                              const float* Bs, int row0, int col0) {
 #pragma unroll
@@ -21,7 +22,7 @@ M2R_DEVICE void slab_product(float (&acc)[4 * kRowGroups][4 * kColGroups], const
     float a[4 * kRowGroups], b[4 * kColGroups];
 #pragma unroll
     for (int g = 0; g < kRowGroups; ++g) {
-      const float4 v = *reinterpret_cast<const float4*>(As + k * kLdA + row0 + 64 * g);
+      const float4 v = *reinterpret_cast<const float4*>(As + k * kLdA + row0 + kRowStride * g);
       a[4 * g] = v.x, a[4 * g + 1] = v.y, a[4 * g + 2] = v.z, a[4 * g + 3] = v.w;
     }
 #pragma unroll

@@ -52,12 +52,13 @@ M2R_DEVICE void store_as(void* p, int dtype, int64_t idx, float v) {
 
 // Stage rows [row0, row0 + kRows) x cols [col0, col0 + kSlab) of a row-major global matrix
 // (unit stride along cols) into LDS transposed: dst[col][row]. Out-of-range entries are 0.
-template <typename T, int kRows, int kLd>
+// kNT: the block's threads.
+template <typename T, int kRows, int kLd, int kNT = kThreads>
 M2R_DEVICE void stage_transposed(float* dst, const typename T::storage* src, int row_stride,
                                  int row0, int rows, int col0, int cols) {
 #pragma unroll 4  // more keeps every address live: 3x the registers
-  for (int i = 0; i < kRows * kSlab / kThreads; ++i) {
-    const int idx = threadIdx.x + i * kThreads;
+  for (int i = 0; i < kRows * kSlab / kNT; ++i) {
+    const int idx = threadIdx.x + i * kNT;
     const int c = idx % kSlab, r = idx / kSlab;
     float v = 0.f;
     if (row0 + r < rows && col0 + c < cols) v = T::to_float(src[(row0 + r) * row_stride + col0 + c]);
@@ -606,8 +607,9 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
 struct NonFinite {
   uint32_t* cols;  // per position s: cols[2 s], cols[2 s + 1], the tile columns of bad x
   int* any;
+  template <int kNT = kThreads>
   M2R_DEVICE void clear(int chunk_size) const {  // then a barrier
-    for (int s = threadIdx.x; s < 2 * chunk_size; s += kThreads) cols[s] = 0u;
+    for (int s = threadIdx.x; s < 2 * chunk_size; s += kNT) cols[s] = 0u;
     if (threadIdx.x == 0) *any = 0;
   }
   M2R_DEVICE void mark(int s, int col, uint32_t bits) const {  // bits: columns col, col + 1, ...
@@ -657,10 +659,13 @@ M2R_DEVICE bool reached(const typename T::storage* xp, int xl, int t, int pp, co
 // A (kRows positions) x (64 headdim) tile of one chunk and head:
 //   y[t] = exp(dA_cs[t]) [seg[t] == 0] C[t]·entering  +  sum_{s <= t, seg[s] == seg[t]}
 //          C[t]·B[s] exp(dA_cs[t] - dA_cs[s]) dt[s] x[s]  +  D x[t],   then y * silu(z[t]).
-template <typename T, int kRows, bool kHasZ>
+template <typename T, int kRows, bool kHasZ, int kNT = kThreads>
 M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
   typedef typename T::storage S;
-  constexpr int kRowGroups = kRows / 64;
+  // a thread's rows: kRowGroups runs of 4, kRowSpan apart (the block's 16-thread rows cover
+  // kRowSpan positions)
+  constexpr int kRowSpan = kNT / 4, kRowGroups = kRows / kRowSpan;
+  static_assert(kRowGroups >= 1 && kRowGroups * kRowSpan == kRows, "tile does not split over the block");
   constexpr int kLdA = kRows + kPad, kLdB = 64 + kPad;
   __shared__ __align__(16) float As[kSlab * kLdA];
   __shared__ __align__(16) float Bs[kSlab * kLdB];
@@ -678,7 +683,7 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
     const float* a = p.dA_cs + chunk_row(p, b, h, c);
     const float* d = p.dt_out + chunk_row(p, b, h, c);
     const int32_t* sg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
-    for (int s = threadIdx.x; s < p.chunk_size; s += kThreads) acs[s] = a[s], dts[s] = d[s], seg[s] = sg[s];
+    for (int s = threadIdx.x; s < p.chunk_size; s += kNT) acs[s] = a[s], dts[s] = d[s], seg[s] = sg[s];
     if (threadIdx.x == 0) bad_any = 0;
   }
   __syncthreads();
@@ -690,21 +695,21 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
     const S* Cp = static_cast<const S*>(p.C) + b * p.C_batch_stride + l0 * p.C_l_stride + g * p.C_g_stride;
     const float* E = p.states + states_at(p, b, c, h);
     for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
-      stage_transposed<T, kRows, kLdA>(As, Cp, p.C_l_stride, t0, rows, n0, p.dstate);
+      stage_transposed<T, kRows, kLdA, kNT>(As, Cp, p.C_l_stride, t0, rows, n0, p.dstate);
 #pragma unroll 4  // more keeps every address live: 3x the registers
-      for (int i = 0; i < 64 * kSlab / kThreads; ++i) {
-        const int idx = threadIdx.x + i * kThreads;
+      for (int i = 0; i < 64 * kSlab / kNT; ++i) {
+        const int idx = threadIdx.x + i * kNT;
         const int col = idx % 64, k = idx / 64;
         Bs[k * kLdB + col] = n0 + k < p.dstate && p0 + col < p.headdim
                                  ? E[static_cast<int64_t>(n0 + k) * p.headdim + p0 + col] : 0.f;
       }
       __syncthreads();
-      slab_product<kRowGroups, 1, kLdA, kLdB>(acc, As, Bs, t_off, p_off);
+      slab_product<kRowGroups, 1, kLdA, kLdB, kRowSpan>(acc, As, Bs, t_off, p_off);
       __syncthreads();
     }
 #pragma unroll
     for (int i = 0; i < 4 * kRowGroups; ++i) {
-      const int t = t0 + t_off + (i % 4) + 64 * (i / 4);
+      const int t = t0 + t_off + (i % 4) + kRowSpan * (i / 4);
       const bool from_before = seg[t] == 0;  // else a sequence that started in this chunk
       const float f = __expf(acs[t]);
 #pragma unroll
@@ -719,8 +724,8 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
   const int s_end = min(t0 + kRows, rows);
   for (int s0 = 0; s0 < s_end; s0 += kSlab) {
 #pragma unroll 4  // more keeps every address live: 3x the registers
-    for (int i = 0; i < kRows * kSlab / kThreads; ++i) {
-      const int idx = threadIdx.x + i * kThreads;
+    for (int i = 0; i < kRows * kSlab / kNT; ++i) {
+      const int idx = threadIdx.x + i * kNT;
       const int t = idx % kRows, k = idx / kRows;
       const int s = s0 + k, tt = t0 + t;
       float v = 0.f;
@@ -732,8 +737,8 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
     // Which outputs they reach is worked out from x itself, in the epilogue, only if any was.
     bool nonfinite = false;
 #pragma unroll 4
-    for (int i = 0; i < 64 * kSlab / kThreads; ++i) {
-      const int idx = threadIdx.x + i * kThreads;
+    for (int i = 0; i < 64 * kSlab / kNT; ++i) {
+      const int idx = threadIdx.x + i * kNT;
       const int col = idx % 64, r = idx / 64;
       float v = 0.f;
       if (s0 + r < rows && p0 + col < p.headdim) v = T::to_float(xp[(s0 + r) * static_cast<int>(p.x_l_stride) + p0 + col]);
@@ -743,14 +748,14 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
     }
     if (nonfinite) bad_any = 1;
     __syncthreads();
-    slab_product<kRowGroups, 1, kLdA, kLdB>(acc, As, Bs, t_off, p_off);
+    slab_product<kRowGroups, 1, kLdA, kLdB, kRowSpan>(acc, As, Bs, t_off, p_off);
     __syncthreads();
   }
 
   const OutRows<T, kHasZ> o(p, b, h, l0, xp);
 #pragma unroll
   for (int i = 0; i < 4 * kRowGroups; ++i) {
-    const int t = t0 + t_off + (i % 4) + 64 * (i / 4);
+    const int t = t0 + t_off + (i % 4) + kRowSpan * (i / 4);
     if (t >= rows) continue;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -851,19 +856,19 @@ M2R_DEVICE bool aligned(const void* p, int64_t row_stride_bytes, int bytes) {
 // per thread and load. fetch() loads this thread's part into registers, put()
 // (or the kernel, from q) stores it: kernels fetch the next slab before they multiply the
 // current one, so global latency overlaps the matrix-core work (software pipelining).
-template <int kRows, int kCols, int kVec>
+template <int kRows, int kCols, int kVec, int kNT = kThreads>
 struct Fetch {
-  static constexpr int kPerRow = kCols / kVec, kStep = kThreads / kPerRow, kN = kRows / kStep;
-  static_assert(kThreads % kPerRow == 0 && kN >= 1 && kN * kStep == kRows, "tile does not split over the block");
+  static constexpr int kPerRow = kCols / kVec, kStep = kNT / kPerRow, kN = kRows / kStep;
+  static_assert(kNT % kPerRow == 0 && kN >= 1 && kN * kStep == kRows, "tile does not split over the block");
   static M2R_DEVICE int col() { return kVec * (static_cast<int>(threadIdx.x) % kPerRow); }
   static M2R_DEVICE int row(int i) { return static_cast<int>(threadIdx.x) / kPerRow + i * kStep; }
 };
 
 // 16-bit rows, 8 per load: rows [0, rows) x columns [0, cols) of src (row stride ld elements)
 // are read, the rest is 0; vec: src and ld allow 16-byte loads.
-template <int kRows, int kCols>
-struct Rows16 : Fetch<kRows, kCols, 8> {
-  typedef Fetch<kRows, kCols, 8> F;
+template <int kRows, int kCols, int kNT = kThreads>
+struct Rows16 : Fetch<kRows, kCols, 8, kNT> {
+  typedef Fetch<kRows, kCols, 8, kNT> F;
   uint4 q[F::kN];
   M2R_DEVICE void fetch(const uint16_t* src, int ld, int rows, int cols, bool vec) {
     if (vec && rows >= kRows && cols >= kCols) {  // uniform over the block: no checks
@@ -901,9 +906,9 @@ struct Rows16 : Fetch<kRows, kCols, 8> {
 };
 
 // fp32 rows, 4 per load, as Rows16; vec: 16-byte loads allowed.
-template <int kRows, int kCols>
-struct Rows32 : Fetch<kRows, kCols, 4> {
-  typedef Fetch<kRows, kCols, 4> F;
+template <int kRows, int kCols, int kNT = kThreads>
+struct Rows32 : Fetch<kRows, kCols, 4, kNT> {
+  typedef Fetch<kRows, kCols, 4, kNT> F;
   float4 q[F::kN];
   M2R_DEVICE void fetch(const float* src, int ld, int rows, int cols, bool vec) {
     if (vec && rows >= kRows && cols >= kCols) {
@@ -1246,7 +1251,7 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
       }
 }
 
-template <typename T, int kRows, bool kHasZ>
+template <typename T, int kRows, bool kHasZ, int kNT = kThreads>
 M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   typedef KMajor<kRows> LM;
   typedef KMajor<64> LX;
@@ -1271,13 +1276,13 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   const int xl = static_cast<int>(p.x_l_stride), cl = static_cast<int>(p.C_l_stride);
   const int pcols = min(64, p.headdim - p0), cs = p.chunk_size;
-  mma::BlockTile<kThreads, kRows, 64, kRows == 128 && kWaves == 8 ? 4 : 2> tile;  // rows t, cols p
+  mma::BlockTile<kNT, kRows, 64, kRows == 128 && kNT / kWavefront == 8 ? 4 : 2> tile;  // rows t, cols p
 
   {
     const float* a = p.dA_cs + chunk_row(p, b, h, c);
     const float* d = p.dt_out + chunk_row(p, b, h, c);
     const int32_t* sg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
-    for (int s = threadIdx.x; s < cs; s += kThreads) acs[s] = a[s] * kLog2e, dts[s] = d[s], seg[s] = sg[s];
+    for (int s = threadIdx.x; s < cs; s += kNT) acs[s] = a[s] * kLog2e, dts[s] = d[s], seg[s] = sg[s];
   }
   // the entering state, read through C (it is zero for chunk 0 without initial states)
   if (c > 0 || p.initial_states) {
@@ -1285,8 +1290,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     const bool cvec = aligned(Cp, 2 * cl, 16), evec = p.headdim % 4 == 0;
     const int crows = rows - t0;
     const float* E = p.states + states_at(p, b, c, h) + p0;
-    Rows16<kRows, kSlab> cf;
-    Rows32<kSlab, 64> ef;
+    Rows16<kRows, kSlab, kNT> cf;
+    Rows32<kSlab, 64, kNT> ef;
     cf.fetch(Cp, cl, crows, p.dstate, cvec), ef.fetch(E, p.headdim, p.dstate, pcols, evec);
     __syncthreads();  // acs, dts, seg
     for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
@@ -1310,9 +1315,9 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
 #pragma unroll
         for (int j = 0; j < tile.kFn; ++j) tile.acc[i][j].v[r] = from_before ? tile.acc[i][j].v[r] * f : 0.f;
       }
-    bad.clear(cs);  // Bs_lo is free now
+    bad.template clear<kNT>(cs);  // Bs_lo is free now
   } else {
-    bad.clear(cs);
+    bad.template clear<kNT>(cs);
     __syncthreads();  // acs (the entering state's product has barriers of its own)
   }
   // whether dA_cs never rises over the chunk's tokens (dt A <= 0, as in every Mamba model),
@@ -1321,7 +1326,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // worked out with acs above, held through the product, the flag spilled scalar registers on
   // the wave64 targets
   int rises = 0;
-  for (int s = threadIdx.x + 1; s < rows; s += kThreads) rises |= acs[s] > acs[s - 1];
+  for (int s = threadIdx.x + 1; s < rows; s += kNT) rises |= acs[s] > acs[s - 1];
   const bool decays = __syncthreads_count(rises) == 0;  // also the barrier for acs, dts, seg, marks
 
   // within the chunk: positions s <= t of the same segment, M[s][t] = C·Bᵀ[s][t] dt[s]
@@ -1334,8 +1339,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // the slabs wholly before the tile end here, where the decay factors (below) and there are no
   // segments (one value for the three)
   const int plain_end = decays && !p.seq_idx ? min(t0 + 1, rows) : 0;
-  Rows32<kSlab, kRows> mf;  // C·Bᵀ rows: the workspace is chunk_size^2, always in range
-  Rows16<kSlab, 64> xf;
+  Rows32<kSlab, kRows, kNT> mf;  // C·Bᵀ rows: the workspace is chunk_size^2, always in range
+  Rows16<kSlab, 64, kNT> xf;
   mf.fetch(cb, cs, kSlab, kRows, true);
   xf.fetch(xp, xl, rows, pcols, xvec);
   const int tq = t0 + mf.col();  // this thread's 4 positions t
@@ -1387,7 +1392,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // D, the gate and the store, 64 rows at a time through LDS (over the operand tiles): each
   // thread then owns 4 consecutive headdim columns of every 16th row, 8 bytes at a time.
   float* O = reinterpret_cast<float*>(smem);
-  constexpr int kOutRows = 64 / (kThreads / 16);  // a thread's rows of each 64
+  constexpr int kRowStep = kNT / 16, kOutRows = 64 / kRowStep;  // a thread's rows of each 64, kRowStep apart
   const int cq = 4 * (threadIdx.x % 16), r_first = threadIdx.x / 16;
   // which of those outputs a non-finite x reaches: 4 bits per row, read before O overwrites
   // the marks
@@ -1398,7 +1403,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     for (int half = 0; half < kRows / 64; ++half)
 #pragma unroll
       for (int k = 0; k < kOutRows; ++k) {
-        const int t = t0 + 64 * half + r_first + 16 * k;
+        const int t = t0 + 64 * half + r_first + kRowStep * k;
         if (t < rows) poison |= static_cast<uint32_t>(bad.reaching(t, seg) >> cq & 0xfu) << (16 * half + 4 * k);
       }
   }
@@ -1421,7 +1426,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     Packed4 xq[kOutRows], zq[kHasZ ? kOutRows : 1];
 #pragma unroll
     for (int k = 0; k < kOutRows; ++k) {
-      const int t = min(t0 + 64 * half + r_first + 16 * k, rows - 1);  // rows past seqlen: not stored
+      const int t = min(t0 + 64 * half + r_first + kRowStep * k, rows - 1);  // rows past seqlen: not stored
       xq[k] = load4(xo + t * xl, cq, pcols, vec);
       if constexpr (kHasZ) zq[k] = load4(zo + t * zl, cq, pcols, vec);
     }
@@ -1430,7 +1435,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < kOutRows; ++k) {
-      const int rr = r_first + 16 * k, t = t0 + 64 * half + rr;
+      const int rr = r_first + kRowStep * k, t = t0 + 64 * half + rr;
       if (t >= rows) break;
       const float4 a = *reinterpret_cast<const float4*>(O + rr * kLdO + cq);
       float y[4] = {a.x, a.y, a.z, a.w}, xv[4];
@@ -1484,13 +1489,13 @@ M2R_DEVICE void chunk_state(const SsdParams& p) {
   chunk_state_fma<T, kVarlen, kChain>(p);
 }
 
-template <typename T, int kRows, bool kHasZ>
+template <typename T, int kRows, bool kHasZ, int kNT = kThreads>
 M2R_DEVICE void chunk_scan(const SsdParams& p) {
 #if M2R_MMA != 0
-  if constexpr (mma::kEnabled<T>) return chunk_scan_mma<T, kRows, kHasZ>(p);
+  if constexpr (mma::kEnabled<T>) return chunk_scan_mma<T, kRows, kHasZ, kNT>(p);
   else
 #endif
-  chunk_scan_fma<T, kRows, kHasZ>(p);
+  chunk_scan_fma<T, kRows, kHasZ, kNT>(p);
 }
 
 // the chained chunk_state's blocks per multiprocessor with the link through LDS (NVIDIA; the FMA
@@ -1502,6 +1507,17 @@ constexpr int kChainLdsBlocksOf = mma::kEnabled<T> ? kChainLdsBlocks : kChainBlo
 // cores (ptxas took 96 for the non-gated one without the bound), 4 at 64 on the fp32 FMA path
 template <typename T>
 constexpr int kScan64Blocks = mma::kEnabled<T> ? 3 : 4;
+
+// The fp16 / bf16 chunk_scan at chunk sizes of 128 and more: the 64-row tile on a block of
+// kScanBlock128 threads (4 waves of 32 along 2 x 2 sub-tiles of 32 x 32 on wave32 targets and
+// NVIDIA, 2 waves of 64 on wave64 ones), kScanBlock128Blocks per multiprocessor on NVIDIA (128
+// registers, the 16 warps the 128-row tile's 2 blocks of 8 had), instead of the 128-row tile on
+// 256 threads: half the waves meet at each slab's barrier, which the kernel was bound by (ncu,
+// H100: 1.2 barrier stalls per issue against Triton's 0.22 in its 2-warp blocks). H100,
+// profile_ssd, chunk_scan alone: 134 -> 123 us at b2 l4096 h32, 505 -> 462 at b1 l16384 h64 g8,
+// 443 -> 395 at Nemotron-H b1 l8192, 221 -> 205 at Codestral b8 l512, 218 -> 203 at Falcon-H1
+// l8192. fp32 keeps the 128-row tile (the FMA path, not measured this way).
+constexpr int kScanBlock128 = 128, kScanBlock128Blocks = 4;
 
 }  // namespace ssd
 }  // namespace m2r
@@ -1533,13 +1549,28 @@ M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_state_passing(SsdParams p) { m2r::ssd::st
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kScan64Blocks<m2r::T>)                 \
   m2r_ssd_chunk_scan_##DT##_t64_z(SsdParams p) {                                             \
     m2r::ssd::chunk_scan<m2r::T, 64, true>(p);                                               \
-  }                                                                                          \
-  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_##DT##_t128(SsdParams p) {               \
-    m2r::ssd::chunk_scan<m2r::T, 128, false>(p);                                             \
-  }                                                                                          \
-  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_##DT##_t128_z(SsdParams p) {             \
-    m2r::ssd::chunk_scan<m2r::T, 128, true>(p);                                              \
   }
 M2R_SSD(f32, F32)
 M2R_SSD(f16, F16)
 M2R_SSD(bf16, BF16)
+
+// chunk_scan at chunk sizes of 128 and more: fp32's 128-row tile, the 16-bit types' 64-row one
+// on kScanBlock128 threads
+M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_f32_t128(SsdParams p) {
+  m2r::ssd::chunk_scan<m2r::F32, 128, false>(p);
+}
+M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_f32_t128_z(SsdParams p) {
+  m2r::ssd::chunk_scan<m2r::F32, 128, true>(p);
+}
+#define M2R_SSD_SCAN_B128(DT, T)                                                                  \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kScanBlock128, m2r::ssd::kScanBlock128Blocks)                    \
+  m2r_ssd_chunk_scan_##DT##_t64b128(SsdParams p) {                                                \
+    m2r::ssd::chunk_scan<m2r::T, 64, false, m2r::ssd::kScanBlock128>(p);                          \
+  }                                                                                               \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kScanBlock128, m2r::ssd::kScanBlock128Blocks)                    \
+  m2r_ssd_chunk_scan_##DT##_t64b128_z(SsdParams p) {                                              \
+    m2r::ssd::chunk_scan<m2r::T, 64, true, m2r::ssd::kScanBlock128>(p);                           \
+  }
+M2R_SSD_SCAN_B128(f16, F16)
+M2R_SSD_SCAN_B128(bf16, BF16)
+

@@ -266,18 +266,22 @@ def test_state_passing_chained_or_separate(monkeypatch, form):
 
 
 @pytest.mark.parametrize(
-    ("dtype", "chunk", "headdim", "kernel", "tiles"),
+    ("dtype", "chunk", "headdim", "kernel", "tiles", "block"),
     [
-        # 128-row tiles from chunk 128, 64-row tiles at 64; 64 headdim columns a block
-        (torch.bfloat16, 128, 128, "bf16_t128", 2),
-        (torch.float16, 256, 96, "f16_t128", 4),  # 2 row tiles x 2 column tiles
-        (torch.bfloat16, 256, 72, "bf16_t128", 4),
-        (torch.bfloat16, 128, 64, "bf16_t128", 1),
-        (torch.bfloat16, 64, 128, "bf16_t64", 2),
-        (torch.float32, 128, 100, "f32_t128", 2),
+        # from chunk 128: 16-bit types 64-row tiles on 128 threads, fp32 128-row tiles on 256;
+        # at chunk 64, 64-row tiles on 256; 64 headdim columns a block
+        (torch.bfloat16, 128, 128, "bf16_t64b128", 4, 128),  # 2 row tiles x 2 column tiles
+        (torch.float16, 256, 96, "f16_t64b128", 8, 128),  # 4 row tiles x 2 column tiles
+        (torch.bfloat16, 256, 72, "bf16_t64b128", 8, 128),
+        (torch.bfloat16, 128, 64, "bf16_t64b128", 2, 128),
+        (torch.bfloat16, 64, 128, "bf16_t64", 2, 256),
+        (torch.float16, 64, 64, "f16_t64", 1, 256),
+        (torch.float32, 128, 100, "f32_t128", 2, 256),
+        (torch.float32, 256, 64, "f32_t128", 2, 256),
+        (torch.float32, 64, 64, "f32_t64", 1, 256),
     ],
 )
-def test_chunk_scan_tile(monkeypatch, dtype, chunk, headdim, kernel, tiles):
+def test_chunk_scan_tile(monkeypatch, dtype, chunk, headdim, kernel, tiles, block):
     """chunk_scan's kernel, grid and block by chunk size, headdim and dtype."""
     from helpers import stand_in_kernels
 
@@ -290,7 +294,7 @@ def test_chunk_scan_tile(monkeypatch, dtype, chunk, headdim, kernel, tiles):
     name, _, grid = kset.launches[i]
     assert name == f"m2r_ssd_chunk_scan_{kernel}"
     assert grid == (-(-300 // chunk) * tiles * 4, 1, 2)
-    assert kset.blocks[i] == (256, 1, 1)
+    assert kset.blocks[i] == (block, 1, 1)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ import math
 from collections.abc import Sequence
 
 from mamba2_rocm._torch import require_torch
+from mamba2_rocm.kernels import SSD_SCAN_FORMS, SSD_SCAN_LARGE
 from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import (
     DTYPE_CODE,
@@ -188,7 +189,8 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     )  # fmt: skip  (SsdParams, field order)
     dt_name = KERNEL_DTYPE[x.dtype]
     pairs = (cs // 64) * (cs // 64 + 1) // 2
-    rows = _scan_rows(cs)
+    scan = _scan_form(cs, dt_name)
+    rows, scan_threads = SSD_SCAN_FORMS[scan]
     scan_tiles = (cs // rows) * _cdiv(headdim, _SCAN_COLS)
     zs = "_z" if z is not None else ""
     run = lambda name, grid: launch(kset.launcher(name), x, params, grid, _THREADS)  # noqa: E731
@@ -206,7 +208,8 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         return dt_out, dA_cs, seg, cb, states
     if varlen is not None:
         run(f"m2r_ssd_varlen_state_{dt_name}", (dims.num_seqs * state_tiles * nheads, 1, 1))
-    run(f"m2r_ssd_chunk_scan_{dt_name}_t{rows}{zs}", (nchunks * scan_tiles * nheads, 1, batch))
+    scan_kernel = kset.launcher(f"m2r_ssd_chunk_scan_{dt_name}_{scan}{zs}")
+    launch(scan_kernel, x, params, (nchunks * scan_tiles * nheads, 1, batch), scan_threads)
     return out, states
 
 
@@ -232,9 +235,10 @@ def _state_path(chains: int, chunks: int, sms: int, x: Tensor, B: Tensor, chunk_
     return "chained_lds" if _lds_link(chains, chunks, sms, x, B, chunk_size) else "chained"
 
 
-def _scan_rows(chunk_size: int) -> int:
-    """chunk_scan's positions per tile (csrc/ssd.hip: the _t64 / _t128 kernels)."""
-    return 64 if chunk_size == 64 else 128
+def _scan_form(chunk_size: int, dt_name: str) -> str:
+    """chunk_scan's kernel form (a key of ``kernels.SSD_SCAN_FORMS``): the 64-row tile at chunk
+    64, the dtype's own at larger chunks."""
+    return "t64" if chunk_size == 64 else SSD_SCAN_LARGE[dt_name]
 
 
 # (most chunks, chains per multiprocessor): a forward whose chains have at most that many chunks
