@@ -1508,15 +1508,18 @@ constexpr int kChainLdsBlocksOf = mma::kEnabled<T> ? kChainLdsBlocks : kChainBlo
 template <typename T>
 constexpr int kScan64Blocks = mma::kEnabled<T> ? 3 : 4;
 
-// The fp16 / bf16 chunk_scan at chunk sizes of 128 and more: the 64-row tile on a block of
-// kScanBlock128 threads (4 waves of 32 along 2 x 2 sub-tiles of 32 x 32 on wave32 targets and
-// NVIDIA, 2 waves of 64 on wave64 ones), kScanBlock128Blocks per multiprocessor on NVIDIA (128
-// registers, the 16 warps the 128-row tile's 2 blocks of 8 had), instead of the 128-row tile on
-// 256 threads: half the waves meet at each slab's barrier, which the kernel was bound by (ncu,
-// H100: 1.2 barrier stalls per issue against Triton's 0.22 in its 2-warp blocks). H100,
-// profile_ssd, chunk_scan alone: 134 -> 123 us at b2 l4096 h32, 505 -> 462 at b1 l16384 h64 g8,
-// 443 -> 395 at Nemotron-H b1 l8192, 221 -> 205 at Codestral b8 l512, 218 -> 203 at Falcon-H1
-// l8192. fp32 keeps the 128-row tile (the FMA path, not measured this way).
+// The fp16 / bf16 chunk_scan on matrix cores, at every chunk size: the 64-row tile on a block
+// of kScanBlock128 threads (4 waves of 32 along 2 x 2 sub-tiles of 32 x 32 on wave32 targets
+// and NVIDIA, 2 waves of 64 on wave64 ones), kScanBlock128Blocks per multiprocessor on NVIDIA
+// (128 registers, the 16 warps the 128-row tile's 2 blocks of 8 had), instead of the 64- / 128-
+// row tile on 256 threads: half the waves meet at each slab's barrier, which the kernel was
+// bound by (ncu, H100: 1.2 barrier stalls per issue against Triton's 0.22 in its 2-warp blocks).
+// H100, profile_ssd, chunk_scan alone: 134 -> 124 us at b2 l4096 h32, 507 -> 463 at b1 l16384
+// h64 g8, 443 -> 393 at Nemotron-H b1 l8192, 222 -> 204 at Codestral b8 l512, 219 -> 201 at
+// Falcon-H1 l8192; at chunk 64 (against the 64-row tile on 256 threads) 120 -> 109 at b2 l4096
+// h32, 437 -> 400 at Nemotron-H b1 l8192. The FMA path (gfx10.3, fp32) keeps 256 threads: its
+// 128-thread form (a thread's rows two runs of 4, kNT / 4 apart) ran 1-6% slower than the
+// 128-row tile in the gfx1030 emulation on the H100 at 5 of 6 shapes.
 constexpr int kScanBlock128 = 128, kScanBlock128Blocks = 4;
 
 }  // namespace ssd
@@ -1549,19 +1552,20 @@ M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_state_passing(SsdParams p) { m2r::ssd::st
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kThreads, m2r::ssd::kScan64Blocks<m2r::T>)                 \
   m2r_ssd_chunk_scan_##DT##_t64_z(SsdParams p) {                                             \
     m2r::ssd::chunk_scan<m2r::T, 64, true>(p);                                               \
+  }                                                                                          \
+  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_##DT##_t128(SsdParams p) {               \
+    m2r::ssd::chunk_scan<m2r::T, 128, false>(p);                                             \
+  }                                                                                          \
+  M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_##DT##_t128_z(SsdParams p) {             \
+    m2r::ssd::chunk_scan<m2r::T, 128, true>(p);                                              \
   }
 M2R_SSD(f32, F32)
 M2R_SSD(f16, F16)
 M2R_SSD(bf16, BF16)
 
-// chunk_scan at chunk sizes of 128 and more: fp32's 128-row tile, the 16-bit types' 64-row one
-// on kScanBlock128 threads
-M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_f32_t128(SsdParams p) {
-  m2r::ssd::chunk_scan<m2r::F32, 128, false>(p);
-}
-M2R_KERNEL(m2r::ssd::kThreads) m2r_ssd_chunk_scan_f32_t128_z(SsdParams p) {
-  m2r::ssd::chunk_scan<m2r::F32, 128, true>(p);
-}
+// the 16-bit types' chunk_scan on matrix cores: the 64-row tile on kScanBlock128 threads (built
+// for every target, so that every target has every form; the host takes it where the target has
+// matrix cores: mamba2_rocm/ops/ssd.py, _scan_form)
 #define M2R_SSD_SCAN_B128(DT, T)                                                                  \
   M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kScanBlock128, m2r::ssd::kScanBlock128Blocks)                    \
   m2r_ssd_chunk_scan_##DT##_t64b128(SsdParams p) {                                                \

@@ -37,10 +37,10 @@ SSU_DSTATE_TIERS = (32, 64, 128, 256)
 SSU_CONTIG_MAX_DSTATE = {"f32": 128, "f16": 256, "bf16": 256}
 SSU_ROWS_PER_WIDE = 2  # csrc/state_update.hip: kRowsPerWide, rows per thread of the _contig kernels
 #: csrc/ssd.hip: chunk_scan's kernel forms, by suffix -> (positions per tile, threads a block).
-#: Chunk 64 takes t64; larger chunks the dtype's form in SSD_SCAN_LARGE (the 16-bit types' 64-row
-#: tile on 128 threads measured faster than their 128-row one on 256; fp32 keeps its 128 rows).
+#: Every target has every form (t64b128 for the 16-bit types only); which one runs is the
+#: host's rule (mamba2_rocm/ops/ssd.py, _scan_form).
 SSD_SCAN_FORMS = {"t64": (64, 256), "t128": (128, 256), "t64b128": (64, 128)}
-SSD_SCAN_LARGE = {"f32": "t128", "f16": "t64b128", "bf16": "t64b128"}
+SSD_SCAN_16BIT_FORMS = ("t64b128",)
 RMSNORM_VECS = (1, 2, 3, 4)  # csrc/rmsnorm.hip: 8-element runs per thread, register-resident form
 RMSNORM_VEC_DTYPES = ("f16", "bf16")
 SELECTIVE_SCAN_DSTATE_TIERS = (16, 32, 64, 128, 256)  # csrc/selective_scan.hip: 16 lanes each
@@ -167,7 +167,8 @@ SOURCES: dict[str, KernelSource] = {
                 *(
                     f"m2r_ssd_chunk_scan_{dt}_{form}{z}"
                     for dt in KERNEL_DTYPES
-                    for form in ("t64", SSD_SCAN_LARGE[dt])
+                    for form in SSD_SCAN_FORMS
+                    if dt != "f32" or form not in SSD_SCAN_16BIT_FORMS
                     for z in ("", "_z")
                 ),
             ),

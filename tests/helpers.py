@@ -85,11 +85,13 @@ def poison_allocator(nbytes: int, device="cuda") -> None:
 
 class RecordingKernels:
     """The kernel tier on the CPU: a kernel set whose launchers record each launch (kernel
-    name, parameter tuple, grid; the block in ``blocks``) instead of running it."""
+    name, parameter tuple, grid; the block in ``blocks``) instead of running it.
+    ``matrix_cores``: what the target's kernel dir would say (KernelDir.matrix_cores)."""
 
-    def __init__(self):
+    def __init__(self, matrix_cores: bool = True):
         self.launches = []
         self.blocks = []
+        self.matrix_cores = matrix_cores
 
     def launcher(self, name):
         def record(params, grid, block, stream):
@@ -99,13 +101,13 @@ class RecordingKernels:
         return record
 
 
-def stand_in_kernels(monkeypatch, ops) -> RecordingKernels:
+def stand_in_kernels(monkeypatch, ops, matrix_cores: bool = True) -> RecordingKernels:
     """Put the ops module ``ops`` on the kernel tier on the CPU: ``choose`` (there and in
     ``_launch``) answers with a :class:`RecordingKernels`, and ``launch`` records instead of
     launching. Returns the kernel set, whose ``launches`` the test reads."""
     from mamba2_rocm.ops import _launch
 
-    kset = RecordingKernels()
+    kset = RecordingKernels(matrix_cores)
     for mod in (ops, _launch):
         monkeypatch.setattr(mod, "choose", lambda device: ("kernel", kset))
     monkeypatch.setattr(

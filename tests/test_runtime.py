@@ -22,7 +22,7 @@ from mamba2_rocm.kernels import SOURCES
 from mamba2_rocm.params import ConvUpdateParams, packer
 from mamba2_rocm.runtime import discovery, loader
 from mamba2_rocm.runtime import driver as rt_driver
-from mamba2_rocm.runtime.discovery import find_kernel_dir, kernel_dirs, pip_install_hint
+from mamba2_rocm.runtime.discovery import KernelDir, find_kernel_dir, kernel_dirs, pip_install_hint
 from mamba2_rocm.runtime.driver import DriverError, GpuDriver
 from mamba2_rocm.runtime.loader import KernelSet, LoaderError
 
@@ -104,6 +104,8 @@ def test_env_path_to_a_parent_of_target_dirs(tmp_path, monkeypatch):
         (lambda m: m.pop("code_objects"), "'code_objects' must be a non-empty list, got None"),
         (lambda m: m.update(target=["gfx1030"]), "'target' must be a string, got ['gfx1030']"),
         (lambda m: m.update(vendor="intel"), "'vendor' must be 'amd' or 'nvidia', got 'intel'"),
+        (lambda m: m.update(emulates="gfx1010"),
+         "'emulates' must be one of gfx1030, gfx11, gfx12, gfx9, got 'gfx1010'"),
         (lambda m: m["code_objects"][0].update(file="../x.hsaco"),
          "code_objects[0].file must be a file name in the kernel dir, got '../x.hsaco'"),
         (lambda m: m["code_objects"][0].update(sha256="x"), "code_objects[0].sha256 must be a sha256"),
@@ -120,6 +122,33 @@ def test_a_manifest_off_the_schema_is_skipped_saying_why(tmp_path, monkeypatch, 
     with pytest.warns(UserWarning, match="skipped kernel dir") as record:
         assert kernel_dirs() == []
     assert reason in str(record[0].message)
+
+
+@pytest.mark.parametrize(
+    ("target", "emulates", "matrix_cores"),
+    [
+        ("gfx1030", None, False),
+        ("gfx10-3-generic", None, False),
+        ("gfx1100", None, True),
+        ("gfx11-generic", None, True),
+        ("gfx1151", None, True),
+        ("gfx1201", None, True),
+        ("gfx90a", None, True),
+        ("gfx942", None, True),
+        ("gfx9-4-generic", None, True),
+        ("sm_90", None, True),
+        ("sm_75", None, False),
+        ("sm_90", "gfx1030", False),  # the FMA path run on an NVIDIA GPU
+        ("sm_90", "gfx11", True),
+        ("sm_90", "gfx9", True),
+    ],
+)
+def test_kernel_dir_says_whether_its_16bit_kernels_run_on_matrix_cores(
+    target, emulates, matrix_cores
+):
+    """What the SSD forward picks chunk_scan's block by (ops.ssd._scan_form)."""
+    manifest = {"emulates": emulates} if emulates else {}
+    assert KernelDir(target, Path("/k"), "test", manifest).matrix_cores is matrix_cores
 
 
 def test_code_objects_without_a_manifest_are_reported(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from helpers import seeded
 
 from mamba2_rocm import mamba_chunk_scan_combined, mamba_split_conv1d_scan_combined
+from mamba2_rocm.kernels import source_of
 from mamba2_rocm.ops import ssd as ssd_ops
 from mamba2_rocm.reference.ssd import rmsnorm_ref, ssd_sequential
 
@@ -266,26 +267,32 @@ def test_state_passing_chained_or_separate(monkeypatch, form):
 
 
 @pytest.mark.parametrize(
-    ("dtype", "chunk", "headdim", "kernel", "tiles", "block"),
+    ("mma", "dtype", "chunk", "headdim", "kernel", "tiles", "block"),
     [
-        # from chunk 128: 16-bit types 64-row tiles on 128 threads, fp32 128-row tiles on 256;
-        # at chunk 64, 64-row tiles on 256; 64 headdim columns a block
-        (torch.bfloat16, 128, 128, "bf16_t64b128", 4, 128),  # 2 row tiles x 2 column tiles
-        (torch.float16, 256, 96, "f16_t64b128", 8, 128),  # 4 row tiles x 2 column tiles
-        (torch.bfloat16, 256, 72, "bf16_t64b128", 8, 128),
-        (torch.bfloat16, 128, 64, "bf16_t64b128", 2, 128),
-        (torch.bfloat16, 64, 128, "bf16_t64", 2, 256),
-        (torch.float16, 64, 64, "f16_t64", 1, 256),
-        (torch.float32, 128, 100, "f32_t128", 2, 256),
-        (torch.float32, 256, 64, "f32_t128", 2, 256),
-        (torch.float32, 64, 64, "f32_t64", 1, 256),
+        # matrix cores: the 16-bit types' 64-row tiles on 128 threads at every chunk size;
+        # 64 headdim columns a block
+        (True, torch.bfloat16, 128, 128, "bf16_t64b128", 4, 128),  # 2 row x 2 column tiles
+        (True, torch.float16, 256, 96, "f16_t64b128", 8, 128),  # 4 row x 2 column tiles
+        (True, torch.bfloat16, 256, 72, "bf16_t64b128", 8, 128),
+        (True, torch.bfloat16, 128, 64, "bf16_t64b128", 2, 128),
+        (True, torch.bfloat16, 64, 128, "bf16_t64b128", 2, 128),
+        (True, torch.float16, 64, 64, "f16_t64b128", 1, 128),
+        # the FMA path (fp32 everywhere, every dtype on gfx10.3): 256 threads, 64-row tiles at
+        # chunk 64, 128-row ones from 128
+        (True, torch.float32, 128, 100, "f32_t128", 2, 256),
+        (True, torch.float32, 256, 64, "f32_t128", 2, 256),
+        (True, torch.float32, 64, 64, "f32_t64", 1, 256),
+        (False, torch.bfloat16, 128, 128, "bf16_t128", 2, 256),
+        (False, torch.float16, 256, 96, "f16_t128", 4, 256),
+        (False, torch.bfloat16, 64, 128, "bf16_t64", 2, 256),
+        (False, torch.float32, 256, 64, "f32_t128", 2, 256),
     ],
 )
-def test_chunk_scan_tile(monkeypatch, dtype, chunk, headdim, kernel, tiles, block):
-    """chunk_scan's kernel, grid and block by chunk size, headdim and dtype."""
+def test_chunk_scan_tile(monkeypatch, mma, dtype, chunk, headdim, kernel, tiles, block):
+    """chunk_scan's kernel, grid and block by matrix cores, chunk size, headdim and dtype."""
     from helpers import stand_in_kernels
 
-    kset = stand_in_kernels(monkeypatch, ssd_ops)
+    kset = stand_in_kernels(monkeypatch, ssd_ops, matrix_cores=mma)
     a = _inputs(seeded("tile", chunk, headdim), L=300, p=headdim)
     a = {k: v if k == "A" else v.to(dtype) for k, v in a.items()}
     ssd_ops._impl(a["x"], a["dt"], a["A"], a["B"], a["C"], chunk, None, None, None, None, None, None,
@@ -293,6 +300,7 @@ def test_chunk_scan_tile(monkeypatch, dtype, chunk, headdim, kernel, tiles, bloc
     (i,) = [i for i, (name, _, _) in enumerate(kset.launches) if "chunk_scan" in name]
     name, _, grid = kset.launches[i]
     assert name == f"m2r_ssd_chunk_scan_{kernel}"
+    assert name in source_of(name).kernels
     assert grid == (-(-300 // chunk) * tiles * 4, 1, 2)
     assert kset.blocks[i] == (block, 1, 1)
 

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.kernels import SSD_SCAN_FORMS, SSD_SCAN_LARGE
+from mamba2_rocm.kernels import SSD_SCAN_FORMS
 from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import (
     DTYPE_CODE,
@@ -189,7 +189,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     )  # fmt: skip  (SsdParams, field order)
     dt_name = KERNEL_DTYPE[x.dtype]
     pairs = (cs // 64) * (cs // 64 + 1) // 2
-    scan = _scan_form(cs, dt_name)
+    scan = _scan_form(cs, dt_name, kset.matrix_cores)
     rows, scan_threads = SSD_SCAN_FORMS[scan]
     scan_tiles = (cs // rows) * _cdiv(headdim, _SCAN_COLS)
     zs = "_z" if z is not None else ""
@@ -235,10 +235,14 @@ def _state_path(chains: int, chunks: int, sms: int, x: Tensor, B: Tensor, chunk_
     return "chained_lds" if _lds_link(chains, chunks, sms, x, B, chunk_size) else "chained"
 
 
-def _scan_form(chunk_size: int, dt_name: str) -> str:
-    """chunk_scan's kernel form (a key of ``kernels.SSD_SCAN_FORMS``): the 64-row tile at chunk
-    64, the dtype's own at larger chunks."""
-    return "t64" if chunk_size == 64 else SSD_SCAN_LARGE[dt_name]
+def _scan_form(chunk_size: int, dt_name: str, matrix_cores: bool) -> str:
+    """chunk_scan's kernel form (a key of ``kernels.SSD_SCAN_FORMS``; csrc/ssd.hip,
+    kScanBlock128 has the measurements). The 16-bit types on matrix cores: the 64-row tile on
+    128 threads at every chunk size. The FMA path (fp32, and every dtype on gfx10.3): 256
+    threads, the 64-row tile at chunk 64 and the 128-row one from 128."""
+    if matrix_cores and dt_name != "f32":
+        return "t64b128"
+    return "t64" if chunk_size == 64 else "t128"
 
 
 # (most chunks, chains per multiprocessor): a forward whose chains have at most that many chunks

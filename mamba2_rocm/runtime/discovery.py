@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mamba2_rocm.arch import generic_family, split_arch_name
+from mamba2_rocm.arch import EMULATION_PATHS, expected_mma_path, generic_family, split_arch_name
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -55,6 +55,12 @@ class KernelDir:
     def kernels(self) -> list[str]:
         return sorted(k["name"] for co in self.manifest["code_objects"] for k in co["kernels"])
 
+    @property
+    def matrix_cores(self) -> bool:
+        """Whether the 16-bit kernels of this dir run on matrix cores (csrc/mma.h's M2R_MMA for
+        its target, or for the AMD target an emulation build stands for)."""
+        return expected_mma_path(self.target, self.manifest.get("emulates")) != 0
+
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CODE_OBJECT_SUFFIXES = (".hsaco", ".cubin")
@@ -71,6 +77,10 @@ def manifest_problems(data: Any) -> list[str]:
         problems.append(f"'target' must be a string, got {target!r}")
     if data.get("vendor") not in ("amd", "nvidia"):
         problems.append(f"'vendor' must be 'amd' or 'nvidia', got {data.get('vendor')!r}")
+    if "emulates" in data and data["emulates"] not in EMULATION_PATHS:
+        problems.append(
+            f"'emulates' must be one of {', '.join(EMULATION_PATHS)}, got {data['emulates']!r}"
+        )
     objects = data.get("code_objects")
     if not isinstance(objects, list) or not objects:
         return [*problems, f"'code_objects' must be a non-empty list, got {objects!r}"]

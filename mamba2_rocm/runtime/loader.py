@@ -128,6 +128,10 @@ class KernelSet:
     def target(self) -> str:
         return self.kdir.target
 
+    @property
+    def matrix_cores(self) -> bool:
+        return self.kdir.matrix_cores
+
     def has(self, kernel: str) -> bool:
         """Whether this kernel dir provides ``kernel`` (False for names we do not know)."""
         try:

@@ -12,6 +12,7 @@ import torch
 from helpers import gpu_available, make_seq_idx, poison_allocator, seeded
 
 from mamba2_rocm import mamba_chunk_scan_combined, selective_state_update
+from mamba2_rocm.kernels import SSD_SCAN_16BIT_FORMS, SSD_SCAN_FORMS
 from mamba2_rocm.reference.ssd import ssd_chunked, ssd_sequential
 
 pytestmark = [
@@ -70,6 +71,29 @@ def test_scan_matches_recurrence(dtype, chunk, seqlen, h, p, groups, n):
     odd = seqlen % 2 == 1
     args = _inputs(g, 2, seqlen, h, p, groups, n, dtype, D="h" if odd else "hp", z=not odd,
                    bias=odd, init=seqlen > 200)  # fmt: skip
+    _check(args, chunk, dtype, dt_softplus=True)
+
+
+# every chunk_scan form in every kernel dir, at every chunk size it takes, whichever the host's
+# rule picks on this GPU (mamba2_rocm.ops.ssd._scan_form)
+_SCAN_CASES = [
+    (dtype, chunk, form)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16)
+    for form, (rows, _threads) in SSD_SCAN_FORMS.items()
+    if dtype != torch.float32 or form not in SSD_SCAN_16BIT_FORMS
+    for chunk in (64, 128, 256)
+    if rows <= chunk
+]
+
+
+@pytest.mark.parametrize(("dtype", "chunk", "form"), _SCAN_CASES, ids=str)
+def test_every_chunk_scan_form(monkeypatch, dtype, chunk, form):
+    import mamba2_rocm.ops.ssd as ssd_ops
+
+    monkeypatch.setattr(ssd_ops, "_scan_form", lambda cs, dt_name, matrix_cores: form)
+    g = seeded("form", str(dtype), chunk, form, device=DEV)
+    # 3 chunks and part of a fourth, a partial headdim tile, a gate and initial states
+    args = _inputs(g, 2, 3 * chunk + 37, 3, 72, 1, 48, dtype, D="hp", z=True, bias=True, init=True)
     _check(args, chunk, dtype, dt_softplus=True)
 
 
