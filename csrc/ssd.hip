@@ -1390,9 +1390,10 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   }
 
   // D, the gate and the store, 64 rows at a time through LDS (over the operand tiles): each
-  // thread then owns 4 consecutive headdim columns of every 16th row, 8 bytes at a time.
+  // thread then owns 4 consecutive headdim columns of every kRowStep-th row (16th on 256
+  // threads), 8 bytes at a time.
   float* O = reinterpret_cast<float*>(smem);
-  constexpr int kRowStep = kNT / 16, kOutRows = 64 / kRowStep;  // a thread's rows of each 64, kRowStep apart
+  constexpr int kRowStep = kNT / 16, kOutRows = 64 / kRowStep;  // a thread's rows of each 64
   const int cq = 4 * (threadIdx.x % 16), r_first = threadIdx.x / 16;
   // which of those outputs a non-finite x reaches: 4 bits per row, read before O overwrites
   // the marks
@@ -1519,7 +1520,9 @@ constexpr int kScan64Blocks = mma::kEnabled<T> ? 3 : 4;
 // Falcon-H1 l8192; at chunk 64 (against the 64-row tile on 256 threads) 120 -> 109 at b2 l4096
 // h32, 437 -> 400 at Nemotron-H b1 l8192. The FMA path (gfx10.3, fp32) keeps 256 threads: its
 // 128-thread form (a thread's rows two runs of 4, kNT / 4 apart) ran 1-6% slower than the
-// 128-row tile in the gfx1030 emulation on the H100 at 5 of 6 shapes.
+// 128-row tile in the gfx1030 emulation on the H100 at 5 of 6 shapes. At 3 blocks per
+// multiprocessor (152 registers) chunk_scan ran 14-17% slower (H200: 122 -> 139 us at b2 l4096
+// h32, 462 -> 541 at b1 l16384 h64 g8).
 constexpr int kScanBlock128 = 128, kScanBlock128Blocks = 4;
 
 }  // namespace ssd
@@ -1566,14 +1569,14 @@ M2R_SSD(bf16, BF16)
 // the 16-bit types' chunk_scan on matrix cores: the 64-row tile on kScanBlock128 threads (built
 // for every target, so that every target has every form; the host takes it where the target has
 // matrix cores: mamba2_rocm/ops/ssd.py, _scan_form)
-#define M2R_SSD_SCAN_B128(DT, T)                                                                  \
-  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kScanBlock128, m2r::ssd::kScanBlock128Blocks)                    \
-  m2r_ssd_chunk_scan_##DT##_t64b128(SsdParams p) {                                                \
-    m2r::ssd::chunk_scan<m2r::T, 64, false, m2r::ssd::kScanBlock128>(p);                          \
-  }                                                                                               \
-  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kScanBlock128, m2r::ssd::kScanBlock128Blocks)                    \
-  m2r_ssd_chunk_scan_##DT##_t64b128_z(SsdParams p) {                                              \
-    m2r::ssd::chunk_scan<m2r::T, 64, true, m2r::ssd::kScanBlock128>(p);                           \
+#define M2R_SSD_SCAN_B128(DT, T)                                                \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kScanBlock128, m2r::ssd::kScanBlock128Blocks) \
+  m2r_ssd_chunk_scan_##DT##_t64b128(SsdParams p) {                              \
+    m2r::ssd::chunk_scan<m2r::T, 64, false, m2r::ssd::kScanBlock128>(p);        \
+  }                                                                             \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kScanBlock128, m2r::ssd::kScanBlock128Blocks) \
+  m2r_ssd_chunk_scan_##DT##_t64b128_z(SsdParams p) {                            \
+    m2r::ssd::chunk_scan<m2r::T, 64, true, m2r::ssd::kScanBlock128>(p);         \
   }
 M2R_SSD_SCAN_B128(f16, F16)
 M2R_SSD_SCAN_B128(bf16, BF16)

@@ -475,6 +475,11 @@ def _kset(tmp_path, target="gfx1030", vendor="amd", drv=None, device_index=0):
 UPDATE_KERNEL = SOURCES["conv1d_update"].kernels[0]
 
 
+@pytest.mark.parametrize(("target", "matrix_cores"), [("gfx1030", False), ("gfx1100", True)])
+def test_kernel_set_carries_its_dirs_matrix_cores(tmp_path, target, matrix_cores):
+    assert _kset(tmp_path, target).matrix_cores is matrix_cores
+
+
 def test_a_code_object_of_another_arch_is_refused_before_loading(tmp_path, no_cuda_device):
     kdir = write_kernel_dir(tmp_path / "gfx1030", "gfx1030")
     image = stand_in_code_object("conv1d_update", "gfx1100")  # matching sha256, wrong ISA inside

@@ -103,6 +103,8 @@ class KernelSet:
         self._lock = threading.Lock()
         self._objects = {co["source"]: co for co in kdir.manifest["code_objects"]}
         self._check_manifest()
+        #: whether the 16-bit kernels run on matrix cores (read once: ops pick forms by it)
+        self.matrix_cores = kdir.matrix_cores
 
     def _check_manifest(self) -> None:
         m = self.kdir.manifest
@@ -127,10 +129,6 @@ class KernelSet:
     @property
     def target(self) -> str:
         return self.kdir.target
-
-    @property
-    def matrix_cores(self) -> bool:
-        return self.kdir.matrix_cores
 
     def has(self, kernel: str) -> bool:
         """Whether this kernel dir provides ``kernel`` (False for names we do not know)."""
