@@ -5,7 +5,7 @@ instead (forward, then every input's gradient through autograd, the final states
 per kernel of the forward, the recomputation and the backward stages; no accuracy columns.
 
 Usage (on the GPU machine, kernels built; mamba_ssm's Triton ops importable for --triton):
-    python scripts/profile_ssd.py [--triton] [--backward] [--json FILE] [SHAPE ...]
+    python scripts/profile_ssd.py [--triton] [--backward] [--json FILE] [--scan-form FORM] [SHAPE ...]
 SHAPE names a row of SHAPES (default: all). Each shape prints one line: graph µs per call, the
 kernels' mean device µs per call, and (shapes up to 2^19 tokens x heads) the relative L2 error
 of out and of the final states against ``ssd_chunked(..., compute_dtype=float64)``; --json
@@ -20,6 +20,8 @@ from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from mamba2_rocm.kernels import SSD_SCAN_FORMS
 
 #: name -> (batch, seqlen, nheads, headdim, ngroups, dstate, chunk_size): the issue's two
 #: shapes, then bench ssd's grid points where ours is furthest behind Triton
@@ -111,10 +113,29 @@ def main():
     ap.add_argument("--json", metavar="FILE", help="append the rows to FILE (JSON lines)")
     ap.add_argument("--backward", action="store_true", help="a training step: forward + backward")
     ap.add_argument("--once", choices=list(SHAPES), help="one call at this shape, for ncu")
+    ap.add_argument(
+        "--scan-form",
+        choices=list(SSD_SCAN_FORMS),
+        help="ours: chunk_scan's kernel form (mamba2_rocm.kernels.SSD_SCAN_FORMS) instead of the "
+        "one mamba2_rocm.ops.ssd._scan_form picks for this GPU, to time the forms against each "
+        "other (bf16: every form; chunk sizes below the form's rows are refused)",
+    )
     args = ap.parse_args()
     unknown = sorted(set(args.shapes) - set(SHAPES))
     if unknown:
         ap.error(f"unknown shape(s) {', '.join(unknown)}; choose from {', '.join(SHAPES)}")
+    if args.scan_form:
+        if args.triton:
+            ap.error("--scan-form picks among our kernels: not with --triton")
+        rows = SSD_SCAN_FORMS[args.scan_form][0]
+        names = [args.once] if args.once else args.shapes or list(SHAPES)
+        small = [name for name in names if SHAPES[name][6] < rows]
+        if small:
+            ap.error(f"--scan-form {args.scan_form} takes chunks of {rows} and more: not "
+                     f"{', '.join(small)}")  # fmt: skip
+        import mamba2_rocm.ops.ssd as ssd_ops
+
+        ssd_ops._scan_form = lambda chunk_size, dt_name, matrix_cores: args.scan_form
     if args.triton:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as fn
     else:
