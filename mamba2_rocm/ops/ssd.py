@@ -193,7 +193,7 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     rows, scan_threads = SSD_SCAN_FORMS[scan]
     scan_tiles = (cs // rows) * _cdiv(headdim, _SCAN_COLS)
     zs = "_z" if z is not None else ""
-    run = lambda name, grid: launch(kset.launcher(name), x, params, grid, _THREADS)  # noqa: E731
+    run = lambda name, grid, threads=_THREADS: launch(kset.launcher(name), x, params, grid, threads)  # noqa: E731
     run("m2r_ssd_chunk_cumsum", (nchunks, _cdiv(nheads, _CUMSUM_HEADS), batch))
     run(f"m2r_ssd_bmm_{dt_name}", (nchunks * ngroups * pairs, 1, batch))
     if not given:
@@ -208,8 +208,11 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
         return dt_out, dA_cs, seg, cb, states
     if varlen is not None:
         run(f"m2r_ssd_varlen_state_{dt_name}", (dims.num_seqs * state_tiles * nheads, 1, 1))
-    scan_kernel = kset.launcher(f"m2r_ssd_chunk_scan_{dt_name}_{scan}{zs}")
-    launch(scan_kernel, x, params, (nchunks * scan_tiles * nheads, 1, batch), scan_threads)
+    run(
+        f"m2r_ssd_chunk_scan_{dt_name}_{scan}{zs}",
+        (nchunks * scan_tiles * nheads, 1, batch),
+        scan_threads,
+    )
     return out, states
 
 

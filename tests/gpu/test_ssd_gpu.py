@@ -12,7 +12,7 @@ import torch
 from helpers import gpu_available, make_seq_idx, poison_allocator, seeded
 
 from mamba2_rocm import mamba_chunk_scan_combined, selective_state_update
-from mamba2_rocm.kernels import SSD_SCAN_16BIT_FORMS, SSD_SCAN_FORMS
+from mamba2_rocm.kernels import SOURCES, SSD_SCAN_FORMS
 from mamba2_rocm.reference.ssd import ssd_chunked, ssd_sequential
 
 pytestmark = [
@@ -74,13 +74,13 @@ def test_scan_matches_recurrence(dtype, chunk, seqlen, h, p, groups, n):
     _check(args, chunk, dtype, dt_softplus=True)
 
 
-# every chunk_scan form in every kernel dir, at every chunk size it takes, whichever the host's
+# every chunk_scan form the kernel table has, at every chunk size it takes, whichever the host's
 # rule picks on this GPU (mamba2_rocm.ops.ssd._scan_form)
 _SCAN_CASES = [
     (dtype, chunk, form)
-    for dtype in (torch.float32, torch.float16, torch.bfloat16)
+    for dtype, dt_name in ((torch.float32, "f32"), (torch.float16, "f16"), (torch.bfloat16, "bf16"))
     for form, (rows, _threads) in SSD_SCAN_FORMS.items()
-    if dtype != torch.float32 or form not in SSD_SCAN_16BIT_FORMS
+    if f"m2r_ssd_chunk_scan_{dt_name}_{form}" in SOURCES["ssd"].kernels
     for chunk in (64, 128, 256)
     if rows <= chunk
 ]
