@@ -104,6 +104,22 @@ def format_row(r):
     return f"{r['shape']:12} {r['impl']:7} {total} us (kernels {summed:.1f}){acc} | {kernels}"
 
 
+def force_scan_form(form, shapes):
+    """Make our SSD forward take chunk_scan's kernel form ``form`` (a key of
+    mamba2_rocm.kernels.SSD_SCAN_FORMS) instead of the one mamba2_rocm.ops.ssd._scan_form picks
+    for the GPU at hand. ``shapes``: name -> SHAPES row; ValueError naming those whose chunk size
+    is under the form's rows."""
+    rows = SSD_SCAN_FORMS[form][0]
+    small = [name for name, shape in shapes.items() if shape[6] < rows]
+    if small:
+        raise ValueError(
+            f"--scan-form {form} takes chunks of {rows} and more: not {', '.join(small)}"
+        )
+    import mamba2_rocm.ops.ssd as ssd_ops
+
+    ssd_ops._scan_form = lambda chunk_size, dt_name, matrix_cores: form
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument(
@@ -127,15 +143,11 @@ def main():
     if args.scan_form:
         if args.triton:
             ap.error("--scan-form picks among our kernels: not with --triton")
-        rows = SSD_SCAN_FORMS[args.scan_form][0]
         names = [args.once] if args.once else args.shapes or list(SHAPES)
-        small = [name for name in names if SHAPES[name][6] < rows]
-        if small:
-            ap.error(f"--scan-form {args.scan_form} takes chunks of {rows} and more: not "
-                     f"{', '.join(small)}")  # fmt: skip
-        import mamba2_rocm.ops.ssd as ssd_ops
-
-        ssd_ops._scan_form = lambda chunk_size, dt_name, matrix_cores: args.scan_form
+        try:
+            force_scan_form(args.scan_form, {name: SHAPES[name] for name in names})
+        except ValueError as exc:
+            ap.error(str(exc))
     if args.triton:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as fn
     else:

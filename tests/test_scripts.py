@@ -2,7 +2,9 @@
 earlier run, or another user, could have filled and that would land on PYTHONPATH)."""
 
 import re
+import runpy
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,3 +23,51 @@ def test_no_fixed_temporary_paths(script):
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_scripts_parse(script):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def _profile_ssd():
+    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "profile_ssd.py"))
+
+
+def test_profile_ssd_scan_form_runs_the_form_it_names(monkeypatch):
+    """--scan-form: the SSD forward launches the named chunk_scan form, not the rule's pick."""
+    import math
+
+    import torch
+    from helpers import stand_in_kernels
+
+    from mamba2_rocm.ops import ssd as ssd_ops
+
+    monkeypatch.setattr(ssd_ops, "_scan_form", ssd_ops._scan_form)  # restored after the test
+    kset = stand_in_kernels(monkeypatch, ssd_ops, matrix_cores=True)  # the rule: t64b128
+    _profile_ssd()["force_scan_form"]("t128", {"s": (1, 300, 2, 64, 1, 16, 128)})
+    x, B = torch.randn(1, 300, 2, 64).bfloat16(), torch.randn(1, 300, 1, 16).bfloat16()
+    dt, A = torch.rand(1, 300, 2).bfloat16(), -torch.rand(2)
+    ssd_ops._impl(x, dt, A, B, B.clone(), 128, None, None, None, None, None, None,
+                  False, (0.0, math.inf), False, None)  # fmt: skip
+    scans = [
+        (n, blk)
+        for (n, _, _), blk in zip(kset.launches, kset.blocks, strict=True)
+        if "chunk_scan" in n
+    ]
+    assert scans == [("m2r_ssd_chunk_scan_bf16_t128", (256, 1, 1))]
+
+
+def test_profile_ssd_scan_form_refuses_chunks_under_its_rows(monkeypatch):
+    from mamba2_rocm.ops import ssd as ssd_ops
+
+    monkeypatch.setattr(ssd_ops, "_scan_form", ssd_ops._scan_form)
+    shapes = {"a": (1, 8, 1, 64, 1, 16, 64), "b": (1, 8, 1, 64, 1, 16, 256)}
+    with pytest.raises(ValueError) as exc:
+        _profile_ssd()["force_scan_form"]("t128", shapes)
+    assert str(exc.value) == "--scan-form t128 takes chunks of 128 and more: not a"
+
+
+def test_profile_ssd_scan_form_refuses_triton(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["profile_ssd.py", "--scan-form", "t128", "--triton"])
+    with pytest.raises(SystemExit) as exc:
+        _profile_ssd()["main"]()
+    assert exc.value.code == 2
+    assert (
+        "error: --scan-form picks among our kernels: not with --triton" in capsys.readouterr().err
+    )
