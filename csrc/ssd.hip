@@ -337,17 +337,34 @@ M2R_DEVICE int take_ticket(const SsdParams& p, int* slot) {
   __syncthreads();
   return *static_cast<volatile int*>(slot);
 }
+// unsigned where true, else int
+template <bool kUnsigned>
+struct Div {
+  typedef unsigned type;
+};
+template <>
+struct Div<false> {
+  typedef int type;
+};
+template <bool kUnsigned>
+using DivType = typename Div<kUnsigned>::type;
+
+// U: the divisions' type. unsigned (every term is non-negative) takes about half the
+// instructions of int's division by a run-time value; the register link's kernels take it (the
+// LDS link's, at 80 registers, spilled with it)
+template <typename U = int>
 M2R_DEVICE StateBlock state_block(const SsdParams& p, int ticket) {
-  const int tiles = state_tiles(p), per_chunk = p.batch * tiles * p.nheads;
-  const int c = ticket / per_chunk, r = ticket % per_chunk;
-  return {r / (tiles * p.nheads), c, r % p.nheads, r / p.nheads % tiles};
+  const U tiles = state_tiles(p), heads = p.nheads, per_chunk = p.batch * tiles * heads;
+  const U t = ticket, c = t / per_chunk, r = t % per_chunk;
+  return {static_cast<int>(r / (tiles * heads)), static_cast<int>(c), static_cast<int>(r % heads),
+          static_cast<int>(r / heads % tiles)};
 }
 
 // A chunk_state block's (batch, chunk, head, tile) and the last position `end` it sums up to.
 // kVarlen: sequence blockIdx.x / (tiles * nheads)'s last token (cu_seqlens); kChain: from the
 // ticket (taken into *ticket, in LDS); else the grid's, heads fastest (the heads of a group,
 // which read the same B rows, run side by side).
-template <bool kVarlen, bool kChain>
+template <bool kVarlen, bool kChain, typename U = int>
 M2R_DEVICE StateBlock chunk_state_block(const SsdParams& p, int* ticket, int& end) {
   const int tiles = state_tiles(p), h = blockIdx.x % p.nheads, tile = blockIdx.x / p.nheads % tiles;
   const int item = blockIdx.x / p.nheads / tiles;
@@ -357,7 +374,7 @@ M2R_DEVICE StateBlock chunk_state_block(const SsdParams& p, int* ticket, int& en
     end = last % p.chunk_size;
     return {0, last / p.chunk_size, h, tile};
   } else if constexpr (kChain) {
-    return state_block(p, take_ticket(p, ticket));
+    return state_block<U>(p, take_ticket(p, ticket));
   } else {
     return {static_cast<int>(blockIdx.z), item, h, tile};
   }
@@ -416,7 +433,7 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
   const int item = blockIdx.x / p.nheads / state_tiles(p);  // kVarlen: the sequence
   __shared__ int ticket;
   int end;
-  const StateBlock sb = chunk_state_block<kVarlen, kChain>(p, &ticket, end);
+  const StateBlock sb = chunk_state_block<kVarlen, kChain, unsigned>(p, &ticket, end);
   const int b = sb.b, c = sb.c, h = sb.h, g = h / p.heads_per_group, p0 = sb.p0(p), n0 = sb.n0(p);
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(end + 1), p.seqlen - l0));
@@ -461,7 +478,7 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
   } else {
     // decoded again from the ticket, the carry read from global memory, instead of holding
     // these through the products (chunk_state spilled on NVIDIA)
-    const StateBlock sc = state_block(p, *static_cast<volatile int*>(&ticket));
+    const StateBlock sc = state_block<unsigned>(p, *static_cast<volatile int*>(&ticket));
     const Chain ch = chain_of(p, sc, chunk_carry(p, sc.b, sc.h, sc.c));
     if (ch.c == 0) write_initial_tile(p, ch.b, ch.h, ch.p0, ch.n0);
     ch.wait();
@@ -1017,7 +1034,7 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   const int item = blockIdx.x / p.nheads / state_tiles(p);  // kVarlen: the sequence
   __shared__ int ticket;
   int end;
-  const StateBlock sb = chunk_state_block<kVarlen, kChain>(p, &ticket, end);
+  const StateBlock sb = chunk_state_block<kVarlen, kChain, DivType<!kLds>>(p, &ticket, end);
   const int b = sb.b, c = sb.c, h = sb.h, g = h / p.heads_per_group, p0 = sb.p0(p), n0 = sb.n0(p);
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(end + 1), p.seqlen - l0));
@@ -1115,7 +1132,7 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
     // accesses, a register pair's neighbouring columns; AMD: a row's 16 columns over 16 lanes).
     // The block's position decoded again from the ticket and the carry read from global memory,
     // instead of holding these through the products (chunk_state spilled on NVIDIA)
-    const StateBlock sc = state_block(p, *static_cast<volatile int*>(&ticket));
+    const StateBlock sc = state_block<unsigned>(p, *static_cast<volatile int*>(&ticket));
     const Chain ch = chain_of(p, sc, chunk_carry(p, sc.b, sc.h, sc.c));
     const int p0 = ch.p0, n0 = ch.n0;
     if (ch.c == 0) write_initial_tile(p, ch.b, ch.h, p0, n0);
@@ -1410,9 +1427,15 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   }
   float dq[4] = {};
   if (p.D) {
+    if (p.D_p_stride == 0) {  // one D per head (as a Mamba2 block passes it): one load
+      const float d = load_as_float(p.D, p.d_dtype, h * p.D_h_stride);
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (cq + e < pcols) dq[e] = load_as_float(p.D, p.d_dtype, h * p.D_h_stride + (p0 + cq + e) * p.D_p_stride);
+      for (int e = 0; e < 4; ++e) dq[e] = d;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (cq + e < pcols) dq[e] = load_as_float(p.D, p.d_dtype, h * p.D_h_stride + (p0 + cq + e) * p.D_p_stride);
+    }
   }
   const uint16_t* xo = xp;
   const uint16_t* zo = kHasZ ? static_cast<const uint16_t*>(p.z) + b * p.z_batch_stride + l0 * p.z_l_stride + h * p.z_h_stride + p0 : nullptr;
@@ -1420,6 +1443,10 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   const int zl = static_cast<int>(p.z_l_stride), ol = static_cast<int>(p.out_l_stride);
   // one flag for the three (fewer live scalars; gfx90a runs short of them): 8-byte accesses
   const bool vec = aligned(xo, 2 * xl, 8) && aligned(out, 2 * ol, 8) && (!kHasZ || aligned(zo, 2 * zl, 8));
+  // this thread's 4 columns in range and 8-byte accesses: one flag for all its rows (checked per
+  // row, nvcc kept it as a bit mask worked out row by row); row offsets unsigned 32-bit (t <
+  // chunk_size: the host checks chunk_size * stride < 2^31), no sign extension per row
+  const bool cvec = vec && cq + 3 < pcols;
 #pragma unroll
   for (int half = 0; half < kRows / 64; ++half) {
     // the x and z of this thread's rows are requested before the accumulators go through LDS,
@@ -1428,8 +1455,12 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
 #pragma unroll
     for (int k = 0; k < kOutRows; ++k) {
       const int t = min(t0 + 64 * half + r_first + kRowStep * k, rows - 1);  // rows past seqlen: not stored
-      xq[k] = load4(xo + t * xl, cq, pcols, vec);
-      if constexpr (kHasZ) zq[k] = load4(zo + t * zl, cq, pcols, vec);
+      const uint16_t* xr = xo + static_cast<uint32_t>(t * xl);
+      xq[k] = cvec ? load4(xr, cq, cq + 4, true) : load4(xr, cq, pcols, false);  // (cq + 4: in range)
+      if constexpr (kHasZ) {
+        const uint16_t* zr = zo + static_cast<uint32_t>(t * zl);
+        zq[k] = cvec ? load4(zr, cq, cq + 4, true) : load4(zr, cq, pcols, false);
+      }
     }
     __syncthreads();
     stage_half(tile, O, half);
@@ -1456,15 +1487,16 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
         for (int e = 0; e < 4; ++e) y[e] *= silu(zv[e]);
       }
       const Packed4 q = pack4<T>(y);
-      if (vec && cq + 3 < pcols) {
+      uint16_t* const orow = out + static_cast<uint32_t>(t * ol);
+      if (cvec) {
         // one 8-byte store: nvcc split a uint2 store of the two words into two 4-byte ones
-        *reinterpret_cast<uint64_t*>(out + t * ol + cq) = static_cast<uint64_t>(q.hi) << 32 | q.lo;
+        *reinterpret_cast<uint64_t*>(orow + cq) = static_cast<uint64_t>(q.hi) << 32 | q.lo;
       } else {
         const uint16_t e4[4] = {static_cast<uint16_t>(q.lo), static_cast<uint16_t>(q.lo >> 16),
                                 static_cast<uint16_t>(q.hi), static_cast<uint16_t>(q.hi >> 16)};
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (cq + e < pcols) out[t * ol + cq + e] = e4[e];
+          if (cq + e < pcols) orow[cq + e] = e4[e];
       }
     }
   }
