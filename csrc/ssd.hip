@@ -350,8 +350,9 @@ template <bool kUnsigned>
 using DivType = typename Div<kUnsigned>::type;
 
 // U: the divisions' type. unsigned (every term is non-negative) takes about half the
-// instructions of int's division by a run-time value; the register link's kernels take it (the
-// LDS link's, at 80 registers, spilled with it)
+// instructions of int's division by a run-time value; the register link's kernels and the FMA
+// path's one link form take it (the matrix cores' LDS-link kernel, held to 80 registers, spilled
+// with it and keeps int)
 template <typename U = int>
 M2R_DEVICE StateBlock state_block(const SsdParams& p, int ticket) {
   const U tiles = state_tiles(p), heads = p.nheads, per_chunk = p.batch * tiles * heads;
@@ -1456,7 +1457,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     for (int k = 0; k < kOutRows; ++k) {
       const int t = min(t0 + 64 * half + r_first + kRowStep * k, rows - 1);  // rows past seqlen: not stored
       const uint16_t* xr = xo + static_cast<uint32_t>(t * xl);
-      xq[k] = cvec ? load4(xr, cq, cq + 4, true) : load4(xr, cq, pcols, false);  // (cq + 4: in range)
+      // (cvec: the 8-byte load, whose check cq + 3 < cq + 4 then always holds)
+      xq[k] = cvec ? load4(xr, cq, cq + 4, true) : load4(xr, cq, pcols, false);
       if constexpr (kHasZ) {
         const uint16_t* zr = zo + static_cast<uint32_t>(t * zl);
         zq[k] = cvec ? load4(zr, cq, cq + 4, true) : load4(zr, cq, pcols, false);
