@@ -26,6 +26,8 @@
 #include "mma.h"
 #include "platform.h"
 
+#include <type_traits>  // std::conditional_t (compile time only)
+
 namespace m2r {
 namespace ssd {
 
@@ -337,18 +339,6 @@ M2R_DEVICE int take_ticket(const SsdParams& p, int* slot) {
   __syncthreads();
   return *static_cast<volatile int*>(slot);
 }
-// unsigned where true, else int
-template <bool kUnsigned>
-struct Div {
-  typedef unsigned type;
-};
-template <>
-struct Div<false> {
-  typedef int type;
-};
-template <bool kUnsigned>
-using DivType = typename Div<kUnsigned>::type;
-
 // U: the divisions' type. unsigned (every term is non-negative) takes about half the
 // instructions of int's division by a run-time value; the register link's kernels and the FMA
 // path's one link form take it (the matrix cores' LDS-link kernel, held to 80 registers, spilled
@@ -1035,7 +1025,7 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
   const int item = blockIdx.x / p.nheads / state_tiles(p);  // kVarlen: the sequence
   __shared__ int ticket;
   int end;
-  const StateBlock sb = chunk_state_block<kVarlen, kChain, DivType<!kLds>>(p, &ticket, end);
+  const StateBlock sb = chunk_state_block<kVarlen, kChain, std::conditional_t<kLds, int, unsigned>>(p, &ticket, end);
   const int b = sb.b, c = sb.c, h = sb.h, g = h / p.heads_per_group, p0 = sb.p0(p), n0 = sb.n0(p);
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(end + 1), p.seqlen - l0));
@@ -1457,12 +1447,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     for (int k = 0; k < kOutRows; ++k) {
       const int t = min(t0 + 64 * half + r_first + kRowStep * k, rows - 1);  // rows past seqlen: not stored
       const uint16_t* xr = xo + static_cast<uint32_t>(t * xl);
-      // (cvec: the 8-byte load, whose check cq + 3 < cq + 4 then always holds)
-      xq[k] = cvec ? load4(xr, cq, cq + 4, true) : load4(xr, cq, pcols, false);
-      if constexpr (kHasZ) {
-        const uint16_t* zr = zo + static_cast<uint32_t>(t * zl);
-        zq[k] = cvec ? load4(zr, cq, cq + 4, true) : load4(zr, cq, pcols, false);
-      }
+      xq[k] = load4(xr, cq, pcols, cvec);
+      if constexpr (kHasZ) zq[k] = load4(zo + static_cast<uint32_t>(t * zl), cq, pcols, cvec);
     }
     __syncthreads();
     stage_half(tile, O, half);
