@@ -377,6 +377,40 @@ def test_update_vec_channels(elt):
     assert _vec_channels("s4", 2) == 4 and _vec_channels("s3", 4) == 2
 
 
+def test_update_one_token_as_2d_launches_as_its_3d_view(update_kernels):
+    """x (batch, dim) goes to the kernel as it is (no (batch, dim, 1) view, no squeeze of the
+    result): the same kernel, grid and parameters as the (batch, dim, 1) call of the same
+    tensors, under a layout of its own; out (batch, dim), contiguous, a tensor of its own."""
+    from mamba2_rocm.ops import conv1d as ops
+
+    for layout in ("plain", "strided"):
+        x, state, w, b = _update_args(_gen("upd-2d", layout), layout)
+        out2 = causal_conv1d_update(x, state, w, b, activation="silu")
+        out3 = causal_conv1d_update(x.unsqueeze(-1), state, w, b, activation="silu")
+        (n2, p2, g2), (n3, p3, g3) = update_kernels.launches[-2:]
+        assert (n2, g2) == (n3, g3)
+        fields = [f for f, _ in ConvUpdateParams._fields_]
+        got2, got3 = (dict(zip(fields, p, strict=True)) for p in (p2, p3))
+        assert got2["x"] == got3["x"] == x.data_ptr()
+        assert got2["out"] == out2.data_ptr() and got3["out"] == out3.data_ptr()
+        assert {k: v for k, v in got2.items() if k != "out"} == {
+            k: v for k, v in got3.items() if k != "out"
+        }
+        assert out2.shape == x.shape and out2.is_contiguous() and out2._base is None
+        assert out3.shape == (*x.shape, 1)
+    assert len(ops._UPDATE_PLANS) == 4  # (batch, dim) and (batch, dim, 1), in two layouts
+
+
+def test_update_2d_wrong_inputs_still_raise(update_kernels):
+    """The (batch, dim) path checks as the 3-D one does (on its layout's first call)."""
+    x, state, w, b = _update_args(_gen("upd-2d-bad"))
+    with pytest.raises(ValueError, match="conv_state must have shape"):
+        causal_conv1d_update(x[:, :39], state, w[:39], b[:39])
+    with pytest.raises(ValueError, match="conv_state has 2 rows for a batch of 3"):
+        causal_conv1d_update(x, state[:2], w, b)
+    assert update_kernels.launches == []
+
+
 def test_update_repeated_layout_skips_the_checks_but_never_a_bad_call(update_kernels, monkeypatch):
     from mamba2_rocm.ops import conv1d as ops
 
