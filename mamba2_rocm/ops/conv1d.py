@@ -387,12 +387,17 @@ def _update_static(
             (vec, vec_grid, run))  # fmt: skip
 
 
+def _tokens(t: Tensor) -> Tensor:
+    """An update's x or out as (batch, dim, seqlen): a one-token (batch, dim) as its
+    (batch, dim, 1) view, anything else as it is."""
+    return t.unsqueeze(-1) if t.dim() == 2 else t
+
+
 def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indices, out,
                    plan) -> None:  # fmt: skip
-    if plan.static is None:  # (x and out (batch, dim): their (batch, dim, 1) views' layout)
-        x3, out3 = (x, out) if x.dim() == 3 else (x.unsqueeze(-1), out.unsqueeze(-1))
-        plan.static = _update_static(x3, conv_state, weight, bias, silu, out3, indices,
-                                     cache_seqlens is not None)  # fmt: skip
+    if plan.static is None:
+        plan.static = _update_static(_tokens(x), conv_state, weight, bias, silu, _tokens(out),
+                                     indices, cache_seqlens is not None)  # fmt: skip
     name, grid, tail, tile, (vec, vec_grid, run) = plan.static
     sp, xp, op = conv_state.data_ptr(), x.data_ptr(), out.data_ptr()
     if vec is not None and sp % 16 == 0 and (xp | op) % run == 0:
@@ -429,8 +434,7 @@ def _update_plan(x, conv_state, weight, bias, silu, cache_seqlens, indices) -> _
     except Exception:  # not tensors (or unhashable): the checks below name the argument
         key = plan = None
     if plan is None:
-        x3 = x.unsqueeze(-1) if isinstance(x, Tensor) and x.dim() == 2 else x
-        _check_update(x3, conv_state, weight, bias, cache_seqlens, indices)
+        _check_update(_tokens(x), conv_state, weight, bias, cache_seqlens, indices)
         plan = _UpdatePlan()
         if key is not None:
             remember(_UPDATE_PLANS, key, plan, UPDATE_PLAN_CACHE_SIZE)
@@ -658,10 +662,9 @@ def _update_impl(
     from mamba2_rocm.reference import conv1d as ref
 
     fn = ref.causal_conv1d_update_torch if tier == "torch" else ref.causal_conv1d_update_eager
-    if x.dim() == 2:  # (the torch tiers take (batch, dim, seqlen))
-        out = fn(x.unsqueeze(-1), conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)
-        return out.squeeze(-1).contiguous()
-    return fn(x, conv_state, weight, bias, silu, cache_seqlens, conv_state_indices).contiguous()
+    # (the torch tiers take (batch, dim, seqlen))
+    out = fn(_tokens(x), conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)
+    return (out.squeeze(-1) if x.dim() == 2 else out).contiguous()
 
 
 causal_conv1d_update_op = torch.library.custom_op(
@@ -745,7 +748,7 @@ def causal_conv1d_update(
     # guard (the torch tiers differentiate as plain PyTorch code and never come here)
     squeeze = x.dim() == 2
     out = causal_conv1d_update_op(
-        x.unsqueeze(-1) if squeeze else x,
+        _tokens(x),
         conv_state,
         weight,
         bias,
