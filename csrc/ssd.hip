@@ -503,7 +503,10 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
 // carries of up to kThreads chunks at a time come through LDS, and each chunk's own state is
 // loaded kPassAhead chunks ahead (one 16-byte load when p * n allows), so the loop's chain of
 // dependent steps does not wait on memory.
+// H200, scripts/profile_ssd.py: 8 elements a thread (768 blocks at mamba2-130m b8 l512, not 1536)
+// were slower, 2 or 4 chunks ahead: 9.7 -> 11.6 us there, 12.8 -> 18.1 at 130m b4 l2048.
 constexpr int kPassVec = 4;
+static_assert(kPassVec % 4 == 0, "16-byte quads");
 // H100, state_passing us, before -> 4 chunks ahead with one 16-byte store (below): b1 l16384
 // h64 g8 98.2 -> 96.0, b2 l4096 h32 23.0 -> 20.7, Nemotron-H b1 l8192 198.4 -> 192.5. 8 ahead
 // held 68 registers (3 blocks per multiprocessor, not 4) and ran slower than either.
@@ -514,11 +517,22 @@ struct PassVec {
   float v[kPassVec];
 };
 
+// chunk_carry with the segment id and dA_cs requested together (one round trip, not two)
+M2R_DEVICE float pass_carry(const SsdParams& p, int b, int h, int c) {
+  const int last = p.chunk_size - 1;
+  const int32_t sg = p.seg[(static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size + last];
+  const float a = p.dA_cs[chunk_row(p, b, h, c) + last];
+  return sg == 0 ? __expf(a) : -1.f;
+}
+
 M2R_DEVICE PassVec pass_load(const float* at, int64_t valid, bool vec) {  // valid: elements in range
   PassVec r;
   if (vec && valid >= kPassVec) {
-    const float4 q = *reinterpret_cast<const float4*>(at);
-    r.v[0] = q.x, r.v[1] = q.y, r.v[2] = q.z, r.v[3] = q.w;
+#pragma unroll
+    for (int v = 0; v < kPassVec; v += 4) {
+      const float4 q = *reinterpret_cast<const float4*>(at + v);
+      r.v[v] = q.x, r.v[v + 1] = q.y, r.v[v + 2] = q.z, r.v[v + 3] = q.w;
+    }
   } else {
 #pragma unroll
     for (int v = 0; v < kPassVec; ++v) r.v[v] = v < valid ? at[v] : 0.f;
@@ -532,14 +546,17 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
   const int64_t pn = static_cast<int64_t>(p.headdim) * p.dstate;
   const int64_t e0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kPassVec;
   const int64_t chunk_stride = static_cast<int64_t>(p.nheads) * pn, valid = pn - e0;
-  const bool vec = pn % kPassVec == 0;  // then e0 and every chunk's block are 16-byte aligned
+  const bool vec = pn % 4 == 0;  // then e0 and every chunk's block are 16-byte aligned
   float* base = p.states + states_at(p, b, 0, h) + e0;
-  PassVec s;
+  PassVec s = {};
+  if (p.initial_states) {  // (n, pp) of the thread's first element: one division, not one each
+    const int hd = p.headdim, e_first = static_cast<int>(e0);  // pn: at most 128 x MAX_DSTATE
+    int n = e_first / hd, pp = e_first - n * hd;
 #pragma unroll
-  for (int v = 0; v < kPassVec; ++v) {
-    const int64_t e = e0 + v;
-    const int n = static_cast<int>(e / p.headdim), pp = static_cast<int>(e % p.headdim);
-    s.v[v] = e < pn ? initial_state(p, b, h, n, pp) : 0.f;
+    for (int v = 0; v < kPassVec; ++v, ++pp) {
+      if (pp == hd) ++n, pp = 0;
+      if (v < valid) s.v[v] = initial_state(p, b, h, n, pp);
+    }
   }
   // a ring of own states: chunk c's in own[c % kPassAhead], loaded kPassAhead chunks before its
   // step (2 ahead left the loop waiting on the loads)
@@ -549,7 +566,7 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
   for (int c0 = 0; c0 < p.nchunks; c0 += kThreads) {
     __syncthreads();
     const int cc = c0 + threadIdx.x;
-    if (cc < p.nchunks) carry[threadIdx.x] = chunk_carry(p, b, h, cc);
+    if (cc < p.nchunks) carry[threadIdx.x] = pass_carry(p, b, h, cc);
     __syncthreads();
     const int count = min(kThreads, p.nchunks - c0);
     float* at = base + c0 * chunk_stride;  // chunk c0 + i's entering state (one running pointer)
@@ -559,7 +576,8 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
         const int i = i0 + j;
         if (i >= count) break;
         if (vec && valid >= kPassVec) {
-          store_float4(at, s.v[0], s.v[1], s.v[2], s.v[3]);
+#pragma unroll
+          for (int v = 0; v < kPassVec; v += 4) store_float4(at + v, s.v[v], s.v[v + 1], s.v[v + 2], s.v[v + 3]);
         } else {
 #pragma unroll
           for (int v = 0; v < kPassVec; ++v)
@@ -577,20 +595,37 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
   if (kSpan % p.headdim == 0) {                // headdim divides kSpan
     // final_states is [p][n]: through LDS, so neighbouring threads write neighbouring n
     // (rows padded to headdim + 1 floats: conflict-free reads down a column)
+    // (every index below from one division per thread: run-time divisions were most of the
+    // kernel's instructions)
     __shared__ float fin[2 * kSpan];
-    const int hd = p.headdim, rows_all = kSpan / hd;
-    const int n_first = static_cast<int>(static_cast<int64_t>(blockIdx.x) * kSpan / hd);
+    const int hd = p.headdim, rows_all = kSpan / hd;  // a power of 2: hd divides kSpan
+    const int n_first = static_cast<int>(blockIdx.x) * rows_all;
     const int rows = min(rows_all, p.dstate - n_first);
+    {
+      const int el = static_cast<int>(threadIdx.x) * kPassVec;
+      int n = el / hd, pp = el - n * hd;
 #pragma unroll
-    for (int v = 0; v < kPassVec; ++v) {
-      const int el = static_cast<int>(threadIdx.x) * kPassVec + v;
-      if (el / hd < rows) fin[(el / hd) * (hd + 1) + el % hd] = s.v[v];
+      for (int v = 0; v < kPassVec; ++v, ++pp) {
+        if (pp == hd) ++n, pp = 0;
+        if (n < rows) fin[n * (hd + 1) + pp] = s.v[v];
+      }
     }
     __syncthreads();
+    // thread: row n = its index mod rows_all, columns pp from its index / rows_all on, a step of
+    // kThreads / rows_all (rows_all > kThreads: headdim under 4, one column and row at a time)
     const int64_t out0 = (static_cast<int64_t>(b) * p.nheads + h) * hd * p.dstate + n_first;
-    for (int o = threadIdx.x; o < rows * hd; o += kThreads) {
-      const int n = o % rows, pp = o / rows;
-      store_as(p.final_states, p.state_dtype, out0 + static_cast<int64_t>(pp) * p.dstate + n, fin[n * (hd + 1) + pp]);
+    const int n_rows = rows_all <= kThreads ? rows_all : kThreads;
+    const int n = static_cast<int>(threadIdx.x) & (n_rows - 1), pp_step = kThreads / n_rows;
+    for (int n_at = n; n_at < rows; n_at += n_rows) {
+      const float* src = fin + n_at * (hd + 1);
+      const int64_t dst = out0 + n_at;
+      if (p.state_dtype == M2R_DTYPE_F32) {
+        float* f = static_cast<float*>(p.final_states) + dst;
+        for (int pp = static_cast<int>(threadIdx.x) / n_rows; pp < hd; pp += pp_step) f[static_cast<int64_t>(pp) * p.dstate] = src[pp];
+      } else {
+        for (int pp = static_cast<int>(threadIdx.x) / n_rows; pp < hd; pp += pp_step)
+          store_as(p.final_states, p.state_dtype, dst + static_cast<int64_t>(pp) * p.dstate, src[pp]);
+      }
     }
   } else {
 #pragma unroll

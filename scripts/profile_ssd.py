@@ -36,6 +36,11 @@ SHAPES = {
     "falcon-h1-l8192": (1, 8192, 24, 128, 1, 256, 128),
     "codestral-b8": (8, 512, 128, 64, 8, 128, 256),
     "mamba2-2.7b-b8": (8, 512, 80, 64, 1, 128, 256),
+    # points the separate state-passing kernel runs (too few chains for the chained chunk_state)
+    "mamba2-130m-b4": (4, 2048, 24, 64, 1, 128, 256),
+    "mamba2-130m-l16384": (1, 16384, 24, 64, 1, 128, 256),
+    "mamba2-370m-b4": (4, 2048, 32, 64, 1, 128, 256),
+    "mamba2-780m-l8192": (1, 8192, 48, 64, 1, 128, 256),
 }
 
 

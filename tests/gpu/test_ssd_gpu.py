@@ -206,6 +206,28 @@ def test_long_sequence_chunk_boundaries(dtype, chunk):
 
 
 @pytest.mark.parametrize("state_dtype", [None, torch.bfloat16])
+@pytest.mark.parametrize(("p", "n"), [(1, 16), (2, 50), (4, 16), (24, 40)])
+def test_final_states_every_store_layout(state_dtype, p, n):
+    """The state passing's final-state store in each of its layouts: headdim under 4 (a block
+    spans more dstate rows than it has threads), 4 and 24 (whole rows or not of the block's
+    1024 elements), dstate past the block's last row, fp32 and 16-bit final states, with and
+    without initial states (which the kernel reads from its first element's (n, p) on)."""
+    for init in (False, True):
+        g = seeded("final", str(state_dtype), p, n, init, device=DEV)
+        args = _inputs(g, 3, 3 * 64 + 5, 5, p, 1, n, torch.bfloat16, init=init)
+        poison_allocator(1 << 22)
+        out, fin = mamba_chunk_scan_combined(**args, chunk_size=64, return_final_states=True,
+                                             state_dtype=state_dtype, dt_softplus=True)  # fmt: skip
+        ref, ref_fin = ssd_chunked(**args, chunk_size=64, return_final_states=True,
+                                   dt_softplus=True, compute_dtype=torch.float64)  # fmt: skip
+        sd = state_dtype or torch.float32
+        tol = STATE_TOL if sd == torch.float32 else (1e-2, 1e-2)
+        assert fin.dtype == sd and fin.shape == (3, 5, p, n)
+        torch.testing.assert_close(fin, ref_fin.to(sd), rtol=tol[0], atol=tol[1])
+        torch.testing.assert_close(out, ref.to(out.dtype), rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("state_dtype", [None, torch.bfloat16])
 def test_varlen_states(state_dtype):
     g = seeded("varlen", str(state_dtype), device=DEV)
     cu = torch.tensor([0, 5, 70, 300, 301, 777], device=DEV, dtype=torch.int32)
