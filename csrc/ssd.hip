@@ -595,8 +595,8 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
   if (kSpan % p.headdim == 0) {                // headdim divides kSpan
     // final_states is [p][n]: through LDS, so neighbouring threads write neighbouring n
     // (rows padded to headdim + 1 floats: conflict-free reads down a column)
-    // (every index below from one division per thread: run-time divisions were most of the
-    // kernel's instructions)
+    // (every index below from one run-time division per thread: per element, they had made the
+    // kernel's fixed work most of its time at 2 chunks)
     __shared__ float fin[2 * kSpan];
     const int hd = p.headdim, rows_all = kSpan / hd;  // a power of 2: hd divides kSpan
     const int n_first = static_cast<int>(blockIdx.x) * rows_all;
