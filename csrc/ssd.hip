@@ -114,11 +114,13 @@ M2R_DEVICE float initial_state(const SsdParams& p, int b, int h, int n, int pp) 
 
 // The state passing's carry over chunk c: exp(dA_cs[c][last]) when the chunk's last token
 // continues the segment of the token before the chunk, else -1 (a sequence began inside the
-// chunk: the chunk's own state alone, selected, never 0 x state)
+// chunk: the chunk's own state alone, selected, never 0 x state). The segment id and dA_cs are
+// requested together: one round trip, not two.
 M2R_DEVICE float chunk_carry(const SsdParams& p, int b, int h, int c) {
   const int last = p.chunk_size - 1;
-  const bool carries = p.seg[(static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size + last] == 0;
-  return carries ? __expf(p.dA_cs[chunk_row(p, b, h, c) + last]) : -1.f;
+  const int32_t sg = p.seg[(static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size + last];
+  const float a = p.dA_cs[chunk_row(p, b, h, c) + last];
+  return sg == 0 ? __expf(a) : -1.f;
 }
 
 // final_states (batch, nheads, headdim, dstate) at (n, pp) of head h, in state_dtype
@@ -506,7 +508,6 @@ M2R_DEVICE void chunk_state_fma(const SsdParams& p) {
 // H200, scripts/profile_ssd.py: 8 elements a thread (768 blocks at mamba2-130m b8 l512, not 1536)
 // were slower, 2 or 4 chunks ahead: 9.7 -> 11.6 us there, 12.8 -> 18.1 at 130m b4 l2048.
 constexpr int kPassVec = 4;
-static_assert(kPassVec % 4 == 0, "16-byte quads");
 // H100, state_passing us, before -> 4 chunks ahead with one 16-byte store (below): b1 l16384
 // h64 g8 98.2 -> 96.0, b2 l4096 h32 23.0 -> 20.7, Nemotron-H b1 l8192 198.4 -> 192.5. 8 ahead
 // held 68 registers (3 blocks per multiprocessor, not 4) and ran slower than either.
@@ -517,22 +518,11 @@ struct PassVec {
   float v[kPassVec];
 };
 
-// chunk_carry with the segment id and dA_cs requested together (one round trip, not two)
-M2R_DEVICE float pass_carry(const SsdParams& p, int b, int h, int c) {
-  const int last = p.chunk_size - 1;
-  const int32_t sg = p.seg[(static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size + last];
-  const float a = p.dA_cs[chunk_row(p, b, h, c) + last];
-  return sg == 0 ? __expf(a) : -1.f;
-}
-
 M2R_DEVICE PassVec pass_load(const float* at, int64_t valid, bool vec) {  // valid: elements in range
   PassVec r;
   if (vec && valid >= kPassVec) {
-#pragma unroll
-    for (int v = 0; v < kPassVec; v += 4) {
-      const float4 q = *reinterpret_cast<const float4*>(at + v);
-      r.v[v] = q.x, r.v[v + 1] = q.y, r.v[v + 2] = q.z, r.v[v + 3] = q.w;
-    }
+    const float4 q = *reinterpret_cast<const float4*>(at);
+    r.v[0] = q.x, r.v[1] = q.y, r.v[2] = q.z, r.v[3] = q.w;
   } else {
 #pragma unroll
     for (int v = 0; v < kPassVec; ++v) r.v[v] = v < valid ? at[v] : 0.f;
@@ -546,7 +536,7 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
   const int64_t pn = static_cast<int64_t>(p.headdim) * p.dstate;
   const int64_t e0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kPassVec;
   const int64_t chunk_stride = static_cast<int64_t>(p.nheads) * pn, valid = pn - e0;
-  const bool vec = pn % 4 == 0;  // then e0 and every chunk's block are 16-byte aligned
+  const bool vec = pn % kPassVec == 0;  // then e0 and every chunk's block are 16-byte aligned
   float* base = p.states + states_at(p, b, 0, h) + e0;
   PassVec s = {};
   if (p.initial_states) {  // (n, pp) of the thread's first element: one division, not one each
@@ -566,7 +556,7 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
   for (int c0 = 0; c0 < p.nchunks; c0 += kThreads) {
     __syncthreads();
     const int cc = c0 + threadIdx.x;
-    if (cc < p.nchunks) carry[threadIdx.x] = pass_carry(p, b, h, cc);
+    if (cc < p.nchunks) carry[threadIdx.x] = chunk_carry(p, b, h, cc);
     __syncthreads();
     const int count = min(kThreads, p.nchunks - c0);
     float* at = base + c0 * chunk_stride;  // chunk c0 + i's entering state (one running pointer)
@@ -576,8 +566,7 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
         const int i = i0 + j;
         if (i >= count) break;
         if (vec && valid >= kPassVec) {
-#pragma unroll
-          for (int v = 0; v < kPassVec; v += 4) store_float4(at + v, s.v[v], s.v[v + 1], s.v[v + 2], s.v[v + 3]);
+          store_float4(at, s.v[0], s.v[1], s.v[2], s.v[3]);
         } else {
 #pragma unroll
           for (int v = 0; v < kPassVec; ++v)
@@ -618,14 +607,8 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
     const int n = static_cast<int>(threadIdx.x) & (n_rows - 1), pp_step = kThreads / n_rows;
     for (int n_at = n; n_at < rows; n_at += n_rows) {
       const float* src = fin + n_at * (hd + 1);
-      const int64_t dst = out0 + n_at;
-      if (p.state_dtype == M2R_DTYPE_F32) {
-        float* f = static_cast<float*>(p.final_states) + dst;
-        for (int pp = static_cast<int>(threadIdx.x) / n_rows; pp < hd; pp += pp_step) f[static_cast<int64_t>(pp) * p.dstate] = src[pp];
-      } else {
-        for (int pp = static_cast<int>(threadIdx.x) / n_rows; pp < hd; pp += pp_step)
-          store_as(p.final_states, p.state_dtype, dst + static_cast<int64_t>(pp) * p.dstate, src[pp]);
-      }
+      for (int pp = static_cast<int>(threadIdx.x) / n_rows; pp < hd; pp += pp_step)
+        store_as(p.final_states, p.state_dtype, out0 + n_at + static_cast<int64_t>(pp) * p.dstate, src[pp]);
     }
   } else {
 #pragma unroll
