@@ -1,9 +1,9 @@
 """Decode-state row indices on the kernel tier, checked on the device (causal_conv1d_update:
 inside its kernel, csrc/state_rows.h; selective_state_update: by m2r_state_rows before the
-update, csrc/state_rows.hip): int64 is never truncated, a duplicated or out-of-range row gives NaN and
-leaves every state alone, -1 padding gives zeros, strided index views are read as views. Each
-case is compared with the same call on int32 indices and with the float64 reference on the
-valid rows."""
+update, csrc/state_rows.hip, for each of its kernel forms): int64 is never truncated, a
+duplicated or out-of-range row gives NaN and leaves every state alone, -1 padding gives zeros,
+strided index views are read as views. Each case is compared with the same call on int32
+indices and with the float64 reference on the valid rows."""
 
 import pytest
 import torch
@@ -25,6 +25,46 @@ def _ssu(pool=5, b=3, h=4, p=8, n=32, g=2, dtype=torch.float32, seed=0):
         A=-torch.rand(h, p, n, device=DEV, generator=gen), B=r(b, g, n).to(dtype),
         C=r(b, g, n).to(dtype), D=r(h, p), z=r(b, h, p).to(dtype), dt_bias=r(h, p),
     )  # fmt: skip
+
+
+#: The kernels each pinned form launches per call with pool indices: m2r_state_rows' checked
+#: copy, then the update reading it.
+_LAUNCHES = {
+    "wide": lambda name: ["m2r_state_rows", name + "_contig"],
+    "rows": lambda name: ["m2r_state_rows", name + "_rows"],
+    "general": lambda name: ["m2r_state_rows", name],
+}
+
+
+def _force(kernel, args, monkeypatch):
+    """args with selective_state_update's kernel pinned: the contiguous layout's wide (_contig)
+    or per-row (_rows) kernel, or the general one (B given a non-unit dstate stride). Returns
+    (args, launched): ``launched`` collects the kernel name of every launch from then on."""
+    from mamba2_rocm.ops import _launch
+    from mamba2_rocm.ops import state_update as ops
+
+    for name in ("WIDE_KERNEL_MIN_BLOCKS", "STD_WIDE_KERNEL_MIN_BLOCKS"):
+        monkeypatch.setattr(ops, name, 0 if kernel == "wide" else 1 << 40)
+    if kernel == "general":  # B with a non-unit dstate stride: only the general kernel reads it
+        args = {**args, "B": torch.stack([args["B"], args["B"]], -1)[..., 0]}
+    launched = []
+
+    def spy(launcher, *rest):
+        launched.append(launcher.name)
+        return real(launcher, *rest)
+
+    real = ops.launch
+    monkeypatch.setattr(ops, "launch", spy)
+    monkeypatch.setattr(_launch, "launch", spy)  # (checked_state_rows launches from there)
+    return args, launched
+
+
+def _expect_launches(kernel, launched, calls):
+    """The pinned form ran, ``calls`` times (_ssu's float32, dstate 32 kernels)."""
+    assert launched == _LAUNCHES[kernel]("m2r_ssu_f32_f32_n32") * calls
+
+
+KERNELS = ["wide", "rows", "general"]
 
 
 def _run_ssu(args, idx):
@@ -58,11 +98,13 @@ def test_ssu_int64_indices_equal_int32(rows, dtype):
             assert not out64[b].any(), "a padded row's out is zeros"
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_ssu_duplicate_and_out_of_range_rows_are_nan_and_touch_nothing(dtype):
-    args = _ssu(pool=5, b=4)
+def test_ssu_duplicate_and_out_of_range_rows_are_nan_and_touch_nothing(dtype, kernel, monkeypatch):
+    args, launched = _force(kernel, _ssu(pool=5, b=4), monkeypatch)
     rows = [2, 1, 2, 7]  # entries 0 and 2 name row 2; entry 3 is out of the pool
     out, state = _run_ssu(args, torch.tensor(rows, dtype=dtype, device=DEV))
+    _expect_launches(kernel, launched, 1)
     for b in (0, 2, 3):
         assert out[b].isnan().all(), f"entry {b}"
     assert torch.equal(state[2], args["state"][2]), "a duplicated row's state was written"
@@ -71,20 +113,24 @@ def test_ssu_duplicate_and_out_of_range_rows_are_nan_and_touch_nothing(dtype):
     assert not torch.equal(state[1], args["state"][1]) and out[1].isfinite().all()
 
 
-def test_ssu_int64_index_beyond_int32_is_not_wrapped():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_ssu_int64_index_beyond_int32_is_not_wrapped(kernel, monkeypatch):
     """2**32 truncated to int32 would be row 0: it must be out of range instead."""
-    args = _ssu(pool=5, b=3)
+    args, launched = _force(kernel, _ssu(pool=5, b=3), monkeypatch)
     out, state = _run_ssu(args, torch.tensor([2**32, 1, -1], dtype=torch.int64, device=DEV))
+    _expect_launches(kernel, launched, 1)
     assert out[0].isnan().all()
     assert torch.equal(state[0], args["state"][0]) and torch.equal(state[2], args["state"][2])
 
 
-def test_ssu_large_batch_duplicates_found_across_tiles():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_ssu_large_batch_duplicates_found_across_tiles(kernel, monkeypatch):
     """Duplicates 300 entries apart: the check compares across its 256-entry tiles."""
-    args = _ssu(pool=700, b=600, h=2, p=4, n=32, g=1)
+    args, launched = _force(kernel, _ssu(pool=700, b=600, h=2, p=4, n=32, g=1), monkeypatch)
     rows = torch.randperm(700, device=DEV)[:600].to(torch.int32)
     rows[550] = rows[250]
     out, state = _run_ssu(args, rows)
+    _expect_launches(kernel, launched, 1)
     bad = out.isnan().flatten(1).all(1)
     assert bad.nonzero().flatten().tolist() == [250, 550]
     assert torch.equal(state[int(rows[250])], args["state"][int(rows[250])])
@@ -137,19 +183,13 @@ def test_conv_update_padding_row_is_zero_even_for_nan_input():
     assert torch.equal(work[[0, 1, 3, 4]], state[[0, 1, 3, 4]])
 
 
-@pytest.mark.parametrize("kernel", ["wide", "rows", "general"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("heads", [True, False])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_ssu_strided_indices_read_as_given(dtype, heads, kernel, monkeypatch):
     """A strided view of indices (every other entry of a buffer) selects the same rows as its
     contiguous copy, duplicates included, on each of the three update kernels."""
-    from mamba2_rocm.ops import state_update as ops
-
-    for name in ("WIDE_KERNEL_MIN_BLOCKS", "STD_WIDE_KERNEL_MIN_BLOCKS"):
-        monkeypatch.setattr(ops, name, 0 if kernel == "wide" else 1 << 40)
-    args = _ssu(pool=9, b=5)
-    if kernel == "general":  # B with a non-unit dstate stride: only the general kernel reads it
-        args["B"] = torch.stack([args["B"], args["B"]], -1)[..., 0]
+    args, launched = _force(kernel, _ssu(pool=9, b=5), monkeypatch)
     if not heads:  # Mamba1 form
         args = {k: v[:, 0] if k in ("state", "x", "dt", "z") else v for k, v in args.items()}
         args.update(A=args["A"][0], B=args["B"][:, 0], C=args["C"][:, 0], D=args["D"][0],
@@ -160,6 +200,7 @@ def test_ssu_strided_indices_read_as_given(dtype, heads, kernel, monkeypatch):
         out_c, st_c = _run_ssu(args, buf[:, 0].contiguous())
         assert torch.equal(out_v.nan_to_num(7.0), out_c.nan_to_num(7.0)) and torch.equal(st_v, st_c)
         assert out_v[3].isnan().all() == (rows[2] == rows[3])
+    _expect_launches(kernel, launched, 4)
 
 
 def test_conv_update_strided_and_large_batch_indices():
