@@ -623,31 +623,32 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
 
 // ---- 5. chunk scan --------------------------------------------------------------------------
 
-// Non-finite x entries of one chunk and 64-column headdim tile. chunk_scan multiplies x by a
+// Non-finite x entries of one chunk and headdim tile (32 kWords columns). chunk_scan multiplies x by a
 // weight matrix whose masked entries (later positions, other sequences) are 0, and 0 x NaN is
 // NaN: so x enters the product with those entries as 0, and every output they reach -- same
 // column, same sequence, at or after them -- is set to NaN afterwards. Entries beyond the first
 // are found only when an x value is not finite; the clean path pays one flag test per row.
-// Both live in LDS: `cols` (kMaxChunk x 2 words) may be scratch space the kernel does not use
-// while x is staged.
+// Both live in LDS: `cols` (kMaxChunk x kWords words) may be scratch space the kernel does not
+// use while x is staged.
+template <int kWords = 2>
 struct NonFinite {
-  uint32_t* cols;  // per position s: cols[2 s], cols[2 s + 1], the tile columns of bad x
+  uint32_t* cols;  // per position s: cols[kWords s ...], the tile columns of bad x
   int* any;
   template <int kNT = kThreads>
   M2R_DEVICE void clear(int chunk_size) const {  // then a barrier
-    for (int s = threadIdx.x; s < 2 * chunk_size; s += kNT) cols[s] = 0u;
+    for (int s = threadIdx.x; s < kWords * chunk_size; s += kNT) cols[s] = 0u;
     if (threadIdx.x == 0) *any = 0;
   }
-  M2R_DEVICE void mark(int s, int col, uint32_t bits) const {  // bits: columns col, col + 1, ...
-    atomicOr(&cols[2 * s + col / 32], bits << (col % 32));
+  M2R_DEVICE void mark(int s, int col, uint32_t bits) const {  // bits: columns col, col + 1, ... (one word)
+    atomicOr(&cols[kWords * s + col / 32], bits << (col % 32));
     *any = 1;
   }
-  // the columns of output row t that a non-finite x reaches (after a barrier; callers test
-  // *any first, so the clean path never walks the segment)
-  M2R_DEVICE uint64_t reaching(int t, const int32_t* seg) const {
-    uint64_t m = 0;
-    for (int s = t; s >= 0 && seg[s] == seg[t]; --s) m |= cols[2 * s] | static_cast<uint64_t>(cols[2 * s + 1]) << 32;
-    return m;
+  // the columns cq .. cq + 3 (cq a multiple of 4) of output row t that a non-finite x reaches, as
+  // 4 bits (after a barrier; callers test *any first, so the clean path never walks the segment)
+  M2R_DEVICE uint32_t reaching4(int t, const int32_t* seg, int cq) const {
+    uint32_t m = 0;
+    for (int s = t; s >= 0 && seg[s] == seg[t]; --s) m |= cols[kWords * s + cq / 32];
+    return m >> (cq % 32) & 0xfu;
   }
 };
 
@@ -674,7 +675,7 @@ struct OutRows {
 };
 
 // Whether a non-finite x[s][pp] with s <= t in t's segment reaches out[t][pp]: the FMA
-// variant's form of NonFinite::reaching, reading x again (only once a non-finite x was seen).
+// variant's form of NonFinite::reaching4, reading x again (only once a non-finite x was seen).
 template <typename T>
 M2R_DEVICE bool reached(const typename T::storage* xp, int xl, int t, int pp, const int32_t* seg) {
   for (int s = t; s >= 0 && seg[s] == seg[t]; --s)
@@ -685,7 +686,9 @@ M2R_DEVICE bool reached(const typename T::storage* xp, int xl, int t, int pp, co
 // A (kRows positions) x (64 headdim) tile of one chunk and head:
 //   y[t] = exp(dA_cs[t]) [seg[t] == 0] C[t]·entering  +  sum_{s <= t, seg[s] == seg[t]}
 //          C[t]·B[s] exp(dA_cs[t] - dA_cs[s]) dt[s] x[s]  +  D x[t],   then y * silu(z[t]).
-template <typename T, int kRows, bool kHasZ, int kNT = kThreads>
+// kCols (64 or 128): the grid's headdim columns per block, taken 64 at a time (the matrix-core
+// forms' tile widths, so that every form runs on every target)
+template <typename T, int kRows, bool kHasZ, int kNT = kThreads, int kCols = 64>
 M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
   typedef typename T::storage S;
   // a thread's rows: kRowGroups runs of 4, kRowSpan apart (the block's 16-thread rows cover
@@ -699,10 +702,10 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
   __shared__ int32_t seg[kMaxChunk];
   __shared__ int bad_any;  // a non-finite x in this tile's chunk (rare)
   // heads fastest: the heads of a group, which read the same C rows and C·Bᵀ, run side by side
-  const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + 63) / 64);
+  const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + kCols - 1) / kCols);
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
   const int tile = (blockIdx.x / p.nheads) % tiles, c = blockIdx.x / p.nheads / tiles;
-  const int t0 = (tile % tiles_t) * kRows, p0 = (tile / tiles_t) * 64;
+  const int t0 = (tile % tiles_t) * kRows, p_tile = (tile / tiles_t) * kCols;
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   {
@@ -710,83 +713,95 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
     const float* d = p.dt_out + chunk_row(p, b, h, c);
     const int32_t* sg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
     for (int s = threadIdx.x; s < p.chunk_size; s += kNT) acs[s] = a[s], dts[s] = d[s], seg[s] = sg[s];
-    if (threadIdx.x == 0) bad_any = 0;
   }
-  __syncthreads();
-  const int t_off = 4 * (threadIdx.x / 16), p_off = 4 * (threadIdx.x % 16);
-  float acc[4 * kRowGroups][4] = {};
+  // 64 headdim columns from p0 (a lambda: the 64-column forms take it once, as they were written)
+  const auto columns = [&](const int p0) {
+    if (threadIdx.x == 0) bad_any = 0;
+    __syncthreads();  // acs, dts, seg; bad_any
+    const int t_off = 4 * (threadIdx.x / 16), p_off = 4 * (threadIdx.x % 16);
+    float acc[4 * kRowGroups][4] = {};
 
-  // the entering state, read through C (it is zero for chunk 0 without initial states)
-  if (c > 0 || p.initial_states) {
-    const S* Cp = static_cast<const S*>(p.C) + b * p.C_batch_stride + l0 * p.C_l_stride + g * p.C_g_stride;
-    const float* E = p.states + states_at(p, b, c, h);
-    for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
-      stage_transposed<T, kRows, kLdA, kNT>(As, Cp, p.C_l_stride, t0, rows, n0, p.dstate);
+    // the entering state, read through C (it is zero for chunk 0 without initial states)
+    if (c > 0 || p.initial_states) {
+      const S* Cp = static_cast<const S*>(p.C) + b * p.C_batch_stride + l0 * p.C_l_stride + g * p.C_g_stride;
+      const float* E = p.states + states_at(p, b, c, h);
+      for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
+        stage_transposed<T, kRows, kLdA, kNT>(As, Cp, p.C_l_stride, t0, rows, n0, p.dstate);
 #pragma unroll 4  // more keeps every address live: 3x the registers
+        for (int i = 0; i < 64 * kSlab / kNT; ++i) {
+          const int idx = threadIdx.x + i * kNT;
+          const int col = idx % 64, k = idx / 64;
+          Bs[k * kLdB + col] = n0 + k < p.dstate && p0 + col < p.headdim
+                                   ? E[static_cast<int64_t>(n0 + k) * p.headdim + p0 + col] : 0.f;
+        }
+        __syncthreads();
+        slab_product<kRowGroups, 1, kLdA, kLdB, kRowSpan>(acc, As, Bs, t_off, p_off);
+        __syncthreads();
+      }
+#pragma unroll
+      for (int i = 0; i < 4 * kRowGroups; ++i) {
+        const int t = t0 + t_off + (i % 4) + kRowSpan * (i / 4);
+        const bool from_before = seg[t] == 0;  // else a sequence that started in this chunk
+        const float f = __expf(acs[t]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = from_before ? acc[i][j] * f : 0.f;
+      }
+    }
+
+    // within the chunk: positions s <= t of the same segment
+    const S* xp = static_cast<const S*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride;
+    const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) *
+                                 static_cast<int64_t>(p.chunk_size) * p.chunk_size;
+    const int s_end = min(t0 + kRows, rows);
+    for (int s0 = 0; s0 < s_end; s0 += kSlab) {
+#pragma unroll 4  // more keeps every address live: 3x the registers
+      for (int i = 0; i < kRows * kSlab / kNT; ++i) {
+        const int idx = threadIdx.x + i * kNT;
+        const int t = idx % kRows, k = idx / kRows;
+        const int s = s0 + k, tt = t0 + t;
+        float v = 0.f;
+        if (s <= tt && s < rows && seg[s] == seg[tt])
+          v = cb[static_cast<int64_t>(s) * p.chunk_size + tt] * __expf(acs[tt] - acs[s]) * dts[s];
+        As[k * kLdA + t] = v;
+      }
+      // x, non-finite entries as 0 and flagged (the masked weights are 0, and 0 x NaN is NaN).
+      // Which outputs they reach is worked out from x itself, in the epilogue, only if any was.
+      bool nonfinite = false;
+#pragma unroll 4
       for (int i = 0; i < 64 * kSlab / kNT; ++i) {
         const int idx = threadIdx.x + i * kNT;
-        const int col = idx % 64, k = idx / 64;
-        Bs[k * kLdB + col] = n0 + k < p.dstate && p0 + col < p.headdim
-                                 ? E[static_cast<int64_t>(n0 + k) * p.headdim + p0 + col] : 0.f;
+        const int col = idx % 64, r = idx / 64;
+        float v = 0.f;
+        if (s0 + r < rows && p0 + col < p.headdim) v = T::to_float(xp[(s0 + r) * static_cast<int>(p.x_l_stride) + p0 + col]);
+        const bool finite = isfinite(v);
+        nonfinite |= !finite;
+        Bs[r * kLdB + col] = finite ? v : 0.f;
       }
+      if (nonfinite) bad_any = 1;
       __syncthreads();
       slab_product<kRowGroups, 1, kLdA, kLdB, kRowSpan>(acc, As, Bs, t_off, p_off);
       __syncthreads();
     }
+
+    const OutRows<T, kHasZ> o(p, b, h, l0, xp);
 #pragma unroll
     for (int i = 0; i < 4 * kRowGroups; ++i) {
       const int t = t0 + t_off + (i % 4) + kRowSpan * (i / 4);
-      const bool from_before = seg[t] == 0;  // else a sequence that started in this chunk
-      const float f = __expf(acs[t]);
+      if (t >= rows) continue;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] = from_before ? acc[i][j] * f : 0.f;
+      for (int j = 0; j < 4; ++j) {
+        const int pp = p0 + p_off + j;
+        if (pp < p.headdim) o.store(p, h, t, pp, bad_any && reached<T>(xp, static_cast<int>(p.x_l_stride), t, pp, seg) ? __int_as_float(0x7fc00000) : acc[i][j]);
+      }
     }
-  }
-
-  // within the chunk: positions s <= t of the same segment
-  const S* xp = static_cast<const S*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride;
-  const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) *
-                               static_cast<int64_t>(p.chunk_size) * p.chunk_size;
-  const int s_end = min(t0 + kRows, rows);
-  for (int s0 = 0; s0 < s_end; s0 += kSlab) {
-#pragma unroll 4  // more keeps every address live: 3x the registers
-    for (int i = 0; i < kRows * kSlab / kNT; ++i) {
-      const int idx = threadIdx.x + i * kNT;
-      const int t = idx % kRows, k = idx / kRows;
-      const int s = s0 + k, tt = t0 + t;
-      float v = 0.f;
-      if (s <= tt && s < rows && seg[s] == seg[tt])
-        v = cb[static_cast<int64_t>(s) * p.chunk_size + tt] * __expf(acs[tt] - acs[s]) * dts[s];
-      As[k * kLdA + t] = v;
-    }
-    // x, non-finite entries as 0 and flagged (the masked weights are 0, and 0 x NaN is NaN).
-    // Which outputs they reach is worked out from x itself, in the epilogue, only if any was.
-    bool nonfinite = false;
-#pragma unroll 4
-    for (int i = 0; i < 64 * kSlab / kNT; ++i) {
-      const int idx = threadIdx.x + i * kNT;
-      const int col = idx % 64, r = idx / 64;
-      float v = 0.f;
-      if (s0 + r < rows && p0 + col < p.headdim) v = T::to_float(xp[(s0 + r) * static_cast<int>(p.x_l_stride) + p0 + col]);
-      const bool finite = isfinite(v);
-      nonfinite |= !finite;
-      Bs[r * kLdB + col] = finite ? v : 0.f;
-    }
-    if (nonfinite) bad_any = 1;
-    __syncthreads();
-    slab_product<kRowGroups, 1, kLdA, kLdB, kRowSpan>(acc, As, Bs, t_off, p_off);
-    __syncthreads();
-  }
-
-  const OutRows<T, kHasZ> o(p, b, h, l0, xp);
-#pragma unroll
-  for (int i = 0; i < 4 * kRowGroups; ++i) {
-    const int t = t0 + t_off + (i % 4) + kRowSpan * (i / 4);
-    if (t >= rows) continue;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int pp = p0 + p_off + j;
-      if (pp < p.headdim) o.store(p, h, t, pp, bad_any && reached<T>(xp, static_cast<int>(p.x_l_stride), t, pp, seg) ? __int_as_float(0x7fc00000) : acc[i][j]);
+  };
+  if constexpr (kCols == 64) {
+    columns(p_tile);
+  } else {
+#pragma unroll 1
+    for (int p0 = p_tile; p0 < min(p_tile + kCols, p.headdim); p0 += 64) {  // uniform over the block
+      columns(p0);
+      __syncthreads();  // before the next columns' reset of bad_any and writes to LDS
     }
   }
 }
@@ -810,8 +825,8 @@ constexpr int kLdH = kSlab + 8;  // [row][k] tiles with k = kSlab: rows 16-byte 
 // (8 banks apart: the accumulators' 8-byte stores, 4 rows at a time, do not conflict)
 constexpr int kLdO = 64 + 8;
 
-// A block tile's accumulator rows [64 half, 64 half + 64) into O ([row - 64 half][kLdO], fp32)
-template <typename Tile>
+// A block tile's accumulator rows [64 half, 64 half + 64) into O ([row - 64 half][kLd], fp32)
+template <typename Tile, int kLd = kLdO>
 M2R_DEVICE void stage_half(const Tile& tile, float* O, int half) {
 #pragma unroll
   for (int i = 0; i < Tile::kFm; ++i) {
@@ -819,7 +834,7 @@ M2R_DEVICE void stage_half(const Tile& tile, float* O, int half) {
 #pragma unroll
     for (int j = 0; j < Tile::kFn; ++j)
 #pragma unroll
-      for (int r = 0; r < mma::kAccRegs; ++r) O[(tile.row(i, r) - 64 * half) * kLdO + tile.col(j, r)] = tile.acc[i][j].v[r];
+      for (int r = 0; r < mma::kAccRegs; ++r) O[(tile.row(i, r) - 64 * half) * kLd + tile.col(j, r)] = tile.acc[i][j].v[r];
   }
 }
 // A chained block of the last chunk: final_states ([p][n]) from the 64 rows n of `half` staged in
@@ -1277,12 +1292,15 @@ M2R_DEVICE void chunk_state_mma(const SsdParams& p) {
       }
 }
 
-template <typename T, int kRows, bool kHasZ, int kNT = kThreads>
+// kCols: the tile's headdim columns (64, or 128: the entering state's C and the within-chunk
+// weights, worked out per tile, then serve a 128-wide headdim once)
+template <typename T, int kRows, bool kHasZ, int kNT = kThreads, int kCols = 64>
 M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   typedef KMajor<kRows> LM;
-  typedef KMajor<64> LX;
+  typedef KMajor<kCols> LX;
+  constexpr int kLdOut = kCols + 8;  // O's rows (kLdO for 64 columns)
   constexpr int kASize = kRows * kLdH > LM::kSize ? kRows * kLdH : LM::kSize;
-  constexpr int kOperands = kASize + LM::kSize + 2 * LX::kSize, kOut = 64 * kLdO * 2;
+  constexpr int kOperands = kASize + LM::kSize + 2 * LX::kSize, kOut = 64 * kLdOut * 2;
   __shared__ __align__(16) uint16_t smem[kOperands > kOut ? kOperands : kOut];
   uint16_t* As = smem;                   // C [t][n], then C·Bᵀ weighted [s][t]
   uint16_t* As_lo = As + kASize;         // the weighted C·Bᵀ's rounding remainder
@@ -1292,17 +1310,18 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   __shared__ int32_t seg[kMaxChunk];
   __shared__ int bad_any;
   // non-finite x marks: in Bs_lo, which holds nothing once the entering state is done
-  static_assert(LX::kSize * sizeof(uint16_t) >= 2 * kMaxChunk * sizeof(uint32_t), "marks do not fit");
-  const NonFinite bad{reinterpret_cast<uint32_t*>(Bs_lo), &bad_any};
-  const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + 63) / 64);
+  constexpr int kWords = kCols / 32;
+  static_assert(LX::kSize * sizeof(uint16_t) >= kWords * kMaxChunk * sizeof(uint32_t), "marks do not fit");
+  const NonFinite<kWords> bad{reinterpret_cast<uint32_t*>(Bs_lo), &bad_any};
+  const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + kCols - 1) / kCols);
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
   const int tile_id = (blockIdx.x / p.nheads) % tiles, c = blockIdx.x / p.nheads / tiles;
-  const int t0 = (tile_id % tiles_t) * kRows, p0 = (tile_id / tiles_t) * 64;
+  const int t0 = (tile_id % tiles_t) * kRows, p0 = (tile_id / tiles_t) * kCols;
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   const int xl = static_cast<int>(p.x_l_stride), cl = static_cast<int>(p.C_l_stride);
-  const int pcols = min(64, p.headdim - p0), cs = p.chunk_size;
-  mma::BlockTile<kNT, kRows, 64, kRows == 128 && kNT / kWavefront == 8 ? 4 : 2> tile;  // rows t, cols p
+  const int pcols = min(kCols, p.headdim - p0), cs = p.chunk_size;
+  mma::BlockTile<kNT, kRows, kCols, kRows == 128 && kNT / kWavefront == 8 ? 4 : 2> tile;  // rows t, cols p
 
   {
     const float* a = p.dA_cs + chunk_row(p, b, h, c);
@@ -1317,7 +1336,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     const int crows = rows - t0;
     const float* E = p.states + states_at(p, b, c, h) + p0;
     Rows16<kRows, kSlab, kNT> cf;
-    Rows32<kSlab, 64, kNT> ef;
+    Rows32<kSlab, kCols, kNT> ef;
     cf.fetch(Cp, cl, crows, p.dstate, cvec), ef.fetch(E, p.headdim, p.dstate, pcols, evec);
     __syncthreads();  // acs, dts, seg
     for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
@@ -1366,7 +1385,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // segments (one value for the three)
   const int plain_end = decays && !p.seq_idx ? min(t0 + 1, rows) : 0;
   Rows32<kSlab, kRows, kNT> mf;  // C·Bᵀ rows: the workspace is chunk_size^2, always in range
-  Rows16<kSlab, 64, kNT> xf;
+  Rows16<kSlab, kCols, kNT> xf;
   mf.fetch(cb, cs, kSlab, kRows, true);
   xf.fetch(xp, xl, rows, pcols, xvec);
   const int tq = t0 + mf.col();  // this thread's 4 positions t
@@ -1416,11 +1435,11 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   }
 
   // D, the gate and the store, 64 rows at a time through LDS (over the operand tiles): each
-  // thread then owns 4 consecutive headdim columns of every kRowStep-th row (16th on 256
-  // threads), 8 bytes at a time.
+  // thread then owns 4 consecutive headdim columns of every kRowStep-th row (kCols / 4 threads
+  // a row: the 16th row on 256 threads at 64 columns), 8 bytes at a time.
   float* O = reinterpret_cast<float*>(smem);
-  constexpr int kRowStep = kNT / 16, kOutRows = 64 / kRowStep;  // a thread's rows of each 64
-  const int cq = 4 * (threadIdx.x % 16), r_first = threadIdx.x / 16;
+  constexpr int kRowThreads = kCols / 4, kRowStep = kNT / kRowThreads, kOutRows = 64 / kRowStep;  // a thread's rows of each 64
+  const int cq = 4 * (threadIdx.x % kRowThreads), r_first = threadIdx.x / kRowThreads;
   // which of those outputs a non-finite x reaches: 4 bits per row, read before O overwrites
   // the marks
   static_assert(kRows / 64 * kOutRows * 4 <= 32, "poison bits do not fit a word");
@@ -1431,7 +1450,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
 #pragma unroll
       for (int k = 0; k < kOutRows; ++k) {
         const int t = t0 + 64 * half + r_first + kRowStep * k;
-        if (t < rows) poison |= static_cast<uint32_t>(bad.reaching(t, seg) >> cq & 0xfu) << (16 * half + 4 * k);
+        if (t < rows) poison |= bad.reaching4(t, seg, cq) << (16 * half + 4 * k);
       }
   }
   float dq[4] = {};
@@ -1469,13 +1488,13 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       if constexpr (kHasZ) zq[k] = load4(zo + static_cast<uint32_t>(t * zl), cq, pcols, cvec);
     }
     __syncthreads();
-    stage_half(tile, O, half);
+    stage_half<decltype(tile), kLdOut>(tile, O, half);
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < kOutRows; ++k) {
       const int rr = r_first + kRowStep * k, t = t0 + 64 * half + rr;
       if (t >= rows) break;
-      const float4 a = *reinterpret_cast<const float4*>(O + rr * kLdO + cq);
+      const float4 a = *reinterpret_cast<const float4*>(O + rr * kLdOut + cq);
       float y[4] = {a.x, a.y, a.z, a.w}, xv[4];
       const uint32_t poisoned = poison >> (16 * half + 4 * k);
       if (poisoned & 0xfu) {
@@ -1528,13 +1547,13 @@ M2R_DEVICE void chunk_state(const SsdParams& p) {
   chunk_state_fma<T, kVarlen, kChain>(p);
 }
 
-template <typename T, int kRows, bool kHasZ, int kNT = kThreads>
+template <typename T, int kRows, bool kHasZ, int kNT = kThreads, int kCols = 64>
 M2R_DEVICE void chunk_scan(const SsdParams& p) {
 #if M2R_MMA != 0
-  if constexpr (mma::kEnabled<T>) return chunk_scan_mma<T, kRows, kHasZ, kNT>(p);
+  if constexpr (mma::kEnabled<T>) return chunk_scan_mma<T, kRows, kHasZ, kNT, kCols>(p);
   else
 #endif
-  chunk_scan_fma<T, kRows, kHasZ, kNT>(p);
+  chunk_scan_fma<T, kRows, kHasZ, kNT, kCols>(p);
 }
 
 // the chained chunk_state's blocks per multiprocessor with the link through LDS (NVIDIA; the FMA
@@ -1562,6 +1581,7 @@ constexpr int kScan64Blocks = mma::kEnabled<T> ? 3 : 4;
 // multiprocessor (152 registers) chunk_scan ran 14-17% slower (H200: 122 -> 139 us at b2 l4096
 // h32, 462 -> 541 at b1 l16384 h64 g8).
 constexpr int kScanBlock128 = 128, kScanBlock128Blocks = 4;
+constexpr int kScanP128 = 256, kScanP128Blocks = 2;  // (the same registers a thread)
 
 }  // namespace ssd
 }  // namespace m2r
@@ -1618,4 +1638,22 @@ M2R_SSD(bf16, BF16)
   }
 M2R_SSD_SCAN_B128(f16, F16)
 M2R_SSD_SCAN_B128(bf16, BF16)
+
+// the same tile 128 headdim columns wide on kScanP128 threads (headdim 128, Falcon-H1's: the
+// entering state's C and the within-chunk weights are worked out once for the whole headdim
+// instead of once per 64 columns); each wave keeps the 64-column form's sub-tile. H200,
+// profile_ssd, chunk_scan against t64b128: 91.6 -> 88.7 us at Falcon-H1 b8 l512, 191.5 -> 184.4
+// at b4 l2048, 196.6 -> 190.4 at b1 l8192. The host takes it there on NVIDIA only (37 KB of LDS:
+// half the blocks per CDNA compute unit)
+#define M2R_SSD_SCAN_P128(DT, T)                                                    \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kScanP128, m2r::ssd::kScanP128Blocks)             \
+  m2r_ssd_chunk_scan_##DT##_t64p128(SsdParams p) {                                  \
+    m2r::ssd::chunk_scan<m2r::T, 64, false, m2r::ssd::kScanP128, 128>(p);           \
+  }                                                                                 \
+  M2R_KERNEL_MIN_BLOCKS(m2r::ssd::kScanP128, m2r::ssd::kScanP128Blocks)             \
+  m2r_ssd_chunk_scan_##DT##_t64p128_z(SsdParams p) {                                \
+    m2r::ssd::chunk_scan<m2r::T, 64, true, m2r::ssd::kScanP128, 128>(p);            \
+  }
+M2R_SSD_SCAN_P128(f16, F16)
+M2R_SSD_SCAN_P128(bf16, BF16)
 

@@ -39,8 +39,10 @@ SSU_ROWS_PER_WIDE = 2  # csrc/state_update.hip: kRowsPerWide, rows per thread of
 #: csrc/ssd.hip: chunk_scan's kernel forms, by suffix -> (positions per tile, threads a block).
 #: Every target has every form (t64b128 for the 16-bit types only); which one runs is the
 #: host's rule (mamba2_rocm/ops/ssd.py, _scan_form).
-SSD_SCAN_FORMS = {"t64": (64, 256), "t128": (128, 256), "t64b128": (64, 128)}
-SSD_SCAN_16BIT_FORMS = ("t64b128",)
+SSD_SCAN_FORMS = {  # csrc/ssd.hip's chunk_scan forms: (rows t, threads, headdim columns) a block
+    "t64": (64, 256, 64), "t128": (128, 256, 64), "t64b128": (64, 128, 64), "t64p128": (64, 256, 128),
+}  # fmt: skip
+SSD_SCAN_16BIT_FORMS = ("t64b128", "t64p128")
 RMSNORM_VECS = (1, 2, 3, 4)  # csrc/rmsnorm.hip: 8-element runs per thread, register-resident form
 RMSNORM_VEC_DTYPES = ("f16", "bf16")
 SELECTIVE_SCAN_DSTATE_TIERS = (16, 32, 64, 128, 256)  # csrc/selective_scan.hip: 16 lanes each

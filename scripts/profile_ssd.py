@@ -122,7 +122,7 @@ def force_scan_form(form, shapes):
         )
     import mamba2_rocm.ops.ssd as ssd_ops
 
-    ssd_ops._scan_form = lambda chunk_size, dt_name, matrix_cores: form
+    ssd_ops._scan_form = lambda chunk_size, dt_name, matrix_cores, headdim: form
 
 
 def main():

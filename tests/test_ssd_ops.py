@@ -270,12 +270,13 @@ def test_state_passing_chained_or_separate(monkeypatch, form):
     ("mma", "dtype", "chunk", "headdim", "kernel", "tiles", "block"),
     [
         # matrix cores: the 16-bit types' 64-row tiles on 128 threads at every chunk size;
-        # 64 headdim columns a block
-        (True, torch.bfloat16, 128, 128, "bf16_t64b128", 4, 128),  # 2 row x 2 column tiles
+        # 64 headdim columns a block, all 128 on 256 threads at headdim 128 (NVIDIA)
+        (True, torch.bfloat16, 128, 128, "bf16_t64p128", 2, 256),  # 2 row tiles
         (True, torch.float16, 256, 96, "f16_t64b128", 8, 128),  # 4 row x 2 column tiles
         (True, torch.bfloat16, 256, 72, "bf16_t64b128", 8, 128),
         (True, torch.bfloat16, 128, 64, "bf16_t64b128", 2, 128),
-        (True, torch.bfloat16, 64, 128, "bf16_t64b128", 2, 128),
+        (True, torch.bfloat16, 64, 128, "bf16_t64p128", 1, 256),
+        (True, torch.float16, 256, 128, "f16_t64p128", 4, 256),
         (True, torch.float16, 64, 64, "f16_t64b128", 1, 128),
         # the FMA path (fp32 everywhere, every dtype on gfx10.3): 256 threads, 64-row tiles at
         # chunk 64, 128-row ones from 128
@@ -303,6 +304,22 @@ def test_chunk_scan_tile(monkeypatch, mma, dtype, chunk, headdim, kernel, tiles,
     assert name in source_of(name).kernels
     assert grid == (-(-300 // chunk) * tiles * 4, 1, 2)
     assert kset.blocks[i] == (block, 1, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_chunk_scan_keeps_64_columns_at_headdim_128_on_amd(monkeypatch, dtype):
+    """The 128-column form is NVIDIA's (measured there; its LDS would halve a CDNA compute
+    unit's blocks): a ROCm torch keeps the 64-column tiles at headdim 128."""
+    from helpers import stand_in_kernels
+
+    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    kset = stand_in_kernels(monkeypatch, ssd_ops, matrix_cores=True)
+    a = _inputs(seeded("tile-amd"), L=300, p=128)
+    a = {k: v if k == "A" else v.to(dtype) for k, v in a.items()}
+    ssd_ops._impl(a["x"], a["dt"], a["A"], a["B"], a["C"], 128, None, None, None, None, None, None,
+                  False, (0.0, math.inf), False, None)  # fmt: skip
+    (name,) = [name for name, _, _ in kset.launches if "chunk_scan" in name]
+    assert name.endswith("_t64b128")
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,6 @@ __all__ = ["mamba_chunk_scan_combined"]
 _THREADS = 256
 _CUMSUM_HEADS = 8  # kHeadsPerCumsum
 _STATE_TILES = (64, 128)  # chunk_state: (headdim, dstate) per block (kStateP, kStateN)
-_SCAN_COLS = 64  # chunk_scan: headdim per block
 _PASS_VEC = 4  # state_passing: elements per thread
 _INT32_MAX = 2**31 - 1
 # csrc/ssd_bwd.hip
@@ -189,9 +188,9 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     )  # fmt: skip  (SsdParams, field order)
     dt_name = KERNEL_DTYPE[x.dtype]
     pairs = (cs // 64) * (cs // 64 + 1) // 2
-    scan = _scan_form(cs, dt_name, kset.matrix_cores)
-    rows, scan_threads = SSD_SCAN_FORMS[scan]
-    scan_tiles = (cs // rows) * _cdiv(headdim, _SCAN_COLS)
+    scan = _scan_form(cs, dt_name, kset.matrix_cores, headdim)
+    rows, scan_threads, scan_cols = SSD_SCAN_FORMS[scan]
+    scan_tiles = (cs // rows) * _cdiv(headdim, scan_cols)
     zs = "_z" if z is not None else ""
     run = lambda name, grid, threads=_THREADS: launch(kset.launcher(name), x, params, grid, threads)  # noqa: E731
     run("m2r_ssd_chunk_cumsum", (nchunks, _cdiv(nheads, _CUMSUM_HEADS), batch))
@@ -238,13 +237,16 @@ def _state_path(chains: int, chunks: int, sms: int, x: Tensor, B: Tensor, chunk_
     return "chained_lds" if _lds_link(chains, chunks, sms, x, B, chunk_size) else "chained"
 
 
-def _scan_form(chunk_size: int, dt_name: str, matrix_cores: bool) -> str:
+def _scan_form(chunk_size: int, dt_name: str, matrix_cores: bool, headdim: int) -> str:
     """chunk_scan's kernel form (a key of ``kernels.SSD_SCAN_FORMS``; csrc/ssd.hip,
-    kScanBlock128 has the measurements). The 16-bit types on matrix cores: the 64-row tile on
-    128 threads at every chunk size. The FMA path (fp32, and every dtype on gfx10.3): 256
+    kScanBlock128 / kScanP128 have the measurements). The 16-bit types on matrix cores: the
+    64-row tile on 128 threads at every chunk size, 64 headdim columns a block; at headdim 128
+    on NVIDIA all 128 a block on 256 threads (H200, Falcon-H1's shapes: chunk_scan 3-4% faster;
+    on AMD its 37 KB of LDS would halve the blocks a CDNA compute unit holds: not taken there
+    until an AMD runner measures it). The FMA path (fp32, and every dtype on gfx10.3): 256
     threads, the 64-row tile at chunk 64 and the 128-row one from 128."""
     if matrix_cores and dt_name != "f32":
-        return "t64b128"
+        return "t64p128" if headdim == 128 and torch.version.hip is None else "t64b128"
     return "t64" if chunk_size == 64 else "t128"
 
 

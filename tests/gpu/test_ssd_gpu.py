@@ -79,7 +79,7 @@ def test_scan_matches_recurrence(dtype, chunk, seqlen, h, p, groups, n):
 _SCAN_CASES = [
     (dtype, chunk, form)
     for dtype, dt_name in ((torch.float32, "f32"), (torch.float16, "f16"), (torch.bfloat16, "bf16"))
-    for form, (rows, _threads) in SSD_SCAN_FORMS.items()
+    for form, (rows, _threads, _cols) in SSD_SCAN_FORMS.items()
     if f"m2r_ssd_chunk_scan_{dt_name}_{form}" in SOURCES["ssd"].kernels
     for chunk in (64, 128, 256)
     if rows <= chunk
@@ -90,11 +90,14 @@ _SCAN_CASES = [
 def test_every_chunk_scan_form(monkeypatch, dtype, chunk, form):
     import mamba2_rocm.ops.ssd as ssd_ops
 
-    monkeypatch.setattr(ssd_ops, "_scan_form", lambda cs, dt_name, matrix_cores: form)
+    monkeypatch.setattr(ssd_ops, "_scan_form", lambda cs, dt_name, matrix_cores, headdim: form)
     g = seeded("form", str(dtype), chunk, form, device=DEV)
-    # 3 chunks and part of a fourth, a partial headdim tile, a gate and initial states
-    args = _inputs(g, 2, 3 * chunk + 37, 3, 72, 1, 48, dtype, D="hp", z=True, bias=True, init=True)
-    _check(args, chunk, dtype, dt_softplus=True)
+    # 3 chunks and part of a fourth, a partial headdim tile, a gate and initial states; then a
+    # whole tile of the widest form (128 columns)
+    for headdim in (72, 128):
+        args = _inputs(g, 2, 3 * chunk + 37, 3, headdim, 1, 48, dtype, D="hp", z=True, bias=True,
+                       init=True)  # fmt: skip
+        _check(args, chunk, dtype, dt_softplus=True)
 
 
 @pytest.mark.parametrize("chunk", [64, 256])
