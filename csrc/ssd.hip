@@ -623,12 +623,12 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
 
 // ---- 5. chunk scan --------------------------------------------------------------------------
 
-// Non-finite x entries of one chunk and headdim tile (32 kWords columns). chunk_scan multiplies x by a
-// weight matrix whose masked entries (later positions, other sequences) are 0, and 0 x NaN is
-// NaN: so x enters the product with those entries as 0, and every output they reach -- same
-// column, same sequence, at or after them -- is set to NaN afterwards. Entries beyond the first
-// are found only when an x value is not finite; the clean path pays one flag test per row.
-// Both live in LDS: `cols` (kMaxChunk x kWords words) may be scratch space the kernel does not
+// Non-finite x entries of one chunk and headdim tile (32 kWords columns). chunk_scan multiplies
+// x by a weight matrix whose masked entries (later positions, other sequences) are 0, and 0 x
+// NaN is NaN: so x enters the product with those entries as 0, and every output they reach --
+// same column, same sequence, at or after them -- is set to NaN afterwards. Entries beyond the
+// first are found only when an x value is not finite; the clean path pays one flag test per
+// row. Both live in LDS: `cols` (kMaxChunk x kWords words) may be scratch space the kernel does not
 // use while x is staged.
 template <int kWords = 2>
 struct NonFinite {
@@ -639,7 +639,8 @@ struct NonFinite {
     for (int s = threadIdx.x; s < kWords * chunk_size; s += kNT) cols[s] = 0u;
     if (threadIdx.x == 0) *any = 0;
   }
-  M2R_DEVICE void mark(int s, int col, uint32_t bits) const {  // bits: columns col, col + 1, ... (one word)
+  // bits: columns col, col + 1, ... (within one word)
+  M2R_DEVICE void mark(int s, int col, uint32_t bits) const {
     atomicOr(&cols[kWords * s + col / 32], bits << (col % 32));
     *any = 1;
   }
