@@ -147,6 +147,7 @@ def test_a_value_too_large_for_its_field_is_named():
 
 def test_launcher_raises_the_named_error():
     import ctypes
+    import threading
 
     from mamba2_rocm.params import ConvUpdateParams, packer
     from mamba2_rocm.runtime.loader import Launcher
@@ -155,6 +156,7 @@ def test_launcher_raises_the_named_error():
     launcher.params_type = ConvUpdateParams
     launcher._packer = packer(ConvUpdateParams)
     launcher._launch = lambda *a: pytest.fail("must not launch")
+    launcher._local = threading.local()
     launcher.func = ctypes.c_void_p(0)
     values = [0] * len(ConvUpdateParams._fields_)
     values[[n for n, _ in ConvUpdateParams._fields_].index("dim")] = 2**40

@@ -591,6 +591,52 @@ def test_launch_packs_the_params_struct(tmp_path, no_cuda_device):
     )
 
 
+def _update_values(seed: int) -> tuple:
+    """ConvUpdateParams values that differ from seed to seed in every field."""
+    return tuple(seed * 1000 + i for i in range(len(ConvUpdateParams._fields_)))
+
+
+def test_launches_reuse_a_buffer_and_pass_each_calls_values(tmp_path, no_cuda_device):
+    """A thread's launches of one kernel pack into one buffer (no allocation per call), and the
+    driver reads each call's own values when it is called."""
+    drv = FakeDriver()
+    launcher = _kset(tmp_path, drv=drv).launcher(UPDATE_KERNEL)
+    for seed in (1, 2, 3):
+        launcher(_update_values(seed), (1, 1, 1), (128, 1, 1), 0)
+    assert [c["data"] for c in drv.launches] == [
+        packer(ConvUpdateParams).pack(*_update_values(seed)) for seed in (1, 2, 3)
+    ]
+    assert len({c["ptr"] for c in drv.launches}) == 1
+
+
+def test_threads_pack_into_buffers_of_their_own(tmp_path, no_cuda_device):
+    """The driver call releases the GIL while it reads the parameter bytes: a launch on another
+    thread meanwhile must not overwrite them. The fake driver waits inside every launch until
+    both threads are inside one, then reads."""
+    import threading
+
+    both_inside = threading.Barrier(2, timeout=10)
+
+    class SlowDriver(FakeDriver):
+        def launch(self, func, grid, block, shared_bytes, stream, params):
+            both_inside.wait()  # the other thread has packed its values by now
+            super().launch(func, grid, block, shared_bytes, stream, params)
+
+    drv = SlowDriver()
+    launcher = _kset(tmp_path, drv=drv).launcher(UPDATE_KERNEL)
+    threads = [
+        threading.Thread(target=launcher, args=(_update_values(seed), (1, 1, 1), (128, 1, 1), 0))
+        for seed in (1, 2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    packed = {packer(ConvUpdateParams).pack(*_update_values(seed)) for seed in (1, 2)}
+    assert {c["data"] for c in drv.launches} == packed
+    assert len({c["ptr"] for c in drv.launches}) == 2
+
+
 def test_release_unloads_every_module(tmp_path, no_cuda_device):
     drv = FakeDriver()
     kset = _kset(tmp_path, drv=drv)

@@ -51,37 +51,48 @@ class Launcher:
 
     ``launcher(values, grid, block, stream)`` packs ``values`` (the struct's fields in order,
     pointers as ints) and launches. The runtime copies the parameter bytes at launch time, also
-    during graph capture, so the buffer may die as soon as the call returns.
+    during graph capture, so each thread packs into one buffer of its own, which its next launch
+    of this kernel reuses: a new buffer and pointer array per call were 0.8 of the 1.7 us the
+    packing took (CPU, SsuParams). Per thread, because the driver call releases the GIL while
+    it reads the bytes.
     """
 
-    __slots__ = ("_launch", "_packer", "func", "name", "params_type")
+    __slots__ = ("_launch", "_local", "_packer", "func", "name", "params_type")
 
     def __init__(self, name: str, func: ctypes.c_void_p, params_type: type[ctypes.Structure],
                  driver: GpuDriver) -> None:  # fmt: skip
         self.name, self.func, self.params_type = name, func, params_type
         self._packer = packer(params_type)
         self._launch = driver.launch
+        self._local = threading.local()
 
     def __call__(self, values: tuple, grid: tuple[int, int, int], block: tuple[int, int, int],
                  stream: int, shared_bytes: int = 0) -> None:  # fmt: skip
-        _buf, args = self._pack(values)  # (_buf: the bytes args points at, alive until return)
+        try:
+            buf, args = self._local.slot
+        except AttributeError:  # this thread's first launch of the kernel
+            buf, args = self._local.slot = self._slot()
+        self._pack_into(buf, values)
         self._launch(self.func, grid, block, shared_bytes, stream, args)
 
-    def _pack(self, values: tuple):
-        """The parameter struct's bytes and the one-entry kernelParams array pointing at them
-        (the array holds an address: the caller keeps ``buf`` alive until the launch)."""
+    def _slot(self):
+        """A parameter buffer and the one-entry kernelParams array pointing at it (the array
+        holds an address: whoever holds the array keeps ``buf`` alive too)."""
+        buf = ctypes.create_string_buffer(self._packer.size)
+        return buf, (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+
+    def _pack_into(self, buf, values: tuple) -> None:
         try:
-            packed = self._packer.pack(*values)
+            self._packer.pack_into(buf, 0, *values)
         except struct.error:  # name the field instead of struct's format message
             raise explain_pack_error(self.params_type, values) from None
-        buf = ctypes.create_string_buffer(packed, self._packer.size)
-        return buf, (ctypes.c_void_p * 1)(ctypes.addressof(buf))
 
     def driver_only(self, values: tuple, grid: tuple[int, int, int], block: tuple[int, int, int],
                     stream: int):  # fmt: skip
         """A callable that repeats this launch with ``values`` packed once: the driver call
         alone, what ``bench host`` reports as the floor of any launch from Python."""
-        buf, args = self._pack(values)
+        buf, args = self._slot()
+        self._pack_into(buf, values)
         launch, func = self._launch, self.func
 
         def again() -> None:
