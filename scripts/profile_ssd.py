@@ -11,7 +11,9 @@ kernels' mean device µs per call, and (shapes up to 2^19 tokens x heads) the re
 of out and of the final states against ``ssd_chunked(..., compute_dtype=float64)``; --json
 appends the rows to FILE. ``--once SHAPE`` makes one warm-up and one timed call, no profiler:
 the target for ncu (scripts/device_profile.sh); the timed call is the NVTX range ``timed``, so
-``ncu --nvtx --nvtx-include timed/`` skips Triton's autotuning launches.
+``ncu --nvtx --nvtx-include timed/`` skips Triton's autotuning launches. ``--triton --configs``
+also prints, per shape, the config Triton's autotuner kept for each stage (its tile sizes, warps
+and stages): where our tiles differ from those, the README's SSD section says so.
 """
 
 import argparse
@@ -98,6 +100,29 @@ def profile_shape(name, fn, label, iters=20, backward=False):
     return row
 
 
+#: mamba_ssm's modules holding the SSD forward's autotuned Triton kernels
+TRITON_STAGE_MODULES = ("ssd_chunk_state", "ssd_chunk_scan", "ssd_state_passing", "ssd_bmm")
+
+
+def triton_configs(modules, seen: set) -> dict[str, list[tuple[str, str]]]:
+    """The configs Triton's autotuner kept, per autotuned kernel of ``modules`` (an Autotuner:
+    its ``configs`` to choose from and its ``cache`` of key -> the kept one; a plain jitted
+    kernel's ``cache`` holds compiled code and is skipped): {name: [(key, config)]}, only the
+    (name, key) pairs not in ``seen``, which it adds them to, so that each shape reports what its
+    own calls tuned."""
+    kept = {}
+    for mod in modules:
+        for name, obj in sorted(vars(mod).items()):
+            cache = getattr(obj, "cache", None)
+            if not isinstance(cache, dict) or not hasattr(obj, "configs"):
+                continue
+            for key, config in cache.items():
+                if (name, key) not in seen:
+                    seen.add((name, key))
+                    kept.setdefault(name, []).append((str(key), str(config)))
+    return kept
+
+
 def format_row(r):
     acc = ""
     if "out_rel" in r:
@@ -135,6 +160,11 @@ def main():
     ap.add_argument("--backward", action="store_true", help="a training step: forward + backward")
     ap.add_argument("--once", choices=list(SHAPES), help="one call at this shape, for ncu")
     ap.add_argument(
+        "--configs",
+        action="store_true",
+        help="with --triton: the config its autotuner kept per stage, after each shape",
+    )
+    ap.add_argument(
         "--scan-form",
         choices=list(SSD_SCAN_FORMS),
         help="ours: chunk_scan's kernel form (mamba2_rocm.kernels.SSD_SCAN_FORMS) instead of the "
@@ -153,8 +183,15 @@ def main():
             force_scan_form(args.scan_form, {name: SHAPES[name] for name in names})
         except ValueError as exc:
             ap.error(str(exc))
+    if args.configs and not args.triton:
+        ap.error("--configs reports Triton's autotuner: only with --triton")
     if args.triton:
+        import importlib
+
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as fn
+
+        stages = [importlib.import_module(f"mamba_ssm.ops.triton.{m}") for m in TRITON_STAGE_MODULES]
+        seen = set()
     else:
         from mamba2_rocm import mamba_chunk_scan_combined as fn
     if args.once:
@@ -169,6 +206,11 @@ def main():
     for name in args.shapes or SHAPES:
         row = profile_shape(name, fn, "triton" if args.triton else "ours", backward=args.backward)
         print(format_row(row), flush=True)
+        if args.configs:
+            row["triton_configs"] = triton_configs(stages, seen)
+            for kernel, kept in row["triton_configs"].items():
+                for key, config in kept:
+                    print(f"    {kernel} {key} -> {config}", flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -71,3 +71,43 @@ def test_profile_ssd_scan_form_refuses_triton(monkeypatch, capsys):
     assert (
         "error: --scan-form picks among our kernels: not with --triton" in capsys.readouterr().err
     )
+
+
+def test_profile_ssd_triton_configs_reports_each_tuning_once():
+    """--configs: every autotuned kernel's kept config, each (kernel, key) reported by the first
+    shape that tuned it; plain jitted kernels and other module members are skipped."""
+    import types
+
+    triton_configs = _profile_ssd()["triton_configs"]
+
+    class Tuned:  # triton's Autotuner: its configs, and the one kept per key
+        def __init__(self, cache):
+            self.configs, self.cache = ["a", "b"], cache
+
+    class Jitted:  # a plain @triton.jit kernel: a cache of compiled code, no configs
+        def __init__(self):
+            self.cache = {0: {"compiled": object()}}
+
+    mod = types.ModuleType("ssd_chunk_scan")
+    mod._chunk_scan_fwd_kernel = Tuned({(128, 64): "BLOCK_SIZE_M: 64, BLOCK_SIZE_N: 64"})
+    mod._helper_kernel = Jitted()
+    mod.helper = lambda: None  # no cache
+    mod.TRITON_22 = True
+    seen = set()
+    assert triton_configs([mod], seen) == {
+        "_chunk_scan_fwd_kernel": [("(128, 64)", "BLOCK_SIZE_M: 64, BLOCK_SIZE_N: 64")]
+    }
+    assert triton_configs([mod], seen) == {}  # nothing new
+    mod._chunk_scan_fwd_kernel.cache[(256, 64)] = "BLOCK_SIZE_M: 32, BLOCK_SIZE_N: 64"
+    assert triton_configs([mod], seen) == {
+        "_chunk_scan_fwd_kernel": [("(256, 64)", "BLOCK_SIZE_M: 32, BLOCK_SIZE_N: 64")]
+    }
+
+
+def test_profile_ssd_configs_needs_triton(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["profile_ssd.py", "--configs", "falcon-h1"])
+    with pytest.raises(SystemExit):
+        _profile_ssd()["main"]()
+    assert "only with --triton" in capsys.readouterr().err
