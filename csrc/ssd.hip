@@ -628,8 +628,8 @@ M2R_DEVICE void state_passing(const SsdParams& p) {
 // NaN is NaN: so x enters the product with those entries as 0, and every output they reach --
 // same column, same sequence, at or after them -- is set to NaN afterwards. Entries beyond the
 // first are found only when an x value is not finite; the clean path pays one flag test per
-// row. Both live in LDS: `cols` (kMaxChunk x kWords words) may be scratch space the kernel does not
-// use while x is staged.
+// row. Both live in LDS: `cols` (kMaxChunk x kWords words) may be scratch space the kernel
+// does not use while x is staged.
 template <int kWords = 2>
 struct NonFinite {
   uint32_t* cols;  // per position s: cols[kWords s ...], the tile columns of bad x

@@ -36,10 +36,10 @@ SSU_DSTATE_TIERS = (32, 64, 128, 256)
 #: at most 32 lanes of 16 bytes: 256 16-bit or 128 float32 elements)
 SSU_CONTIG_MAX_DSTATE = {"f32": 128, "f16": 256, "bf16": 256}
 SSU_ROWS_PER_WIDE = 2  # csrc/state_update.hip: kRowsPerWide, rows per thread of the _contig kernels
-#: csrc/ssd.hip: chunk_scan's kernel forms, by suffix -> (positions per tile, threads a block).
-#: Every target has every form (t64b128 for the 16-bit types only); which one runs is the
-#: host's rule (mamba2_rocm/ops/ssd.py, _scan_form).
-SSD_SCAN_FORMS = {  # csrc/ssd.hip's chunk_scan forms: (rows t, threads, headdim columns) a block
+#: csrc/ssd.hip: chunk_scan's kernel forms, by suffix -> (positions per tile, threads a block,
+#: headdim columns a block). Every target has every form (t64b128 / t64p128 for the 16-bit
+#: types only); which one runs is the host's rule (mamba2_rocm/ops/ssd.py, _scan_form).
+SSD_SCAN_FORMS = {
     "t64": (64, 256, 64), "t128": (128, 256, 64), "t64b128": (64, 128, 64), "t64p128": (64, 256, 128),
 }  # fmt: skip
 SSD_SCAN_16BIT_FORMS = ("t64b128", "t64p128")

@@ -186,14 +186,14 @@ def main():
     if args.configs and not args.triton:
         ap.error("--configs reports Triton's autotuner: only with --triton")
     if args.triton:
-        import importlib
-
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as fn
+    else:
+        from mamba2_rocm import mamba_chunk_scan_combined as fn
+    if args.configs:  # (their modules: imported only when asked for)
+        import importlib
 
         stages = [importlib.import_module(f"mamba_ssm.ops.triton.{m}") for m in TRITON_STAGE_MODULES]
         seen = set()
-    else:
-        from mamba2_rocm import mamba_chunk_scan_combined as fn
     if args.once:
         call = make_call(fn, *SHAPES[args.once], backward=args.backward)[0]
         call()  # (Triton autotunes here)

@@ -147,17 +147,13 @@ def test_a_value_too_large_for_its_field_is_named():
 
 def test_launcher_raises_the_named_error():
     import ctypes
-    import threading
+    import types
 
-    from mamba2_rocm.params import ConvUpdateParams, packer
+    from mamba2_rocm.params import ConvUpdateParams
     from mamba2_rocm.runtime.loader import Launcher
 
-    launcher = Launcher.__new__(Launcher)
-    launcher.params_type = ConvUpdateParams
-    launcher._packer = packer(ConvUpdateParams)
-    launcher._launch = lambda *a: pytest.fail("must not launch")
-    launcher._local = threading.local()
-    launcher.func = ctypes.c_void_p(0)
+    driver = types.SimpleNamespace(launch=lambda *a: pytest.fail("must not launch"))
+    launcher = Launcher("m2r_test", ctypes.c_void_p(0), ConvUpdateParams, driver)
     values = [0] * len(ConvUpdateParams._fields_)
     values[[n for n, _ in ConvUpdateParams._fields_].index("dim")] = 2**40
     with pytest.raises(ValueError, match=r"ConvUpdateParams.dim = 1099511627776 does not fit"):
