@@ -848,14 +848,20 @@ M2R_DEVICE void store_final_half(const SsdParams& p, const Chain& ch, int pcols,
 }
 
 // Build knobs (measurement only): M2R_SSD_SPLIT_SCAN / M2R_SSD_SPLIT_STATE = 0 round chunk_scan's /
-// chunk_state's fp32-computed operands once, as mamba_ssm's Triton kernels do (half the products).
+// chunk_state's fp32-computed operands once, as mamba_ssm's Triton kernels do (half the products);
+// M2R_SSD_SPLIT_SCAN_ENTER (default: M2R_SSD_SPLIT_SCAN) sets chunk_scan's entering-state product
+// apart from its within-chunk one, so that each rounding's cost and error can be measured alone.
 #ifndef M2R_SSD_SPLIT_SCAN
 #define M2R_SSD_SPLIT_SCAN 1
+#endif
+#ifndef M2R_SSD_SPLIT_SCAN_ENTER
+#define M2R_SSD_SPLIT_SCAN_ENTER M2R_SSD_SPLIT_SCAN
 #endif
 #ifndef M2R_SSD_SPLIT_STATE
 #define M2R_SSD_SPLIT_STATE 1
 #endif
-constexpr bool kSplitScan = M2R_SSD_SPLIT_SCAN != 0, kSplitState = M2R_SSD_SPLIT_STATE != 0;
+constexpr bool kSplitScan = M2R_SSD_SPLIT_SCAN != 0, kSplitEnter = M2R_SSD_SPLIT_SCAN_ENTER != 0,
+               kSplitState = M2R_SSD_SPLIT_STATE != 0;
 // chunk_state's waves along the tile's rows n (the rest go along p). On NVIDIA two: each wave
 // then holds one p fragment of x and its remainder (8 registers, not 16) and the kernel fits
 // 80 registers, kStateBlocks per multiprocessor (H100, b1 l16384 h64 g8: 195 -> 164 us; 4
@@ -1342,12 +1348,12 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     __syncthreads();  // acs, dts, seg
     for (int n0 = 0; n0 < p.dstate; n0 += kSlab) {
       cf.put(As, kLdH);
-      ef.template put_split<T, kSplitScan>(Bs, Bs_lo, LX::kLd);
+      ef.template put_split<T, kSplitEnter>(Bs, Bs_lo, LX::kLd);
       __syncthreads();
       const int n1 = n0 + kSlab;
       if (n1 < p.dstate)
         cf.fetch(Cp + n1, cl, crows, p.dstate - n1, cvec), ef.fetch(E + n1 * p.headdim, p.headdim, p.dstate - n1, pcols, evec);
-      if constexpr (kSplitScan) tile.template product_split<T, kSlab, false, true, false>(As, nullptr, kLdH, Bs, Bs_lo, LX::kLd);
+      if constexpr (kSplitEnter) tile.template product_split<T, kSlab, false, true, false>(As, nullptr, kLdH, Bs, Bs_lo, LX::kLd);
       else tile.template product<T, kSlab, false, true>(As, kLdH, Bs, LX::kLd);
       __syncthreads();
     }
