@@ -1,6 +1,7 @@
 #!/bin/bash
 # The GPU test run inside the GPU test image (docker/gpu-test.Dockerfile). Reports go to $OUT:
-# doctor.json, junit.xml and bench-<op>.json; gputest.py turns them into the GPU gate.
+# doctor.json, junit.xml and bench-<op>.json; gputest.py turns them into the GPU gate and keeps
+# the benchmark reports.
 set -euo pipefail
 OUT="${OUT:-/out}"
 PY="$(cat /opt/m2r/python)"
@@ -29,3 +30,8 @@ for op in conv1d decode ssd; do
   "$PY" -m mamba2_rocm bench "$op" --json > "$OUT/bench-$op.json"
   "$PY" -m mamba2_rocm bench "$op"
 done
+# The SSD forward's host choices against their alternatives (calibrated on NVIDIA only): run
+# once (it times every option at every grid point), the table printed from its report.
+"$PY" -m mamba2_rocm bench ssd-paths --json > "$OUT/bench-ssd-paths.json"
+"$PY" -c 'import json, sys; from mamba2_rocm.bench.ssd_paths import format_table
+print(format_table(json.load(open(sys.argv[1]))))' "$OUT/bench-ssd-paths.json"

@@ -413,3 +413,101 @@ def test_ssd_backward_table_has_peak_memory_and_the_ratio(monkeypatch):
     text = ssd.format_table(rows)
     assert "peak MB" in text and "12.5" in text
     assert "0.67x  (below 1.0x)" in text
+
+
+# --- bench ssd-paths: the parts that need no GPU --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("chunk", "headdim", "dtype", "forms"),
+    [
+        (256, 64, "bfloat16", ["t64", "t128", "t64b128"]),  # no 128-column form at headdim 64
+        (128, 128, "bfloat16", ["t64", "t128", "t64b128", "t64p128"]),
+        (64, 72, "float16", ["t64", "t64b128", "t64p128"]),  # the 128-row form needs 128 rows
+        (256, 128, "float32", ["t64", "t128"]),  # the 16-bit forms are not built for fp32
+    ],
+)
+def test_ssd_paths_offers_the_forms_that_can_run_the_shape(chunk, headdim, dtype, forms):
+    from mamba2_rocm.bench.ssd_paths import scan_forms
+
+    assert scan_forms(chunk, headdim, dtype) == forms
+
+
+@pytest.mark.parametrize(("scan", "path"), [(None, None), ("t128", None), (None, "separate"),
+                                            ("t64p128", "chained_lds")])  # fmt: skip
+def test_ssd_paths_forces_what_the_forward_launches(monkeypatch, scan, path):
+    """Forced, the forward launches that chunk_scan form and that state path's kernels and the
+    context records them; unforced it records the host's own picks; the rules come back after."""
+    import math
+
+    from helpers import seeded, stand_in_kernels
+
+    from mamba2_rocm.bench.ssd_paths import forced
+    from mamba2_rocm.ops import ssd as ssd_ops
+
+    rules = ssd_ops._scan_form, ssd_ops._state_path
+    kset = stand_in_kernels(monkeypatch, ssd_ops, matrix_cores=True)
+    g = seeded("ssd-paths", scan, path)
+    r = lambda *s: torch.randn(*s, generator=g).bfloat16()  # noqa: E731
+    x, dt, B, C = r(2, 300, 4, 128), r(2, 300, 4), r(2, 300, 1, 32), r(2, 300, 1, 32)
+    A = -torch.rand(4, generator=g) - 0.1
+    with forced(scan, path) as seen:
+        ssd_ops._impl(x, dt, A, B, C, 128, None, None, None, None, None, None,
+                      False, (0.0, math.inf), False, None)  # fmt: skip
+    assert (ssd_ops._scan_form, ssd_ops._state_path) == rules
+    # the host's picks where not forced: NVIDIA's (the CPU torch has no torch.version.hip) 128
+    # columns at headdim 128; chained (no GPU: 0 multiprocessors), through LDS
+    assert seen == {"scan": scan or "t64p128", "path": path or "chained_lds"}
+    names = [name for name, _, _ in kset.launches]
+    assert [n for n in names if "chunk_scan" in n] == [f"m2r_ssd_chunk_scan_bf16_{seen['scan']}"]
+    stage = ssd_ops._STATE_STAGES[seen["path"]]
+    assert [n for n in names if n.startswith("m2r_ssd_chunk_state")] == [f"m2r_ssd_{stage}_bf16"]
+    assert ("m2r_ssd_state_passing" in names) is (seen["path"] == "separate")
+
+
+def test_ssd_paths_forcing_restores_the_rules_and_refuses_what_would_be_wrong():
+    from mamba2_rocm.bench.ssd_paths import forced
+    from mamba2_rocm.ops import ssd as ssd_ops
+
+    rules = ssd_ops._scan_form, ssd_ops._state_path
+    with pytest.raises(RuntimeError, match="inside"), forced("t64", "separate"):
+        raise RuntimeError("inside")
+    assert (ssd_ops._scan_form, ssd_ops._state_path) == rules
+    with pytest.raises(ValueError, match="unknown state path 'linked'"), forced(path="linked"):
+        pass
+    with pytest.raises(ValueError, match="unknown chunk_scan form 't32'"), forced("t32"):
+        pass
+    # the LDS link holds x's and B's offsets in 32 bits: forced beyond that it would be wrong
+    x = torch.empty(1, 2**26, 64, 2, device="meta")
+    B = torch.empty(1, 2**26, 1, 128, device="meta")
+    with forced(path="chained_lds"), pytest.raises(ValueError, match="32-bit"):
+        ssd_ops._state_path(64, 2**18, 132, x, B, 256)
+    with forced(path="chained") as seen:
+        assert ssd_ops._state_path(64, 2**18, 132, x, B, 256) == "chained"
+    assert seen == {"path": "chained"}
+
+
+def test_ssd_paths_table_marks_the_picks_and_sums_up_the_misses():
+    from mamba2_rocm.bench.ssd_paths import format_table, loss
+
+    assert loss({"a": 10.0, "b": 12.0}, "a") == 0
+    assert loss({"a": 10.0, "b": 12.0}, "b") == pytest.approx(0.2)
+    rows = [
+        {"case": "one", "chains": 96, "chunks": 64,
+         "path_us": {"separate": 100.0, "chained": 110.0}, "path_pick": "chained", "path_loss": 0.1,
+         "scan_us": {"t64b128": 50.0, "t64p128": 50.1}, "scan_pick": "t64p128", "scan_loss": 0.002},
+        {"case": "two", "chains": 512, "chunks": 2,
+         "path_us": {"separate": 20.0, "chained": 19.0}, "path_pick": "chained", "path_loss": 0.0,
+         "scan_us": {"t64b128": 30.0}, "scan_pick": "t64b128", "scan_loss": 0.0},
+    ]  # fmt: skip
+    text = format_table(rows)
+    assert "separate 100.0  chained* 110.0  |  t64b128 50.0  t64p128* 50.1" in text
+    assert (
+        "state path: the host's pick is more than 0.5% slower than the fastest at 1 of 2 points"
+        in text
+    )
+    assert "  one: chained 110.0 us, separate 100.0 us (10.0% slower)" in text
+    assert (
+        "chunk_scan form: the host's pick is more than 0.5% slower than the fastest at 0 of 2 points"
+        in text
+    )

@@ -1,4 +1,4 @@
-"""``python -m mamba2_rocm bench conv1d|decode|ssd|rmsnorm|selective-scan|host|model``."""
+"""``python -m mamba2_rocm bench conv1d|decode|ssd|ssd-paths|rmsnorm|selective-scan|host|model``."""
 
 from __future__ import annotations
 
@@ -38,8 +38,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark an op family on the local GPU")
     p.add_argument(
         "op",
-        choices=["conv1d", "decode", "ssd", "rmsnorm", "selective-scan", "host", "model"],
-        help="which op family, or model: a transformers Mamba2 end to end (mamba2_rocm.bench.model)",
+        choices=[
+            "conv1d",
+            "decode",
+            "ssd",
+            "ssd-paths",
+            "rmsnorm",
+            "selective-scan",
+            "host",
+            "model",
+        ],
+        help="which op family, or model: a transformers Mamba2 end to end (mamba2_rocm.bench.model); "
+        "ssd-paths: the SSD forward's per-shape choices against their alternatives on this GPU "
+        "(mamba2_rocm.bench.ssd_paths)",
     )
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--json", action="store_true", help="machine-readable rows instead of the table")

@@ -68,6 +68,23 @@ def grid() -> list[tuple[str, tuple]]:
     return cases
 
 
+def make_inputs(shape: tuple, dtype: str) -> tuple[tuple, dict]:
+    """(args, kwargs) of ``mamba_chunk_scan_combined`` at ``shape`` ((batch, seqlen, nheads,
+    headdim, ngroups, dstate, chunk_size)) as a Mamba2 layer calls it: x, dt, B, C in ``dtype``
+    (fresh normal values, seeded by the shape), A in [-1.05, -0.05), D and dt_bias per head,
+    softplus on dt, the final states returned."""
+    torch = require_torch()
+    b, L, h, p, groups, n, cs = shape
+    dt_ = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(L + h)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+    x, dt = r(b, L, h, p).to(dt_), (r(b, L, h) - 2).to(dt_)
+    B, C = r(b, L, groups, n).to(dt_), r(b, L, groups, n).to(dt_)
+    A, D, dt_bias = -torch.rand(h, device="cuda", generator=g) - 0.05, r(h), r(h) * 0.5
+    kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
+    return (x, dt, A, B, C, cs), kw
+
+
 def _triton_scan():
     try:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
@@ -82,19 +99,17 @@ def run_backward(dtype="bfloat16", impls=None, triton_procs: int = 3) -> list[di
     torch = require_torch()
     from mamba2_rocm import mamba_chunk_scan_combined
 
-    dt_ = getattr(torch, dtype)
     copy = copy_bandwidth_gbs()
     triton = _triton_scan()
     fns = {"kernel": mamba_chunk_scan_combined, "torch": mamba_chunk_scan_combined, TRITON: triton}
     rows = []
-    for b, L, h, p, groups, n, cs in ISSUE_SHAPES:
-        g = torch.Generator(device="cuda").manual_seed(L + h)
-        r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
-        x, dt = r(b, L, h, p).to(dt_), (r(b, L, h) - 2).to(dt_)
-        B, C = r(b, L, groups, n).to(dt_), r(b, L, groups, n).to(dt_)
-        A, D, dt_bias = -torch.rand(h, device="cuda", generator=g) - 0.05, r(h), r(h) * 0.5
-        leaves = [t.requires_grad_() for t in (x, dt, A, B, C, D, dt_bias)]
-        dout, dfin = r(b, L, h, p).to(dt_), r(b, h, p, n)
+    for shape in ISSUE_SHAPES:
+        b, L, h, p, groups, n, cs = shape
+        (x, dt, A, B, C, _), kw = make_inputs(shape, dtype)
+        leaves = [t.requires_grad_() for t in (x, dt, A, B, C, kw["D"], kw["dt_bias"])]
+        g = torch.Generator(device="cuda").manual_seed(L + h + 1)
+        dout = torch.randn(b, L, h, p, device="cuda", generator=g).to(x.dtype)
+        dfin = torch.randn(b, h, p, n, device="cuda", generator=g)
         act = (x.numel() + dt.numel() + B.numel() + C.numel()) * x.element_size()
         # forward: inputs read, out and the final states written; backward: inputs and dout
         # (and dfinal) read, the activations' gradients written
@@ -127,27 +142,23 @@ def run(dtype="bfloat16", impls=None, triton_procs: int = 3, backward=False) -> 
     processes run with ``(TRITON,)``). ``backward``: :func:`run_backward` instead."""
     if backward:
         return run_backward(dtype, impls, triton_procs)
-    torch = require_torch()
+    require_torch()
     from mamba2_rocm import mamba_chunk_scan_combined
 
-    dt_ = getattr(torch, dtype)
     copy = copy_bandwidth_gbs()
     triton = _triton_scan()
     rows = []
-    for label, (b, L, h, p, groups, n, cs) in grid():
-        g = torch.Generator(device="cuda").manual_seed(L + h)
-        r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
-        x, dt = r(b, L, h, p).to(dt_), (r(b, L, h) - 2).to(dt_)
-        B, C = r(b, L, groups, n).to(dt_), r(b, L, groups, n).to(dt_)
-        A, D, dt_bias = -torch.rand(h, device="cuda", generator=g) - 0.05, r(h), r(h) * 0.5
+    for label, shape in grid():
+        b, L, h, p, groups, n, cs = shape
+        args, kw = make_inputs(shape, dtype)
+        x, dt, _, B, C, _ = args
         elt = x.element_size()
         nbytes = (2 * x.numel() + dt.numel() + B.numel() + C.numel()) * elt + b * h * p * n * 4
         flops = 4 * b * L * h * p * n + b * L * cs * h * p
-        kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
         case = f"{label} b{b} l{L} h{h} p{p} g{groups} n{n} c{cs} {dtype}"
         here = impls or (("kernel", "torch") if label == "issue" else ("kernel",))
         for row in compare(
-            case, mamba_chunk_scan_combined, triton, (x, dt, A, B, C, cs), kw, nbytes, copy,
+            case, mamba_chunk_scan_combined, triton, args, kw, nbytes, copy,
             calls={"kernel": dict(warmup=3, iters=30), "torch": dict(warmup=2, iters=5),
                    TRITON: dict(warmup=3, iters=30)},
             graphs={"kernel": dict(replays=5, per_graph=5), TRITON: dict(replays=5, per_graph=5)},
@@ -155,7 +166,7 @@ def run(dtype="bfloat16", impls=None, triton_procs: int = 3, backward=False) -> 
         ):  # fmt: skip
             row["tflops"] = flops / (row["best_us"] * 1e-6) / 1e12
             rows.append(row)
-        del x, dt, B, C
+        del args, kw, x, dt, B, C
     if impls is None and triton is not None and triton_procs > 0:
         rows = add_triton_best(rows, "ssd", triton_procs, dtype, TARGET)
     return rows

@@ -256,7 +256,7 @@ def _scan_form(chunk_size: int, dt_name: str, matrix_cores: bool, headdim: int) 
 # of 3 and each chain's links wait on each other; separate, the state-passing kernel reads and
 # writes every state once more and walks the chunks in turn. So few chunks need many chains (the
 # blocks the lost occupancy costs), and long chains few (the state-passing kernel grows with
-# them). Measured on an H100 (132 SMs) with scripts/sweep_ssd_chain.py (every point of
+# them). Measured on an H100 (132 SMs) with what is now `bench ssd-paths` (every point of
 # `bench ssd`'s grid forced each way, graph µs), chained was faster by 2-6% from 256 chains of
 # 2 chunks (mamba2-370m b8 l512; slower by 4% at 192, mamba2-130m), from 192 chains of 8
 # (slower by 2-4% at 96 and 128), and from 64 chains of 64 chunks (b1 l16384 h64 g8: 815 vs
@@ -272,7 +272,7 @@ CHAIN_CHAINS_PER_SM = ((2, 1.6), (16, 1.2), (math.inf, 0.48))
 # (m2r_ssd_chunk_state_chain_lds_*: the accumulators staged 64 rows at a time, then 16-byte loads
 # of the entering state and stores of the next; 3 blocks per multiprocessor on NVIDIA instead of
 # 2, but two round trips a link instead of one), else from the accumulators. Measured on an H100
-# with scripts/sweep_ssd_chain.py: through LDS 2-11% faster from 384 chains of 2 chunks
+# with `bench ssd-paths`: through LDS 2-11% faster from 384 chains of 2 chunks
 # (mamba2-780m b8 l512 155.1 vs 157.9 µs; 4% slower at 256, mamba2-370m) and from 128 chains of
 # more (Falcon-H1 b4 l2048, 384 of 16: 424.0 vs 474.5; Codestral b1 l8192, 128 of 32: 741.4 vs
 # 772.9; mamba2-2.7b b4 l2048, 320 of 8: 455.6 vs 477.2), slower on fewer, longer chains (80-96
@@ -285,8 +285,8 @@ CHAIN_CHAINS_PER_SM = ((2, 1.6), (16, 1.2), (math.inf, 0.48))
 # names run it. NVIDIA only: on AMD the LDS form's registers give no more waves per SIMD than the
 # register link's (gfx90a / gfx942: 176 VGPRs + 48 AGPRs against 148 + 32; gfx1100: 204 against
 # 192; hipcc 7.0.2), so the occupancy that pays for its second round trip is not there, and a
-# ROCm torch keeps the register link until an AMD runner's scripts/sweep_ssd_chain.py says
-# otherwise (it forces each form whatever this rule says).
+# ROCm torch keeps the register link until an AMD runner's `bench ssd-paths` says
+# otherwise (the GPU gate's run records it; it forces each form whatever this rule says).
 CHAIN_LDS_CHAINS_PER_SM = {
     256: ((2, 2.5), (math.inf, 0.96)),
     128: ((2, 2.5), (math.inf, 1.5)),

@@ -12,7 +12,13 @@ Order, each step failing with a message that says what it found:
    ``pytest -m gpu`` with a JUnit report, benchmarks;
 6. the gate: at least one test passed and none failed, errored or skipped. Only then is
    ``wheels/<target>/gpu-gate.json`` written: target, the tested wheels' sha256s, the devices,
-   the counts, the base image. ``nox -s publish`` requires it for ``gpu_gate = "required"``.
+   the counts, the base image, the benchmark reports' sha256s. ``nox -s publish`` requires it
+   for ``gpu_gate = "required"``;
+7. the benchmark reports (``bench-<op>.json``: ``bench conv1d / decode / ssd`` and ``bench
+   ssd-paths``, the SSD forward's host choices timed against their alternatives) are kept in
+   ``wheels/<target>/gpu-bench/<op>.json`` (gpu.yml uploads them as ``gpu-bench-<target>``): the
+   only measurements of the kernels on AMD hardware, and what the choices calibrated on NVIDIA
+   (``mamba2_rocm.ops.ssd``'s chaining tables, the 128-column chunk_scan form) wait on there.
 
 The container gets the GPU the way ROCm documents it for Docker: ``--device /dev/kfd
 --device /dev/dri``, the ``video`` group and the host's render group (by id: the name may not
@@ -38,12 +44,14 @@ from mamba2_rocm.pipeline import publish
 from mamba2_rocm.pipeline.recipes import Recipe
 
 __all__ = [
+    "BENCH_DIR",
     "DEFAULT_BASE_IMAGE",
     "GpuTestError",
     "check_devices",
     "docker_gpu_args",
     "health_check",
     "junit_counts",
+    "keep_benchmarks",
     "render_gid",
     "run_gpu_tests",
     "write_gate",
@@ -52,6 +60,10 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[2]
 #: An official ROCm PyTorch image (ROCm 6.4.1, Python 3.12, torch 2.7.1); override per runner.
 DEFAULT_BASE_IMAGE = "rocm/pytorch:rocm6.4.1_ubuntu24.04_py3.12_pytorch_release_2.7.1"
+
+
+#: where a passed run's benchmark reports are kept, under wheels/<target>/
+BENCH_DIR = "gpu-bench"
 
 
 class GpuTestError(RuntimeError):
@@ -226,15 +238,42 @@ def run_gpu_tests(recipe: Recipe, wheels_root: Path, base_image: str = DEFAULT_B
         verdict = gate_verdict(counts)
         if verdict:
             raise GpuTestError(f"the GPU gate for {recipe.target} is not passed: {verdict}")
-        bench = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("bench-*.json"))}
-    path = write_gate(directory, manifest, archs, counts, base_image, sorted(bench))
+        bench = keep_benchmarks(out, directory / BENCH_DIR)
+    path = write_gate(directory, manifest, archs, counts, base_image, bench)
     log(f"{recipe.target}: GPU gate passed ({counts['passed']} tests) -> {path}")
     return path
 
 
+def keep_benchmarks(out: Path, keep: Path) -> dict[str, str]:
+    """The run's ``bench-<op>.json`` reports in ``out`` copied to ``keep/<op>.json`` (``keep``
+    emptied of an earlier run's first); returns {op: sha256 of the kept file}. A report that is
+    not JSON, or holds no rows, fails: the run script writes one per benchmark it ran, so an
+    empty or broken one means that benchmark did not run as it says."""
+    reports = sorted(out.glob("bench-*.json"))
+    kept = {}
+    for path in reports:
+        op = path.stem.removeprefix("bench-")
+        try:
+            rows = json.loads(path.read_text())
+        except ValueError as exc:
+            raise GpuTestError(f"the benchmark report {path.name} is not JSON: {exc}") from None
+        if not isinstance(rows, list) or not rows:
+            raise GpuTestError(f"the benchmark report {path.name} holds no rows")
+        kept[op] = path
+    if keep.exists():
+        shutil.rmtree(keep)
+    keep.mkdir(parents=True)
+    digests = {}
+    for op, path in kept.items():
+        shutil.copyfile(path, keep / f"{op}.json")
+        digests[op] = publish.sha256_file(keep / f"{op}.json")
+    return digests
+
+
 def write_gate(directory: Path, manifest: dict[str, Any], archs: list[str], counts: dict[str, int],
-               base_image: str, benchmarks: list[str]) -> Path:  # fmt: skip
-    """``<directory>/gpu-gate.json``: a passed gate for exactly the manifest's wheels."""
+               base_image: str, benchmarks: dict[str, str]) -> Path:  # fmt: skip
+    """``<directory>/gpu-gate.json``: a passed gate for exactly the manifest's wheels;
+    ``benchmarks``: {op: sha256} of the kept reports (:func:`keep_benchmarks`)."""
     verdict = gate_verdict(counts)
     if verdict:
         raise GpuTestError(f"not writing a GPU gate for {manifest['target']}: {verdict}")

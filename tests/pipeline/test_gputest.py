@@ -3,6 +3,8 @@ verdict, and the fast failure on a machine without /dev/kfd (this one)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -119,8 +121,40 @@ def test_write_gate_refuses_a_run_that_did_not_pass(tmp_path):
     manifest = {"target": "gfx1030", "version": "1.0", "wheels": {"a.whl": "0" * 64}}
     counts = {"tests": 3, "passed": 0, "failed": 0, "errors": 0, "skipped": 3}
     with pytest.raises(GpuTestError, match="not writing a GPU gate for gfx1030: 3 GPU test"):
-        gputest.write_gate(tmp_path, manifest, ["gfx1030"], counts, "img", [])
+        gputest.write_gate(tmp_path, manifest, ["gfx1030"], counts, "img", {})
     assert not (tmp_path / "gpu-gate.json").exists()
+
+
+def test_benchmark_reports_are_kept_beside_the_gate_and_bound_to_it(tmp_path):
+    """A passed run's bench-<op>.json reports go to wheels/<target>/gpu-bench/<op>.json (an
+    earlier run's removed) and the gate names each with its sha256; a report that is not JSON or
+    holds no rows fails instead of being kept."""
+    out, target = tmp_path / "out", tmp_path / "gfx1030"
+    out.mkdir()
+    rows = {"ssd-paths": [{"case": "a", "path_loss": 0.0}], "conv1d": [{"case": "b"}]}
+    for op, r in rows.items():
+        (out / f"bench-{op}.json").write_text(json.dumps(r))
+    (out / "junit.xml").write_text("<testsuites/>")  # not a report
+    stale = target / gputest.BENCH_DIR / "decode.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("[]")
+    digests = gputest.keep_benchmarks(out, target / gputest.BENCH_DIR)
+    kept = sorted(p.name for p in (target / gputest.BENCH_DIR).iterdir())
+    assert kept == ["conv1d.json", "ssd-paths.json"]
+    for op, r in rows.items():
+        path = target / gputest.BENCH_DIR / f"{op}.json"
+        assert json.loads(path.read_text()) == r
+        assert digests[op] == hashlib.sha256(path.read_bytes()).hexdigest()
+    manifest = {"target": "gfx1030", "version": "1.0", "wheels": {"a.whl": "0" * 64}}
+    counts = {"tests": 3, "passed": 3, "failed": 0, "errors": 0, "skipped": 0}
+    gate = gputest.write_gate(target, manifest, ["gfx1030"], counts, "img", digests)
+    assert json.loads(gate.read_text())["benchmarks"] == digests
+    (out / "bench-decode.json").write_text("{not json")
+    with pytest.raises(GpuTestError, match="bench-decode.json is not JSON"):
+        gputest.keep_benchmarks(out, target / gputest.BENCH_DIR)
+    (out / "bench-decode.json").write_text("[]")
+    with pytest.raises(GpuTestError, match="bench-decode.json holds no rows"):
+        gputest.keep_benchmarks(out, target / gputest.BENCH_DIR)
 
 
 def test_the_image_installs_only_through_the_torch_protection():
@@ -148,6 +182,7 @@ def test_the_image_installs_only_through_the_torch_protection():
     positions = [script.index(s) for s in order]
     assert positions == sorted(positions)
     assert "--junitxml" in script and "for op in conv1d decode ssd" in script
+    assert 'bench ssd-paths --json > "$OUT/bench-ssd-paths.json"' in script
 
 
 def test_run_script_is_valid_bash():

@@ -60,7 +60,7 @@ def wheels(release_wheels, tmp_path_factory):
     shutil.copytree(release_wheels, root)
     manifest = json.loads((root / "gfx1030" / "build-manifest.json").read_text())
     counts = {"tests": 12, "passed": 12, "failed": 0, "errors": 0, "skipped": 0}
-    gputest.write_gate(root / "gfx1030", manifest, ["gfx1030"], counts, "stand-in", [])
+    gputest.write_gate(root / "gfx1030", manifest, ["gfx1030"], counts, "stand-in", {})
     return root
 
 

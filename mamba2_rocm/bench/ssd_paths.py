@@ -1,0 +1,168 @@
+"""``bench ssd-paths``: the SSD forward's two per-shape choices against their alternatives, on
+this GPU, over ``bench ssd``'s grid.
+
+The host picks, per call (:mod:`mamba2_rocm.ops.ssd`):
+
+* chunk_scan's kernel form (``_scan_form``; a key of :data:`mamba2_rocm.kernels.SSD_SCAN_FORMS`),
+* how the states pass along the chunks (``_state_path``: ``separate``, ``chained`` or
+  ``chained_lds``, from the tables ``CHAIN_CHAINS_PER_SM`` / ``CHAIN_LDS_CHAINS_PER_SM``).
+
+Both were measured on NVIDIA (H100, H200) only; the AMD targets take them untested (the 128-column
+form is not picked on AMD, the LDS link neither, the chaining table is NVIDIA's). At every grid
+point this times ``mamba_chunk_scan_combined`` (the call a Mamba2 layer makes, graph µs per call,
+the better of ``rounds`` interleaved rounds) with each state path forced (chunk_scan's form the
+host's) and with each chunk_scan form that can run the shape forced (the state path the host's),
+and reports how much slower the host's pick is than the fastest option. The GPU gate's run
+(``docker/gpu-test-run.sh``) runs it on every AMD runner and keeps the JSON, so those numbers are
+what settle the AMD side of the choices; on NVIDIA it is the calibration the tables came from.
+
+Forms offered at a shape (:func:`scan_forms`): every form whose tile rows fit the chunk, the
+16-bit-only forms for 16-bit inputs, and the 128-column form only where headdim is over 64 (at 64
+half its columns would idle). The FMA path (fp32; every dtype on gfx10.3) runs the 16-bit forms'
+names too, so they are timed there as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+from mamba2_rocm._torch import require_torch
+from mamba2_rocm.bench.ssd import grid, make_inputs
+from mamba2_rocm.bench.timing import time_graph
+from mamba2_rocm.kernels import SSD_SCAN_16BIT_FORMS, SSD_SCAN_FORMS
+
+#: a pick this much slower than the fastest option is reported as a miss
+TOLERANCE = 0.005
+
+
+def scan_forms(chunk_size: int, headdim: int, dtype: str) -> list[str]:
+    """chunk_scan's forms that can run (chunk_size, headdim) for inputs of ``dtype`` (a torch
+    dtype name), in :data:`SSD_SCAN_FORMS` order."""
+    forms = []
+    for form, (rows, _threads, cols) in SSD_SCAN_FORMS.items():
+        if rows > chunk_size or (dtype == "float32" and form in SSD_SCAN_16BIT_FORMS):
+            continue
+        if cols > 64 and headdim <= 64:
+            continue
+        forms.append(form)
+    return forms
+
+
+@contextlib.contextmanager
+def forced(scan: str | None = None, path: str | None = None) -> Iterator[dict]:
+    """Within the block the SSD forward takes chunk_scan form ``scan`` / state path ``path``
+    (None: the host's own pick), whatever its rules say; yields a dict that records the picks
+    the forward made (``scan``, ``path``: the last call's). The rules are restored on exit."""
+    from mamba2_rocm.ops import ssd as ssd_ops
+
+    if path is not None and path not in ssd_ops._STATE_STAGES:
+        raise ValueError(f"unknown state path {path!r}; one of {', '.join(ssd_ops._STATE_STAGES)}")
+    if scan is not None and scan not in SSD_SCAN_FORMS:
+        raise ValueError(f"unknown chunk_scan form {scan!r}; one of {', '.join(SSD_SCAN_FORMS)}")
+    rule_scan, rule_path = ssd_ops._scan_form, ssd_ops._state_path
+    seen: dict = {}
+
+    def scan_form(*args, **kwargs):
+        seen["scan"] = scan if scan is not None else rule_scan(*args, **kwargs)
+        return seen["scan"]
+
+    def state_path(chains, chunks, sms, x, B, chunk_size):
+        if path == "chained_lds" and max(_span(x), _span(B)) > ssd_ops._UINT32_MAX:
+            # (that kernel holds x's and B's offsets in 32 bits: forced there it would be wrong)
+            raise ValueError("chained_lds takes x and B spans within 32-bit element offsets")
+        seen["path"] = (
+            path if path is not None else rule_path(chains, chunks, sms, x, B, chunk_size)
+        )
+        return seen["path"]
+
+    ssd_ops._scan_form, ssd_ops._state_path = scan_form, state_path
+    try:
+        yield seen
+    finally:
+        ssd_ops._scan_form, ssd_ops._state_path = rule_scan, rule_path
+
+
+def _span(t) -> int:
+    """The largest element offset a tensor's view reaches."""
+    return sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+
+
+def loss(us: dict[str, float], pick: str) -> float:
+    """How much slower ``pick`` ran than the fastest of ``us`` (0 where it is the fastest)."""
+    return us[pick] / min(us.values()) - 1
+
+
+def run(dtype="bfloat16", rounds: int = 2, cases=None) -> list[dict]:
+    """One row per grid point (``cases``: (label, shape) pairs instead of ``bench ssd``'s grid):
+    graph µs per call for each state path and each chunk_scan form, the host's picks and their
+    losses."""
+    torch = require_torch()
+    from mamba2_rocm import mamba_chunk_scan_combined
+    from mamba2_rocm.ops import ssd as ssd_ops
+
+    rows = []
+    for label, shape in cases if cases is not None else grid():
+        b, L, h, p, groups, n, cs = shape
+        args, kw = make_inputs(shape, dtype)
+        call = lambda args=args, kw=kw: mamba_chunk_scan_combined(*args, **kw)  # noqa: E731
+        with forced() as picks:
+            call()
+        options = [("path", v) for v in ssd_ops._STATE_STAGES]
+        options += [("scan", v) for v in scan_forms(cs, p, dtype)]
+        us: dict[tuple[str, str], float] = {}
+        for _ in range(rounds):
+            for kind, value in options:
+                with forced(**{kind: value}) as seen:
+                    t = time_graph(call, replays=10, per_graph=10).median_us
+                if seen.get(kind) != value:  # the forward must have run what it was told to
+                    raise RuntimeError(f"{label} {shape}: forced {kind} {value}, ran {seen}")
+                us[kind, value] = min(us.get((kind, value), math.inf), t)
+        path_us = {v: round(t, 1) for (k, v), t in us.items() if k == "path"}
+        scan_us = {v: round(t, 1) for (k, v), t in us.items() if k == "scan"}
+        rows.append({
+            "case": f"{label} b{b} l{L} h{h} p{p} g{groups} n{n} c{cs} {dtype}", "shape": list(shape),
+            "chains": b * ssd_ops._state_tiles(p, n) * h, "chunks": math.ceil(L / cs),
+            "path_us": path_us, "path_pick": picks["path"], "path_loss": round(loss(path_us, picks["path"]), 4),
+            "scan_us": scan_us, "scan_pick": picks["scan"], "scan_loss": round(loss(scan_us, picks["scan"]), 4),
+        })  # fmt: skip
+        del args, kw, call
+        torch.cuda.empty_cache()
+    return rows
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Per choice: at how many points the host's pick is more than TOLERANCE slower than the
+    fastest option, and those points."""
+    lines = []
+    for kind, what in (("path", "state path"), ("scan", "chunk_scan form")):
+        missed = [r for r in rows if r[f"{kind}_loss"] > TOLERANCE]
+        lines.append(
+            f"{what}: the host's pick is more than {100 * TOLERANCE:.1f}% slower than the fastest "
+            f"at {len(missed)} of {len(rows)} points"
+        )
+        for r in missed:
+            us = r[f"{kind}_us"]
+            best = min(us, key=us.get)
+            lines.append(
+                f"  {r['case']}: {r[f'{kind}_pick']} {us[r[f'{kind}_pick']]:.1f} us, "
+                f"{best} {us[best]:.1f} us ({100 * r[f'{kind}_loss']:.1f}% slower)"
+            )
+    return lines
+
+
+def format_table(rows: list[dict]) -> str:
+    def cells(us: dict[str, float], pick: str) -> str:
+        return "  ".join(f"{v}{'*' if v == pick else ''} {t:.1f}" for v, t in us.items())
+
+    lines = [
+        f"{'case':52} {'chains':>6} {'chunks':>6}  state path (graph us; * the host's pick)"
+        "  |  chunk_scan form"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['case']:52} {r['chains']:6} {r['chunks']:6}  "
+            f"{cells(r['path_us'], r['path_pick'])}  |  {cells(r['scan_us'], r['scan_pick'])}"
+        )
+    return "\n".join(lines + summary(rows))
