@@ -517,3 +517,11 @@ def test_ssd_paths_table_marks_the_picks_and_sums_up_the_misses():
         "chunk_scan form: the host's pick is more than 0.5% slower than the fastest at 0 of 2 points"
         in text
     )
+
+
+def test_ssd_paths_without_a_gpu_says_so(monkeypatch):
+    from mamba2_rocm.bench import ssd_paths
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="bench ssd-paths needs a GPU"):
+        ssd_paths.run()

@@ -18,8 +18,8 @@ what settle the AMD side of the choices; on NVIDIA it is the calibration the tab
 
 Forms offered at a shape (:func:`scan_forms`): every form whose tile rows fit the chunk, the
 16-bit-only forms for 16-bit inputs, and the 128-column form only where headdim is over 64 (at 64
-half its columns would idle). The FMA path (fp32; every dtype on gfx10.3) runs the 16-bit forms'
-names too, so they are timed there as well.
+half its columns would idle). On targets without matrix cores (gfx10.3) the 16-bit forms' kernels
+take the FMA path, and are timed there as such.
 """
 
 from __future__ import annotations
@@ -99,6 +99,8 @@ def run(dtype="bfloat16", rounds: int = 2, cases=None) -> list[dict]:
     graph µs per call for each state path and each chunk_scan form, the host's picks and their
     losses."""
     torch = require_torch()
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench ssd-paths needs a GPU: it times the SSD forward's kernels")
     from mamba2_rocm import mamba_chunk_scan_combined
     from mamba2_rocm.ops import ssd as ssd_ops
 
