@@ -69,7 +69,7 @@ def forced(scan: str | None = None, path: str | None = None) -> Iterator[dict]:
         return seen["scan"]
 
     def state_path(chains, chunks, sms, x, B, chunk_size):
-        if path == "chained_lds" and max(_span(x), _span(B)) > ssd_ops._UINT32_MAX:
+        if path == "chained_lds" and not ssd_ops._lds_offsets_fit(x, B):
             # (that kernel holds x's and B's offsets in 32 bits: forced there it would be wrong)
             raise ValueError("chained_lds takes x and B spans within 32-bit element offsets")
         seen["path"] = (
@@ -82,11 +82,6 @@ def forced(scan: str | None = None, path: str | None = None) -> Iterator[dict]:
         yield seen
     finally:
         ssd_ops._scan_form, ssd_ops._state_path = rule_scan, rule_path
-
-
-def _span(t) -> int:
-    """The largest element offset a tensor's view reaches."""
-    return sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
 
 
 def loss(us: dict[str, float], pick: str) -> float:

@@ -298,18 +298,21 @@ def _lds_link(chains: int, chunks: int, sms: int, x: Tensor, B: Tensor, chunk_si
     """Whether the chained chunk_state takes the LDS link (NVIDIA; enough chains of chunks this
     long for the occupancy to pay; x's and B's element offsets within 32 bits, which that kernel
     holds them in)."""
+    if torch.version.hip is not None:  # AMD: see CHAIN_LDS_CHAINS_PER_SM
+        return False
+    return _enough_chains(
+        CHAIN_LDS_CHAINS_PER_SM[256 if chunk_size >= 256 else 128], chains, chunks, sms
+    ) and _lds_offsets_fit(x, B)
+
+
+def _lds_offsets_fit(x: Tensor, B: Tensor) -> bool:
+    """Whether every element offset of x's and B's views fits the 32 bits the LDS-link
+    chunk_state holds them in (where they do not, that kernel must not run)."""
 
     def span(t: Tensor) -> int:
         return sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
 
-    if torch.version.hip is not None:  # AMD: see CHAIN_LDS_CHAINS_PER_SM
-        return False
-    return (
-        _enough_chains(
-            CHAIN_LDS_CHAINS_PER_SM[256 if chunk_size >= 256 else 128], chains, chunks, sms
-        )
-        and max(span(x), span(B)) <= _UINT32_MAX
-    )
+    return max(span(x), span(B)) <= _UINT32_MAX
 
 
 def _chained(chains: int, chunks: int, sms: int) -> bool:
