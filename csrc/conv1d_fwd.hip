@@ -13,13 +13,14 @@ namespace m2r {
 namespace conv1d {
 
 constexpr int kThreads = 128;
-constexpr int kRowVecs = 4;          // seqlen-contiguous: 16-byte vectors per thread
+constexpr int kLongThreads = 64;     // seqlen-contiguous, long rows: threads
+constexpr int kRowVecs = 4;          // and 16-byte vectors per thread
 constexpr int kClPosPerThread = 16;  // channel-last: positions per thread
 constexpr int kShortThreads = 64;    // seqlen-contiguous, short rows: threads
 constexpr int kShortVecs = 2;        // and vectors each (one vector each spilled on sm_90)
-constexpr int kMultiRows = 4;        // seqlen-contiguous, rows of at most 512 16-bit tokens:
-                                     // rows per block (kThreads / kMultiRows threads each,
-                                     // kShortVecs vectors per thread)
+constexpr int kMultiRows = 8;        // seqlen-contiguous, rows of at most 512 16-bit tokens:
+constexpr int kMultiVecs = 4;        // rows per block (kThreads / kMultiRows threads each) and
+                                     // vectors per thread
 
 // x at position pos < seqlen of row (b, c), with the history rule for pos < 0.
 template <typename T, int kW>
@@ -59,14 +60,25 @@ M2R_DEVICE void write_final_states(const ConvFwdParams& p, int64_t b, int64_t c)
 // wavefront, and all kRowVecs loads are in flight before the first use. A vector's kW-1 taps
 // of history come from its left neighbour through LDS; thread 0 fetches the block's history.
 //
-// Three instantiations: "vec" (kThreads threads, kRowVecs vectors each: 4096 16-bit tokens a
-// block), "vec_s" for short rows (kShortThreads threads, kShortVecs vectors each: 1024 16-bit
+// Three instantiations: "vec" (kLongThreads threads, kRowVecs vectors each: 2048 16-bit tokens
+// a block), "vec_s" for short rows (kShortThreads threads, kShortVecs vectors each: 1024 16-bit
 // tokens), which the host takes where a row is at most half the long tile (most of a long
 // block's threads would idle: b8 d4352 l512 moved 33% of copy bandwidth that way on the H100),
 // and "vec_m" for rows up to 512 16-bit tokens: kMultiRows rows a block (grid.y over groups of
-// kMultiRows channels), kThreads / kMultiRows threads a row. A 512-token row filled half of a
-// vec_s block, and the multiprocessors' cap on resident blocks then left them short of loads
-// in flight (b8 d4352 l512: 76% of copy on the H100).
+// kMultiRows channels), kThreads / kMultiRows threads a row, kMultiVecs vectors each. A 512-token
+// row filled half of a vec_s block, and the multiprocessors' cap on resident blocks then left
+// them short of loads in flight (b8 d4352 l512: 76% of copy on the H100).
+// Tiles measured on the H200 (graph µs; bf16, width 4; every form on the same inputs, outputs
+// bitwise equal): vec on 64 threads instead of 128 (a 2048-token tile instead of 4096) ran the
+// same on long rows (8192 / 16384 tokens: within 0.5% at every model width) and took the rows
+// of 1025-2048 tokens from vec_s's two blocks a row to one block of 4 vectors a thread:
+// Codestral b4 l2048 100.7 -> 93.9 µs (80 -> 86% of a graph-timed copy of the same bytes), Bamba
+// b4 l2048 83.8 -> 78.7, b8 d5376 l1536 82.2 -> 74.7. vec_m with 8 rows of 16 threads, 4
+// vectors each, instead of 4 rows of 32 threads, 2 vectors each: Codestral b8 l512 52.6 -> 49.6,
+// Bamba b8 l512 43.6 -> 41.5, b16 d5376 l256 40.9 -> 34.7, b32 d5376 l128 91.1 -> 57.3 (a thread
+// with twice the loads in flight). vec_s with 4 vectors a thread ran slower at the rows it keeps
+// (b8 d5376 l768 45.3 -> 60.0, l1024 49.2 -> 60.0); 128 threads x 2 vectors and 256-thread
+// blocks ran slower than these everywhere.
 template <typename T, int kW, bool kSeq, int kThreads = conv1d::kThreads, int kRowVecs = conv1d::kRowVecs,
           int kRows = 1>
 M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
@@ -353,15 +365,22 @@ M2R_DEVICE void fwd_strided(const ConvFwdParams& p) {
   }
 #define M2R_CONV_FWD_MULTI(DT, T, W)                                                            \
   M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_m(ConvFwdParams p) {         \
-    m2r::conv1d::fwd_rows<m2r::T, W, false, m2r::conv1d::kThreads, m2r::conv1d::kShortVecs,       \
+    m2r::conv1d::fwd_rows<m2r::T, W, false, m2r::conv1d::kThreads, m2r::conv1d::kMultiVecs,       \
                           m2r::conv1d::kMultiRows>(p);                                            \
   }                                                                                              \
   M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_m_seq(ConvFwdParams p) {     \
-    m2r::conv1d::fwd_rows<m2r::T, W, true, m2r::conv1d::kThreads, m2r::conv1d::kShortVecs,        \
+    m2r::conv1d::fwd_rows<m2r::T, W, true, m2r::conv1d::kThreads, m2r::conv1d::kMultiVecs,        \
                           m2r::conv1d::kMultiRows>(p);                                            \
   }
+#define M2R_CONV_FWD_LONG(DT, T, W)                                                            \
+  M2R_KERNEL(m2r::conv1d::kLongThreads) m2r_conv1d_fwd_##DT##_w##W##_vec(ConvFwdParams p) {       \
+    m2r::conv1d::fwd_rows<m2r::T, W, false, m2r::conv1d::kLongThreads>(p);                        \
+  }                                                                                              \
+  M2R_KERNEL(m2r::conv1d::kLongThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_seq(ConvFwdParams p) {   \
+    m2r::conv1d::fwd_rows<m2r::T, W, true, m2r::conv1d::kLongThreads>(p);                         \
+  }
 #define M2R_CONV_FWD(DT, T, W)                      \
-  M2R_CONV_FWD_ONE(DT, T, W, vec, fwd_rows)         \
+  M2R_CONV_FWD_LONG(DT, T, W)                       \
   M2R_CONV_FWD_SHORT(DT, T, W)                      \
   M2R_CONV_FWD_MULTI(DT, T, W)                      \
   M2R_CONV_FWD_ONE(DT, T, W, cl_vec, fwd_channel_last) \

@@ -448,24 +448,27 @@ def test_update_passes_state_indices_as_given_to_the_kernel(update_kernels):
 @pytest.mark.parametrize(
     ("dtype", "seqlen", "dim", "layout", "grid", "threads"),
     [
-        (torch.bfloat16, 8, 3, "vec_m", (1, 1, 2), 128),  # 4 rows a block, 3 of them used
-        (torch.bfloat16, 512, 9, "vec_m", (1, 3, 2), 128),  # a row's 32 threads x 2 x 8 tokens
+        (torch.bfloat16, 8, 3, "vec_m", (1, 1, 2), 128),  # 8 rows a block, 3 of them used
+        (torch.bfloat16, 512, 9, "vec_m", (1, 2, 2), 128),  # a row's 16 threads x 4 x 8 tokens
         (torch.bfloat16, 520, 3, "vec_s", (1, 3, 2), 64),  # one short block: 64 x 2 x 8 tokens
-        (torch.bfloat16, 2048, 3, "vec_s", (2, 3, 2), 64),  # half the long tile: 128 x 4 x 8
-        (torch.bfloat16, 2056, 3, "vec", (1, 3, 2), 128),  # past half: the long tile
-        (torch.bfloat16, 9000, 3, "vec", (3, 3, 2), 128),
-        (torch.float32, 256, 5, "vec_m", (1, 2, 2), 128),  # 4 float32 a vector: 256-token rows
+        (torch.bfloat16, 1024, 3, "vec_s", (1, 3, 2), 64),  # half the long tile: 64 x 4 x 8
+        (torch.bfloat16, 1032, 3, "vec", (1, 3, 2), 64),  # past half: the long tile
+        (torch.bfloat16, 2056, 3, "vec", (2, 3, 2), 64),
+        (torch.bfloat16, 9000, 3, "vec", (5, 3, 2), 64),
+        (torch.float32, 256, 5, "vec_m", (1, 1, 2), 128),  # 4 float32 a vector: 256-token rows
         (torch.float32, 264, 3, "vec_s", (1, 3, 2), 64),
-        (torch.float32, 1024, 3, "vec_s", (2, 3, 2), 64),  # 512 tokens a short block
-        (torch.float32, 1032, 3, "vec", (1, 3, 2), 128),
+        (torch.float32, 512, 3, "vec_s", (1, 3, 2), 64),  # 512 tokens a short block
+        (torch.float32, 520, 3, "vec", (1, 3, 2), 64),
+        (torch.float32, 1032, 3, "vec", (2, 3, 2), 64),
     ],
 )
 def test_forward_takes_the_short_row_kernels_where_a_long_block_would_idle(
     monkeypatch, dtype, seqlen, dim, layout, grid, threads
 ):
-    """Seqlen-contiguous rows up to half the long kernel's tile go to the short-row kernel (64
-    threads, two 16-byte vectors each), and rows that fit a quarter of a 128-thread block to the
-    multi-row kernel (4 rows a block), so fewer of a block's threads idle."""
+    """Seqlen-contiguous rows up to half the long kernel's tile (64 threads, four 16-byte vectors
+    each) go to the short-row kernel (64 threads, two vectors each), and rows that fit an eighth
+    of a 128-thread block to the multi-row kernel (8 rows of 16 threads, four vectors each), so
+    fewer of a block's threads idle."""
     from mamba2_rocm.ops import conv1d as ops
 
     kset = stand_in_kernels(monkeypatch, ops)

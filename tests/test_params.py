@@ -75,10 +75,10 @@ def test_launch_geometry_matches_kernel_constants():
     consts = _int_constants("conv1d_fwd.hip", "conv1d_update.hip")
     assert consts["kThreads"] == ops._THREADS
     assert consts["kUpdateThreads"] == ops._THREADS
-    assert consts["kRowVecs"] == ops._ROW_VECS
+    assert (consts["kLongThreads"], consts["kRowVecs"]) == (ops._LONG_THREADS, ops._ROW_VECS)
     assert consts["kClPosPerThread"] == ops._CL_POS
     assert (consts["kShortThreads"], consts["kShortVecs"]) == (ops._SHORT_THREADS, ops._SHORT_VECS)
-    assert consts["kMultiRows"] == ops._MULTI_ROWS
+    assert (consts["kMultiRows"], consts["kMultiVecs"]) == (ops._MULTI_ROWS, ops._MULTI_VECS)
     bwd = (CSRC / "conv1d_bwd.hip").read_text()
     cb = {m[0]: int(m[1]) for m in re.findall(r"(k\w+) = (\d+)[;,]", bwd)}
     assert cb["kThreads"] == ops._BWD_THREADS

@@ -41,8 +41,10 @@ _THREADS = 128
 _ROW_VECS = 4  # csrc/conv1d_fwd.hip: kRowVecs
 # Launch geometry; must equal the constants in csrc/conv1d_fwd.hip (tests/test_params.py checks).
 _CL_POS = 16  # kClPosPerThread
+_LONG_THREADS = 64  # kLongThreads: the long-row kernel (_ROW_VECS vectors a thread)
 _SHORT_THREADS, _SHORT_VECS = 64, 2  # kShortThreads, kShortVecs: the short-row kernel
-_MULTI_ROWS = 4  # kMultiRows: rows per block of the multi-row kernel (kShortVecs vectors a thread)
+# kMultiRows, kMultiVecs: rows per block of the multi-row kernel, vectors a thread
+_MULTI_ROWS, _MULTI_VECS = 8, 4
 # csrc/conv1d_bwd.hip: threads, and the (channels, positions) tile of each shape
 _BWD_THREADS = 256  # kThreads
 _BWD_ROWS = (4, 512)  # kRowsC, kRowsL: seqlen-contiguous x
@@ -165,15 +167,18 @@ def _launch(launcher, x: Tensor, params: tuple, grid: tuple[int, int, int],
     launch(launcher, x, params, grid, threads)
 
 
+_ROW_THREADS = {"vec": _LONG_THREADS, "vec_s": _SHORT_THREADS}  # the others: _THREADS
+
+
 def _row_tile(layout: str, n_elts: int) -> int:
     """Tokens of one row a block of a seqlen-contiguous kernel covers (csrc/conv1d_fwd.hip,
-    fwd_rows): vec_m a quarter of the block's threads, 2 vectors each; vec_s its 64 threads, 2
-    vectors each; vec 128 threads, 4 vectors each."""
+    fwd_rows): vec_m an eighth of the block's 128 threads, 4 vectors each; vec_s its 64 threads,
+    2 vectors each; vec 64 threads, 4 vectors each."""
     if layout == "vec_m":
-        return _THREADS // _MULTI_ROWS * _SHORT_VECS * n_elts
+        return _THREADS // _MULTI_ROWS * _MULTI_VECS * n_elts
     if layout == "vec_s":
         return _SHORT_THREADS * _SHORT_VECS * n_elts
-    return _THREADS * _ROW_VECS * n_elts
+    return _LONG_THREADS * _ROW_VECS * n_elts
 
 
 def _rows_layout(
@@ -181,8 +186,9 @@ def _rows_layout(
 ) -> tuple[str, tuple[int, int, int]]:
     """Which seqlen-contiguous kernel takes rows of ``seqlen`` (``n_elts`` elements a 16-byte
     vector), and its grid (blocks along seqlen, then over channels -- _MULTI_ROWS of them a block
-    for vec_m -- then batch): rows that fit a quarter block go four to a block (vec_m), rows up
-    to half the long tile to the short-row kernel (vec_s), longer ones to the long tile (vec)."""
+    for vec_m -- then batch): rows that fit an eighth of a block go eight to a block (vec_m),
+    rows up to half the long tile to the short-row kernel (vec_s), longer ones to the long tile
+    (vec)."""
     if seqlen <= _row_tile("vec_m", n_elts):
         layout = "vec_m"
     elif 2 * seqlen <= _row_tile("vec", n_elts):  # most of a long block's threads would idle
@@ -244,7 +250,7 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
     )  # (ConvFwdParams, field order)
     seq = "_seq" if seq_idx is not None else ""
     launcher = kset.launcher(f"m2r_conv1d_fwd_{KERNEL_DTYPE[x.dtype]}_w{width}_{layout}{seq}")
-    _launch(launcher, x, p, grid, _SHORT_THREADS if layout == "vec_s" else _THREADS)
+    _launch(launcher, x, p, grid, _ROW_THREADS.get(layout, _THREADS))
 
 
 def _channel_last(x: Tensor) -> bool:
