@@ -187,7 +187,7 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
 #pragma unroll
       for (int k = 0; k < kW; ++k)
         if (!has_seq || ws[i + k] == ws[i + kW - 1]) acc = fmaf(w[k], win[i + k], acc);
-      yv[i] = has_seq && ws[i + kW - 1] < 0 ? 0.f : p.silu ? silu(acc) : acc;  // padding token: 0
+      yv[i] = has_seq && ws[i + kW - 1] < 0 ? 0.f : p.silu ? silu_fast(acc) : acc;  // padding token: 0
     }
     if (t0 + kN <= seqlen) {
       typename Vec16<T>::U u;
@@ -340,7 +340,7 @@ M2R_DEVICE void fwd_strided(const ConvFwdParams& p) {
   }
   typedef typename T::storage S;
   S* out = static_cast<S*>(p.out);
-  const float y = kSeq && sid_t < 0 ? 0.f : p.silu ? silu(acc) : acc;  // padding token: 0
+  const float y = kSeq && sid_t < 0 ? 0.f : p.silu ? silu_fast(acc) : acc;  // padding token: 0
   out[b * p.out_batch_stride + c * p.out_c_stride + t * p.out_l_stride] = T::from_float(y);
   if (p.final_states != nullptr && t == p.seqlen - 1) write_final_states<T, kW>(p, b, c);
 }
