@@ -95,6 +95,32 @@ def test_fwd_seq_idx(width, dtype, layout):
     assert pad.any() and not out[pad].any()
 
 
+@pytest.mark.parametrize("seq", [False, True], ids=["plain", "seq_idx"])
+@pytest.mark.parametrize("seqlen", [40, 704, 2104])  # 16-bit rows: a multiple of 8 tokens
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_fwd_kernels_agree_bit_for_bit(monkeypatch, width, dtype, seqlen, seq):
+    """The same inputs through the seqlen-contiguous kernels (vec_m / vec_s / vec by seqlen), the
+    channel-last one and the any-strides one give the same bits: one tap order, one SiLU
+    (silu_fast) in all three, so a caller's memory layout never changes its outputs."""
+    names = launched(monkeypatch)
+    g = _gen("agree", width, str(dtype), seqlen, seq)
+    batch, dim = 2, 70
+    x = torch.randn(batch, dim, seqlen, device=DEV, generator=g).to(dtype)
+    x_cl = x.transpose(1, 2).contiguous().transpose(1, 2)
+    wide = torch.empty(batch, dim, seqlen + 1, device=DEV, dtype=dtype)
+    x_odd = wide[:, :, 1:].copy_(x)  # one element past 16-byte alignment: the any-strides kernel
+    w = torch.randn(dim, width, device=DEV, generator=g).to(dtype)
+    b = torch.randn(dim, device=DEV, generator=g).to(dtype)
+    seq_idx = make_seq_idx(batch, seqlen, device=DEV) if seq else None
+    outs = [causal_conv1d_fn(v, w, b, seq_idx=seq_idx, activation="silu") for v in (x, x_cl, x_odd)]
+    kinds = [n.split(f"_w{width}_")[1].removesuffix("_seq") for n in names]
+    assert kinds[0] in ("vec_m", "vec_s", "vec") and kinds[1:] == ["cl_vec", "strided"], names
+    ref, _ = _ref(x, w, b, seq_idx=seq_idx, silu=True)
+    torch.testing.assert_close(outs[0], ref, **TOL[dtype])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 @pytest.mark.parametrize(
     ("seqlen", "layout16", "layout32"),
     [(8, "vec_m", "vec_m"), (24, "vec_m", "vec_m"), (256, "vec_m", "vec_m"),
