@@ -118,9 +118,11 @@ def run_backward(width=4, dtype="bfloat16") -> list[dict]:
 
 def copy_of(nbytes: int):
     """A device copy that moves ``nbytes`` (read plus written): torch's copy of nbytes / 4
-    2-byte elements, the kernel the 1 GB reference copy runs, 16 bytes a load. (A uint8 copy,
-    which this bench took before, runs at 4 bytes a load and slower than the conv itself: 29.6
-    against 23.8 µs at 72 MB on the H200.)"""
+    2-byte elements, the copy the 1 GB reference (``copy_bandwidth_gbs``) times. Torch runs it
+    as a device memcpy, which a CUDA graph captures as a memcpy node that ran slower than the
+    eager call on the H200 (123 against 85 µs at 320 MB): rows take the better of the two. (A
+    uint8 copy, which this bench took before, ran slower than the conv itself: 29.6 against
+    23.8 µs at 72 MB on the H200.)"""
     torch = require_torch()
     src = torch.empty(nbytes // 4, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
@@ -289,10 +291,9 @@ def summary(rows: list[dict]) -> list[str]:
     # shares its seqlen-contiguous twin's copy) and every update
     for impl, layout, kind in ((KERNEL, "", "fwd"), (KERNEL_CL, " channel-last", "fwd"),
                                (KERNEL, "", "update")):  # fmt: skip
-        to_copy = [(best[(c.removesuffix(" channel-last"), COPY)] / us, c)
-                   for (c, i), us in best.items()
-                   if i == impl and f" {kind} " in f" {c} "
-                   and (c.removesuffix(" channel-last"), COPY) in best]  # fmt: skip
+        twin = {c: (c.removesuffix(" channel-last"), COPY) for c, i in best if i == impl}
+        to_copy = [(best[twin[c]] / us, c) for (c, i), us in best.items()
+                   if i == impl and f" {kind} " in f" {c} " and twin[c] in best]  # fmt: skip
         if not to_copy:
             continue
         low = min(to_copy)

@@ -167,18 +167,19 @@ def _launch(launcher, x: Tensor, params: tuple, grid: tuple[int, int, int],
     launch(launcher, x, params, grid, threads)
 
 
-_ROW_THREADS = {"vec": _LONG_THREADS, "vec_s": _SHORT_THREADS}  # the others: _THREADS
+#: the seqlen-contiguous kernels (csrc/conv1d_fwd.hip, fwd_rows): (threads a block, 16-byte
+#: vectors a thread, rows a block; a row's threads are the block's over its rows)
+_ROW_FORMS = {
+    "vec_m": (_THREADS, _MULTI_VECS, _MULTI_ROWS),
+    "vec_s": (_SHORT_THREADS, _SHORT_VECS, 1),
+    "vec": (_LONG_THREADS, _ROW_VECS, 1),
+}
 
 
 def _row_tile(layout: str, n_elts: int) -> int:
-    """Tokens of one row a block of a seqlen-contiguous kernel covers (csrc/conv1d_fwd.hip,
-    fwd_rows): vec_m an eighth of the block's 128 threads, 4 vectors each; vec_s its 64 threads,
-    2 vectors each; vec 64 threads, 4 vectors each."""
-    if layout == "vec_m":
-        return _THREADS // _MULTI_ROWS * _MULTI_VECS * n_elts
-    if layout == "vec_s":
-        return _SHORT_THREADS * _SHORT_VECS * n_elts
-    return _LONG_THREADS * _ROW_VECS * n_elts
+    """Tokens of one row a block of seqlen-contiguous kernel ``layout`` covers."""
+    threads, vecs, rows = _ROW_FORMS[layout]
+    return threads // rows * vecs * n_elts
 
 
 def _rows_layout(
@@ -195,7 +196,7 @@ def _rows_layout(
         layout = "vec_s"
     else:
         layout = "vec"
-    rows = _MULTI_ROWS if layout == "vec_m" else 1
+    rows = _ROW_FORMS[layout][2]
     return layout, (-(-seqlen // _row_tile(layout, n_elts)), -(-dim // rows), batch)
 
 
@@ -250,7 +251,7 @@ def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, si
     )  # (ConvFwdParams, field order)
     seq = "_seq" if seq_idx is not None else ""
     launcher = kset.launcher(f"m2r_conv1d_fwd_{KERNEL_DTYPE[x.dtype]}_w{width}_{layout}{seq}")
-    _launch(launcher, x, p, grid, _ROW_THREADS.get(layout, _THREADS))
+    _launch(launcher, x, p, grid, _ROW_FORMS[layout][0] if layout in _ROW_FORMS else _THREADS)
 
 
 def _channel_last(x: Tensor) -> bool:
