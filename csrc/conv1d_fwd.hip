@@ -3,10 +3,13 @@
 //   *_vec      x and out (batch, dim, seqlen) with unit stride along seqlen, 16-byte aligned:
 //              four 16-byte loads per thread in flight; neighbours' taps exchanged in LDS.
 //   *_cl_vec   channel-last (unit stride along dim), 4-byte aligned: a thread owns one 32-bit
-//              word of channels and walks kClPosPerThread positions.
+//              word of channels and walks kClPosPerThread positions; *_cl_cf the same with the
+//              blocks in another order (channel blocks fastest; the host picks by rows' length).
 //   *_strided  any strides (sliced, transposed, misaligned): one thread per output, simple and
 //              correct everywhere; the host uses it only when neither fast layout applies.
 // The host picks the layout; all variants compute the same function (tested against each other).
+#include <type_traits>
+
 #include "platform.h"
 
 namespace m2r {
@@ -207,19 +210,29 @@ M2R_DEVICE void fwd_rows(const ConvFwdParams& p) {
 }
 
 // ---- layout: channel-last --------------------------------------------------------------------
-// grid (ceil(seqlen / kClPosPerThread), ceil(dim / (kThreads * kPerWord)), batch). A thread owns
+// grid (ceil(seqlen / kClPosPerThread), ceil(dim / (kThreads * kPerWord)), batch), or with
+// kChannelsFastest (ceil(seqlen / kClPosPerThread) * ceil(dim / (kThreads * kPerWord)), 1, batch),
+// channel blocks fastest: the blocks resident at once then read whole rows. A thread owns
 // one 32-bit word of channels (2 for 16-bit types, 1 for fp32) and kClPosPerThread positions: a
 // wavefront reads whole 128-byte rows, and all kClPosPerThread + kW - 1 words are loaded before
 // the first output is computed. Few registers (no per-channel weight arrays), so many waves.
-template <typename T, int kW, bool kSeq>
+template <typename T, int kW, bool kSeq, bool kChannelsFastest>
 M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
   typedef typename T::storage S;
   constexpr int kC = T::kPerWord;
   constexpr int kP = kClPosPerThread;
   constexpr int kJ = kP + kW - 1;  // inputs: kW - 1 of history, then kP positions
   const int64_t b = blockIdx.z;
-  const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x) * kC;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kP;
+  // the block's channel block and position tile: kChannelsFastest (the _cl_cf kernels) walks
+  // the channel blocks of one position tile with consecutive blocks (a 1-D grid), else the
+  // position tiles of one channel block (_cl_vec, blockIdx.y)
+  unsigned cb = blockIdx.y, tile = blockIdx.x;
+  if constexpr (kChannelsFastest) {
+    const unsigned ncb = (static_cast<unsigned>(p.dim) + kThreads * kC - 1) / (kThreads * kC);
+    cb = blockIdx.x % ncb, tile = blockIdx.x / ncb;
+  }
+  const int64_t c0 = (static_cast<int64_t>(cb) * kThreads + threadIdx.x) * kC;
+  const int64_t t0 = static_cast<int64_t>(tile) * kP;
   // seq ids are the same for the whole block: staged once in LDS (kept out of scalar
   // registers, which RDNA would otherwise run out of), before any thread leaves.
   __shared__ int sh_sid[kSeq ? kJ : 1];
@@ -261,22 +274,44 @@ M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
       }
     }
   }
-  // the taps and bias: every load issued before the first conversion (load_bits; through
-  // load_as_float_n a channel at a time, the _seq kernels spilled on sm_90)
-  uint32_t wb[kC][kW], bb[kC];
-#pragma unroll
-  for (int i = 0; i < kC; ++i) {
-    const int64_t c = min(c0 + i, static_cast<int64_t>(p.dim) - 1);
-#pragma unroll
-    for (int k = 0; k < kW; ++k) wb[i][k] = load_bits(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
-    bb[i] = p.bias ? load_bits(p.bias, p.bias_dtype, c) : 0u;
-  }
+  // the taps and bias: every load issued before the first conversion (through load_as_float_n
+  // a channel at a time, the _seq kernels spilled on sm_90). Taps and bias of x's dtype (as
+  // every caller passes them) take straight-line loads: the dtype switch per element (load_bits),
+  // which no compiler hoisted, and the per-position checks below together were a quarter of the
+  // kernel's instructions (ncu, H200, b4 d4096 l4096: 52.4M -> 39.7M)
   float w[kC][kW], bias[kC];
+  if (p.weight_dtype == T::kDType && (!p.bias || p.bias_dtype == T::kDType)) {
+    const S* wp = static_cast<const S*>(p.weight);
+    const S* bp = static_cast<const S*>(p.bias);
+    S ws[kC][kW], bs[kC];
 #pragma unroll
-  for (int i = 0; i < kC; ++i) {
+    for (int i = 0; i < kC; ++i) {
+      const int64_t c = min(c0 + i, static_cast<int64_t>(p.dim) - 1);
 #pragma unroll
-    for (int k = 0; k < kW; ++k) w[i][k] = bits_to_float(wb[i][k], p.weight_dtype);
-    bias[i] = p.bias ? bits_to_float(bb[i], p.bias_dtype) : 0.f;
+      for (int k = 0; k < kW; ++k) ws[i][k] = wp[c * p.weight_c_stride + k * p.weight_w_stride];
+      bs[i] = bp ? bp[c] : S{};
+    }
+#pragma unroll
+    for (int i = 0; i < kC; ++i) {
+#pragma unroll
+      for (int k = 0; k < kW; ++k) w[i][k] = T::to_float(ws[i][k]);
+      bias[i] = bp ? T::to_float(bs[i]) : 0.f;
+    }
+  } else {
+    uint32_t wb[kC][kW], bb[kC];
+#pragma unroll
+    for (int i = 0; i < kC; ++i) {
+      const int64_t c = min(c0 + i, static_cast<int64_t>(p.dim) - 1);
+#pragma unroll
+      for (int k = 0; k < kW; ++k) wb[i][k] = load_bits(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
+      bb[i] = p.bias ? load_bits(p.bias, p.bias_dtype, c) : 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < kC; ++i) {
+#pragma unroll
+      for (int k = 0; k < kW; ++k) w[i][k] = bits_to_float(wb[i][k], p.weight_dtype);
+      bias[i] = p.bias ? bits_to_float(bb[i], p.bias_dtype) : 0.f;
+    }
   }
   // position j's channel i, unpacked where it is used, not all kJ x kC up front: 2-3% more
   // bandwidth on the H100 (bf16 b4 d4096 l4096 86.0 -> 88.4% of copy, b8 d10240 l512 82.3 -> 85.3%)
@@ -286,29 +321,37 @@ M2R_DEVICE void fwd_channel_last(const ConvFwdParams& p) {
     return f[i];
   };
 
-  const int n_out = interior ? kP : static_cast<int>(min(static_cast<int64_t>(kP), p.seqlen - t0));
   // (position t0, channel c0): a running pointer
-  S* out = static_cast<S*>(p.out) + b * p.out_batch_stride + t0 * p.out_l_stride + c0;
+  S* const out0 = static_cast<S*>(p.out) + b * p.out_batch_stride + t0 * p.out_l_stride + c0;
+  // the outputs, as their own code for an interior thread (all kP positions, both channels, no
+  // seq_idx: no check per position) and for the rest
+  const auto outputs = [&](auto interior_tag) {
+    constexpr bool kIn = decltype(interior_tag)::value;
+    const int n_out = kIn ? kP : static_cast<int>(min(static_cast<int64_t>(kP), p.seqlen - t0));
+    S* out = out0;
 #pragma unroll
-  for (int s = 0; s < kP; ++s, out += p.out_l_stride) {
-    if (s >= n_out) break;
-    float y[kC];
+    for (int s = 0; s < kP; ++s, out += p.out_l_stride) {
+      if (!kIn && s >= n_out) break;
+      float y[kC];
 #pragma unroll
-    for (int i = 0; i < kC; ++i) {
-      float acc = bias[i];
+      for (int i = 0; i < kC; ++i) {
+        float acc = bias[i];
 #pragma unroll
-      for (int k = 0; k < kW; ++k)
-        if (!kSeq || sh_sid[s + k] == sh_sid[s + kW - 1]) acc = fmaf(w[i][k], xf(s + k, i), acc);
-      y[i] = kSeq && sh_sid[s + kW - 1] < 0 ? 0.f : p.silu ? silu_fast(acc) : acc;  // padding token: 0
+        for (int k = 0; k < kW; ++k)
+          if (kIn || !kSeq || sh_sid[s + k] == sh_sid[s + kW - 1]) acc = fmaf(w[i][k], xf(s + k, i), acc);
+        y[i] = !kIn && kSeq && sh_sid[s + kW - 1] < 0 ? 0.f : p.silu ? silu_fast(acc) : acc;  // padding token: 0
+      }
+      if (kIn || full_c) {
+        store_stream(reinterpret_cast<uint32_t*>(out), T::pack(y));
+      } else {
+#pragma unroll
+        for (int i = 0; i < kC; ++i)
+          if (c0 + i < p.dim) out[(c0 + i) * p.out_c_stride - c0] = T::from_float(y[i]);
+      }
     }
-    if (full_c) {
-      store_stream(reinterpret_cast<uint32_t*>(out), T::pack(y));
-    } else {
-#pragma unroll
-      for (int i = 0; i < kC; ++i)
-        if (c0 + i < p.dim) out[(c0 + i) * p.out_c_stride - c0] = T::from_float(y[i]);
-    }
-  }
+  };
+  if (interior) outputs(std::true_type{});
+  else outputs(std::false_type{});
   if (p.final_states != nullptr && t0 + kP >= p.seqlen) {
 #pragma unroll
     for (int i = 0; i < kC; ++i)
@@ -359,6 +402,15 @@ M2R_DEVICE void fwd_strided(const ConvFwdParams& p) {
   M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME##_seq(ConvFwdParams p) { \
     m2r::conv1d::FN<m2r::T, W, true>(p);                                                          \
   }
+// the channel-last kernels in both block orders: _cl_vec position tiles fastest, _cl_cf
+// channel blocks fastest (the host picks by rows' length)
+#define M2R_CONV_FWD_CL(DT, T, W, NAME, CF)                                                        \
+  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME(ConvFwdParams p) {       \
+    m2r::conv1d::fwd_channel_last<m2r::T, W, false, CF>(p);                                       \
+  }                                                                                              \
+  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME##_seq(ConvFwdParams p) { \
+    m2r::conv1d::fwd_channel_last<m2r::T, W, true, CF>(p);                                        \
+  }
 #define M2R_CONV_FWD_SHORT(DT, T, W)                                                            \
   M2R_KERNEL(m2r::conv1d::kShortThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_s(ConvFwdParams p) {    \
     m2r::conv1d::fwd_rows<m2r::T, W, false, m2r::conv1d::kShortThreads, m2r::conv1d::kShortVecs>(p);                    \
@@ -386,7 +438,8 @@ M2R_DEVICE void fwd_strided(const ConvFwdParams& p) {
   M2R_CONV_FWD_LONG(DT, T, W)                       \
   M2R_CONV_FWD_SHORT(DT, T, W)                      \
   M2R_CONV_FWD_MULTI(DT, T, W)                      \
-  M2R_CONV_FWD_ONE(DT, T, W, cl_vec, fwd_channel_last) \
+  M2R_CONV_FWD_CL(DT, T, W, cl_vec, false)          \
+  M2R_CONV_FWD_CL(DT, T, W, cl_cf, true)            \
   M2R_CONV_FWD_ONE(DT, T, W, strided, fwd_strided)
 
 #define M2R_CONV_FWD_WIDTHS(DT, T) M2R_CONV_FWD(DT, T, 2) M2R_CONV_FWD(DT, T, 3) M2R_CONV_FWD(DT, T, 4)

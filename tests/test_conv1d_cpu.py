@@ -481,6 +481,30 @@ def test_forward_takes_the_short_row_kernels_where_a_long_block_would_idle(
     assert name.endswith(f"_w4_{layout}") and got == grid and seen == [threads]
 
 
+@pytest.mark.parametrize(
+    ("dtype", "seqlen", "dim", "layout", "grid"),
+    [
+        (torch.bfloat16, 2112, 600, "cl_vec", (132, 3, 2)),  # 132 tiles of 16: one per SM
+        (torch.bfloat16, 2113, 600, "cl_cf", (133 * 3, 1, 2)),  # more tiles than SMs
+        (torch.bfloat16, 16384, 256, "cl_cf", (1024, 1, 2)),  # one channel block
+        (torch.float32, 4096, 300, "cl_cf", (256 * 3, 1, 2)),  # 128 float32 channels a block
+        (torch.float32, 100, 300, "cl_vec", (7, 3, 2)),
+    ],
+)
+def test_channel_last_forward_block_order(monkeypatch, dtype, seqlen, dim, layout, grid):
+    """Channel-last rows of more 16-position tiles than the GPU has multiprocessors take the
+    kernel whose consecutive blocks walk the channel blocks (cl_cf, a 1-D grid); shorter ones
+    the one walking positions (cl_vec, channel blocks in grid y)."""
+    from mamba2_rocm.ops import conv1d as ops
+
+    kset = stand_in_kernels(monkeypatch, ops)
+    monkeypatch.setattr(ops, "sm_count", lambda device: 132)
+    x = torch.randn(2, seqlen, dim, dtype=dtype).transpose(1, 2)
+    causal_conv1d_fn(x, torch.randn(dim, 4, dtype=dtype), None, activation="silu")
+    (name, _, got), = kset.launches  # fmt: skip
+    assert name.endswith(f"_w4_{layout}") and got == grid
+
+
 def test_backward_tiles_per_block():
     """One tile per block while the grid has at most BWD_BLOCKS_PER_SM blocks per
     multiprocessor; beyond that blocks walk more tiles (never more than a row has)."""

@@ -101,11 +101,15 @@ def test_fwd_seq_idx(width, dtype, layout):
 @pytest.mark.parametrize("width", [2, 3, 4])
 def test_fwd_kernels_agree_bit_for_bit(monkeypatch, width, dtype, seqlen, seq):
     """The same inputs through the seqlen-contiguous kernels (vec_m / vec_s / vec by seqlen), the
-    channel-last one and the any-strides one give the same bits: one tap order, one SiLU
-    (silu_fast) in all three, so a caller's memory layout never changes its outputs."""
+    channel-last one in both block orders (cl_vec, cl_cf) and the any-strides one give the same
+    bits: one tap order, one SiLU (silu_fast) in all, so a caller's memory layout never changes
+    its outputs. dim 600: several channel blocks, the last one partial (256 16-bit or 128 float32
+    channels a block)."""
+    import mamba2_rocm.ops.conv1d as ops
+
     names = launched(monkeypatch)
     g = _gen("agree", width, str(dtype), seqlen, seq)
-    batch, dim = 2, 70
+    batch, dim = 2, 600
     x = torch.randn(batch, dim, seqlen, device=DEV, generator=g).to(dtype)
     x_cl = x.transpose(1, 2).contiguous().transpose(1, 2)
     wide = torch.empty(batch, dim, seqlen + 1, device=DEV, dtype=dtype)
@@ -113,12 +117,20 @@ def test_fwd_kernels_agree_bit_for_bit(monkeypatch, width, dtype, seqlen, seq):
     w = torch.randn(dim, width, device=DEV, generator=g).to(dtype)
     b = torch.randn(dim, device=DEV, generator=g).to(dtype)
     seq_idx = make_seq_idx(batch, seqlen, device=DEV) if seq else None
-    outs = [causal_conv1d_fn(v, w, b, seq_idx=seq_idx, activation="silu") for v in (x, x_cl, x_odd)]
+    run = lambda v: causal_conv1d_fn(v, w, b, seq_idx=seq_idx, activation="silu")  # noqa: E731
+    outs = [run(x)]
+    rule = ops._cl_layout
+    for sms in (10**9, 0):  # more multiprocessors than tiles: cl_vec; none: cl_cf (> 1 tile)
+        monkeypatch.setattr(ops, "_cl_layout", lambda *a, sms=sms: rule(*a[:-1], sms))
+        outs.append(run(x_cl))
+    outs.append(run(x_odd))
     kinds = [n.split(f"_w{width}_")[1].removesuffix("_seq") for n in names]
-    assert kinds[0] in ("vec_m", "vec_s", "vec") and kinds[1:] == ["cl_vec", "strided"], names
+    want = ["cl_vec", "cl_cf", "strided"]
+    assert kinds[0] in ("vec_m", "vec_s", "vec") and kinds[1:] == want, names
     ref, _ = _ref(x, w, b, seq_idx=seq_idx, silu=True)
     torch.testing.assert_close(outs[0], ref, **TOL[dtype])
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    for out in outs[1:]:
+        assert torch.equal(outs[0], out)
 
 
 @pytest.mark.parametrize(
