@@ -525,3 +525,15 @@ def test_ssd_paths_without_a_gpu_says_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="bench ssd-paths needs a GPU"):
         ssd_paths.run()
+
+
+def test_conv_copy_reference_takes_whole_8k_runs():
+    """The same-size copy's element count: nbytes / 4, cut to whole 4096-element runs from 2^18
+    elements (torch's copy of other counts took a slower path on the H200), small ones as they
+    are."""
+    from mamba2_rocm.bench.conv1d import copy_elements
+
+    assert copy_elements(117_458_432) == 29_364_224  # the 112 MB case: 384 elements cut
+    assert copy_elements(4 * 29_364_224) == 29_364_224  # whole runs: unchanged
+    assert copy_elements(4 * 1000) == 1000  # below 2^18 elements: as it is
+    assert copy_elements(4 * (1 << 18) + 4 * 5) == 1 << 18
