@@ -394,53 +394,27 @@ M2R_DEVICE void fwd_strided(const ConvFwdParams& p) {
 }  // namespace conv1d
 }  // namespace m2r
 
-// One kernel per (dtype, width, layout), each with and without seq_idx ("_seq").
-#define M2R_CONV_FWD_ONE(DT, T, W, NAME, FN)                                                     \
-  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME(ConvFwdParams p) {       \
-    m2r::conv1d::FN<m2r::T, W, false>(p);                                                         \
-  }                                                                                              \
-  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME##_seq(ConvFwdParams p) { \
-    m2r::conv1d::FN<m2r::T, W, true>(p);                                                          \
+// One kernel per (dtype, width, layout), each with and without seq_idx ("_seq"): FN's template
+// arguments are (T, W, seq_idx, then the layout's own ones).
+#define M2R_CONV_FWD_PAIR(DT, T, W, NAME, NT, FN, ...)                                          \
+  M2R_KERNEL(NT) m2r_conv1d_fwd_##DT##_w##W##_##NAME(ConvFwdParams p) {                         \
+    m2r::conv1d::FN<m2r::T, W, false, ##__VA_ARGS__>(p);                                         \
+  }                                                                                             \
+  M2R_KERNEL(NT) m2r_conv1d_fwd_##DT##_w##W##_##NAME##_seq(ConvFwdParams p) {                   \
+    m2r::conv1d::FN<m2r::T, W, true, ##__VA_ARGS__>(p);                                          \
   }
-// the channel-last kernels in both block orders: _cl_vec position tiles fastest, _cl_cf
-// channel blocks fastest (the host picks by rows' length)
-#define M2R_CONV_FWD_CL(DT, T, W, NAME, CF)                                                        \
-  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME(ConvFwdParams p) {       \
-    m2r::conv1d::fwd_channel_last<m2r::T, W, false, CF>(p);                                       \
-  }                                                                                              \
-  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_##NAME##_seq(ConvFwdParams p) { \
-    m2r::conv1d::fwd_channel_last<m2r::T, W, true, CF>(p);                                        \
-  }
-#define M2R_CONV_FWD_SHORT(DT, T, W)                                                            \
-  M2R_KERNEL(m2r::conv1d::kShortThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_s(ConvFwdParams p) {    \
-    m2r::conv1d::fwd_rows<m2r::T, W, false, m2r::conv1d::kShortThreads, m2r::conv1d::kShortVecs>(p);                    \
-  }                                                                                              \
-  M2R_KERNEL(m2r::conv1d::kShortThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_s_seq(ConvFwdParams p) { \
-    m2r::conv1d::fwd_rows<m2r::T, W, true, m2r::conv1d::kShortThreads, m2r::conv1d::kShortVecs>(p);                     \
-  }
-#define M2R_CONV_FWD_MULTI(DT, T, W)                                                            \
-  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_m(ConvFwdParams p) {         \
-    m2r::conv1d::fwd_rows<m2r::T, W, false, m2r::conv1d::kThreads, m2r::conv1d::kMultiVecs,       \
-                          m2r::conv1d::kMultiRows>(p);                                            \
-  }                                                                                              \
-  M2R_KERNEL(m2r::conv1d::kThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_m_seq(ConvFwdParams p) {     \
-    m2r::conv1d::fwd_rows<m2r::T, W, true, m2r::conv1d::kThreads, m2r::conv1d::kMultiVecs,        \
-                          m2r::conv1d::kMultiRows>(p);                                            \
-  }
-#define M2R_CONV_FWD_LONG(DT, T, W)                                                            \
-  M2R_KERNEL(m2r::conv1d::kLongThreads) m2r_conv1d_fwd_##DT##_w##W##_vec(ConvFwdParams p) {       \
-    m2r::conv1d::fwd_rows<m2r::T, W, false, m2r::conv1d::kLongThreads>(p);                        \
-  }                                                                                              \
-  M2R_KERNEL(m2r::conv1d::kLongThreads) m2r_conv1d_fwd_##DT##_w##W##_vec_seq(ConvFwdParams p) {   \
-    m2r::conv1d::fwd_rows<m2r::T, W, true, m2r::conv1d::kLongThreads>(p);                         \
-  }
-#define M2R_CONV_FWD(DT, T, W)                      \
-  M2R_CONV_FWD_LONG(DT, T, W)                       \
-  M2R_CONV_FWD_SHORT(DT, T, W)                      \
-  M2R_CONV_FWD_MULTI(DT, T, W)                      \
-  M2R_CONV_FWD_CL(DT, T, W, cl_vec, false)          \
-  M2R_CONV_FWD_CL(DT, T, W, cl_cf, true)            \
-  M2R_CONV_FWD_ONE(DT, T, W, strided, fwd_strided)
+// seqlen-contiguous long (vec), short (vec_s) and multi-row (vec_m) rows; channel-last with
+// position tiles (cl_vec) or channel blocks (cl_cf) fastest in the grid (the host picks by
+// rows' length); any strides
+#define M2R_CONV_FWD(DT, T, W)                                                                   \
+  M2R_CONV_FWD_PAIR(DT, T, W, vec, m2r::conv1d::kLongThreads, fwd_rows, m2r::conv1d::kLongThreads) \
+  M2R_CONV_FWD_PAIR(DT, T, W, vec_s, m2r::conv1d::kShortThreads, fwd_rows, m2r::conv1d::kShortThreads, \
+                    m2r::conv1d::kShortVecs)                                                      \
+  M2R_CONV_FWD_PAIR(DT, T, W, vec_m, m2r::conv1d::kThreads, fwd_rows, m2r::conv1d::kThreads,      \
+                    m2r::conv1d::kMultiVecs, m2r::conv1d::kMultiRows)                             \
+  M2R_CONV_FWD_PAIR(DT, T, W, cl_vec, m2r::conv1d::kThreads, fwd_channel_last, false)             \
+  M2R_CONV_FWD_PAIR(DT, T, W, cl_cf, m2r::conv1d::kThreads, fwd_channel_last, true)               \
+  M2R_CONV_FWD_PAIR(DT, T, W, strided, m2r::conv1d::kThreads, fwd_strided)
 
 #define M2R_CONV_FWD_WIDTHS(DT, T) M2R_CONV_FWD(DT, T, 2) M2R_CONV_FWD(DT, T, 3) M2R_CONV_FWD(DT, T, 4)
 

@@ -173,9 +173,8 @@ def run(
     def add_copy(case, nbytes):  # the best of COPY_ROUNDS buffer pairs (copy_of)
         runs = []
         for _ in range(COPY_ROUNDS):
-            fn = copy_of(nbytes)
+            fn = copy_of(nbytes)  # (the previous pair is freed as fn is rebound)
             runs.append((time_calls(fn), time_graph(fn)))
-            del fn
         record(case, COPY, *min(runs, key=lambda tg: min(tg[0].median_us, tg[1].median_us)), nbytes)
 
     def record(case, impl, t, g, nbytes):
