@@ -402,16 +402,15 @@ def test_conv1d_table_shows_peak_memory_and_its_ratio(monkeypatch):
     assert "worst fwd+bwd at >= 64 MB: 50.0%" in text
 
 
-def test_conv1d_backward_row_takes_the_better_of_eager_and_graph():
-    """--backward rows carry both timings; bandwidth and the summary's device time use the better
-    (an eager training step is mostly host time), whichever it is."""
-    from mamba2_rocm.bench.conv1d import KERNEL, backward_row
-    from mamba2_rocm.bench.timing import Timing
+def test_bandwidth_row_takes_the_better_of_eager_and_graph():
+    """Rows with both timings (bench conv1d --backward's training steps among them): bandwidth and
+    the summary's device time use the better (an eager training step is mostly host time),
+    whichever it is; the extra fields pass through."""
+    from mamba2_rocm.bench.timing import Timing, bandwidth_row
 
     nbytes = 10**9
-    host_bound = backward_row(
-        "c", KERNEL, Timing(500.0, 9.0, 100), Timing(125.0, 1.0, 25), nbytes, 7.0, 4000.0
-    )
+    host_bound = bandwidth_row("c", "k", Timing(500.0, 9.0, 100), Timing(125.0, 1.0, 25), nbytes, 4000.0,
+                               iqr_us=9.0, bytes=nbytes, peak_mb=7.0)  # fmt: skip
     assert (host_bound["us"], host_bound["graph_us"], host_bound["best_us"]) == (
         500.0,
         125.0,
@@ -425,10 +424,12 @@ def test_conv1d_backward_row_takes_the_better_of_eager_and_graph():
         and host_bound["peak_mb"] == 7.0
         and host_bound["bytes"] == nbytes
     )
-    graph_slower = backward_row(
-        "c", KERNEL, Timing(100.0, 1.0, 100), Timing(250.0, 1.0, 25), nbytes, 0.0, 4000.0
+    graph_slower = bandwidth_row(
+        "c", "k", Timing(100.0, 1.0, 100), Timing(250.0, 1.0, 25), nbytes, 4000.0
     )
     assert graph_slower["best_us"] == 100.0 and graph_slower["gbs"] == pytest.approx(10000.0)
+    eager_only = bandwidth_row("c", "k", Timing(100.0, 1.0, 100), None, nbytes, 4000.0)
+    assert eager_only["graph_us"] is None and eager_only["best_us"] == 100.0
 
 
 def test_ssd_backward_table_has_peak_memory_and_the_ratio(monkeypatch):

@@ -30,7 +30,14 @@ bandwidth and the summary's ratios take the better, the graph time wherever host
 from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.bench.timing import backend, copy_bandwidth_gbs, peak_mb, time_calls, time_graph
+from mamba2_rocm.bench.timing import (
+    backend,
+    bandwidth_row,
+    copy_bandwidth_gbs,
+    peak_mb,
+    time_calls,
+    time_graph,
+)
 
 #: model -> conv channels (Mamba2: d_inner + 2 * ngroups * dstate; Mamba1: d_inner)
 CONV_MODELS = {
@@ -73,21 +80,6 @@ def backward_cases() -> list[tuple[str, int, int, int]]:
     return cases
 
 
-def backward_row(case: str, impl: str, t, g, nbytes: int, peak: float, copy_gbs: float) -> dict:
-    """One ``--backward`` row from a step's eager timing ``t`` and graph timing ``g``
-    (:class:`~mamba2_rocm.bench.timing.Timing`): bandwidth and the summary's device time over the
-    better of the two. An eager step is mostly host time (autograd and a dozen launches: the same
-    kernels read 433-572 us in one process and 423-734 in the next on an H200), so the graph time
-    is what compares kernels."""
-    best = min(t.median_us, g.median_us)
-    gbs = nbytes / (best * 1e-6) / 1e9
-    return {
-        "case": case, "impl": impl, "us": t.median_us, "iqr_us": t.iqr_us,
-        "graph_us": g.median_us, "gbs": gbs, "copy_frac": gbs / copy_gbs, "best_us": best,
-        "bytes": nbytes, "peak_mb": peak,
-    }  # fmt: skip
-
-
 def run_backward(width=4, dtype="bfloat16") -> list[dict]:
     torch = require_torch()
     import torch.nn.functional as F
@@ -122,7 +114,14 @@ def run_backward(width=4, dtype="bfloat16") -> list[dict]:
                 t = time_calls(fn)
                 g = time_graph(fn, replays=5, per_graph=5)
                 mem = peak_mb(fn)
-            rows.append(backward_row(case, impl, t, g, nbytes, mem, copy))
+            # bandwidth and the summary's device time from the better of the two: an eager step
+            # is mostly host time (autograd and its launches; the same kernels read 433-572 us
+            # in one process and 423-734 in the next on an H200), the graph time compares kernels
+            rows.append(
+                bandwidth_row(
+                    case, impl, t, g, nbytes, copy, iqr_us=t.iqr_us, bytes=nbytes, peak_mb=mem
+                )
+            )
         del x, dout
     for r in rows:
         r["copy_gbs"] = copy
