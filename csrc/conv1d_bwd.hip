@@ -18,6 +18,11 @@
 // shapes, which differ in that index, so accesses coalesce and LDS is conflict-free in both:
 //   *_rows  x seqlen-contiguous (or any strides): 4 channels x 512 positions, 64 threads a row
 //   *_cl    x channel-last: 64 channels x 32 positions, 64 channels side by side
+// and a third kernel without LDS for channel-last x, dout and dx in whole 32-bit words:
+//   *_walk  a thread owns a word of channels and walks a range of positions in registers
+//           (backward_walk, below; the host takes it wherever those layouts allow)
+#include <type_traits>
+
 #include "platform.h"
 
 namespace m2r {
@@ -255,6 +260,213 @@ M2R_STAGE_UNROLL
   }
 }
 
+
+// ---- channel-last, in registers ("walk") ------------------------------------------------------
+// x, dout and dx with unit stride along dim, whole 32-bit words of channels (dim a multiple of a
+// word's channels) and word-aligned rows (the host checks). A thread owns one word (kPW channels)
+// and walks its block's positions in order, holding the last W inputs and W gradients dy in
+// registers: the pre-activation, dy, dweight / dbias and dx (W-1 positions behind dy) need no LDS
+// and no barrier, and each element is loaded once (the LDS tile kernels above spent about 100
+// instructions an element staging, indexing and exchanging: ncu, H200). The block's outputs are
+// positions [a, e), tiles_per_block * kWalkTile of them; the walk starts W-1 earlier for the
+// history (the initial states or zeros before 0; from -(W-1) where dinit is wanted, whose
+// positions are the history's) and runs W-1 past e for the gradients of the range's last inputs,
+// which the next range's outputs feed. Loads go out in chunks of kWalkChunk positions, two
+// chunks a ring: one is walked while the other's loads are in flight.
+constexpr int kWalkThreads = 128;
+constexpr int kWalkTile = 64;   // positions a range is counted in (the host's tiles)
+constexpr int kWalkChunk = 8;   // positions whose loads go out together
+
+template <int kP>
+struct WalkChunk {  // x and dout words (and seq ids) of kP positions
+  uint32_t x[kP], g[kP];
+  int sid[kP];
+};
+
+template <typename T, int kW, bool kSeq, bool kSilu>
+M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
+  typedef typename T::storage S;
+  constexpr int kPW = T::kPerWord;
+  constexpr int kP = kSeq ? kWalkChunk / 2 : kWalkChunk;  // (the seq ids' registers)
+  // positions and channels in 32 bits (seqlen and dim are int32): fewer registers and
+  // instructions than 64-bit ones; offsets are 64-bit where they meet a stride
+  const int64_t b = blockIdx.z;
+  const int dim = p.dim, seqlen = p.seqlen;
+  const int c0 = (blockIdx.y * kWalkThreads + threadIdx.x) * kPW;
+  if (c0 >= dim) return;  // (no barrier below; c0 + kPW <= dim: whole words)
+  const int range = p.tiles_per_block * kWalkTile;
+  const int a = blockIdx.x * range;
+  const int e = min(a + range, seqlen);                         // (a < seqlen: the host's grid)
+  const int a0 = a == 0 && p.dinit != nullptr ? -(kW - 1) : a;  // the first dx emitted
+  const int s_end = e + kW - 1;                                 // steps [a0, s_end)
+
+  // taps and bias: all requested before the first conversion
+  uint32_t wbits[kPW][kW], bbits[kPW];
+#pragma unroll
+  for (int i = 0; i < kPW; ++i) {
+#pragma unroll
+    for (int k = 0; k < kW; ++k)
+      wbits[i][k] = load_bits(p.weight, p.weight_dtype, (c0 + i) * p.weight_c_stride + k * p.weight_w_stride);
+    bbits[i] = p.bias ? load_bits(p.bias, p.bias_dtype, c0 + i) : 0u;
+  }
+  const S* xr = static_cast<const S*>(p.x) + b * p.x_batch_stride + c0;
+  const S* gr = static_cast<const S*>(p.dout) + b * p.dout_batch_stride + c0;
+  S* const dxr = static_cast<S*>(p.dx) + b * p.dx_batch_stride + c0;
+  // the states' rows: contiguous (batch, dim, W-1)
+  const S* init = p.initial_states ? static_cast<const S*>(p.initial_states) + (b * dim + c0) * (kW - 1) : nullptr;
+  const S* dfin = p.dfinal ? static_cast<const S*>(p.dfinal) + (b * dim + c0) * (kW - 1) : nullptr;
+  S* const dinit = p.dinit ? static_cast<S*>(p.dinit) + (b * dim + c0) * (kW - 1) : nullptr;
+  const int64_t x_ls = p.x_l_stride, g_ls = p.dout_l_stride, dx_ls = p.dx_l_stride;
+
+  // a word of x (hist: the initial states, or zeros, before 0) or dout at any position s; zeros
+  // past the end
+  const auto word_at = [&](const S* r, int64_t ls, int s, bool hist) -> uint32_t {
+    if (s >= 0 && s < seqlen) return load_stream(reinterpret_cast<const uint32_t*>(r + s * ls));
+    float f[kPW];
+#pragma unroll
+    for (int i = 0; i < kPW; ++i)
+      f[i] = hist && init != nullptr && s < 0 && s >= -(kW - 1) ? T::to_float(init[i * (kW - 1) + kW - 1 + s]) : 0.f;
+    return T::pack(f);
+  };
+  const auto seq_at = [&](int s) {
+    return s < 0 ? -1 : s < seqlen ? p.seq_idx[b * p.seq_idx_batch_stride + s * p.seq_idx_l_stride] : -2;
+  };
+  const auto fetch = [&](WalkChunk<kP>& ch, int s0) {
+    if (s0 >= 0 && s0 + kP <= seqlen) {  // inside the sequence: a word load each
+      const S* px = xr + s0 * x_ls;
+      const S* pg = gr + s0 * g_ls;
+#pragma unroll
+      for (int q = 0; q < kP; ++q, px += x_ls, pg += g_ls) {
+        ch.x[q] = load_stream(reinterpret_cast<const uint32_t*>(px));
+        ch.g[q] = load_stream(reinterpret_cast<const uint32_t*>(pg));
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < kP; ++q) {
+        ch.x[q] = word_at(xr, x_ls, s0 + q, true);
+        ch.g[q] = word_at(gr, g_ls, s0 + q, false);
+      }
+    }
+    if (kSeq) {
+#pragma unroll
+      for (int q = 0; q < kP; ++q) ch.sid[q] = seq_at(s0 + q);
+    }
+  };
+
+  float w[kPW][kW], bias[kPW];
+#pragma unroll
+  for (int i = 0; i < kPW; ++i) {
+#pragma unroll
+    for (int k = 0; k < kW; ++k) w[i][k] = bits_to_float(wbits[i][k], p.weight_dtype);
+    bias[i] = p.bias ? bits_to_float(bbits[i], p.bias_dtype) : 0.f;
+  }
+  // windows: after step s, xw[.][k] = x(s-W+1+k), dyw[.][k] = dy(s-W+1+k), sw[k] = seq(s-W+1+k)
+  float xw[kPW][kW], dyw[kPW][kW], dw[kPW][kW], db[kPW];
+  int sw[kW];
+#pragma unroll
+  for (int k = 0; k < kW; ++k) sw[k] = -1;
+#pragma unroll
+  for (int k = 0; k + 1 < kW; ++k) {
+    const int s = a0 - (kW - 1) + k;
+    float f[kPW];
+    T::unpack(word_at(xr, x_ls, s, true), f);
+#pragma unroll
+    for (int i = 0; i < kPW; ++i) xw[i][k + 1] = f[i];
+    if (kSeq) sw[k + 1] = seq_at(s);
+  }
+#pragma unroll
+  for (int i = 0; i < kPW; ++i) {
+    db[i] = 0.f;
+#pragma unroll
+    for (int k = 0; k < kW; ++k) dyw[i][k] = dw[i][k] = 0.f;
+  }
+
+  S* pdx = dxr + static_cast<int64_t>(a0 - kW) * dx_ls;  // dx(t) at the step of t (a running
+                                                         // pointer: no 64-bit product a step)
+  // One step of the walk, at position s: dy(s), dweight / dbias where s is one of the block's
+  // outputs, then dx(t), t = s - (W-1), whose outputs t + W-1-k (through tap k) are all known
+  // now. The checks are selects and predicates, one form for every step.
+  const auto step = [&](uint32_t xword, uint32_t gword, int sid, int s) {
+    float xf[kPW], gf[kPW];
+    T::unpack(xword, xf);
+    T::unpack(gword, gf);
+    if (kSeq) {
+#pragma unroll
+      for (int k = 0; k + 1 < kW; ++k) sw[k] = sw[k + 1];
+      sw[kW - 1] = sid;
+    }
+    const bool live = s >= 0 && s < seqlen && (!kSeq || sw[kW - 1] >= 0);
+    const bool own = live && s >= a && s < e;
+#pragma unroll
+    for (int i = 0; i < kPW; ++i) {
+#pragma unroll
+      for (int k = 0; k + 1 < kW; ++k) xw[i][k] = xw[i][k + 1], dyw[i][k] = dyw[i][k + 1];
+      xw[i][kW - 1] = xf[i];
+      float xs[kW];
+#pragma unroll
+      for (int k = 0; k < kW; ++k) xs[k] = !kSeq || sw[k] == sw[kW - 1] ? xw[i][k] : 0.f;
+      float dy = gf[i];
+      if (kSilu) {
+        float pre = bias[i];
+#pragma unroll
+        for (int k = 0; k < kW; ++k) pre = fmaf(w[i][k], xs[k], pre);
+        dy *= dsilu_fast(pre);
+      }
+      dy = live ? dy : 0.f;
+      db[i] = own ? db[i] + dy : db[i];
+#pragma unroll
+      for (int k = 0; k < kW; ++k) dw[i][k] = own ? fmaf(dy, xs[k], dw[i][k]) : dw[i][k];
+      dyw[i][kW - 1] = dy;
+    }
+    const int t = s - (kW - 1);
+    pdx += dx_ls;
+    float dx[kPW];
+#pragma unroll
+    for (int i = 0; i < kPW; ++i) {
+      float acc = 0.f;
+#pragma unroll
+      for (int k = 0; k < kW; ++k)
+        if (!kSeq || sw[kW - 1 - k] == sw[0]) acc = fmaf(w[i][k], dyw[i][kW - 1 - k], acc);
+      dx[i] = acc;
+    }
+    if (t >= seqlen - (kW - 1) && dfin != nullptr) {  // the final states' positions
+#pragma unroll
+      for (int i = 0; i < kPW; ++i) dx[i] += T::to_float(dfin[i * (kW - 1) + t - seqlen + kW - 1]);
+    }
+    if (t >= 0 && t >= a0) {
+      store_stream(reinterpret_cast<uint32_t*>(pdx), T::pack(dx));
+    } else if (t >= a0) {  // a history position (a0 < 0: dinit is wanted)
+#pragma unroll
+      for (int i = 0; i < kPW; ++i) dinit[i * (kW - 1) + t + kW - 1] = T::from_float(dx[i]);
+    }
+  };
+  // two chunks a ring: each is refetched as soon as it has been walked, so the loads of up to
+  // 2 kP positions are in flight while the other is walked
+  WalkChunk<kP> ring0, ring1;
+  fetch(ring0, a0);
+  if (a0 + kP < s_end) fetch(ring1, a0 + kP);
+  for (int s0 = a0; s0 < s_end; s0 += 2 * kP) {
+#pragma unroll
+    for (int q = 0; q < kP; ++q)
+      if (s0 + q < s_end) step(ring0.x[q], ring0.g[q], kSeq ? ring0.sid[q] : 0, s0 + q);
+    if (s0 + 2 * kP < s_end) fetch(ring0, s0 + 2 * kP);
+    if (s0 + kP >= s_end) break;
+#pragma unroll
+    for (int q = 0; q < kP; ++q)
+      if (s0 + kP + q < s_end) step(ring1.x[q], ring1.g[q], kSeq ? ring1.sid[q] : 0, s0 + kP + q);
+    if (s0 + 3 * kP < s_end) fetch(ring1, s0 + 3 * kP);
+  }
+  // the thread's channels alone: its sums are the block's partial row
+  const int64_t row = b * gridDim.x + blockIdx.x;
+#pragma unroll
+  for (int i = 0; i < kPW; ++i) {
+    float* out = p.partial + (row * dim + c0 + i) * (kW + 1);
+#pragma unroll
+    for (int k = 0; k < kW; ++k) out[k] = dw[i][k];
+    out[kW] = db[i];
+  }
+}
+
 }  // namespace conv1d_bwd
 }  // namespace m2r
 
@@ -266,9 +478,23 @@ M2R_STAGE_UNROLL
   M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kThreads, 3) m2r_conv1d_bwd_##DT##_w##W##_##NAME##_seq(ConvBwdParams p) { \
     m2r::conv1d_bwd::backward<m2r::T, W, true, m2r::conv1d_bwd::C, m2r::conv1d_bwd::L, CF>(p);       \
   }
+// the walking kernel, silu or not as a template argument (a branch per step otherwise); no
+// register cap asked of nvcc (its own at these bounds spilled some of the walks)
+#define M2R_CONV_BWD_WALK(DT, T, W)                                                                \
+  M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kWalkThreads, 1)                                          \
+  m2r_conv1d_bwd_##DT##_w##W##_walk(ConvBwdParams p) {                                             \
+    if (p.silu) m2r::conv1d_bwd::backward_walk<m2r::T, W, false, true>(p);                         \
+    else m2r::conv1d_bwd::backward_walk<m2r::T, W, false, false>(p);                               \
+  }                                                                                                \
+  M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kWalkThreads, 1)                                          \
+  m2r_conv1d_bwd_##DT##_w##W##_walk_seq(ConvBwdParams p) {                                         \
+    if (p.silu) m2r::conv1d_bwd::backward_walk<m2r::T, W, true, true>(p);                          \
+    else m2r::conv1d_bwd::backward_walk<m2r::T, W, true, false>(p);                                \
+  }
 #define M2R_CONV_BWD(DT, T, W)                                 \
   M2R_CONV_BWD_ONE(DT, T, W, rows, kRowsC, kRowsL, false)      \
-  M2R_CONV_BWD_ONE(DT, T, W, cl, kClC, kClL, true)
+  M2R_CONV_BWD_ONE(DT, T, W, cl, kClC, kClL, true)             \
+  M2R_CONV_BWD_WALK(DT, T, W)
 #define M2R_CONV_BWD_WIDTHS(DT, T) M2R_CONV_BWD(DT, T, 2) M2R_CONV_BWD(DT, T, 3) M2R_CONV_BWD(DT, T, 4)
 
 M2R_CONV_BWD_WIDTHS(f32, F32)

@@ -544,6 +544,12 @@ M2R_DEVICE float dsilu(float x) {
   const float s = __fdividef(1.0f, 1.0f + __expf(-x));
   return s * fmaf(x, 1.0f - s, 1.0f);
 }
+// dsilu with the exponential as one fast_exp2 (the argument of silu_fast: on NVIDIA the same
+// bits, 3 instructions fewer), for the walking conv backward, whose issue rate bounds it
+M2R_DEVICE float dsilu_fast(float x) {
+  const float s = __fdividef(1.0f, 1.0f + fast_exp2(-x * kLog2e));
+  return s * fmaf(x, 1.0f - s, 1.0f);
+}
 // softplus with torch's threshold, in the form Triton's Mamba kernels use (no libm call).
 M2R_DEVICE float softplus(float x) { return x <= 20.f ? __logf(1.f + __expf(x)) : x; }
 

@@ -31,7 +31,8 @@ CONV_WIDTHS = (2, 3, 4)
 #: vec_s: short seqlen-contiguous rows; vec_m: rows up to 512 16-bit tokens, 8 a block; cl_vec /
 #: cl_cf: channel-last, position tiles / channel blocks fastest in the grid
 CONV_FWD_LAYOUTS = ("vec", "vec_s", "vec_m", "cl_vec", "cl_cf", "strided")
-CONV_BWD_SHAPES = ("rows", "cl")  # csrc/conv1d_bwd.hip: the tile walked along seqlen / channels
+#: csrc/conv1d_bwd.hip: the LDS tile walked along seqlen / channels, and channel-last in registers
+CONV_BWD_SHAPES = ("rows", "cl", "walk")
 SSU_DSTATE_TIERS = (32, 64, 128, 256)
 #: csrc/state_update.hip: the contiguous-layout kernels' largest dstate per state dtype (a row is
 #: at most 32 lanes of 16 bytes: 256 16-bit or 128 float32 elements)

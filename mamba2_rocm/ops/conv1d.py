@@ -49,9 +49,14 @@ _MULTI_ROWS, _MULTI_VECS = 8, 4
 _BWD_THREADS = 256  # kThreads
 _BWD_ROWS = (4, 512)  # kRowsC, kRowsL: seqlen-contiguous x
 _BWD_CL = (64, 32)  # kClC, kClL: channel-last x
+# the walking kernel (channel-last x, dout and dx in whole 32-bit words): threads a block, and
+# the positions its ranges are counted in
+_WALK_THREADS, _WALK_TILE = 128, 64  # kWalkThreads, kWalkTile
 #: The backward's blocks per multiprocessor before blocks start walking several tiles (fewer,
 #: longer blocks: fewer partial dweight / dbias rows for the host to add).
 BWD_BLOCKS_PER_SM = 8
+#: The same for the walking kernel (csrc/conv1d_bwd.hip, backward_walk).
+WALK_BLOCKS_PER_SM = 8
 
 
 def _silu_flag(activation: str | None) -> bool:
@@ -276,13 +281,15 @@ def _channel_last(x: Tensor) -> bool:
     return x.stride(1) == 1 and x.stride(2) != 1 and x.shape[2] > 1
 
 
-def bwd_tiles_per_block(tiles: int, other_blocks: int, sms: int) -> int:
+def bwd_tiles_per_block(tiles: int, other_blocks: int, sms: int, per_sm=None) -> int:
     """Tiles of the sequence one backward block walks, for ``tiles`` tiles per row and
     ``other_blocks`` (channel tiles x batch) blocks per tile: one while that gives at most
-    BWD_BLOCKS_PER_SM blocks per multiprocessor, then as many as keep about that many."""
+    ``per_sm`` (default BWD_BLOCKS_PER_SM) blocks per multiprocessor, then as many as keep
+    about that many."""
+    per_sm = BWD_BLOCKS_PER_SM if per_sm is None else per_sm
     if sms <= 0:
         return 1
-    return max(1, min(tiles, int(tiles * other_blocks // (BWD_BLOCKS_PER_SM * sms))))
+    return max(1, min(tiles, int(tiles * other_blocks // (per_sm * sms))))
 
 
 def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, silu, dx,
@@ -293,15 +300,23 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
     width = weight.shape[1]
     shape = "cl" if _channel_last(x) else "rows"
     tile_c, tile_l = _BWD_CL if shape == "cl" else _BWD_ROWS
+    per_word = 4 // x.element_size()
+    if shape == "cl" and all(
+        t.stride(1) == 1 and _aligned(t, (t.stride(0), t.stride(2)), per_word, 4)
+        for t in (x, dout, dx)
+    ):
+        shape, tile_c, tile_l = "walk", _WALK_THREADS * per_word, _WALK_TILE
     tiles, c_blocks = -(-seqlen // tile_l), -(-dim // tile_c)
     if c_blocks > GRID_YZ_MAX or batch > GRID_YZ_MAX:
         raise ValueError(
             f"conv1d backward grid ({c_blocks}, {batch}) exceeds {GRID_YZ_MAX} in y/z "
             f"(dim={dim}, batch={batch})"
         )
-    per_block = bwd_tiles_per_block(tiles, c_blocks * batch, sm_count(x.device))
+    per_block = bwd_tiles_per_block(
+        tiles, c_blocks * batch, sm_count(x.device), WALK_BLOCKS_PER_SM if shape == "walk" else None
+    )
     # 16-byte vectors along the tile's unit-stride index: x, dout and dx all aligned for it
-    fast, n = (1 if shape == "cl" else 2), 16 // x.element_size()
+    fast, n = (2 if shape == "rows" else 1), 16 // x.element_size()
     vec = all(t.stride(fast) == 1 and _aligned(t, [t.stride(i) for i in range(3) if i != fast], n)
               for t in (x, dout, dx))  # fmt: skip
     grid = (-(-tiles // per_block), c_blocks, batch)
@@ -328,7 +343,7 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
     )  # fmt: skip  (ConvBwdParams, field order)
     seq = "_seq" if seq_idx is not None else ""
     launcher = kset.launcher(f"m2r_conv1d_bwd_{KERNEL_DTYPE[x.dtype]}_w{width}_{shape}{seq}")
-    _launch(launcher, x, p, grid, _BWD_THREADS)
+    _launch(launcher, x, p, grid, _WALK_THREADS if shape == "walk" else _BWD_THREADS)
     return partial
 
 

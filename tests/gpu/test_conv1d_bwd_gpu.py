@@ -1,7 +1,9 @@
 """The conv1d backward kernel (csrc/conv1d_bwd.hip) on a GPU against autograd through the
 float64 torch tier: every layout and dtype, odd sizes, sequences shorter than the history,
 seq_idx with padding, initial / final states, poisoned outputs, many tiles per block, long
-sequences, and bit-identical reruns (the deterministic reduction).
+sequences, and bit-identical reruns (the deterministic reduction). Channel-last x takes the
+walking kernel where dout and dx share its word-aligned layout (as a Mamba2 block's gradients
+arrive) and the LDS tile kernel otherwise; both are run, and which one ran is checked.
 
 The op is called directly (``causal_conv1d_bwd``, what the training op's backward calls), with
 the torch tier's formula disabled so a silent fallback fails instead of passing."""
@@ -41,7 +43,8 @@ def no_reference_fallback(monkeypatch):
     refuse_fallback(monkeypatch, conv_ops, "_bwd_reference")
 
 
-def _case(g, batch, dim, seqlen, width, dtype, layout, mode, param_dtype=None):
+def _case(g, batch, dim, seqlen, width, dtype, layout, mode, param_dtype=None, dout_layout=None):
+    """x in ``layout``, dout in ``dout_layout`` (default: x's)."""
     x = make_x(batch, dim, seqlen, dtype, layout, device=DEV, gen=g)
     pdt = param_dtype or dtype
     w = torch.randn(dim, width, device=DEV, generator=g).to(pdt)
@@ -51,7 +54,7 @@ def _case(g, batch, dim, seqlen, width, dtype, layout, mode, param_dtype=None):
         init = torch.randn(batch, dim, width - 1, device=DEV, generator=g).to(dtype)
     if mode == "seq":
         seq = make_seq_idx(batch, seqlen, device=DEV, gen=torch.Generator().manual_seed(seqlen))
-    dout = torch.randn(batch, dim, seqlen, device=DEV, generator=g).to(dtype)
+    dout = make_x(batch, dim, seqlen, dtype, dout_layout or layout, device=DEV, gen=g)
     dfin = None
     if mode == "states":
         dfin = torch.randn(batch, dim, width - 1, device=DEV, generator=g).to(dtype)
@@ -82,18 +85,69 @@ def _run(x, w, b, seq, init, dout, dfin, silu):
     return conv_ops.causal_conv1d_bwd(x, w, b, seq, init, dout, dfin, silu)
 
 
+@pytest.fixture
+def shapes(monkeypatch):
+    """The tile shape each backward launch took ("rows", "cl" or "walk"), in order."""
+    seen = []
+    launch = conv_ops._launch
+
+    def spy(launcher, x, p, grid, threads=conv_ops._THREADS):
+        if "_bwd_" in launcher.name:
+            seen.append(launcher.name.split("_w", 1)[1].split("_")[1])
+        launch(launcher, x, p, grid, threads)
+
+    monkeypatch.setattr(conv_ops, "_launch", spy)
+    return seen
+
+
 @pytest.mark.parametrize("mode", ["plain", "states", "seq"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("width", [2, 3, 4])
-def test_backward(width, dtype, layout, mode):
+def test_backward(width, dtype, layout, mode, shapes):
     g = seeded("conv bwd", width, str(dtype), layout, mode, device=DEV)
     silu = width != 3
-    args = _case(g, 2, 97, 1037, width, dtype, layout, mode,
+    args = _case(g, 2, 98, 1037, width, dtype, layout, mode,
                  param_dtype=torch.float32 if width == 4 else None)  # fmt: skip
     got = _run(*args, silu)
     assert got[0].stride() == conv_ops._alloc_out(args[0]).stride()  # dx in x's layout
     _check(got, _want(*args, silu), GTOL[dtype])
+    assert shapes == ["rows" if layout in ("contiguous", "sliced") else "walk"]
+
+
+@pytest.mark.parametrize("mode", ["plain", "states", "seq"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_backward_odd_channels_of_aligned_rows(width, dtype, mode, shapes):
+    """97 16-bit channels sliced out of wider channel-last x and dout whose rows stay
+    word-aligned: dx, allocated in x's layout, has rows of 97 channels, half a word out of
+    step, so the LDS tile kernel runs (the walking one stores whole words)."""
+    g = seeded("conv bwd odd channels", width, str(dtype), mode, device=DEV)
+    x, w, b, seq, init, _, dfin = _case(g, 2, 97, 777, width, dtype, "channel_last", mode)
+    x, dout = (torch.randn(2, 777, 130, device=DEV, generator=g).to(dtype)[:, :, 8:105].transpose(1, 2)
+               for _ in range(2))  # fmt: skip
+    args = (x, w, b, seq, init, dout, dfin)
+    _check(_run(*args, True), _want(*args, True), GTOL[dtype])
+    assert shapes == ["cl"]
+
+
+@pytest.mark.parametrize("mode", ["plain", "states", "seq"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_backward_channel_last_lds_tiles(width, dtype, mode, shapes):
+    """Channel-last x with a seqlen-contiguous dout, and with a channel slice that starts
+    mid-word: the LDS tile kernel (the walking one needs x, dout and dx in whole words)."""
+    g = seeded("conv bwd cl lds", width, str(dtype), mode, device=DEV)
+    silu = width != 2
+    x, w, b, seq, init, dout, dfin = _case(g, 2, 97, 1037, width, dtype, "channel_last", mode,
+                                           dout_layout="contiguous")  # fmt: skip
+    _check(_run(x, w, b, seq, init, dout, dfin, silu), _want(x, w, b, seq, init, dout, dfin, silu),
+           GTOL[dtype])  # fmt: skip
+    x = make_x(2, 98, 1037, dtype, "channel_last", device=DEV, gen=g)[:, 1:]  # starts mid-word
+    dout = make_x(2, 97, 1037, dtype, "channel_last", device=DEV, gen=g)
+    _check(_run(x, w, b, seq, init, dout, dfin, silu), _want(x, w, b, seq, init, dout, dfin, silu),
+           GTOL[dtype])  # fmt: skip
+    assert shapes == ["cl", "walk" if dtype == torch.float32 else "cl"]  # a float is a word
 
 
 @pytest.mark.parametrize("mode", ["plain", "states", "seq"])
@@ -106,18 +160,27 @@ def test_backward_lengths(seqlen, layout, mode):
     _check(_run(*args, True), _want(*args, True), GTOL[torch.bfloat16])
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "channel_last"])
-def test_backward_many_tiles_per_block(monkeypatch, layout):
+@pytest.mark.parametrize(
+    "layout, dout_layout",
+    [("contiguous", None), ("channel_last", None), ("channel_last", "contiguous")],
+)
+def test_backward_many_tiles_per_block(monkeypatch, layout, dout_layout, shapes):
     """Blocks that walk several tiles (the heuristic's choice on a busy grid), forced here on a
-    small one: the carried dweight / dbias sums and each tile's halo."""
+    small one: the carried dweight / dbias sums and each tile's halo (the walking kernel: the
+    ranges' edges)."""
     monkeypatch.setattr(conv_ops, "BWD_BLOCKS_PER_SM", 0.01)
-    g = seeded("conv bwd tiles", layout, device=DEV)
-    args = _case(g, 2, 130, 5000, 4, torch.float32, layout, "states")
+    g = seeded("conv bwd tiles", layout, str(dout_layout), device=DEV)
+    args = _case(g, 2, 130, 5000, 4, torch.float32, layout, "states", dout_layout=dout_layout)
     x = args[0]
-    tiles = -(-5000 // (conv_ops._BWD_CL if layout == "channel_last" else conv_ops._BWD_ROWS)[1])
-    other = -(-130 // (64 if layout == "channel_last" else 4)) * 2
-    assert conv_ops.bwd_tiles_per_block(tiles, other, conv_ops.sm_count(x.device)) > 1
+    walk = layout == "channel_last" and dout_layout is None
+    tile_c, tile_l = {
+        "contiguous": conv_ops._BWD_ROWS,
+        "channel_last": (conv_ops._WALK_THREADS, conv_ops._WALK_TILE) if walk else conv_ops._BWD_CL,
+    }[layout]
+    other = -(-130 // tile_c) * 2
+    assert conv_ops.bwd_tiles_per_block(-(-5000 // tile_l), other, conv_ops.sm_count(x.device)) > 1
     _check(_run(*args, True), _want(*args, True), GTOL[torch.float32])
+    assert shapes == ["walk" if walk else "rows" if layout == "contiguous" else "cl"]
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channel_last"])
