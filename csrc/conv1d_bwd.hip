@@ -18,9 +18,11 @@
 // shapes, which differ in that index, so accesses coalesce and LDS is conflict-free in both:
 //   *_rows  x seqlen-contiguous (or any strides): 4 channels x 512 positions, 64 threads a row
 //   *_cl    x channel-last: 64 channels x 32 positions, 64 channels side by side
-// and a third kernel without LDS for channel-last x, dout and dx in whole 32-bit words:
-//   *_walk  a thread owns a word of channels and walks a range of positions in registers
-//           (backward_walk, below; the host takes it wherever those layouts allow)
+// and two kernels without LDS or barriers, which the host takes wherever their layouts allow:
+//   *_walk   channel-last x, dout and dx in whole 32-bit words: a thread owns a word of
+//            channels and walks a range of positions in registers (backward_walk)
+//   *_rwalk  seqlen-contiguous x, dout and dx in 16-byte aligned rows: 32 lanes walk one
+//            channel a chunk of 16-byte vectors at a time, history by shuffles (backward_rwalk)
 #include <type_traits>
 
 #include "platform.h"
@@ -467,6 +469,204 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
   }
 }
 
+// ---- seqlen-contiguous, in registers ("rwalk") ------------------------------------------------
+// x, dout and dx with unit stride along seqlen and 16-byte aligned rows (the host checks: p.vec).
+// A walker of kRLanes lanes (a warp, or half an AMD wave64: shuffles within aligned groups of
+// kRLanes) owns one channel and walks its block's range of positions a chunk at a time: lane l
+// holds the kN positions s0 + l kN .. of a chunk as one 16-byte vector of x and of dout. The
+// history of a lane's first positions comes from the lane below (a shuffle; lane 0 from the
+// previous chunk's last lane), dy is computed for the chunk, and dx one chunk behind, when the
+// dy of the positions after each lane's (the lane above, or the next chunk's first lane) are
+// known; after the range's last chunk, the W-1 gradients past it (the next range's, or zeros
+// past the end) finish it. Each walker sums dweight / dbias over its lanes in a fixed order: one
+// partial row per (range, channel). Chunks load one ahead of the one computed. No seq_idx form
+// (the rows kernel takes those calls: see the kernel definitions below).
+constexpr int kRLanes = 32;
+constexpr int kRWalkTile = 256;  // positions a range is counted in (a multiple of every chunk)
+
+template <typename T, int kW, bool kSilu>
+M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
+  typedef typename T::storage S;
+  constexpr int kN = 16 / sizeof(S);   // positions a lane holds
+  constexpr int kChunk = kRLanes * kN;  // positions a chunk
+  constexpr int kH = kW - 1;            // history
+  static_assert(kH <= kN && kRWalkTile % kChunk == 0, "a lane's history is its neighbour's");
+  const int l = threadIdx.x % kRLanes;
+  const int dim = p.dim, seqlen = p.seqlen;
+  const int c = blockIdx.y * (kWalkThreads / kRLanes) + static_cast<int>(threadIdx.x) / kRLanes;
+  if (c >= dim) return;  // a whole walker (its shuffles stay within its lanes)
+  const int64_t b = blockIdx.z;
+  const int range = p.tiles_per_block * kRWalkTile;
+  const int a = blockIdx.x * range;
+  const int e = min(a + range, seqlen);  // (a < seqlen: the host's grid)
+
+  float w[kW];
+#pragma unroll
+  for (int k = 0; k < kW; ++k) w[k] = load_as_float(p.weight, p.weight_dtype, c * p.weight_c_stride + k * p.weight_w_stride);
+  const float bias = p.bias ? load_as_float(p.bias, p.bias_dtype, c) : 0.f;
+  const S* xr = static_cast<const S*>(p.x) + b * p.x_batch_stride + c * p.x_c_stride;
+  const S* gr = static_cast<const S*>(p.dout) + b * p.dout_batch_stride + c * p.dout_c_stride;
+  S* const dxr = static_cast<S*>(p.dx) + b * p.dx_batch_stride + c * p.dx_c_stride;
+  const S* init = p.initial_states ? static_cast<const S*>(p.initial_states) + (b * dim + c) * kH : nullptr;
+  const S* dfin = p.dfinal ? static_cast<const S*>(p.dfinal) + (b * dim + c) * kH : nullptr;
+  const auto x_at = [&](int s) {  // any position: the history before 0, zeros past the end
+    if (s >= 0) return s < seqlen ? T::to_float(xr[s]) : 0.f;
+    return init != nullptr && s >= -kH ? T::to_float(init[kH + s]) : 0.f;
+  };
+  // a lane's kN positions from p0: one vector each of x and dout where whole, else one by one
+  struct Vecs {
+    typename Vec16<T>::U x, g;
+  };
+  const auto fetch = [&](Vecs& v, int p0) {
+    if (p0 + kN <= seqlen) {
+      v.x.v = load_stream(reinterpret_cast<const vec16_t*>(xr + p0));
+      v.g.v = load_stream(reinterpret_cast<const vec16_t*>(gr + p0));
+    } else {
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        v.x.s[j] = p0 + j < seqlen ? xr[p0 + j] : S(0);
+        v.g.s[j] = p0 + j < seqlen ? gr[p0 + j] : S(0);
+      }
+    }
+  };
+
+  float dw[kW], db = 0.f;
+#pragma unroll
+  for (int k = 0; k < kW; ++k) dw[k] = 0.f;
+  float xcarry[kH];  // x of the kH positions before the chunk (lane 0's history)
+#pragma unroll
+  for (int k = 0; k < kH; ++k) xcarry[k] = x_at(a - kH + k);
+  float dyp[kN];     // the previous chunk's dy (its dx is still to come)
+  int prev = -1;     // its first position (-1: none yet)
+
+  // dx of the previous chunk, now that nxt (the kH gradients after its last lane) is known
+  const auto finish = [&](const float (&nxt)[kH]) {
+    const int p0 = prev + l * kN;
+    float above[kH];
+#pragma unroll
+    for (int k = 0; k < kH; ++k) {
+      above[k] = shfl_width(dyp[k], l + 1, kRLanes);  // (the last lane's wraps to lane 0: replaced)
+      if (l == kRLanes - 1) above[k] = nxt[k];
+    }
+    float dx[kN];
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      float acc = 0.f;
+#pragma unroll
+      for (int k = 0; k < kW; ++k) {
+        const int m = j + kW - 1 - k;  // dy(p0 + m): output p0 + j's tap k
+        acc = fmaf(w[k], m < kN ? dyp[m] : above[m - kN], acc);
+      }
+      if (dfin != nullptr && p0 + j >= seqlen - kH) acc += T::to_float(dfin[p0 + j - seqlen + kH]);
+      dx[j] = acc;
+    }
+    if (p0 + kN <= e) {
+      typename Vec16<T>::U u;
+      Vec16<T>::pack(dx, u);
+      store_stream(reinterpret_cast<vec16_t*>(dxr + p0), u.v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kN; ++j)
+        if (p0 + j < e) dxr[p0 + j] = T::from_float(dx[j]);
+    }
+  };
+
+  Vecs cur, nxt_v;
+  fetch(cur, a + l * kN);
+  for (int s0 = a; s0 < e; s0 += kChunk) {
+    const int p0 = s0 + l * kN;
+    if (s0 + kChunk < e) fetch(nxt_v, p0 + kChunk);
+    float xv[kN], gv[kN];
+    Vec16<T>::unpack(cur.x, xv);
+    Vec16<T>::unpack(cur.g, gv);
+    // the kH positions before this lane's: the lane below's last, lane 0 the previous chunk's
+    float xl[kH];
+#pragma unroll
+    for (int k = 0; k < kH; ++k) {
+      xl[k] = shfl_up_width(xv[kN - kH + k], 1, kRLanes);
+      if (l == 0) xl[k] = xcarry[k];
+      xcarry[k] = shfl_width(xv[kN - kH + k], kRLanes - 1, kRLanes);
+    }
+    float dy[kN];
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      float xs[kW];
+#pragma unroll
+      for (int k = 0; k < kW; ++k) {
+        const int m = j - kH + k;  // the tap's position, relative to p0
+        xs[k] = m >= 0 ? xv[m] : xl[m + kH];
+      }
+      const bool live = p0 + j < seqlen;
+      float d = gv[j];
+      if (kSilu) {
+        float pre = bias;
+#pragma unroll
+        for (int k = 0; k < kW; ++k) pre = fmaf(w[k], xs[k], pre);
+        d *= dsilu_fast(pre);
+      }
+      // (a chunk never runs past e but where e is the end: live positions are the block's own)
+      d = live ? d : 0.f;
+      db = live ? db + d : db;
+#pragma unroll
+      for (int k = 0; k < kW; ++k) dw[k] = live ? fmaf(d, xs[k], dw[k]) : dw[k];
+      dy[j] = d;
+    }
+    // the history positions' gradients (dinit): lane 0 of the sequence's first chunk
+    if (s0 == 0 && p.dinit != nullptr && l == 0) {
+      S* dinit = static_cast<S*>(p.dinit) + (b * dim + c) * kH;
+#pragma unroll
+      for (int t = -kH; t < 0; ++t) {
+        float acc = 0.f;
+#pragma unroll
+        for (int k = 0; k < kW; ++k)
+          if (t + kW - 1 - k >= 0) acc = fmaf(w[k], dy[t + kW - 1 - k], acc);
+        if (dfin != nullptr && t >= seqlen - kH) acc += T::to_float(dfin[t - seqlen + kH]);
+        dinit[kH + t] = T::from_float(acc);
+      }
+    }
+    if (prev >= 0) {
+      float first[kH];
+#pragma unroll
+      for (int k = 0; k < kH; ++k) first[k] = shfl_width(dy[k], 0, kRLanes);
+      finish(first);
+    }
+#pragma unroll
+    for (int j = 0; j < kN; ++j) dyp[j] = dy[j];
+    prev = s0;
+    cur = nxt_v;
+  }
+  // the kH gradients past the range (the next range's first outputs, or zeros past the end),
+  // every lane alike: x of the kH positions before them from the last chunk's last lane
+  {
+    float tail[kH];
+    float xw[kW + kH - 1];  // x at e - kH .. e + kH - 1
+#pragma unroll
+    for (int q = 0; q < kW + kH - 1; ++q) xw[q] = q < kH ? xcarry[q] : x_at(e - kH + q);
+#pragma unroll
+    for (int k0 = 0; k0 < kH; ++k0) {  // position e + k0
+      const int s = e + k0;
+      float d = s < seqlen ? T::to_float(gr[s]) : 0.f;
+      if (kSilu) {
+        float pre = bias;
+#pragma unroll
+        for (int k = 0; k < kW; ++k) pre = fmaf(w[k], xw[k0 + k], pre);
+        d *= dsilu_fast(pre);
+      }
+      tail[k0] = s < seqlen ? d : 0.f;
+    }
+    // (a last chunk cut short by the end of the sequence: its lanes past e store nothing)
+    finish(tail);
+  }
+  // the walker's sums over its lanes, in a fixed order: the partial row of (range, channel)
+#pragma unroll
+  for (int k = 0; k <= kW; ++k) {
+    float v = k < kW ? dw[k] : db;
+#pragma unroll
+    for (int o = kRLanes / 2; o > 0; o /= 2) v += shfl_xor_width(v, o, kRLanes);
+    if (l == 0) p.partial[((b * gridDim.x + blockIdx.x) * dim + c) * (kW + 1) + k] = v;
+  }
+}
+
 }  // namespace conv1d_bwd
 }  // namespace m2r
 
@@ -478,8 +678,10 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
   M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kThreads, 3) m2r_conv1d_bwd_##DT##_w##W##_##NAME##_seq(ConvBwdParams p) { \
     m2r::conv1d_bwd::backward<m2r::T, W, true, m2r::conv1d_bwd::C, m2r::conv1d_bwd::L, CF>(p);       \
   }
-// the walking kernel, silu or not as a template argument (a branch per step otherwise); no
-// register cap asked of nvcc (its own at these bounds spilled some of the walks)
+// the walking kernels, silu or not as a template argument (a branch per step otherwise); no
+// register cap asked of nvcc (its own at these bounds spilled some of the walks). rwalk has no
+// seq_idx form: causal-conv1d takes seq_idx with channel-last x only (the rows kernel serves the
+// rest), and that form spilled scalar registers on the wave64 targets
 #define M2R_CONV_BWD_WALK(DT, T, W)                                                                \
   M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kWalkThreads, 1)                                          \
   m2r_conv1d_bwd_##DT##_w##W##_walk(ConvBwdParams p) {                                             \
@@ -491,10 +693,17 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
     if (p.silu) m2r::conv1d_bwd::backward_walk<m2r::T, W, true, true>(p);                          \
     else m2r::conv1d_bwd::backward_walk<m2r::T, W, true, false>(p);                                \
   }
+#define M2R_CONV_BWD_RWALK(DT, T, W)                                                               \
+  M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kWalkThreads, 1)                                          \
+  m2r_conv1d_bwd_##DT##_w##W##_rwalk(ConvBwdParams p) {                                            \
+    if (p.silu) m2r::conv1d_bwd::backward_rwalk<m2r::T, W, true>(p);                               \
+    else m2r::conv1d_bwd::backward_rwalk<m2r::T, W, false>(p);                                     \
+  }
 #define M2R_CONV_BWD(DT, T, W)                                 \
   M2R_CONV_BWD_ONE(DT, T, W, rows, kRowsC, kRowsL, false)      \
   M2R_CONV_BWD_ONE(DT, T, W, cl, kClC, kClL, true)             \
-  M2R_CONV_BWD_WALK(DT, T, W)
+  M2R_CONV_BWD_WALK(DT, T, W)                                  \
+  M2R_CONV_BWD_RWALK(DT, T, W)
 #define M2R_CONV_BWD_WIDTHS(DT, T) M2R_CONV_BWD(DT, T, 2) M2R_CONV_BWD(DT, T, 3) M2R_CONV_BWD(DT, T, 4)
 
 M2R_CONV_BWD_WIDTHS(f32, F32)

@@ -31,8 +31,10 @@ CONV_WIDTHS = (2, 3, 4)
 #: vec_s: short seqlen-contiguous rows; vec_m: rows up to 512 16-bit tokens, 8 a block; cl_vec /
 #: cl_cf: channel-last, position tiles / channel blocks fastest in the grid
 CONV_FWD_LAYOUTS = ("vec", "vec_s", "vec_m", "cl_vec", "cl_cf", "strided")
-#: csrc/conv1d_bwd.hip: the LDS tile walked along seqlen / channels, and channel-last in registers
-CONV_BWD_SHAPES = ("rows", "cl", "walk")
+#: csrc/conv1d_bwd.hip: the LDS tile walked along seqlen / channels, and both in registers
+#: (rwalk without seq_idx only: causal-conv1d takes seq_idx with channel-last x alone, and its
+#: wave64 form spilled scalar registers)
+CONV_BWD_SHAPES = ("rows", "cl", "walk", "rwalk")
 SSU_DSTATE_TIERS = (32, 64, 128, 256)
 #: csrc/state_update.hip: the contiguous-layout kernels' largest dstate per state dtype (a row is
 #: at most 32 lanes of 16 bytes: 256 16-bit or 128 float32 elements)
@@ -87,6 +89,7 @@ SOURCES: dict[str, KernelSource] = {
                 for w in CONV_WIDTHS
                 for shape in CONV_BWD_SHAPES
                 for seq in ("", "_seq")
+                if not (shape == "rwalk" and seq)  # (seqlen-contiguous seq_idx: the rows kernel)
             ),
         ),
         KernelSource(

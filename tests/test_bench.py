@@ -376,8 +376,11 @@ def test_conv1d_backward_cases_are_the_ssd_shapes_convs():
 
     cases = backward_cases()
     # bench ssd's issue shapes: h32 p64 g1 n128 -> 2048 + 256; h64 p64 g8 n128 -> 4096 + 2048
-    assert cases[:2] == [("ssd-issue h32 g1", 2, 2304, 4096), ("ssd-issue h64 g8", 1, 6144, 16384)]
-    assert ("mamba2-1.3b", 4, 4352, 2048) in cases
+    assert cases[:2] == [("ssd-issue h32 g1", 2, 2304, 4096, "channel-last"),
+                         ("ssd-issue h64 g8", 1, 6144, 16384, "channel-last")]  # fmt: skip
+    assert ("mamba2-1.3b", 4, 4352, 2048, "channel-last") in cases
+    # Mamba1's block convolves x seqlen-contiguous (mamba_ssm's Mamba: in_proj's output as b d l)
+    assert ("mamba-2.8b", 4, 5120, 2048, "seqlen-contiguous") in cases
 
 
 def test_backward_flag_only_where_a_training_mode_exists(capsys):

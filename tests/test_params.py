@@ -85,6 +85,7 @@ def test_launch_geometry_matches_kernel_constants():
     assert (cb["kRowsC"], cb["kRowsL"]) == ops._BWD_ROWS
     assert (cb["kClC"], cb["kClL"]) == ops._BWD_CL
     assert (cb["kWalkThreads"], cb["kWalkTile"]) == (ops._WALK_THREADS, ops._WALK_TILE)
+    assert (cb["kRLanes"], cb["kRWalkTile"]) == (ops._RWALK_LANES, ops._RWALK_TILE)
     import mamba2_rocm.ops.rmsnorm as norm
 
     for name in ("rmsnorm.hip", "rmsnorm_bwd.hip"):

@@ -20,7 +20,8 @@ batch 256) and the worst ratio to cuDNN.
 
 ``--backward`` (:func:`run_backward`): training instead, forward + backward through autograd
 (gradients of x, weight and bias) at the conv of the two Mamba2 shapes of ``bench ssd`` and of
-every Mamba2 checkpoint at (4, 2048), channel-last as a Mamba2 block passes it: our kernels vs
+every Mamba2 checkpoint at (4, 2048), channel-last as a Mamba2 block passes it, and of two Mamba1
+checkpoints seqlen-contiguous (" rows") as a Mamba1 block passes it: our kernels vs
 the torch tier vs cuDNN, time per step, bandwidth over the bytes that must move (forward: read x,
 write out; backward: read x and dout, write dx) and the peak memory above the inputs. Each step
 is timed eagerly and inside a CUDA graph (forward and autograd's backward captured together);
@@ -69,14 +70,25 @@ LARGE_BYTES = 64 << 20  # the "large shapes" the copy-bandwidth target applies t
 CUDNN = "F.conv1d (cuDNN) + silu"
 
 
-def backward_cases() -> list[tuple[str, int, int, int]]:
-    """(label, batch, conv channels, seqlen) of ``--backward``: the conv of ``bench ssd``'s two
-    Mamba2 shapes (d_inner + 2 ngroups dstate) and of every Mamba2 checkpoint at (4, 2048)."""
+#: Mamba1 checkpoints' d_inner (mamba_ssm's Mamba block convolves x seqlen-contiguous: the
+#: in-projection's output rearranged to (batch, d_inner, seqlen))
+MAMBA1_CONV = {"mamba-130m": 1536, "mamba-2.8b": 5120}
+
+
+def backward_cases() -> list[tuple[str, int, int, int, str]]:
+    """(label, batch, conv channels, seqlen, layout) of ``--backward``: the conv of ``bench
+    ssd``'s two Mamba2 shapes (d_inner + 2 ngroups dstate) and of every Mamba2 checkpoint at
+    (4, 2048), channel-last as a Mamba2 block passes it, then two Mamba1 checkpoints' at (4,
+    2048), seqlen-contiguous as a Mamba1 block passes it."""
     from mamba2_rocm.bench.ssd import ISSUE_SHAPES
 
-    cases = [(f"ssd-issue h{h} g{g}", b, h * p + 2 * g * n, L)
+    cl, rows = "channel-last", "seqlen-contiguous"
+    cases = [(f"ssd-issue h{h} g{g}", b, h * p + 2 * g * n, L, cl)
              for b, L, h, p, g, n, _cs in ISSUE_SHAPES]  # fmt: skip
-    cases += [(name, 4, d, 2048) for name, d in CONV_MODELS.items() if name.startswith("mamba2-")]
+    cases += [
+        (name, 4, d, 2048, cl) for name, d in CONV_MODELS.items() if name.startswith("mamba2-")
+    ]
+    cases += [(name, 4, d, 2048, rows) for name, d in MAMBA1_CONV.items()]
     return cases
 
 
@@ -92,13 +104,19 @@ def run_backward(width=4, dtype="bfloat16") -> list[dict]:
     copy = copy_bandwidth_gbs()
     rows: list[dict] = []
 
-    for label, bt, d, L in backward_cases():
-        x = torch.randn(bt, L, d, device=dev, dtype=dt).transpose(1, 2).requires_grad_()
+    for label, bt, d, L, layout in backward_cases():
+
+        def make(bt=bt, d=d, L=L, layout=layout):
+            if layout == "channel-last":
+                return torch.randn(bt, L, d, device=dev, dtype=dt).transpose(1, 2)
+            return torch.randn(bt, d, L, device=dev, dtype=dt)
+
+        x = make().requires_grad_()
         w = torch.randn(d, width, device=dev, dtype=dt, requires_grad=True)
         b = torch.randn(d, device=dev, dtype=dt, requires_grad=True)
-        dout = torch.randn(bt, L, d, device=dev, dtype=dt).transpose(1, 2)
+        dout = make()
         nbytes = 5 * x.numel() * elt  # forward 2 passes over x's size, backward 3
-        case = f"{label} fwd+bwd b{bt} d{d} l{L}"
+        case = f"{label} fwd+bwd b{bt} d{d} l{L}" + (" rows" if layout != "channel-last" else "")
 
         def ours(x=x, w=w, b=b, dout=dout):
             out = causal_conv1d_fn(x, w, b, activation="silu")

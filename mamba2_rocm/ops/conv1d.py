@@ -52,6 +52,8 @@ _BWD_CL = (64, 32)  # kClC, kClL: channel-last x
 # the walking kernel (channel-last x, dout and dx in whole 32-bit words): threads a block, and
 # the positions its ranges are counted in
 _WALK_THREADS, _WALK_TILE = 128, 64  # kWalkThreads, kWalkTile
+# and its seqlen-contiguous form (16-byte aligned rows): lanes a channel, positions a range's tile
+_RWALK_LANES, _RWALK_TILE = 32, 256  # kRLanes, kRWalkTile
 #: The backward's blocks per multiprocessor before blocks start walking several tiles (fewer,
 #: longer blocks: fewer partial dweight / dbias rows for the host to add).
 BWD_BLOCKS_PER_SM = 8
@@ -299,26 +301,29 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     shape = "cl" if _channel_last(x) else "rows"
+    # 16-byte vectors along the tile's unit-stride index: x, dout and dx all aligned for it
+    fast, n = (1 if shape == "cl" else 2), 16 // x.element_size()
+    vec = all(t.stride(fast) == 1 and _aligned(t, [t.stride(i) for i in range(3) if i != fast], n)
+              for t in (x, dout, dx))  # fmt: skip
     tile_c, tile_l = _BWD_CL if shape == "cl" else _BWD_ROWS
     per_word = 4 // x.element_size()
     if shape == "cl" and all(
         t.stride(1) == 1 and _aligned(t, (t.stride(0), t.stride(2)), per_word, 4)
         for t in (x, dout, dx)
-    ):
+    ):  # the walking kernels (csrc/conv1d_bwd.hip, backward_walk / backward_rwalk)
         shape, tile_c, tile_l = "walk", _WALK_THREADS * per_word, _WALK_TILE
+    elif shape == "rows" and vec and seq_idx is None:
+        shape, tile_c, tile_l = "rwalk", _WALK_THREADS // _RWALK_LANES, _RWALK_TILE
     tiles, c_blocks = -(-seqlen // tile_l), -(-dim // tile_c)
     if c_blocks > GRID_YZ_MAX or batch > GRID_YZ_MAX:
         raise ValueError(
             f"conv1d backward grid ({c_blocks}, {batch}) exceeds {GRID_YZ_MAX} in y/z "
             f"(dim={dim}, batch={batch})"
         )
+    walking = shape in ("walk", "rwalk")
     per_block = bwd_tiles_per_block(
-        tiles, c_blocks * batch, sm_count(x.device), WALK_BLOCKS_PER_SM if shape == "walk" else None
+        tiles, c_blocks * batch, sm_count(x.device), WALK_BLOCKS_PER_SM if walking else None
     )
-    # 16-byte vectors along the tile's unit-stride index: x, dout and dx all aligned for it
-    fast, n = (2 if shape == "rows" else 1), 16 // x.element_size()
-    vec = all(t.stride(fast) == 1 and _aligned(t, [t.stride(i) for i in range(3) if i != fast], n)
-              for t in (x, dout, dx))  # fmt: skip
     grid = (-(-tiles // per_block), c_blocks, batch)
     partial = torch.empty(batch * grid[0], dim, width + 1, dtype=torch.float32, device=x.device)
     p = (
@@ -343,7 +348,7 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
     )  # fmt: skip  (ConvBwdParams, field order)
     seq = "_seq" if seq_idx is not None else ""
     launcher = kset.launcher(f"m2r_conv1d_bwd_{KERNEL_DTYPE[x.dtype]}_w{width}_{shape}{seq}")
-    _launch(launcher, x, p, grid, _WALK_THREADS if shape == "walk" else _BWD_THREADS)
+    _launch(launcher, x, p, grid, _WALK_THREADS if walking else _BWD_THREADS)
     return partial
 
 

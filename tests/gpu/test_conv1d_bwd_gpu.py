@@ -112,7 +112,27 @@ def test_backward(width, dtype, layout, mode, shapes):
     got = _run(*args, silu)
     assert got[0].stride() == conv_ops._alloc_out(args[0]).stride()  # dx in x's layout
     _check(got, _want(*args, silu), GTOL[dtype])
+    # 1037 positions: rows not 16-byte aligned, the LDS tile kernel (rwalk: below)
     assert shapes == ["rows" if layout in ("contiguous", "sliced") else "walk"]
+
+
+@pytest.mark.parametrize("ranges", ["short", "long"])
+@pytest.mark.parametrize("mode", ["plain", "states", "seq"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_backward_rows_walk(monkeypatch, width, dtype, mode, ranges, shapes):
+    """Seqlen-contiguous x, dout and dx in 16-byte aligned rows: the walking kernel, whose
+    lanes hold consecutive vectors of one channel (with seq_idx: the LDS rows kernel). 1032
+    positions: a last chunk cut short; ranges of one 256-position tile each (the default at
+    this size) or one range a row."""
+    if ranges == "long":
+        monkeypatch.setattr(conv_ops, "WALK_BLOCKS_PER_SM", 0.001)
+    g = seeded("conv bwd rows walk", width, str(dtype), mode, ranges, device=DEV)
+    silu = width != 3
+    args = _case(g, 3, 97, 1032, width, dtype, "contiguous", mode,
+                 param_dtype=torch.float32 if width == 4 else None)  # fmt: skip
+    _check(_run(*args, silu), _want(*args, silu), GTOL[dtype])
+    assert shapes == ["rows" if mode == "seq" else "rwalk"]
 
 
 @pytest.mark.parametrize("mode", ["plain", "states", "seq"])
@@ -152,7 +172,7 @@ def test_backward_channel_last_lds_tiles(width, dtype, mode, shapes):
 
 @pytest.mark.parametrize("mode", ["plain", "states", "seq"])
 @pytest.mark.parametrize("layout", ["contiguous", "channel_last"])
-@pytest.mark.parametrize("seqlen", [1, 2, 3, 63, 64, 65, 511, 512, 513, 1025])
+@pytest.mark.parametrize("seqlen", [1, 2, 3, 8, 16, 63, 64, 65, 511, 512, 513, 1025])
 def test_backward_lengths(seqlen, layout, mode):
     """Lengths around both tile shapes' edges (64 / 512 positions) and below the history."""
     g = seeded("conv bwd len", seqlen, layout, mode, device=DEV)
@@ -173,14 +193,14 @@ def test_backward_many_tiles_per_block(monkeypatch, layout, dout_layout, shapes)
     args = _case(g, 2, 130, 5000, 4, torch.float32, layout, "states", dout_layout=dout_layout)
     x = args[0]
     walk = layout == "channel_last" and dout_layout is None
-    tile_c, tile_l = {
-        "contiguous": conv_ops._BWD_ROWS,
+    tile_c, tile_l = {  # 5000 float32 positions: 16-byte rows, so contiguous x takes rwalk
+        "contiguous": (conv_ops._WALK_THREADS // conv_ops._RWALK_LANES, conv_ops._RWALK_TILE),
         "channel_last": (conv_ops._WALK_THREADS, conv_ops._WALK_TILE) if walk else conv_ops._BWD_CL,
     }[layout]
     other = -(-130 // tile_c) * 2
     assert conv_ops.bwd_tiles_per_block(-(-5000 // tile_l), other, conv_ops.sm_count(x.device)) > 1
     _check(_run(*args, True), _want(*args, True), GTOL[torch.float32])
-    assert shapes == ["walk" if walk else "rows" if layout == "contiguous" else "cl"]
+    assert shapes == ["walk" if walk else "rwalk" if layout == "contiguous" else "cl"]
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channel_last"])
