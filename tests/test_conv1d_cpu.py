@@ -515,3 +515,54 @@ def test_backward_tiles_per_block():
     assert bwd_tiles_per_block(32, 68 * 8, sms) == 32 * 68 * 8 // (BWD_BLOCKS_PER_SM * sms)
     assert bwd_tiles_per_block(4, 10**6, sms) == 4  # at most the whole row
     assert bwd_tiles_per_block(100, 10**6, 0) == 1  # no GPU (stand-ins): one tile each
+
+
+def _cl(b, d, L, dtype, width=None, start=0):
+    """A channel-last (b, d, L) view: rows of ``width`` channels (default d) from ``start``."""
+    big = torch.randn(b, L, width or d, dtype=dtype)
+    return big[:, :, start : start + d].transpose(1, 2)
+
+
+BF, F32 = torch.bfloat16, torch.float32
+
+
+@pytest.mark.parametrize(
+    ("dtype", "x", "dout", "seq", "shape", "grid", "threads"),
+    [
+        # channel-last in whole words: the walking kernel, 128 threads x 2 channels a block;
+        # 2048 positions, 32 tiles of 64, 2 channel blocks, batch 2: one tile a block
+        (BF, lambda: _cl(2, 512, 2048, BF), "like", False, "walk", (32, 2, 2), 128),
+        (BF, lambda: _cl(2, 512, 2048, BF), "like", True, "walk_seq", (32, 2, 2), 128),
+        # 97 channels: rows half a word out of step (dx too); a slice from mid-word; dout rows
+        (BF, lambda: _cl(2, 97, 300, BF), "like", False, "cl", (10, 2, 2), 256),
+        (BF, lambda: _cl(2, 97, 300, BF, 130, 1), "like", False, "cl", (10, 2, 2), 256),
+        (BF, lambda: _cl(2, 96, 300, BF), "rows", False, "cl", (10, 2, 2), 256),
+        # a float is a word: mid-word slices walk too
+        (F32, lambda: _cl(2, 97, 300, F32, 130, 1), "like", False, "walk", (5, 1, 2), 128),
+        # seqlen-contiguous 16-byte rows: the rows walk, 4 channels a block, 256-position tiles
+        (BF, lambda: torch.randn(2, 10, 1032, dtype=BF), "like", False, "rwalk", (5, 3, 2), 128),
+        # ... but with seq_idx, or rows not 16-byte aligned: the LDS rows kernel
+        (BF, lambda: torch.randn(2, 10, 1032, dtype=BF), "like", True, "rows_seq", (3, 3, 2), 256),
+        (BF, lambda: torch.randn(2, 10, 1037, dtype=BF), "like", False, "rows", (3, 3, 2), 256),
+    ],
+)
+def test_backward_kernel_choice(monkeypatch, dtype, x, dout, seq, shape, grid, threads):
+    """Which backward kernel each layout takes (ops.conv1d.bwd_shape), its grid and block."""
+    from mamba2_rocm.ops import conv1d as ops
+
+    kset = stand_in_kernels(monkeypatch, ops)
+    monkeypatch.setattr(ops, "sm_count", lambda device: 132)
+    seen = []
+
+    def launch(launcher, x, p, grid, threads):
+        seen.append(threads)
+        launcher(p, grid, (threads, 1, 1), 0)
+
+    monkeypatch.setattr(ops, "launch", launch)
+    x = x()
+    b, d, L = x.shape
+    g = x.clone() if dout == "like" else torch.randn(b, d, L, dtype=dtype)
+    seq_idx = torch.zeros(b, L, dtype=torch.int32) if seq else None
+    ops.causal_conv1d_bwd(x, torch.randn(d, 4, dtype=dtype), None, seq_idx, None, g, None, True)
+    (name, _, got), = kset.launches  # fmt: skip
+    assert name.endswith(f"_w4_{shape}") and got == grid and seen == [threads]

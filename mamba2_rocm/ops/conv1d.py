@@ -57,7 +57,7 @@ _RWALK_LANES, _RWALK_TILE = 32, 256  # kRLanes, kRWalkTile
 #: The backward's blocks per multiprocessor before blocks start walking several tiles (fewer,
 #: longer blocks: fewer partial dweight / dbias rows for the host to add).
 BWD_BLOCKS_PER_SM = 8
-#: The same for the walking kernel (csrc/conv1d_bwd.hip, backward_walk).
+#: The same for the walking kernels (csrc/conv1d_bwd.hip, backward_walk / backward_rwalk).
 WALK_BLOCKS_PER_SM = 8
 
 
@@ -294,26 +294,41 @@ def bwd_tiles_per_block(tiles: int, other_blocks: int, sms: int, per_sm=None) ->
     return max(1, min(tiles, int(tiles * other_blocks // (per_sm * sms))))
 
 
+def bwd_shape(x: Tensor, dout: Tensor, dx: Tensor, has_seq_idx: bool) -> tuple[str, bool]:
+    """The backward kernel for these layouts (csrc/conv1d_bwd.hip), and whether x, dout and dx
+    all move in 16-byte vectors along the tile's unit-stride index (ConvBwdParams.vec):
+
+    - ``walk``: channel-last x, dout and dx in whole, aligned 32-bit words of channels;
+    - ``rwalk``: seqlen-contiguous ones in 16-byte aligned rows, without seq_idx (causal-conv1d
+      takes seq_idx with channel-last x only; that form spilled on the wave64 targets);
+    - else the LDS tile kernels, ``cl`` for channel-last x, ``rows`` for any other strides."""
+    shape = "cl" if _channel_last(x) else "rows"
+    fast, n = (1 if shape == "cl" else 2), 16 // x.element_size()
+    vec = all(t.stride(fast) == 1 and _aligned(t, [t.stride(i) for i in range(3) if i != fast], n)
+              for t in (x, dout, dx))  # fmt: skip
+    per_word = 4 // x.element_size()
+    words = all(t.stride(1) == 1 and _aligned(t, (t.stride(0), t.stride(2)), per_word, 4)
+                for t in (x, dout, dx))  # fmt: skip
+    if shape == "cl" and words:
+        return "walk", vec
+    if shape == "rows" and vec and not has_seq_idx:
+        return "rwalk", vec
+    return shape, vec
+
+
 def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, silu, dx,
                 dinit) -> Tensor:  # fmt: skip
     """Launch the backward: writes dx (and dinit), returns the fp32 partial sums of dweight
     and dbias, (rows, dim, width + 1), to be added over rows."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
-    shape = "cl" if _channel_last(x) else "rows"
-    # 16-byte vectors along the tile's unit-stride index: x, dout and dx all aligned for it
-    fast, n = (1 if shape == "cl" else 2), 16 // x.element_size()
-    vec = all(t.stride(fast) == 1 and _aligned(t, [t.stride(i) for i in range(3) if i != fast], n)
-              for t in (x, dout, dx))  # fmt: skip
-    tile_c, tile_l = _BWD_CL if shape == "cl" else _BWD_ROWS
-    per_word = 4 // x.element_size()
-    if shape == "cl" and all(
-        t.stride(1) == 1 and _aligned(t, (t.stride(0), t.stride(2)), per_word, 4)
-        for t in (x, dout, dx)
-    ):  # the walking kernels (csrc/conv1d_bwd.hip, backward_walk / backward_rwalk)
-        shape, tile_c, tile_l = "walk", _WALK_THREADS * per_word, _WALK_TILE
-    elif shape == "rows" and vec and seq_idx is None:
-        shape, tile_c, tile_l = "rwalk", _WALK_THREADS // _RWALK_LANES, _RWALK_TILE
+    shape, vec = bwd_shape(x, dout, dx, seq_idx is not None)
+    tile_c, tile_l = {
+        "rows": _BWD_ROWS,
+        "cl": _BWD_CL,
+        "walk": (_WALK_THREADS * (4 // x.element_size()), _WALK_TILE),
+        "rwalk": (_WALK_THREADS // _RWALK_LANES, _RWALK_TILE),
+    }[shape]
     tiles, c_blocks = -(-seqlen // tile_l), -(-dim // tile_c)
     if c_blocks > GRID_YZ_MAX or batch > GRID_YZ_MAX:
         raise ValueError(
