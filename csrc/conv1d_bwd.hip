@@ -262,7 +262,6 @@ M2R_STAGE_UNROLL
   }
 }
 
-
 // ---- channel-last, in registers ("walk") ------------------------------------------------------
 // x, dout and dx with unit stride along dim, whole 32-bit words of channels (dim a multiple of a
 // word's channels) and word-aligned rows (the host checks). A thread owns one word (kPW channels)
@@ -278,6 +277,17 @@ M2R_STAGE_UNROLL
 constexpr int kWalkThreads = 128;
 constexpr int kWalkTile = 64;   // positions a range is counted in (the host's tiles)
 constexpr int kWalkChunk = 8;   // positions whose loads go out together
+
+// dy of one position for the walking kernels: dout times silu's derivative at the
+// pre-activation bias + sum_k w[k] xs[k] (kSilu), or dout itself
+template <int kW, bool kSilu>
+M2R_DEVICE float walk_dy(float g, const float (&w)[kW], float bias, const float (&xs)[kW]) {
+  if (!kSilu) return g;
+  float pre = bias;
+#pragma unroll
+  for (int k = 0; k < kW; ++k) pre = fmaf(w[k], xs[k], pre);
+  return g * dsilu_fast(pre);
+}
 
 template <int kP>
 struct WalkChunk {  // x and dout words (and seq ids) of kP positions
@@ -407,13 +417,7 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
       float xs[kW];
 #pragma unroll
       for (int k = 0; k < kW; ++k) xs[k] = !kSeq || sw[k] == sw[kW - 1] ? xw[i][k] : 0.f;
-      float dy = gf[i];
-      if (kSilu) {
-        float pre = bias[i];
-#pragma unroll
-        for (int k = 0; k < kW; ++k) pre = fmaf(w[i][k], xs[k], pre);
-        dy *= dsilu_fast(pre);
-      }
+      float dy = walk_dy<kW, kSilu>(gf[i], w[i], bias[i], xs);
       dy = live ? dy : 0.f;
       db[i] = own ? db[i] + dy : db[i];
 #pragma unroll
@@ -597,14 +601,8 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
         xs[k] = m >= 0 ? xv[m] : xl[m + kH];
       }
       const bool live = p0 + j < seqlen;
-      float d = gv[j];
-      if (kSilu) {
-        float pre = bias;
-#pragma unroll
-        for (int k = 0; k < kW; ++k) pre = fmaf(w[k], xs[k], pre);
-        d *= dsilu_fast(pre);
-      }
       // (a chunk never runs past e but where e is the end: live positions are the block's own)
+      float d = walk_dy<kW, kSilu>(gv[j], w, bias, xs);
       d = live ? d : 0.f;
       db = live ? db + d : db;
 #pragma unroll
@@ -645,6 +643,7 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
 #pragma unroll
     for (int k0 = 0; k0 < kH; ++k0) {  // position e + k0
       const int s = e + k0;
+      // (walk_dy's form, written out: through walk_dy, hipcc scheduled these differently)
       float d = s < seqlen ? T::to_float(gr[s]) : 0.f;
       if (kSilu) {
         float pre = bias;

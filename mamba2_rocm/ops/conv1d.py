@@ -57,8 +57,6 @@ _RWALK_LANES, _RWALK_TILE = 32, 256  # kRLanes, kRWalkTile
 #: The backward's blocks per multiprocessor before blocks start walking several tiles (fewer,
 #: longer blocks: fewer partial dweight / dbias rows for the host to add).
 BWD_BLOCKS_PER_SM = 8
-#: The same for the walking kernels (csrc/conv1d_bwd.hip, backward_walk / backward_rwalk).
-WALK_BLOCKS_PER_SM = 8
 
 
 def _silu_flag(activation: str | None) -> bool:
@@ -283,15 +281,13 @@ def _channel_last(x: Tensor) -> bool:
     return x.stride(1) == 1 and x.stride(2) != 1 and x.shape[2] > 1
 
 
-def bwd_tiles_per_block(tiles: int, other_blocks: int, sms: int, per_sm=None) -> int:
+def bwd_tiles_per_block(tiles: int, other_blocks: int, sms: int) -> int:
     """Tiles of the sequence one backward block walks, for ``tiles`` tiles per row and
     ``other_blocks`` (channel tiles x batch) blocks per tile: one while that gives at most
-    ``per_sm`` (default BWD_BLOCKS_PER_SM) blocks per multiprocessor, then as many as keep
-    about that many."""
-    per_sm = BWD_BLOCKS_PER_SM if per_sm is None else per_sm
+    BWD_BLOCKS_PER_SM blocks per multiprocessor, then as many as keep about that many."""
     if sms <= 0:
         return 1
-    return max(1, min(tiles, int(tiles * other_blocks // (per_sm * sms))))
+    return max(1, min(tiles, int(tiles * other_blocks // (BWD_BLOCKS_PER_SM * sms))))
 
 
 def bwd_shape(x: Tensor, dout: Tensor, dx: Tensor, has_seq_idx: bool) -> tuple[str, bool]:
@@ -336,9 +332,7 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
             f"(dim={dim}, batch={batch})"
         )
     walking = shape in ("walk", "rwalk")
-    per_block = bwd_tiles_per_block(
-        tiles, c_blocks * batch, sm_count(x.device), WALK_BLOCKS_PER_SM if walking else None
-    )
+    per_block = bwd_tiles_per_block(tiles, c_blocks * batch, sm_count(x.device))
     grid = (-(-tiles // per_block), c_blocks, batch)
     partial = torch.empty(batch * grid[0], dim, width + 1, dtype=torch.float32, device=x.device)
     p = (

@@ -126,7 +126,7 @@ def test_backward_rows_walk(monkeypatch, width, dtype, mode, ranges, shapes):
     positions: a last chunk cut short; ranges of one 256-position tile each (the default at
     this size) or one range a row."""
     if ranges == "long":
-        monkeypatch.setattr(conv_ops, "WALK_BLOCKS_PER_SM", 0.001)
+        monkeypatch.setattr(conv_ops, "BWD_BLOCKS_PER_SM", 0.001)
     g = seeded("conv bwd rows walk", width, str(dtype), mode, ranges, device=DEV)
     silu = width != 3
     args = _case(g, 3, 97, 1032, width, dtype, "contiguous", mode,
