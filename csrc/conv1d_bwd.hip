@@ -272,11 +272,18 @@ M2R_STAGE_UNROLL
 // positions [a, e), tiles_per_block * kWalkTile of them; the walk starts W-1 earlier for the
 // history (the initial states or zeros before 0; from -(W-1) where dinit is wanted, whose
 // positions are the history's) and runs W-1 past e for the gradients of the range's last inputs,
-// which the next range's outputs feed. Loads go out in chunks of kWalkChunk positions, two
-// chunks a ring: one is walked while the other's loads are in flight.
+// which the next range's outputs feed. Loads go out in chunks of kWalkChunk positions,
+// kWalkRing chunks a ring: one is walked while the others' loads are in flight. A chunk wholly
+// inside the block's outputs and dx positions (most of them) is walked without any of the
+// boundary checks: those selects and predicates, one form for every step, had held the walk
+// back more than its loads in flight (H200: 8 positions a chunk and two a ring with the checks
+// in every step, 121.2 us at b4 d5376 l2048; more loads in flight at the same registers 123.1,
+// at fewer blocks 137-159; without the checks 99.3).
 constexpr int kWalkThreads = 128;
 constexpr int kWalkTile = 64;   // positions a range is counted in (the host's tiles)
-constexpr int kWalkChunk = 8;   // positions whose loads go out together
+constexpr int kWalkChunk = 4;   // positions whose loads go out together
+constexpr int kWalkRing = 3;    // chunks in the ring
+constexpr int kWalkNvBlocks = 4;  // nvcc's register bound: blocks a multiprocessor
 
 // dy of one position for the walking kernels: dout times silu's derivative at the
 // pre-activation bias + sum_k w[k] xs[k] (kSilu), or dout itself
@@ -397,8 +404,9 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
                                                          // pointer: no 64-bit product a step)
   // One step of the walk, at position s: dy(s), dweight / dbias where s is one of the block's
   // outputs, then dx(t), t = s - (W-1), whose outputs t + W-1-k (through tap k) are all known
-  // now. The checks are selects and predicates, one form for every step.
-  const auto step = [&](uint32_t xword, uint32_t gword, int sid, int s) {
+  // now. The checks are selects and predicates; an inner step (a literal true: s one of the
+  // block's outputs, t one of its dx positions, no final states) has none of them.
+  const auto step = [&](uint32_t xword, uint32_t gword, int sid, int s, bool inner) {
     float xf[kPW], gf[kPW];
     T::unpack(xword, xf);
     T::unpack(gword, gf);
@@ -407,8 +415,8 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
       for (int k = 0; k + 1 < kW; ++k) sw[k] = sw[k + 1];
       sw[kW - 1] = sid;
     }
-    const bool live = s >= 0 && s < seqlen && (!kSeq || sw[kW - 1] >= 0);
-    const bool own = live && s >= a && s < e;
+    const bool live = (inner || (s >= 0 && s < seqlen)) && (!kSeq || sw[kW - 1] >= 0);
+    const bool own = live && (inner || (s >= a && s < e));
 #pragma unroll
     for (int i = 0; i < kPW; ++i) {
 #pragma unroll
@@ -435,32 +443,38 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
         if (!kSeq || sw[kW - 1 - k] == sw[0]) acc = fmaf(w[i][k], dyw[i][kW - 1 - k], acc);
       dx[i] = acc;
     }
-    if (t >= seqlen - (kW - 1) && dfin != nullptr) {  // the final states' positions
+    if (!inner && t >= seqlen - (kW - 1) && dfin != nullptr) {  // the final states' positions
 #pragma unroll
       for (int i = 0; i < kPW; ++i) dx[i] += T::to_float(dfin[i * (kW - 1) + t - seqlen + kW - 1]);
     }
-    if (t >= 0 && t >= a0) {
+    if (inner || (t >= 0 && t >= a0)) {
       store_stream(reinterpret_cast<uint32_t*>(pdx), T::pack(dx));
     } else if (t >= a0) {  // a history position (a0 < 0: dinit is wanted)
 #pragma unroll
       for (int i = 0; i < kPW; ++i) dinit[i * (kW - 1) + t + kW - 1] = T::from_float(dx[i]);
     }
   };
-  // two chunks a ring: each is refetched as soon as it has been walked, so the loads of up to
-  // 2 kP positions are in flight while the other is walked
-  WalkChunk<kP> ring0, ring1;
-  fetch(ring0, a0);
-  if (a0 + kP < s_end) fetch(ring1, a0 + kP);
-  for (int s0 = a0; s0 < s_end; s0 += 2 * kP) {
+  // kWalkRing chunks a ring: each is refetched as soon as it has been walked, so the loads of
+  // up to (kWalkRing - 1) kP positions are in flight while one is walked
+  WalkChunk<kP> ring[kWalkRing];
+  const int lo = max(a0, 0) + kW - 1;  // inner steps: [lo, e)
 #pragma unroll
-    for (int q = 0; q < kP; ++q)
-      if (s0 + q < s_end) step(ring0.x[q], ring0.g[q], kSeq ? ring0.sid[q] : 0, s0 + q);
-    if (s0 + 2 * kP < s_end) fetch(ring0, s0 + 2 * kP);
-    if (s0 + kP >= s_end) break;
+  for (int r = 0; r < kWalkRing; ++r)
+    if (r == 0 || a0 + r * kP < s_end) fetch(ring[r], a0 + r * kP);
+  for (int s0 = a0; s0 < s_end; s0 += kWalkRing * kP) {
 #pragma unroll
-    for (int q = 0; q < kP; ++q)
-      if (s0 + kP + q < s_end) step(ring1.x[q], ring1.g[q], kSeq ? ring1.sid[q] : 0, s0 + kP + q);
-    if (s0 + 3 * kP < s_end) fetch(ring1, s0 + 3 * kP);
+    for (int r = 0; r < kWalkRing; ++r) {
+      const int c = s0 + r * kP;
+      if (c >= lo && c + kP <= e) {
+#pragma unroll
+        for (int q = 0; q < kP; ++q) step(ring[r].x[q], ring[r].g[q], kSeq ? ring[r].sid[q] : 0, c + q, true);
+      } else {
+#pragma unroll
+        for (int q = 0; q < kP; ++q)
+          if (c + q < s_end) step(ring[r].x[q], ring[r].g[q], kSeq ? ring[r].sid[q] : 0, c + q, false);
+      }
+      if (c + kWalkRing * kP < s_end) fetch(ring[r], c + kWalkRing * kP);
+    }
   }
   // the thread's channels alone: its sums are the block's partial row
   const int64_t row = b * gridDim.x + blockIdx.x;
@@ -483,10 +497,12 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
 // dy of the positions after each lane's (the lane above, or the next chunk's first lane) are
 // known; after the range's last chunk, the W-1 gradients past it (the next range's, or zeros
 // past the end) finish it. Each walker sums dweight / dbias over its lanes in a fixed order: one
-// partial row per (range, channel). Chunks load one ahead of the one computed. No seq_idx form
+// partial row per (range, channel). Chunks load one ahead of the one computed; a chunk wholly inside the sequence (and, for its dx,
+// before the final states' positions and e) is computed without the per-position checks. No seq_idx form
 // (the rows kernel takes those calls: see the kernel definitions below).
 constexpr int kRLanes = 32;
 constexpr int kRWalkTile = 256;  // positions a range is counted in (a multiple of every chunk)
+constexpr int kRWalkNvBlocks = 5;  // nvcc's register bound: blocks a multiprocessor
 
 template <typename T, int kW, bool kSilu>
 M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
@@ -543,8 +559,9 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
   float dyp[kN];     // the previous chunk's dy (its dx is still to come)
   int prev = -1;     // its first position (-1: none yet)
 
-  // dx of the previous chunk, now that nxt (the kH gradients after its last lane) is known
-  const auto finish = [&](const float (&nxt)[kH]) {
+  // dx of the previous chunk, now that nxt (the kH gradients after its last lane) is known;
+  // inner (a literal true): the chunk ends at or before e and before the final states' positions
+  const auto finish = [&](const float (&nxt)[kH], bool inner) {
     const int p0 = prev + l * kN;
     float above[kH];
 #pragma unroll
@@ -561,10 +578,10 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
         const int m = j + kW - 1 - k;  // dy(p0 + m): output p0 + j's tap k
         acc = fmaf(w[k], m < kN ? dyp[m] : above[m - kN], acc);
       }
-      if (dfin != nullptr && p0 + j >= seqlen - kH) acc += T::to_float(dfin[p0 + j - seqlen + kH]);
+      if (!inner && dfin != nullptr && p0 + j >= seqlen - kH) acc += T::to_float(dfin[p0 + j - seqlen + kH]);
       dx[j] = acc;
     }
-    if (p0 + kN <= e) {
+    if (inner || p0 + kN <= e) {
       typename Vec16<T>::U u;
       Vec16<T>::pack(dx, u);
       store_stream(reinterpret_cast<vec16_t*>(dxr + p0), u.v);
@@ -591,24 +608,29 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
       if (l == 0) xl[k] = xcarry[k];
       xcarry[k] = shfl_width(xv[kN - kH + k], kRLanes - 1, kRLanes);
     }
+    // dy of the lane's positions; whole (a literal true): the chunk ends at or before seqlen
     float dy[kN];
+    const auto chunk_dy = [&](bool whole) {
 #pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      float xs[kW];
+      for (int j = 0; j < kN; ++j) {
+        float xs[kW];
 #pragma unroll
-      for (int k = 0; k < kW; ++k) {
-        const int m = j - kH + k;  // the tap's position, relative to p0
-        xs[k] = m >= 0 ? xv[m] : xl[m + kH];
+        for (int k = 0; k < kW; ++k) {
+          const int m = j - kH + k;  // the tap's position, relative to p0
+          xs[k] = m >= 0 ? xv[m] : xl[m + kH];
+        }
+        const bool live = whole || p0 + j < seqlen;
+        // (a chunk never runs past e but where e is the end: live positions are the block's own)
+        float d = walk_dy<kW, kSilu>(gv[j], w, bias, xs);
+        d = live ? d : 0.f;
+        db = live ? db + d : db;
+#pragma unroll
+        for (int k = 0; k < kW; ++k) dw[k] = live ? fmaf(d, xs[k], dw[k]) : dw[k];
+        dy[j] = d;
       }
-      const bool live = p0 + j < seqlen;
-      // (a chunk never runs past e but where e is the end: live positions are the block's own)
-      float d = walk_dy<kW, kSilu>(gv[j], w, bias, xs);
-      d = live ? d : 0.f;
-      db = live ? db + d : db;
-#pragma unroll
-      for (int k = 0; k < kW; ++k) dw[k] = live ? fmaf(d, xs[k], dw[k]) : dw[k];
-      dy[j] = d;
-    }
+    };
+    if (s0 + kChunk <= seqlen) chunk_dy(true);
+    else chunk_dy(false);
     // the history positions' gradients (dinit): lane 0 of the sequence's first chunk
     if (s0 == 0 && p.dinit != nullptr && l == 0) {
       S* dinit = static_cast<S*>(p.dinit) + (b * dim + c) * kH;
@@ -626,7 +648,8 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
       float first[kH];
 #pragma unroll
       for (int k = 0; k < kH; ++k) first[k] = shfl_width(dy[k], 0, kRLanes);
-      finish(first);
+      if (prev + kChunk <= e && (dfin == nullptr || prev + kChunk <= seqlen - kH)) finish(first, true);
+      else finish(first, false);
     }
 #pragma unroll
     for (int j = 0; j < kN; ++j) dyp[j] = dy[j];
@@ -654,7 +677,7 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
       tail[k0] = s < seqlen ? d : 0.f;
     }
     // (a last chunk cut short by the end of the sequence: its lanes past e store nothing)
-    finish(tail);
+    finish(tail, false);
   }
   // the walker's sums over its lanes, in a fixed order: the partial row of (range, channel)
 #pragma unroll
@@ -677,23 +700,24 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
   M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kThreads, 3) m2r_conv1d_bwd_##DT##_w##W##_##NAME##_seq(ConvBwdParams p) { \
     m2r::conv1d_bwd::backward<m2r::T, W, true, m2r::conv1d_bwd::C, m2r::conv1d_bwd::L, CF>(p);       \
   }
-// the walking kernels, silu or not as a template argument (a branch per step otherwise); no
-// register cap asked of nvcc (its own at these bounds spilled some of the walks). rwalk has no
+// the walking kernels, silu or not as a template argument (a branch per step otherwise), with
+// nvcc's register bound at the most blocks a multiprocessor that spills nothing at any width and
+// dtype (kWalkNvBlocks, kRWalkNvBlocks: without one it took 148-167 registers). rwalk has no
 // seq_idx form: causal-conv1d takes seq_idx with channel-last x only (the rows kernel serves the
 // rest), and that form spilled scalar registers on the wave64 targets
 #define M2R_CONV_BWD_WALK(DT, T, W)                                                                \
-  M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kWalkThreads, 1)                                          \
+  M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kWalkThreads, m2r::conv1d_bwd::kWalkNvBlocks)             \
   m2r_conv1d_bwd_##DT##_w##W##_walk(ConvBwdParams p) {                                             \
     if (p.silu) m2r::conv1d_bwd::backward_walk<m2r::T, W, false, true>(p);                         \
     else m2r::conv1d_bwd::backward_walk<m2r::T, W, false, false>(p);                               \
   }                                                                                                \
-  M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kWalkThreads, 1)                                          \
+  M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kWalkThreads, m2r::conv1d_bwd::kWalkNvBlocks)             \
   m2r_conv1d_bwd_##DT##_w##W##_walk_seq(ConvBwdParams p) {                                         \
     if (p.silu) m2r::conv1d_bwd::backward_walk<m2r::T, W, true, true>(p);                          \
     else m2r::conv1d_bwd::backward_walk<m2r::T, W, true, false>(p);                                \
   }
 #define M2R_CONV_BWD_RWALK(DT, T, W)                                                               \
-  M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kWalkThreads, 1)                                          \
+  M2R_KERNEL_MIN_BLOCKS(m2r::conv1d_bwd::kWalkThreads, m2r::conv1d_bwd::kRWalkNvBlocks)            \
   m2r_conv1d_bwd_##DT##_w##W##_rwalk(ConvBwdParams p) {                                            \
     if (p.silu) m2r::conv1d_bwd::backward_rwalk<m2r::T, W, true>(p);                               \
     else m2r::conv1d_bwd::backward_rwalk<m2r::T, W, false>(p);                                     \
