@@ -283,6 +283,8 @@ constexpr int kWalkThreads = 128;
 constexpr int kWalkTile = 64;   // positions a range is counted in (the host's tiles)
 constexpr int kWalkChunk = 4;   // positions whose loads go out together
 constexpr int kWalkRing = 3;    // chunks in the ring
+constexpr int kWalkSeqChunk = 2, kWalkSeqRing = 2;  // with seq_idx (3 a ring: gfx90a spilled
+                                                     // 7 scalar registers, its ids' loads)
 constexpr int kWalkNvBlocks = 4;  // nvcc's register bound: blocks a multiprocessor
 
 // dy of one position for the walking kernels: dout times silu's derivative at the
@@ -306,7 +308,8 @@ template <typename T, int kW, bool kSeq, bool kSilu>
 M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
   typedef typename T::storage S;
   constexpr int kPW = T::kPerWord;
-  constexpr int kP = kSeq ? kWalkChunk / 2 : kWalkChunk;  // (the seq ids' registers)
+  constexpr int kP = kSeq ? kWalkSeqChunk : kWalkChunk;
+  constexpr int kRing = kSeq ? kWalkSeqRing : kWalkRing;
   // positions and channels in 32 bits (seqlen and dim are int32): fewer registers and
   // instructions than 64-bit ones; offsets are 64-bit where they meet a stride
   const int64_t b = blockIdx.z;
@@ -454,16 +457,16 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
       for (int i = 0; i < kPW; ++i) dinit[i * (kW - 1) + t + kW - 1] = T::from_float(dx[i]);
     }
   };
-  // kWalkRing chunks a ring: each is refetched as soon as it has been walked, so the loads of
-  // up to (kWalkRing - 1) kP positions are in flight while one is walked
-  WalkChunk<kP> ring[kWalkRing];
+  // kRing chunks a ring: each is refetched as soon as it has been walked, so the loads of up to
+  // (kRing - 1) kP positions are in flight while one is walked
+  WalkChunk<kP> ring[kRing];
   const int lo = max(a0, 0) + kW - 1;  // inner steps: [lo, e)
 #pragma unroll
-  for (int r = 0; r < kWalkRing; ++r)
+  for (int r = 0; r < kRing; ++r)
     if (r == 0 || a0 + r * kP < s_end) fetch(ring[r], a0 + r * kP);
-  for (int s0 = a0; s0 < s_end; s0 += kWalkRing * kP) {
+  for (int s0 = a0; s0 < s_end; s0 += kRing * kP) {
 #pragma unroll
-    for (int r = 0; r < kWalkRing; ++r) {
+    for (int r = 0; r < kRing; ++r) {
       const int c = s0 + r * kP;
       if (c >= lo && c + kP <= e) {
 #pragma unroll
@@ -473,7 +476,7 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
         for (int q = 0; q < kP; ++q)
           if (c + q < s_end) step(ring[r].x[q], ring[r].g[q], kSeq ? ring[r].sid[q] : 0, c + q, false);
       }
-      if (c + kWalkRing * kP < s_end) fetch(ring[r], c + kWalkRing * kP);
+      if (c + kRing * kP < s_end) fetch(ring[r], c + kRing * kP);
     }
   }
   // the thread's channels alone: its sums are the block's partial row
@@ -497,9 +500,10 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
 // dy of the positions after each lane's (the lane above, or the next chunk's first lane) are
 // known; after the range's last chunk, the W-1 gradients past it (the next range's, or zeros
 // past the end) finish it. Each walker sums dweight / dbias over its lanes in a fixed order: one
-// partial row per (range, channel). Chunks load one ahead of the one computed; a chunk wholly inside the sequence (and, for its dx,
-// before the final states' positions and e) is computed without the per-position checks. No seq_idx form
-// (the rows kernel takes those calls: see the kernel definitions below).
+// partial row per (range, channel). Chunks load one ahead of the one computed. A chunk that ends
+// inside the sequence computes its dy without the per-position checks, and its dx too where it
+// ends at or before e and the final states' positions. No seq_idx form (the rows kernel takes
+// those calls: see the kernel definitions below).
 constexpr int kRLanes = 32;
 constexpr int kRWalkTile = 256;  // positions a range is counted in (a multiple of every chunk)
 constexpr int kRWalkNvBlocks = 5;  // nvcc's register bound: blocks a multiprocessor
