@@ -693,8 +693,34 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
   }
 }
 
+// ---- dweight / dbias from the partial rows (a launch of its own, after the kernels above) -----
+// Thread j sums column j of the (partial_rows, dim * (width + 1)) fp32 partials over the rows in
+// order, the same order every run (deterministic, no atomics), and stores it in its parameter's
+// dtype: dweight[c, k] (k < width) or dbias[c] (k = width; none without a bias). One launch in
+// place of a torch sum over the rows and two dtype conversions (three launches, three buffers).
+constexpr int kReduceThreads = 256;
+
+M2R_DEVICE void reduce_partials(const ConvBwdParams& p) {
+  const int wp1 = p.width + 1;
+  const int64_t cols = static_cast<int64_t>(p.dim) * wp1;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kReduceThreads + threadIdx.x;
+  if (j >= cols) return;
+  const float* col = p.partial + j;
+  float acc = 0.f;
+#pragma unroll 8
+  for (int r = 0; r < p.partial_rows; ++r) acc += col[r * cols];
+  const int64_t c = j / wp1;
+  const int k = static_cast<int>(j - c * wp1);
+  if (k < p.width) store_as(p.dweight, p.weight_dtype, c * p.width + k, acc);
+  else if (p.dbias != nullptr) store_as(p.dbias, p.bias_dtype, c, acc);
+}
+
 }  // namespace conv1d_bwd
 }  // namespace m2r
+
+M2R_KERNEL(m2r::conv1d_bwd::kReduceThreads) m2r_conv1d_bwd_reduce(ConvBwdParams p) {
+  m2r::conv1d_bwd::reduce_partials(p);
+}
 
 // One kernel per (dtype, width, tile shape), each with and without seq_idx ("_seq").
 #define M2R_CONV_BWD_ONE(DT, T, W, NAME, C, L, CF)                                                   \

@@ -44,9 +44,11 @@ struct ConvFwdParams {
 // bias, seq_idx, initial_states and silu. Given dout (and dfinal, the gradient of the final
 // states, or null) it writes dx (x's shape; any strides), dinit ((batch, dim, width-1), or null
 // when there are no initial states) and, per block, partial sums of dweight and dbias in fp32:
-// partial[(b * gridDim.x + blockIdx.x), c, k] for k < width, dbias at k = width. The host sums
-// the partials over their first axis in a fixed order: the reduction over batch and sequence
-// is deterministic, with no atomics. Each block walks tiles_per_block tiles of the sequence.
+// partial[(b * gridDim.x + blockIdx.x), c, k] for k < width, dbias at k = width. A second
+// launch, m2r_conv1d_bwd_reduce, sums the partial_rows rows in a fixed order into dweight
+// ((dim, width), contiguous, weight_dtype) and dbias ((dim,), bias_dtype, or null): the
+// reduction over batch and sequence is deterministic, with no atomics. Each block walks
+// tiles_per_block tiles of the sequence.
 // initial_states, dfinal and dinit are contiguous (small: the host copies them if need be);
 // their strides follow from the sizes, which keeps the struct (scalar registers on AMD) small.
 struct ConvBwdParams {
@@ -60,6 +62,8 @@ struct ConvBwdParams {
   void* dx;                    // (batch, dim, seqlen), dtype of the kernel
   void* dinit;                 // (batch, dim, width-1), dtype of the kernel, or null
   float* partial;              // (batch * gridDim.x, dim, width + 1), fp32
+  void* dweight;               // (dim, width) contiguous, weight_dtype: the reduce launch's
+  void* dbias;                 // (dim,), bias_dtype, or null: the reduce launch's
   int64_t x_batch_stride, x_c_stride, x_l_stride;
   int64_t dout_batch_stride, dout_c_stride, dout_l_stride;
   int64_t dx_batch_stride, dx_c_stride, dx_l_stride;
@@ -70,6 +74,7 @@ struct ConvBwdParams {
   int32_t weight_dtype, bias_dtype;
   int32_t tiles_per_block;
   int32_t vec;  // 1: x, dout and dx have unit stride along the tile's fast index and 16-byte rows
+  int32_t width, partial_rows;  // the reduce launch's: taps, and rows of partial
 };
 
 // causal_conv1d_update: x (batch, dim, seqlen) new tokens, conv_state (num_states, dim, state_len)

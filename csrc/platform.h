@@ -423,6 +423,12 @@ M2R_DEVICE float load_as_float(const void* p, int dtype, int64_t idx) {
   return dtype == M2R_DTYPE_F16 ? fp16_to_float(bits) : bf16_to_float(bits);
 }
 
+// v stored into such a tensor (load_as_float's counterpart; 16-bit types rounded to nearest even)
+M2R_DEVICE void store_as(void* p, int dtype, int64_t idx, float v) {
+  if (dtype == M2R_DTYPE_F32) static_cast<float*>(p)[idx] = v;
+  else static_cast<uint16_t*>(p)[idx] = dtype == M2R_DTYPE_F16 ? float_to_fp16(v) : float_to_bf16(v);
+}
+
 // load_as_float in two steps, for a thread that reads several such tensors at once: the raw
 // bits first (a float's, or a 16-bit value zero-extended), the conversion once every load is
 // in flight. load_as_float converts inside its dtype branch, where the thread then waits for

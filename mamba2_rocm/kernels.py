@@ -83,13 +83,16 @@ SOURCES: dict[str, KernelSource] = {
         KernelSource(
             "conv1d_bwd",
             ConvBwdParams,
-            tuple(
-                f"m2r_conv1d_bwd_{dt}_w{w}_{shape}{seq}"
-                for dt in KERNEL_DTYPES
-                for w in CONV_WIDTHS
-                for shape in CONV_BWD_SHAPES
-                for seq in ("", "_seq")
-                if not (shape == "rwalk" and seq)  # (seqlen-contiguous seq_idx: the rows kernel)
+            (
+                *(
+                    f"m2r_conv1d_bwd_{dt}_w{w}_{shape}{seq}"
+                    for dt in KERNEL_DTYPES
+                    for w in CONV_WIDTHS
+                    for shape in CONV_BWD_SHAPES
+                    for seq in ("", "_seq")
+                    if not (shape == "rwalk" and seq)  # (seqlen-contiguous seq_idx: rows kernel)
+                ),
+                "m2r_conv1d_bwd_reduce",  # dweight / dbias from the partial rows
             ),
         ),
         KernelSource(

@@ -57,11 +57,11 @@ class ConvFwdParams(ctypes.Structure):
 
 class ConvBwdParams(ctypes.Structure):
     _fields_ = _fields(
-        "x weight bias dout seq_idx initial_states dfinal dx dinit partial",
+        "x weight bias dout seq_idx initial_states dfinal dx dinit partial dweight dbias",
         "x_batch_stride x_c_stride x_l_stride dout_batch_stride dout_c_stride dout_l_stride "
         "dx_batch_stride dx_c_stride dx_l_stride weight_c_stride weight_w_stride "
         "seq_idx_batch_stride seq_idx_l_stride",
-        "batch dim seqlen silu weight_dtype bias_dtype tiles_per_block vec",
+        "batch dim seqlen silu weight_dtype bias_dtype tiles_per_block vec width partial_rows",
     )
 
 

@@ -79,9 +79,10 @@ def kernel_tier(monkeypatch):
         like = (x, dt, A, B, C, D, z, dt_bias, init)
         return tuple(None if g is None else g.to(t.dtype) for g, t in zip(got, like, strict=True))
 
-    def conv_bwd(kset, x, w, b, seq_idx, init, dout, dfin, silu, dx, dinit):
-        # the kernel's contract: dx and dinit written, dweight / dbias returned as fp32 partial
-        # rows for the host to add (here one row per batch row, as a one-tile-per-block grid)
+    def conv_bwd(kset, x, w, b, seq_idx, init, dout, dfin, silu, dx, dinit, dweight, dbias):
+        # the launches' contract: dx and dinit written, and dweight / dbias (dbias None without
+        # a bias) in their dtypes from fp32 partial rows summed in order (here one row per batch
+        # row, as a one-tile-per-block grid)
         assert not is_fake(x), "a backward launch on fake tensors: traced into the kernel"
         ran.append("conv_bwd")
         rows = []
@@ -98,7 +99,10 @@ def kernel_tier(monkeypatch):
             rows.append(
                 torch.cat([gw, (gb if b is not None else gw.new_zeros(len(gw)))[:, None]], 1)
             )
-        return torch.stack(rows).float()
+        sums = torch.stack(rows).float().sum(0)
+        dweight.copy_(sums[:, : w.shape[1]])
+        if dbias is not None:
+            dbias.copy_(sums[:, w.shape[1]])
 
     def norm_bwd(kset, x, w, b, z, eps, gs, nbg, layer_norm, dout):
         # the kernels' contract: dx and dz in x's dtype and shape, the fp32 (dweight, dbias) sums

@@ -564,5 +564,36 @@ def test_backward_kernel_choice(monkeypatch, dtype, x, dout, seq, shape, grid, t
     g = x.clone() if dout == "like" else torch.randn(b, d, L, dtype=dtype)
     seq_idx = torch.zeros(b, L, dtype=torch.int32) if seq else None
     ops.causal_conv1d_bwd(x, torch.randn(d, 4, dtype=dtype), None, seq_idx, None, g, None, True)
-    (name, _, got), = kset.launches  # fmt: skip
-    assert name.endswith(f"_w4_{shape}") and got == grid and seen == [threads]
+    (name, _, got), (reduce, _, rgrid) = kset.launches  # fmt: skip
+    assert name.endswith(f"_w4_{shape}") and got == grid and seen == [threads, 256]
+    # then dweight / dbias from the partial rows: a thread per (channel, tap or bias)
+    assert reduce == "m2r_conv1d_bwd_reduce" and rgrid == (-(-d * 5 // 256), 1, 1)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(("dtype", "pdtype"), [(BF, BF), (BF, F32), (F32, F32)], ids=str)
+def test_backward_reduce_launch(monkeypatch, dtype, pdtype, bias):
+    """The reduce launch gets the partial rows the backward kernel writes (batch x its grid's
+    ranges), the width, and dweight / dbias as the op returns them: new, contiguous, in the
+    parameters' dtypes (their dtype codes), dbias null without a bias."""
+    from mamba2_rocm.ops import conv1d as ops
+    from mamba2_rocm.params import DTYPE_CODES, ConvBwdParams
+
+    kset = stand_in_kernels(monkeypatch, ops)
+    monkeypatch.setattr(ops, "sm_count", lambda device: 4)
+    x = _cl(3, 70, 900, dtype)
+    w = torch.randn(70, 3, dtype=pdtype)[:, :3]
+    b = torch.randn(140, dtype=pdtype)[::2] if bias else None  # (a strided bias)
+    dx, dw, db, _ = ops.causal_conv1d_bwd(x, w, b, None, None, x.clone(), None, True)
+    (_, p, grid), (_, q, _) = kset.launches  # fmt: skip
+    assert p == q  # (one parameter struct for both launches)
+    f = ConvBwdParams(*q)
+    assert (f.width, f.dim, f.partial_rows) == (3, 70, 3 * grid[0])
+    assert f.dweight == dw.data_ptr() and dw.shape == (70, 3) and dw.is_contiguous()
+    assert f.weight_dtype == DTYPE_CODES[str(pdtype).removeprefix("torch.")] and dw.dtype == pdtype
+    if bias:
+        assert f.dbias == db.data_ptr() and db.shape == (70,) and db.is_contiguous()
+        assert f.bias_dtype == f.weight_dtype and db.dtype == pdtype
+    else:
+        assert f.dbias is None and db.numel() == 0
+    assert f.dx == dx.data_ptr() and len({f.dweight, f.dbias, f.partial, f.dx}) == 4  # distinct

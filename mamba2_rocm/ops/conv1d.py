@@ -47,6 +47,7 @@ _SHORT_THREADS, _SHORT_VECS = 64, 2  # kShortThreads, kShortVecs: the short-row 
 _MULTI_ROWS, _MULTI_VECS = 8, 4
 # csrc/conv1d_bwd.hip: threads, and the (channels, positions) tile of each shape
 _BWD_THREADS = 256  # kThreads
+_REDUCE_THREADS = 256  # conv1d_bwd.hip: kReduceThreads
 _BWD_ROWS = (4, 512)  # kRowsC, kRowsL: seqlen-contiguous x
 _BWD_CL = (64, 32)  # kClC, kClL: channel-last x
 # the walking kernel (channel-last x, dout and dx in whole 32-bit words): threads a block, and
@@ -55,7 +56,7 @@ _WALK_THREADS, _WALK_TILE = 128, 64  # kWalkThreads, kWalkTile
 # and its seqlen-contiguous form (16-byte aligned rows): lanes a channel, positions a range's tile
 _RWALK_LANES, _RWALK_TILE = 32, 256  # kRLanes, kRWalkTile
 #: The backward's blocks per multiprocessor before blocks start walking several tiles (fewer,
-#: longer blocks: fewer partial dweight / dbias rows for the host to add).
+#: longer blocks: fewer partial dweight / dbias rows for the reduce launch to add).
 BWD_BLOCKS_PER_SM = 8
 
 
@@ -313,9 +314,11 @@ def bwd_shape(x: Tensor, dout: Tensor, dx: Tensor, has_seq_idx: bool) -> tuple[s
 
 
 def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, silu, dx,
-                dinit) -> Tensor:  # fmt: skip
-    """Launch the backward: writes dx (and dinit), returns the fp32 partial sums of dweight
-    and dbias, (rows, dim, width + 1), to be added over rows."""
+                dinit, dweight, dbias) -> None:  # fmt: skip
+    """Launch the backward: the kernel for the layouts writes dx (and dinit) and fp32 partial
+    sums of dweight and dbias, (rows, dim, width + 1); ``m2r_conv1d_bwd_reduce`` adds them
+    over the rows in a fixed order into dweight ((dim, width), contiguous) and dbias (or
+    None) in their dtypes."""
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     shape, vec = bwd_shape(x, dout, dx, seq_idx is not None)
@@ -334,7 +337,8 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
     walking = shape in ("walk", "rwalk")
     per_block = bwd_tiles_per_block(tiles, c_blocks * batch, sm_count(x.device))
     grid = (-(-tiles // per_block), c_blocks, batch)
-    partial = torch.empty(batch * grid[0], dim, width + 1, dtype=torch.float32, device=x.device)
+    rows = batch * grid[0]
+    partial = torch.empty(rows, dim, width + 1, dtype=torch.float32, device=x.device)
     p = (
         ptr(x),
         ptr(weight),
@@ -346,6 +350,8 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
         ptr(dx),
         ptr(dinit),
         ptr(partial),
+        ptr(dweight),
+        ptr(dbias),
         *x.stride(),
         *dout.stride(),
         *dx.stride(),
@@ -354,11 +360,14 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
         *_sizes_and_codes(x, weight, bias, silu),
         per_block,
         int(vec),
+        width,
+        rows,
     )  # fmt: skip  (ConvBwdParams, field order)
     seq = "_seq" if seq_idx is not None else ""
     launcher = kset.launcher(f"m2r_conv1d_bwd_{KERNEL_DTYPE[x.dtype]}_w{width}_{shape}{seq}")
     _launch(launcher, x, p, grid, _WALK_THREADS if walking else _BWD_THREADS)
-    return partial
+    reduce = -(-dim * (width + 1) // _REDUCE_THREADS)
+    _launch(kset.launcher("m2r_conv1d_bwd_reduce"), x, p, (reduce, 1, 1), _REDUCE_THREADS)
 
 
 def _vec_order(conv_state, width: int) -> str | None:
@@ -616,11 +625,11 @@ def _bwd_run(x, weight, bias, seq_idx, initial_states, dout, dfinal_states, silu
     # the states' strides follow from their sizes in the kernel: small tensors, copied if need be
     init = initial_states.contiguous() if initial_states is not None else None
     dfin = dfinal_states.contiguous() if dfinal_states is not None else None
-    partial = _bwd_kernel(kset, x, weight, bias, seq_idx, init, dout, dfin, silu, dx, dinit)
-    sums = partial.sum(0)  # (dim, width + 1), fp32
-    dweight = sums[:, :width].to(weight.dtype, copy=True)  # (outputs may not alias)
-    dbias = sums[:, width].to(bias.dtype, copy=True) if bias is not None else x.new_empty(0)
-    return dx, dweight, dbias, dinit if dinit is not None else x.new_empty(0)
+    dweight = torch.empty(dim, width, dtype=weight.dtype, device=x.device)
+    dbias = torch.empty(dim, dtype=bias.dtype, device=x.device) if bias is not None else None
+    _bwd_kernel(kset, x, weight, bias, seq_idx, init, dout, dfin, silu, dx, dinit, dweight, dbias)
+    return (dx, dweight, dbias if dbias is not None else x.new_empty(0),
+            dinit if dinit is not None else x.new_empty(0))  # fmt: skip
 
 
 def _bwd_reference(x, weight, bias, seq_idx, initial_states, dout, dfinal, silu):

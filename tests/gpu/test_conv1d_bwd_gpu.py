@@ -87,17 +87,23 @@ def _run(x, w, b, seq, init, dout, dfin, silu):
 
 @pytest.fixture
 def shapes(monkeypatch):
-    """The tile shape each backward launch took ("rows", "cl" or "walk"), in order."""
-    seen = []
+    """The tile shape each backward launch took ("rows", "cl", "walk" or "rwalk"), in order;
+    each must be followed by the reduce launch (dweight / dbias from its partial rows)."""
+    seen, pending = [], []
     launch = conv_ops._launch
 
     def spy(launcher, x, p, grid, threads=conv_ops._THREADS):
-        if "_bwd_" in launcher.name:
+        if launcher.name == "m2r_conv1d_bwd_reduce":
+            assert pending.pop() == p, "the reduce launch follows its backward kernel's"
+        elif "_bwd_" in launcher.name:
+            assert not pending, "a backward kernel without its reduce launch"
             seen.append(launcher.name.split("_w", 1)[1].split("_")[1])
+            pending.append(p)
         launch(launcher, x, p, grid, threads)
 
     monkeypatch.setattr(conv_ops, "_launch", spy)
-    return seen
+    yield seen
+    assert not pending, "a backward kernel without its reduce launch"
 
 
 @pytest.mark.parametrize("mode", ["plain", "states", "seq"])
