@@ -273,12 +273,12 @@ M2R_STAGE_UNROLL
 // history (the initial states or zeros before 0; from -(W-1) where dinit is wanted, whose
 // positions are the history's) and runs W-1 past e for the gradients of the range's last inputs,
 // which the next range's outputs feed. Loads go out in chunks of kWalkChunk positions,
-// kWalkRing chunks a ring: one is walked while the others' loads are in flight. A chunk wholly
-// inside the block's outputs and dx positions (most of them) is walked without any of the
-// boundary checks: those selects and predicates, one form for every step, had held the walk
-// back more than its loads in flight (H200: 8 positions a chunk and two a ring with the checks
-// in every step, 121.2 us at b4 d5376 l2048; more loads in flight at the same registers 123.1,
-// at fewer blocks 137-159; without the checks 99.3).
+// kWalkRing chunks a ring (kWalkSeqChunk, kWalkSeqRing with seq_idx): one is walked while the
+// others' loads are in flight. A chunk wholly inside the block's outputs and dx positions (most
+// of them) is walked without any of the boundary checks: those selects and predicates, one form
+// for every step, had held the walk back more than its loads in flight (H200: 8 positions a
+// chunk and two a ring with the checks in every step, 121.2 us at b4 d5376 l2048; more loads in
+// flight at the same registers 123.1, at fewer blocks 137-159; without the checks 99.3).
 constexpr int kWalkThreads = 128;
 constexpr int kWalkTile = 64;   // positions a range is counted in (the host's tiles)
 constexpr int kWalkChunk = 4;   // positions whose loads go out together

@@ -582,7 +582,7 @@ def test_backward_reduce_launch(monkeypatch, dtype, pdtype, bias):
     kset = stand_in_kernels(monkeypatch, ops)
     monkeypatch.setattr(ops, "sm_count", lambda device: 4)
     x = _cl(3, 70, 900, dtype)
-    w = torch.randn(70, 3, dtype=pdtype)[:, :3]
+    w = torch.randn(70, 5, dtype=pdtype)[:, :3]  # (a strided weight: dweight is contiguous)
     b = torch.randn(140, dtype=pdtype)[::2] if bias else None  # (a strided bias)
     dx, dw, db, _ = ops.causal_conv1d_bwd(x, w, b, None, None, x.clone(), None, True)
     (_, p, grid), (_, q, _) = kset.launches  # fmt: skip
