@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "platform.h"
+#include "block_reduce.h"
 
 namespace m2r {
 namespace conv1d_bwd {
@@ -701,18 +702,11 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
 constexpr int kReduceThreads = 256;
 
 M2R_DEVICE void reduce_partials(const ConvBwdParams& p) {
-  const int wp1 = p.width + 1;
-  const int64_t cols = static_cast<int64_t>(p.dim) * wp1;
+  const int64_t cols = static_cast<int64_t>(p.dim) * (p.width + 1);
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kReduceThreads + threadIdx.x;
-  if (j >= cols) return;
-  const float* col = p.partial + j;
-  float acc = 0.f;
-#pragma unroll 8
-  for (int r = 0; r < p.partial_rows; ++r) acc += col[r * cols];
-  const int64_t c = j / wp1;
-  const int k = static_cast<int>(j - c * wp1);
-  if (k < p.width) store_as(p.dweight, p.weight_dtype, c * p.width + k, acc);
-  else if (p.dbias != nullptr) store_as(p.dbias, p.bias_dtype, c, acc);
+  if (j < cols)
+    sum_partial_column(p.partial, p.partial_rows, cols, j, p.width + 1, p.width, p.dweight, p.weight_dtype, p.dbias,
+                       p.bias_dtype);
 }
 
 }  // namespace conv1d_bwd
