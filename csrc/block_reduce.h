@@ -23,26 +23,6 @@ M2R_DEVICE float block_sum(float v, float* partial) {
   return total;
 }
 
-// Column j of a (rows, cols) fp32 matrix of per-block partial sums (a backward kernel's
-// dweight / dbias partials), added over the rows in order: the same order every run
-// (bit-identical results, no atomics). Stored in a parameter's dtype: the columns come in
-// groups of `group`, the first `split` of each going to out_a (group g's column k at
-// g * split + k), the rest to out_b (at g * (group - split) + k - split; dropped where out_b is
-// null). A thread per column: conv1d_bwd's reduce launch (H200: 3.3 / 2.4 us where torch's sum
-// and two conversions took 8.6 / 8.1, at 44 / 32 rows). The gated norm's backward still sums
-// its partials with torch: at its 211 / 528 row blocks a thread per column took 7.4 / 14.6 us
-// against torch's 7.4 / 11.1, so a form that splits the rows across threads is wanted there.
-M2R_DEVICE void sum_partial_column(const float* partial, int rows, int64_t cols, int64_t j, int64_t group,
-                                   int64_t split, void* out_a, int a_dtype, void* out_b, int b_dtype) {
-  const float* col = partial + j;
-  float acc = 0.f;
-#pragma unroll 8
-  for (int r = 0; r < rows; ++r) acc += col[r * cols];
-  const int64_t g = j / group, k = j - g * group;
-  if (k < split) store_as(out_a, a_dtype, g * split + k, acc);
-  else if (out_b != nullptr) store_as(out_b, b_dtype, g * (group - split) + k - split, acc);
-}
-
 // Inclusive prefix sum over the block; `wsum` holds one float per wavefront.
 M2R_DEVICE float block_inclusive_scan(float v, float* wsum) {
   const int lane = threadIdx.x % kWavefront, wave = threadIdx.x / kWavefront;

@@ -303,11 +303,11 @@ def bwd_shape(x: Tensor, dout: Tensor, dx: Tensor, has_seq_idx: bool) -> tuple[s
     fast, n = (1 if shape == "cl" else 2), 16 // x.element_size()
     vec = all(t.stride(fast) == 1 and _aligned(t, [t.stride(i) for i in range(3) if i != fast], n)
               for t in (x, dout, dx))  # fmt: skip
-    per_word = 4 // x.element_size()
-    words = all(t.stride(1) == 1 and _aligned(t, (t.stride(0), t.stride(2)), per_word, 4)
-                for t in (x, dout, dx))  # fmt: skip
-    if shape == "cl" and words:
-        return "walk", vec
+    if shape == "cl":  # the walk: whole, aligned 32-bit words of channels
+        per_word = 4 // x.element_size()
+        if all(t.stride(1) == 1 and _aligned(t, (t.stride(0), t.stride(2)), per_word, 4)
+               for t in (x, dout, dx)):  # fmt: skip
+            return "walk", vec
     if shape == "rows" and vec and not has_seq_idx:
         return "rwalk", vec
     return shape, vec
