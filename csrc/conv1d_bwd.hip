@@ -279,12 +279,15 @@ M2R_STAGE_UNROLL
 // for every step, had held the walk back more than its loads in flight (H200: 8 positions a
 // chunk and two a ring with the checks in every step, 121.2 us at b4 d5376 l2048; more loads in
 // flight at the same registers 123.1, at fewer blocks 137-159; without the checks 99.3).
+// With seq_idx such a chunk also skips the seq ids' comparisons where its window (the W-1
+// positions before it and its own) is one sequence, as most chunks of packed sequences are
+// (H200, 4 sequences a row: b4 d5376 l2048 146.7 -> 130.9 us). That also freed the scalar
+// registers a ring of 3 chunks needs (with the comparisons in every step, gfx90a spilled 7).
 constexpr int kWalkThreads = 128;
 constexpr int kWalkTile = 64;   // positions a range is counted in (the host's tiles)
 constexpr int kWalkChunk = 4;   // positions whose loads go out together
 constexpr int kWalkRing = 3;    // chunks in the ring
-constexpr int kWalkSeqChunk = 2, kWalkSeqRing = 2;  // with seq_idx (3 a ring: gfx90a spilled
-                                                     // 7 scalar registers, its ids' loads)
+constexpr int kWalkSeqChunk = 2, kWalkSeqRing = 3;  // with seq_idx (its ids' loads too)
 constexpr int kWalkNvBlocks = 4;  // nvcc's register bound: blocks a multiprocessor
 
 // dy of one position for the walking kernels: dout times silu's derivative at the
@@ -409,7 +412,9 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
   // outputs, then dx(t), t = s - (W-1), whose outputs t + W-1-k (through tap k) are all known
   // now. The checks are selects and predicates; an inner step (a literal true: s one of the
   // block's outputs, t one of its dx positions, no final states) has none of them.
-  const auto step = [&](uint32_t xword, uint32_t gword, int sid, int s, bool inner) {
+  // same (a literal true, kSeq): the W positions of the step's window are one sequence (the
+  // caller checked the whole chunk's window), so the seq_idx comparisons are skipped too
+  const auto step = [&](uint32_t xword, uint32_t gword, int sid, int s, bool inner, bool same) {
     float xf[kPW], gf[kPW];
     T::unpack(xword, xf);
     T::unpack(gword, gf);
@@ -418,7 +423,7 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
       for (int k = 0; k + 1 < kW; ++k) sw[k] = sw[k + 1];
       sw[kW - 1] = sid;
     }
-    const bool live = (inner || (s >= 0 && s < seqlen)) && (!kSeq || sw[kW - 1] >= 0);
+    const bool live = (inner || (s >= 0 && s < seqlen)) && (!kSeq || same || sw[kW - 1] >= 0);
     const bool own = live && (inner || (s >= a && s < e));
 #pragma unroll
     for (int i = 0; i < kPW; ++i) {
@@ -427,7 +432,7 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
       xw[i][kW - 1] = xf[i];
       float xs[kW];
 #pragma unroll
-      for (int k = 0; k < kW; ++k) xs[k] = !kSeq || sw[k] == sw[kW - 1] ? xw[i][k] : 0.f;
+      for (int k = 0; k < kW; ++k) xs[k] = !kSeq || same || sw[k] == sw[kW - 1] ? xw[i][k] : 0.f;
       float dy = walk_dy<kW, kSilu>(gf[i], w[i], bias[i], xs);
       dy = live ? dy : 0.f;
       db[i] = own ? db[i] + dy : db[i];
@@ -443,7 +448,7 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
       float acc = 0.f;
 #pragma unroll
       for (int k = 0; k < kW; ++k)
-        if (!kSeq || sw[kW - 1 - k] == sw[0]) acc = fmaf(w[i][k], dyw[i][kW - 1 - k], acc);
+        if (!kSeq || same || sw[kW - 1 - k] == sw[0]) acc = fmaf(w[i][k], dyw[i][kW - 1 - k], acc);
       dx[i] = acc;
     }
     if (!inner && t >= seqlen - (kW - 1) && dfin != nullptr) {  // the final states' positions
@@ -468,13 +473,23 @@ M2R_DEVICE void backward_walk(const ConvBwdParams& p) {
 #pragma unroll
     for (int r = 0; r < kRing; ++r) {
       const int c = s0 + r * kP;
-      if (c >= lo && c + kP <= e) {
+      // with seq_idx: the chunk's window (W-1 positions before it, then its own) one sequence
+      bool one = true;
+      if (kSeq) {
+        const int id = ring[r].sid[kP - 1];
+        one = id >= 0;
 #pragma unroll
-        for (int q = 0; q < kP; ++q) step(ring[r].x[q], ring[r].g[q], kSeq ? ring[r].sid[q] : 0, c + q, true);
+        for (int k = 1; k < kW; ++k) one = one && sw[k] == id;
+#pragma unroll
+        for (int q = 0; q + 1 < kP; ++q) one = one && ring[r].sid[q] == id;
+      }
+      if (c >= lo && c + kP <= e && one) {
+#pragma unroll
+        for (int q = 0; q < kP; ++q) step(ring[r].x[q], ring[r].g[q], kSeq ? ring[r].sid[q] : 0, c + q, true, true);
       } else {
 #pragma unroll
         for (int q = 0; q < kP; ++q)
-          if (c + q < s_end) step(ring[r].x[q], ring[r].g[q], kSeq ? ring[r].sid[q] : 0, c + q, false);
+          if (c + q < s_end) step(ring[r].x[q], ring[r].g[q], kSeq ? ring[r].sid[q] : 0, c + q, false, false);
       }
       if (c + kRing * kP < s_end) fetch(ring[r], c + kRing * kP);
     }
@@ -701,8 +716,8 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
 constexpr int kReduceThreads = 256;
 
 // (H200: 3.3 / 2.4 us where torch's sum and two conversions took 8.6 / 8.1, at 44 / 32 rows.
-// The gated norm's backward keeps torch's sum: at its 211 / 528 row blocks this thread-per-column
-// form took 7.4 / 14.6 us against torch's 7.4 / 11.1; it would want the rows split across threads.)
+// At the gated norm's 211 / 528 row blocks this thread-per-column form took 7.4 / 14.6 us against
+// torch's 7.4 / 11.1: its reduce, m2r_rmsnorm_bwd_reduce, splits the rows across threads.)
 M2R_DEVICE void reduce_partials(const ConvBwdParams& p) {
   const int wp1 = p.width + 1;
   const int64_t cols = static_cast<int64_t>(p.dim) * wp1;

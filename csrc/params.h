@@ -198,9 +198,11 @@ struct RmsNormParams {
 //    c2 = mean(dxhat) (LayerNorm) or 0; a block per item (grid (items, 1, 1)), or with _w a
 //    wavefront per item (grid (ceil(items / (256 / wavefront)), 1, 1)).
 //  - m2r_rmsnorm_bwd_<dt>: dx, dz (z given) and per-block partial sums of dweight / dbias,
-//    partial[(blockIdx.y * 2 + {0: dweight, 1: dbias}) * hidden + column] (fp32; the host adds
-//    them over blocks in a fixed order: deterministic, no atomics); a thread owns 16 bytes of
-//    columns and walks rows_per_block rows; grid (column blocks, row blocks, 1).
+//    partial[(blockIdx.y * 2 + {0: dweight, 1: dbias}) * hidden + column] (fp32); a thread
+//    owns 16 bytes of columns and walks rows_per_block rows; grid (column blocks, row blocks, 1).
+// A third launch, m2r_rmsnorm_bwd_reduce, adds the partial_rows rows of partial in a fixed
+// order (deterministic, no atomics) into dweight ((hidden,), weight_dtype) and dbias
+// ((hidden,), bias_dtype, or null); the other kernels ignore those three fields.
 // Rows have unit stride along hidden (the host copies others).
 struct RmsNormBwdParams {
   const void* x;       // (rows, hidden), dtype of the kernel
@@ -212,6 +214,8 @@ struct RmsNormBwdParams {
   void* dx;            // (rows, hidden), dtype of the kernel
   void* dz;            // (rows, hidden), dtype of the kernel, or null (no z)
   float* partial;      // (row blocks, 2, hidden)
+  void* dweight;       // (hidden,), dtype weight_dtype: the reduce launch's
+  void* dbias;         // (hidden,), dtype bias_dtype, or null: the reduce launch's
   int64_t x_row_stride, z_row_stride, dout_row_stride, dx_row_stride, dz_row_stride;
   int32_t rows, hidden, group_size, norm_before_gate;
   float eps;
@@ -219,6 +223,8 @@ struct RmsNormBwdParams {
   int32_t layer_norm;
   int32_t rows_per_block;
   int32_t vec;  // 1: every row start and weight / bias 16-byte aligned (16-byte loads and stores)
+  int32_t partial_rows;  // the reduce launch's: rows of partial
+  int32_t reserved;      // explicit tail padding: the size is a multiple of 8 on every ABI
 };
 
 // Mamba2 SSD chunked scan (mamba_chunk_scan_combined), forward. One struct for the five stage

@@ -198,10 +198,13 @@ SOURCES: dict[str, KernelSource] = {
         KernelSource(
             "rmsnorm_bwd",
             RmsNormBwdParams,
-            tuple(
-                f"m2r_rmsnorm_bwd{part}_{dt}"
-                for dt in KERNEL_DTYPES
-                for part in ("_stats", "_stats_w", "")  # stats: a block / a wavefront an item
+            (
+                *(
+                    f"m2r_rmsnorm_bwd{part}_{dt}"
+                    for dt in KERNEL_DTYPES
+                    for part in ("_stats", "_stats_w", "")  # stats: a block / a wavefront an item
+                ),
+                "m2r_rmsnorm_bwd_reduce",  # dweight / dbias from the partial rows
             ),
         ),
         KernelSource(

@@ -99,11 +99,11 @@ class StateRowsParams(ctypes.Structure):
 
 class RmsNormBwdParams(ctypes.Structure):
     _fields_ = [
-        *_fields("x z weight bias dout stats dx dz partial",
+        *_fields("x z weight bias dout stats dx dz partial dweight dbias",
                  "x_row_stride z_row_stride dout_row_stride dx_row_stride dz_row_stride",
                  "rows hidden group_size norm_before_gate"),
         ("eps", ctypes.c_float),
-        *_fields("", "", "weight_dtype bias_dtype layer_norm rows_per_block vec"),
+        *_fields("", "", "weight_dtype bias_dtype layer_norm rows_per_block vec partial_rows reserved"),
     ]  # fmt: skip
 
 

@@ -223,3 +223,51 @@ def test_backward_row_blocks():
     assert bwd_row_blocks(7, 1, 132) == 7  # at most one block per row
     assert bwd_row_blocks(10**6, 1, 10**5) == 65535  # the grid's y limit
     assert bwd_row_blocks(100, 4, 0) == 1  # no GPU (stand-ins)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(
+    ("dtype", "pdtype"),
+    [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.float64),
+    ],
+    ids=str,
+)
+def test_backward_reduce_launch(monkeypatch, dtype, pdtype, bias):
+    """After the stats and gradient kernels, the reduce launch with the same parameters: 16
+    columns a block over dweight's columns (and dbias's with a bias), the gradient kernel's row
+    blocks as its partial rows, and dweight / dbias as the op returns them (new, contiguous, in
+    the parameters' dtypes) or, for float64 parameters, float32 buffers converted after; dbias
+    null without a bias."""
+    from helpers import stand_in_kernels
+
+    from mamba2_rocm.params import DTYPE_CODES, RmsNormBwdParams
+
+    kset = stand_in_kernels(monkeypatch, ops)
+    monkeypatch.setattr(ops, "sm_count", lambda device: 4)
+    x = torch.randn(300, 2, 100, dtype=dtype)
+    w = torch.randn(200, dtype=pdtype)[::2]  # (a strided weight: dweight is contiguous)
+    b = torch.randn(100, dtype=pdtype) if bias else None
+    dx, dw, db, _ = ops.rmsnorm_bwd(x, w, b, None, 1e-5, 25, True, True, x.clone())
+    (stats, p, _), (grads, q, ggrid), (red, r, rgrid) = kset.launches  # fmt: skip
+    assert (
+        "stats" in stats
+        and grads.startswith("m2r_rmsnorm_bwd_")
+        and red == "m2r_rmsnorm_bwd_reduce"
+    )
+    assert p == q == r  # (one parameter struct for the three launches)
+    f = RmsNormBwdParams(*r)
+    assert ggrid[1] == 32 and f.partial_rows == 32  # 600 rows over 8 blocks x 4 multiprocessors
+    assert rgrid == (-(-100 * (2 if bias else 1) // 16), 1, 1)
+    kernel_float = torch.float32 if pdtype == torch.float64 else pdtype
+    assert f.weight_dtype == DTYPE_CODES[str(kernel_float).removeprefix("torch.")]
+    assert dw.dtype == pdtype and dw.shape == (100,) and dw.is_contiguous()
+    assert (f.dweight == dw.data_ptr()) == (pdtype != torch.float64)
+    if bias:
+        assert f.bias_dtype == f.weight_dtype and db.dtype == pdtype and db.shape == (100,)
+        assert (f.dbias == db.data_ptr()) == (pdtype != torch.float64)
+    else:
+        assert f.dbias is None and db.numel() == 0
+    assert f.dx == dx.data_ptr() and len({f.dweight, f.dbias, f.partial, f.dx, f.stats}) == 5

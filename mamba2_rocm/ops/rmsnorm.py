@@ -36,11 +36,12 @@ Tensor = torch.Tensor
 __all__ = ["LayerNorm", "RMSNorm", "layernorm_fn", "rmsnorm_fn"]
 
 _THREADS = 256  # csrc/rmsnorm.hip and csrc/rmsnorm_bwd.hip: kThreads
+_RED_COLS = 16  # csrc/rmsnorm_bwd.hip: kRedCols, the reduce launch's columns a block
 #: vec_plan's threads per item that have kernels with them fixed at compile time: the whole
 #: block (``_b``) or half of it (``_h``)
 _FIXED_TPI = {_THREADS: "_b", _THREADS // 2: "_h"}
 #: The backward's blocks per multiprocessor (column blocks x row blocks); beyond, blocks walk
-#: more rows (fewer partial dweight / dbias rows for the host to add).
+#: more rows (fewer partial dweight / dbias rows for the reduce launch to add).
 BWD_BLOCKS_PER_SM = 8
 #: Groups up to this many elements get a wavefront each in the backward's stats kernel (else a
 #: block each: 256 threads for a few elements each left most of them idle at d2048 in groups
@@ -285,8 +286,12 @@ def bwd_row_blocks(rows: int, col_blocks: int, sms: int) -> int:
     return max(1, min(rows, GRID_YZ_MAX, int(BWD_BLOCKS_PER_SM * sms // col_blocks)))
 
 
-def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm, dout):
-    """dx, dz (x's dtype, x's shape; dz None without z) and the fp32 (dweight, dbias) sums."""
+def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm, dout, dweight,
+                dbias):  # fmt: skip
+    """dx and dz (x's dtype, x's shape; dz None without z), returned; dweight and dbias (None
+    without a bias; new, contiguous, in the dtypes of the kernels' weight / bias: float32 for
+    float64 parameters) written by ``m2r_rmsnorm_bwd_reduce`` from the gradient kernel's fp32
+    partial rows, added in a fixed order."""
     hidden = x.shape[-1]
     weight, bias = as_kernel_float(weight), as_kernel_float(bias)
     x2, g2 = _rows(x, hidden), _rows(dout, hidden)
@@ -308,7 +313,8 @@ def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm,
     vec = all(t.data_ptr() % 16 == 0 and (t.stride(0) * el) % 16 == 0 for t in rowed)
     ptrs = (x2.data_ptr(), 0 if z2 is None else z2.data_ptr(), weight.data_ptr(),
             0 if bias is None else bias.data_ptr(), g2.data_ptr(), stats.data_ptr(),
-            dx2.data_ptr(), 0 if dz2 is None else dz2.data_ptr(), partial.data_ptr())  # fmt: skip
+            dx2.data_ptr(), 0 if dz2 is None else dz2.data_ptr(), partial.data_ptr(),
+            dweight.data_ptr(), 0 if dbias is None else dbias.data_ptr())  # fmt: skip
     tail = (
         x2.stride(0),
         0 if z2 is None else z2.stride(0),
@@ -325,6 +331,8 @@ def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm,
         int(layer_norm),
         per_block,
         int(vec),
+        row_blocks,
+        0,
     )  # fmt: skip  (RmsNormBwdParams after the pointers, field order)
     dt = KERNEL_DTYPE[x.dtype]
     items = rows * groups
@@ -336,7 +344,10 @@ def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm,
     launch(kset.launcher(stats_name), x2, ptrs + tail, stats_grid, _THREADS)
     launch(kset.launcher(f"m2r_rmsnorm_bwd_{dt}"), x2, ptrs + tail, (col_blocks, row_blocks, 1),
            _THREADS)  # fmt: skip
-    return dx, dz, partial.sum(0)
+    red_cols = hidden * (1 if bias is None else 2)
+    launch(kset.launcher("m2r_rmsnorm_bwd_reduce"), x2, ptrs + tail,
+           (-(-red_cols // _RED_COLS), 1, 1), _THREADS)  # fmt: skip
+    return dx, dz
 
 
 def _bwd_impl(
@@ -366,10 +377,15 @@ def _bwd_run(x, weight, bias, z, eps, gs, norm_before_gate, is_rms_norm, dout):
         return (dx.contiguous(), dw.contiguous(),
                 db.contiguous() if db is not None else x.new_empty(0),
                 dz.contiguous() if dz is not None else x.new_empty(0))  # fmt: skip
-    dx, dz, sums = _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate,
-                               not is_rms_norm, dout)  # fmt: skip
-    dw = sums[0].to(weight.dtype, copy=True)  # (an op's outputs may not alias)
-    db = sums[1].to(bias.dtype, copy=True) if bias is not None else x.new_empty(0)
+    # new tensors (an op's outputs may not alias its inputs) in the dtypes the kernels read the
+    # parameters in (as_kernel_float: float32 for float64 ones)
+    kfloat = lambda t: t.dtype if t.dtype in KERNEL_DTYPE else torch.float32  # noqa: E731
+    dw = torch.empty(weight.shape, dtype=kfloat(weight), device=x.device)
+    db = None if bias is None else torch.empty(bias.shape, dtype=kfloat(bias), device=x.device)
+    dx, dz = _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, not is_rms_norm,
+                         dout, dw, db)  # fmt: skip
+    dw = dw.to(weight.dtype)  # (float64 parameters: the kernels' float32 sums, converted)
+    db = db.to(bias.dtype) if db is not None else x.new_empty(0)
     if dz is None:
         dz = x.new_empty(0)
     elif dz.dtype != z.dtype:

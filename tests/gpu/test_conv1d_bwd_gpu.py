@@ -123,6 +123,34 @@ def test_backward(width, dtype, layout, mode, shapes):
 
 
 @pytest.mark.parametrize("ranges", ["short", "long"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_backward_walk_many_short_sequences(monkeypatch, width, dtype, ranges, shapes):
+    """The channel-last walk with seq_idx where sequences start every 1-12 positions, padding
+    runs (-1) sit between them and long sequences alternate with short ones: chunks whose
+    window is one sequence (walked without the id comparisons) next to chunks that hold a
+    boundary, padding or a sequence shorter than the width, at every offset within the ring."""
+    if ranges == "long":
+        monkeypatch.setattr(conv_ops, "BWD_BLOCKS_PER_SM", 0.001)
+    g = seeded("conv bwd short seqs", width, str(dtype), ranges, device=DEV)
+    cpu = torch.Generator().manual_seed(width * 10 + (ranges == "long"))
+    batch, seqlen, rows = 2, 1501, []
+    for _ in range(batch):
+        ids, sid = [], 0
+        while len(ids) < seqlen:
+            n = int(torch.randint(1, 13, (1,), generator=cpu)) * (1 if sid % 5 else 20)
+            pad = int(torch.randint(0, 4, (1,), generator=cpu)) == 0
+            ids += [-1 if pad else sid] * n
+            sid += not pad
+        rows.append(ids[:seqlen])
+    seq = torch.tensor(rows, dtype=torch.int32, device=DEV)
+    x, w, b, _, _, dout, _ = _case(g, batch, 96, seqlen, width, dtype, "channel_last", "plain")
+    args = (x, w, b, seq, None, dout, None)
+    _check(_run(*args, True), _want(*args, True), GTOL[dtype])
+    assert shapes == ["walk"]
+
+
+@pytest.mark.parametrize("ranges", ["short", "long"])
 @pytest.mark.parametrize("mode", ["plain", "states", "seq"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("width", [2, 3, 4])

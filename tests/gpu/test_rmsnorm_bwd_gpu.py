@@ -103,6 +103,22 @@ def test_backward_many_rows_per_block(monkeypatch):
     _check(_run(*args), _want(*args), GTOL[torch.float32])
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("pdtype", [torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_backward_parameter_dtypes(bias, pdtype):
+    """dweight / dbias come back in the parameters' dtypes from the reduce launch (float64: its
+    float32 sums, converted), poisoned memory overwritten: 100 columns, so one of the reduce's
+    16-column blocks holds dweight's last columns and dbias's first; 700 rows over many row
+    blocks, their count not a multiple of the reduce's 16 slices."""
+    g = seeded("norm bwd pdtype", bias, str(pdtype), device=DEV)
+    x, w, b, z, dout = _inputs(g, 700, 100, torch.float32, "after", bias=bias)
+    w, b = w.to(pdtype), None if b is None else b.to(pdtype)
+    args = (x, w, b, z, 1e-5, 20, True, True, dout)
+    got = _run(*args)
+    assert got[1].dtype == pdtype and (not bias or got[2].dtype == pdtype)
+    _check(got, _want(*args), GTOL.get(pdtype, GTOL[torch.float32]))
+
+
 def test_backward_is_bit_identical_across_runs():
     g = seeded("norm bwd det", device=DEV)
     x, w, b, z, dout = _inputs(g, 16384, 2048, torch.bfloat16, "before")
