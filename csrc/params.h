@@ -197,9 +197,10 @@ struct RmsNormParams {
 //    in fp32, with xhat the normalized input and dxhat = dy * weight: c1 = mean(dxhat * xhat),
 //    c2 = mean(dxhat) (LayerNorm) or 0; a block per item (grid (items, 1, 1)), or with _w a
 //    wavefront per item (grid (ceil(items / (256 / wavefront)), 1, 1)).
-//  - m2r_rmsnorm_bwd_<dt>: dx, dz (z given) and per-block partial sums of dweight / dbias,
+//  - m2r_rmsnorm_bwd[_v]_<dt>: dx, dz (z given) and per-block partial sums of dweight / dbias,
 //    partial[(blockIdx.y * 2 + {0: dweight, 1: dbias}) * hidden + column] (fp32); a thread
 //    owns 16 bytes of columns and walks rows_per_block rows; grid (column blocks, row blocks, 1).
+//    _v: vec and group_size whole 16-byte runs (16-byte loads and stores, a row ahead).
 // A third launch, m2r_rmsnorm_bwd_reduce, adds the partial_rows rows of partial in a fixed
 // order (deterministic, no atomics) into dweight ((hidden,), weight_dtype) and dbias
 // ((hidden,), bias_dtype, or null); the other kernels ignore those three fields.

@@ -115,14 +115,18 @@ M2R_DEVICE void stats(const RmsNormBwdParams& p) {
 // ---- dx, dz and the dweight / dbias partials ------------------------------------------------
 // grid (ceil(hidden / (kThreads * kN)), row blocks, 1): a thread owns kN consecutive columns
 // (one 16-byte vector) and walks its block's rows; its columns' groups are the same every row.
-template <typename T>
+// kVec (the _v kernels): every row 16-byte aligned and the group size whole 16-byte runs (the
+// host checks), so each thread's run is whole, lies in one group and moves in one load or
+// store, and the thread requests row r + 1 while it works out row r (one row at a time left
+// its loads idle through its arithmetic and stores). The element-wise kernel keeps one row in
+// flight: its predicated loads and stores' lane masks, with the prefetch's state, spilled scalar
+// registers on the wave64 targets.
+template <typename T, bool kVec>
 M2R_DEVICE void grads(const RmsNormBwdParams& p) {
   typedef typename T::storage S;
   constexpr int kN = 16 / sizeof(S);
   const int hidden = p.hidden, gs = p.group_size, groups = hidden / gs;
   const int64_t col0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kN;
-  const bool whole = col0 + kN <= hidden;
-  const bool vec = p.vec != 0 && whole;
   const bool gate_first = p.z != nullptr && !p.norm_before_gate;
   const bool gate_after = p.z != nullptr && p.norm_before_gate;
   float w[kN], bias[kN], dw[kN], db[kN];
@@ -138,38 +142,21 @@ M2R_DEVICE void grads(const RmsNormBwdParams& p) {
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * p.rows_per_block;
   const int64_t r1 = min(static_cast<int64_t>(p.rows), r0 + p.rows_per_block);
   if (col0 < hidden) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const S* x = static_cast<const S*>(p.x) + r * p.x_row_stride + col0;
-      const S* z = gate_first || gate_after ? static_cast<const S*>(p.z) + r * p.z_row_stride + col0 : nullptr;
-      const S* dout = static_cast<const S*>(p.dout) + r * p.dout_row_stride + col0;
-      float xv[kN], zv[kN], gv[kN];
-      if (vec) {
-        typename Vec16<T>::U u;
-        u.v = load_stream(reinterpret_cast<const vec16_t*>(x));
-        Vec16<T>::unpack(u, xv);
-        u.v = load_stream(reinterpret_cast<const vec16_t*>(dout));
-        Vec16<T>::unpack(u, gv);
-        if (z != nullptr) {
-          u.v = load_stream(reinterpret_cast<const vec16_t*>(z));
-          Vec16<T>::unpack(u, zv);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < kN; ++i) {
-          const bool in = col0 + i < hidden;
-          xv[i] = in ? T::to_float(x[i]) : 0.f;
-          gv[i] = in ? T::to_float(dout[i]) : 0.f;
-          zv[i] = in && z != nullptr ? T::to_float(z[i]) : 0.f;
-        }
-      }
+    const S* const zbase = gate_first || gate_after ? static_cast<const S*>(p.z) : nullptr;
+    const float* const st_base = p.stats + 4 * static_cast<int64_t>(grp[0]);
+    // row r's dy, dweight / dbias terms and dx, dz from its elements (st0: its first column's
+    // group's stats)
+    const auto row = [&](int64_t r, const float (&xv)[kN], const float (&gv)[kN], const float (&zv)[kN],
+                         float4 st0) {
       float dxv[kN], dzv[kN];
       const float* st_row = p.stats + 4 * r * groups;
-      float4 st = *reinterpret_cast<const float4*>(st_row + 4 * grp[0]);
+      float4 st = st0;
 #pragma unroll
       for (int i = 0; i < kN; ++i) {
-        if (i > 0 && grp[i] != grp[i - 1]) st = *reinterpret_cast<const float4*>(st_row + 4 * grp[i]);
+        if (!kVec && i > 0 && grp[i] != grp[i - 1])
+          st = *reinterpret_cast<const float4*>(st_row + 4 * grp[i]);
         const float mean = st.x, rstd = st.y, c1 = st.z, c2 = st.w;
-        const float sz = z != nullptr ? silu(zv[i]) : 1.f;
+        const float sz = zbase != nullptr ? silu(zv[i]) : 1.f;
         const float v = gate_first ? xv[i] * sz : xv[i];
         const float xhat = (v - mean) * rstd;
         float dy = gv[i];
@@ -189,8 +176,8 @@ M2R_DEVICE void grads(const RmsNormBwdParams& p) {
         }
       }
       S* dx = static_cast<S*>(p.dx) + r * p.dx_row_stride + col0;
-      S* dz = z != nullptr ? static_cast<S*>(p.dz) + r * p.dz_row_stride + col0 : nullptr;
-      if (vec) {
+      S* dz = zbase != nullptr ? static_cast<S*>(p.dz) + r * p.dz_row_stride + col0 : nullptr;
+      if constexpr (kVec) {
         typename Vec16<T>::U u;
         Vec16<T>::pack(dxv, u);
         store_stream(reinterpret_cast<vec16_t*>(dx), u.v);
@@ -205,6 +192,46 @@ M2R_DEVICE void grads(const RmsNormBwdParams& p) {
           dx[i] = T::from_float(dxv[i]);
           if (dz != nullptr) dz[i] = T::from_float(dzv[i]);
         }
+      }
+    };
+    if constexpr (kVec) {  // 16-byte runs, one row ahead
+      typedef typename Vec16<T>::U U;
+      const auto at = [&](const void* base, int64_t stride, int64_t r) {
+        return reinterpret_cast<const vec16_t*>(static_cast<const S*>(base) + r * stride + col0);
+      };
+      const auto fetch = [&](int64_t r, U& ux, U& ug, U& uz, float4& st) {
+        ux.v = load_stream(at(p.x, p.x_row_stride, r));
+        ug.v = load_stream(at(p.dout, p.dout_row_stride, r));
+        if (zbase != nullptr) uz.v = load_stream(at(zbase, p.z_row_stride, r));
+        st = *reinterpret_cast<const float4*>(st_base + 4 * r * groups);
+      };
+      U ux, ug, uz;
+      float4 st;
+      uz.v = vec16_t{};
+      if (r0 < r1) fetch(r0, ux, ug, uz, st);
+      for (int64_t r = r0; r < r1; ++r) {
+        float xv[kN], zv[kN], gv[kN];
+        Vec16<T>::unpack(ux, xv);
+        Vec16<T>::unpack(ug, gv);
+        Vec16<T>::unpack(uz, zv);
+        const float4 st_r = st;
+        if (r + 1 < r1) fetch(r + 1, ux, ug, uz, st);
+        row(r, xv, gv, zv, st_r);
+      }
+    } else {
+      for (int64_t r = r0; r < r1; ++r) {
+        const S* x = static_cast<const S*>(p.x) + r * p.x_row_stride + col0;
+        const S* z = zbase != nullptr ? zbase + r * p.z_row_stride + col0 : nullptr;
+        const S* dout = static_cast<const S*>(p.dout) + r * p.dout_row_stride + col0;
+        float xv[kN], zv[kN], gv[kN];
+#pragma unroll
+        for (int i = 0; i < kN; ++i) {
+          const bool in = col0 + i < hidden;
+          xv[i] = in ? T::to_float(x[i]) : 0.f;
+          gv[i] = in ? T::to_float(dout[i]) : 0.f;
+          zv[i] = in && z != nullptr ? T::to_float(z[i]) : 0.f;
+        }
+        row(r, xv, gv, zv, *reinterpret_cast<const float4*>(st_base + 4 * r * groups));
       }
     }
 #pragma unroll
@@ -259,7 +286,10 @@ M2R_DEVICE void reduce_partials(const RmsNormBwdParams& p) {
     m2r::rmsnorm_bwd::stats<m2r::T, true>(p);                                                  \
   }                                                                                             \
   M2R_KERNEL(m2r::rmsnorm_bwd::kThreads) m2r_rmsnorm_bwd_##DT(RmsNormBwdParams p) {           \
-    m2r::rmsnorm_bwd::grads<m2r::T>(p);                                                        \
+    m2r::rmsnorm_bwd::grads<m2r::T, false>(p);                                                 \
+  }                                                                                             \
+  M2R_KERNEL(m2r::rmsnorm_bwd::kThreads) m2r_rmsnorm_bwd_v_##DT(RmsNormBwdParams p) {        \
+    m2r::rmsnorm_bwd::grads<m2r::T, true>(p);                                                  \
   }
 
 M2R_KERNEL(m2r::rmsnorm_bwd::kThreads) m2r_rmsnorm_bwd_reduce(RmsNormBwdParams p) {

@@ -202,7 +202,8 @@ SOURCES: dict[str, KernelSource] = {
                 *(
                     f"m2r_rmsnorm_bwd{part}_{dt}"
                     for dt in KERNEL_DTYPES
-                    for part in ("_stats", "_stats_w", "")  # stats: a block / a wavefront an item
+                    # stats: a block / a wavefront an item; gradients element-wise / 16-byte runs
+                    for part in ("_stats", "_stats_w", "", "_v")
                 ),
                 "m2r_rmsnorm_bwd_reduce",  # dweight / dbias from the partial rows
             ),

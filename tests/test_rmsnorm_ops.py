@@ -138,10 +138,14 @@ def _norm_case(kind, g):
     if kind == "transposed":  # rows not unit-stride: copied, the uncached path
         x = torch.randn(40, 3, generator=g).t()
         return x, torch.randn(40, generator=g), None, None, 8
+    if kind == "strided weight":  # every other element of a longer weight: a dense copy
+        w = torch.randn(64, generator=g).to(bf)[::2]
+        return torch.randn(4, 32, generator=g).to(bf), w, None, None, 16
     raise AssertionError(kind)
 
 
-_KINDS = ["bf16 z", "3d bias", "row stride", "misaligned", "float32 z copy", "transposed"]
+_KINDS = ["bf16 z", "3d bias", "row stride", "misaligned", "float32 z copy", "transposed",
+          "strided weight"]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", _KINDS)
@@ -161,9 +165,12 @@ def test_cached_launch_equals_the_uncached_one(kind, nbg, monkeypatch):
             want = kset.launches[-1]
             if kind in ("float32 z copy", "transposed"):  # copies: new addresses each time
                 got, want = [(n, (0, 0, *p[2:]), g) for n, p, g in (got, want)]
+            if kind == "strided weight":  # (the weight's copy)
+                got, want = [(n, (*p[:2], 0, *p[3:]), g) for n, p, g in (got, want)]
             assert got == want
         assert len(ops._PLANS) == 1
-        assert (ops._PLANS.popitem()[1].fast is False) == (kind in ("float32 z copy", "transposed"))
+        copied = ("float32 z copy", "transposed", "strided weight")
+        assert (ops._PLANS.popitem()[1].fast is False) == (kind in copied)
     finally:
         ops.clear_plan_cache()
 
@@ -259,7 +266,8 @@ def test_backward_reduce_launch(monkeypatch, dtype, pdtype, bias):
     )
     assert p == q == r  # (one parameter struct for the three launches)
     f = RmsNormBwdParams(*r)
-    assert ggrid[1] == 32 and f.partial_rows == 32  # 600 rows over 8 blocks x 4 multiprocessors
+    # 600 rows over BWD_BLOCKS_PER_SM blocks x 4 multiprocessors
+    assert ggrid[1] == ops.BWD_BLOCKS_PER_SM * 4 == f.partial_rows
     assert rgrid == (-(-100 * (2 if bias else 1) // 16), 1, 1)
     kernel_float = torch.float32 if pdtype == torch.float64 else pdtype
     assert f.weight_dtype == DTYPE_CODES[str(kernel_float).removeprefix("torch.")]
@@ -271,3 +279,31 @@ def test_backward_reduce_launch(monkeypatch, dtype, pdtype, bias):
     else:
         assert f.dbias is None and db.numel() == 0
     assert f.dx == dx.data_ptr() and len({f.dweight, f.dbias, f.partial, f.dx, f.stats}) == 5
+
+
+def test_kernel_params_are_dense_vectors():
+    """The kernels index weight and bias as dense vectors: strided views reach them as
+    contiguous copies (float64 ones as float32), contiguous ones as they are."""
+    w = torch.arange(20.0)[::2]
+    b = torch.arange(20.0, dtype=torch.float64)[1::2]
+    kw, kb = ops._kernel_params(w, b)
+    assert kw.is_contiguous() and torch.equal(kw, w)
+    assert kb.is_contiguous() and kb.dtype == torch.float32 and torch.equal(kb, b.float())
+    dense = torch.randn(10, dtype=torch.bfloat16)
+    kw, kb = ops._kernel_params(dense, None)
+    assert kw is dense and kb is None
+
+
+@pytest.mark.parametrize(("group", "runs"), [(16, "_v"), (48, "_v"), (12, "")])
+def test_backward_16_byte_runs_lie_in_one_group(monkeypatch, group, runs):
+    """The gradient kernel's 16-byte form (``_v``: a run's stats taken once, the next row's
+    loads requested a row ahead) runs where rows are aligned and the group is whole 16-byte
+    runs (8 bf16 elements); groups of 12 take the element-wise kernel."""
+    from helpers import stand_in_kernels
+
+    kset = stand_in_kernels(monkeypatch, ops)
+    monkeypatch.setattr(ops, "sm_count", lambda device: 4)
+    x = torch.randn(5, 96, dtype=torch.bfloat16)
+    assert x.data_ptr() % 16 == 0
+    ops.rmsnorm_bwd(x, torch.randn(96), None, None, 1e-5, group, True, True, x.clone())
+    assert kset.launches[1][0] == f"m2r_rmsnorm_bwd{runs}_bf16"

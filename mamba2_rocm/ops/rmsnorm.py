@@ -41,8 +41,12 @@ _RED_COLS = 16  # csrc/rmsnorm_bwd.hip: kRedCols, the reduce launch's columns a 
 #: block (``_b``) or half of it (``_h``)
 _FIXED_TPI = {_THREADS: "_b", _THREADS // 2: "_h"}
 #: The backward's blocks per multiprocessor (column blocks x row blocks); beyond, blocks walk
-#: more rows (fewer partial dweight / dbias rows for the reduce launch to add).
-BWD_BLOCKS_PER_SM = 8
+#: more rows (fewer partial dweight / dbias rows for the reduce launch to add). With the next
+#: row's loads requested a row ahead, 2 was fastest of 1 / 1.5 / 2 / 3 / 4 / 8 at every Mamba2
+#: block shape (H200, bf16, the 16-byte path before it became a kernel of its own: 370m b4 l2048
+#: 121.9 / 108.6 / 95.0 / 114.4 / 105.2 / 126.3 us, 2.7b 317.4 / 278.3 / 234.2 / 276.0 / 238.8 /
+#: 247.3).
+BWD_BLOCKS_PER_SM = 2
 #: Groups up to this many elements get a wavefront each in the backward's stats kernel (else a
 #: block each: 256 threads for a few elements each left most of them idle at d2048 in groups
 #: of 256, H100).
@@ -86,6 +90,13 @@ def vec_plan(group_size: int, elem_size: int, addresses: tuple[int, ...]) -> tup
     return None if best is None else best[1:]
 
 
+def _kernel_params(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """weight and bias as the kernels read them: in a kernel dtype (float32 for float64) and
+    contiguous (they index the parameters as dense vectors; a strided view is copied)."""
+    weight = as_kernel_float(weight).contiguous()
+    return weight, None if bias is None else as_kernel_float(bias).contiguous()
+
+
 def _rows(t: Tensor, hidden: int) -> Tensor:
     """(rows, hidden) with unit stride along hidden: a view when possible, else one copy."""
     t2 = t.reshape(-1, hidden)
@@ -94,7 +105,7 @@ def _rows(t: Tensor, hidden: int) -> Tensor:
 
 def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, layer_norm, out) -> None:
     hidden = x.shape[-1]
-    weight, bias = as_kernel_float(weight), as_kernel_float(bias)
+    weight, bias = _kernel_params(weight, bias)
     x2 = _rows(x, hidden)
     z2 = None if z is None else _rows(like(z, x), hidden)
     rows = x2.shape[0]
@@ -107,10 +118,7 @@ def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, layer_n
     if z2 is not None:
         addresses += [z2.data_ptr(), z2.stride(0) * el]
     plan = vec_plan(group_size, el, tuple(addresses))
-    if (
-        plan is not None and weight.stride(0) == 1 and (bias is None or bias.stride(0) == 1)
-        and rows * groups < 2**31  # the kernel's 32-bit item index (and grid.x limit)
-    ):  # fmt: skip
+    if plan is not None and rows * groups < 2**31:  # (the kernel's 32-bit item index, grid.x)
         variant, grid = _vec_variant(plan, rows, groups, z2 is not None and norm_before_gate)
         _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2, grid[:2], variant,
                 plan[0])  # fmt: skip
@@ -195,6 +203,7 @@ def _fast_plan(x, weight, bias, z, eps, gs, norm_before_gate, layer_norm) -> tup
         x2.data_ptr() != x.data_ptr() or x2.stride(-1) != 1  # reshape copied, or not unit-stride
         or (z2 is not None and (z2.data_ptr() != z.data_ptr() or z2.stride(-1) != 1 or z.dtype != x.dtype))
         or weight.dtype not in KERNEL_DTYPE or (bias is not None and bias.dtype not in KERNEL_DTYPE)
+        or weight.stride(0) != 1 or (bias is not None and bias.stride(0) != 1)  # (dense vectors)
         or rows > GRID_YZ_MAX or rows * groups >= 2**31
     ):  # fmt: skip
         return False
@@ -209,7 +218,7 @@ def _fast_plan(x, weight, bias, z, eps, gs, norm_before_gate, layer_norm) -> tup
     strides = (x2.stride(0) * el, hidden * el) + (() if z2 is None else (z2.stride(0) * el,))
     plan = vec_plan(gs, el, strides)
     vec = None
-    if plan is not None and weight.stride(0) == 1 and (bias is None or bias.stride(0) == 1):
+    if plan is not None:
         variant, grid = _vec_variant(plan, rows, groups, z is not None and norm_before_gate)
         vec = (name + variant, grid, tail(plan[0]))
     return vec, general
@@ -293,7 +302,7 @@ def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm,
     float64 parameters) written by ``m2r_rmsnorm_bwd_reduce`` from the gradient kernel's fp32
     partial rows, added in a fixed order."""
     hidden = x.shape[-1]
-    weight, bias = as_kernel_float(weight), as_kernel_float(bias)
+    weight, bias = _kernel_params(weight, bias)
     x2, g2 = _rows(x, hidden), _rows(dout, hidden)
     z2 = None if z is None else _rows(like(z, x), hidden)
     rows, groups = x2.shape[0], hidden // gs
@@ -342,8 +351,10 @@ def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm,
     else:
         stats_grid, stats_name = (items, 1, 1), f"m2r_rmsnorm_bwd_stats_{dt}"
     launch(kset.launcher(stats_name), x2, ptrs + tail, stats_grid, _THREADS)
-    launch(kset.launcher(f"m2r_rmsnorm_bwd_{dt}"), x2, ptrs + tail, (col_blocks, row_blocks, 1),
-           _THREADS)  # fmt: skip
+    # _v: 16-byte runs, each within one group (aligned rows, groups of whole runs)
+    runs = "_v" if vec and gs % (16 // el) == 0 else ""
+    launch(kset.launcher(f"m2r_rmsnorm_bwd{runs}_{dt}"), x2, ptrs + tail,
+           (col_blocks, row_blocks, 1), _THREADS)  # fmt: skip
     red_cols = hidden * (1 if bias is None else 2)
     launch(kset.launcher("m2r_rmsnorm_bwd_reduce"), x2, ptrs + tail,
            (-(-red_cols // _RED_COLS), 1, 1), _THREADS)  # fmt: skip

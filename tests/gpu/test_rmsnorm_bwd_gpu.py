@@ -119,6 +119,61 @@ def test_backward_parameter_dtypes(bias, pdtype):
     _check(got, _want(*args), GTOL.get(pdtype, GTOL[torch.float32]))
 
 
+@pytest.mark.parametrize("walk", ["short", "long"])
+@pytest.mark.parametrize("gate", ["none", "before", "after"])
+@pytest.mark.parametrize("is_rms", [True, False], ids=["rms", "layer"])
+@pytest.mark.parametrize(
+    ("rows", "hidden", "group"),
+    [(700, 64, 16), (333, 48, 48), (100, 3072, 1024), (257, 1536, 1536), (257, 5120, 5120),
+     (130, 8192, 8192), (300, 96, 12)],
+)  # fmt: skip
+def test_backward_rows_walked(monkeypatch, rows, hidden, group, is_rms, gate, walk):
+    """16-bit x in aligned rows: the gradient kernel's 16-byte form walks each block's rows
+    with the next row's loads requested one row ahead, over few rows (short) or many (long),
+    with a last column block partly idle (1536, 5120 columns), small groups (two 8-element
+    runs) and both stats forms; groups of 12 elements, whose 16-byte runs would straddle two,
+    take the element-wise kernel."""
+    if walk == "long":
+        monkeypatch.setattr(norm_ops, "BWD_BLOCKS_PER_SM", 0.05)
+    names = []
+    launch = norm_ops.launch
+
+    def spy(launcher, x, p, grid, threads):
+        names.append(launcher.name)
+        launch(launcher, x, p, grid, threads)
+
+    monkeypatch.setattr(norm_ops, "launch", spy)
+    g = seeded("norm bwd rows walked", rows, hidden, is_rms, gate, walk, device=DEV)
+    x, w, b, z, dout = _inputs(g, rows, hidden, torch.bfloat16, gate)
+    args = (x, w, b, z, 1e-5, group, gate != "before", is_rms, dout)
+    _check(_run(*args), _want(*args), GTOL[torch.bfloat16])
+    stats = "_w" if group <= norm_ops.STATS_WAVE_MAX_GROUP else ""
+    runs = "_v" if group % 8 == 0 else ""
+    assert names == [
+        f"m2r_rmsnorm_bwd_stats{stats}_bf16",
+        f"m2r_rmsnorm_bwd{runs}_bf16",
+        "m2r_rmsnorm_bwd_reduce",
+    ]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_strided_parameters(bias):
+    """A weight and bias that are strided views (every second element of a longer vector):
+    the kernels index the parameters as dense vectors, so the op hands them contiguous copies
+    (forward and backward)."""
+    g = seeded("norm strided params", bias, device=DEV)
+    x, w, b, z, dout = _inputs(g, 64, 256, torch.bfloat16, "before", bias=bias)
+    w = torch.stack([w, torch.full_like(w, 1e4)], 1).view(-1)[::2]
+    b = None if b is None else torch.stack([b, torch.full_like(b, 1e4)], 1).view(-1)[::2]
+    assert w.stride(0) == 2
+    out = rmsnorm_fn(x, w, b, z=z, eps=1e-5, group_size=64, norm_before_gate=False)
+    want = rmsnorm_ref(x.double(), w.double(), None if b is None else b.double(), z.double(), 1e-5,
+                       64, False, is_rms_norm=True)  # fmt: skip
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+    args = (x, w, b, z, 1e-5, 64, False, True, dout)
+    _check(_run(*args), _want(*args), GTOL[torch.bfloat16])
+
+
 def test_backward_is_bit_identical_across_runs():
     g = seeded("norm bwd det", device=DEV)
     x, w, b, z, dout = _inputs(g, 16384, 2048, torch.bfloat16, "before")
