@@ -223,7 +223,7 @@ struct RmsNormBwdParams {
   int32_t weight_dtype, bias_dtype;
   int32_t layer_norm;
   int32_t rows_per_block;
-  int32_t vec;  // 1: every row start and weight / bias 16-byte aligned (16-byte loads and stores)
+  int32_t vec;  // 1: every row of x, z, dout, dx, dz 16-byte aligned (16-byte loads and stores)
   int32_t partial_rows;  // the reduce launch's: rows of partial
   int32_t reserved;      // explicit tail padding: the size is a multiple of 8 on every ABI
 };

@@ -390,6 +390,29 @@ def test_backward_flag_only_where_a_training_mode_exists(capsys):
     assert "--backward applies to bench conv1d / ssd" in capsys.readouterr().err
 
 
+def test_rmsnorm_backward_table_names_the_worst_speed_up(monkeypatch):
+    """bench rmsnorm --backward's table ends with the worst ratio of Triton's training step to
+    ours; forward tables have no such line."""
+    from mamba2_rocm.bench import rmsnorm
+    from mamba2_rocm.bench.cli import BACKWARD_OPS
+    from mamba2_rocm.bench.timing import TRITON
+
+    assert "rmsnorm" in BACKWARD_OPS
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "GPU")
+    base = dict(graph_us=None, gbs=1.0, copy_frac=0.5, copy_gbs=2.0, mbytes=1.0)
+    a, b = "rmsnorm fwd+bwd a", "rmsnorm fwd+bwd b"
+    rows = [dict(base, case=a, impl="kernel", us=10.0, best_us=10.0),
+            dict(base, case=a, impl=TRITON, us=12.0, best_us=12.0),
+            dict(base, case=b, impl="kernel", us=10.0, best_us=10.0),
+            dict(base, case=b, impl=TRITON, us=9.0, best_us=9.0),
+            dict(base, case=b, impl="torch", us=90.0, best_us=90.0)]  # fmt: skip
+    assert rmsnorm.format_table(rows).splitlines()[-1] == (
+        f"worst speed-up over mamba_ssm's Triton norm (training step): 0.90x ({b})"
+    )
+    fwd = [dict(base, case="rmsnorm rows64", impl="kernel", us=1.0, best_us=1.0)]
+    assert "worst" not in rmsnorm.format_table(fwd)
+
+
 def test_conv1d_table_shows_peak_memory_and_its_ratio(monkeypatch):
     from mamba2_rocm.bench import conv1d
 

@@ -7,7 +7,7 @@ import json
 import sys
 
 #: the op families whose benchmark has a training (forward + backward) mode
-BACKWARD_OPS = ("conv1d", "ssd", "selective-scan")
+BACKWARD_OPS = ("conv1d", "ssd", "selective-scan", "rmsnorm")
 
 
 def _run(args: argparse.Namespace) -> int:
