@@ -104,19 +104,18 @@ def kernel_tier(monkeypatch):
         if dbias is not None:
             dbias.copy_(sums[:, w.shape[1]])
 
-    def norm_bwd(kset, x, w, b, z, eps, gs, nbg, layer_norm, dout, dweight, dbias):
-        # the launches' contract: dx and dz in x's dtype and shape returned, dweight / dbias
-        # (dbias None without a bias) written in the dtypes they were made with
+    def norm_bwd(kset, x, w, b, z, eps, gs, nbg, layer_norm, dout):
+        # the launches' contract: dx and dz in x's dtype and shape, dweight / dbias (dbias None
+        # without a bias) new, in the dtypes the kernels read the parameters in
         assert not is_fake(x), "a backward launch on fake tensors: traced into the kernel"
         ran.append("norm_bwd")
         dx, dw, db, dz = rmsnorm_bwd_ref(x.double(), w.double(), None if b is None else b.double(),
                                          None if z is None else z.double(), eps, gs, nbg,
                                          not layer_norm, dout.double(),
                                          compute_dtype=torch.float64)  # fmt: skip
-        dweight.copy_(dw.float())
-        if dbias is not None:
-            dbias.copy_(db.float())
-        return dx.to(x.dtype), None if dz is None else dz.to(x.dtype)
+        kw, kb = norm_ops._kernel_params(w, b)
+        return (dx.to(x.dtype), None if dz is None else dz.to(x.dtype), dw.to(kw.dtype),
+                None if b is None else db.to(kb.dtype))  # fmt: skip
 
     monkeypatch.setattr(conv_ops, "_fwd_kernel", conv)
     monkeypatch.setattr(norm_ops, "_bwd_kernel", norm_bwd)

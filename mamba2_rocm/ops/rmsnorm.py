@@ -295,14 +295,15 @@ def bwd_row_blocks(rows: int, col_blocks: int, sms: int) -> int:
     return max(1, min(rows, GRID_YZ_MAX, int(BWD_BLOCKS_PER_SM * sms // col_blocks)))
 
 
-def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm, dout, dweight,
-                dbias):  # fmt: skip
-    """dx and dz (x's dtype, x's shape; dz None without z), returned; dweight and dbias (None
-    without a bias; new, contiguous, in the dtypes of the kernels' weight / bias: float32 for
-    float64 parameters) written by ``m2r_rmsnorm_bwd_reduce`` from the gradient kernel's fp32
+def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm, dout):
+    """dx and dz (x's dtype, x's shape; dz None without z), and dweight and dbias (None without
+    a bias; new, contiguous, in the dtypes the kernels read the parameters in: float32 for
+    float64 ones), which ``m2r_rmsnorm_bwd_reduce`` writes from the gradient kernel's fp32
     partial rows, added in a fixed order."""
     hidden = x.shape[-1]
     weight, bias = _kernel_params(weight, bias)
+    dweight = torch.empty_like(weight)  # (new: an op's outputs may not alias its inputs)
+    dbias = None if bias is None else torch.empty_like(bias)
     x2, g2 = _rows(x, hidden), _rows(dout, hidden)
     z2 = None if z is None else _rows(like(z, x), hidden)
     rows, groups = x2.shape[0], hidden // gs
@@ -358,7 +359,7 @@ def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm,
     red_cols = hidden * (1 if bias is None else 2)
     launch(kset.launcher("m2r_rmsnorm_bwd_reduce"), x2, ptrs + tail,
            (-(-red_cols // _RED_COLS), 1, 1), _THREADS)  # fmt: skip
-    return dx, dz
+    return dx, dz, dweight, dbias
 
 
 def _bwd_impl(
@@ -388,13 +389,8 @@ def _bwd_run(x, weight, bias, z, eps, gs, norm_before_gate, is_rms_norm, dout):
         return (dx.contiguous(), dw.contiguous(),
                 db.contiguous() if db is not None else x.new_empty(0),
                 dz.contiguous() if dz is not None else x.new_empty(0))  # fmt: skip
-    # new tensors (an op's outputs may not alias its inputs) in the dtypes the kernels read the
-    # parameters in (as_kernel_float: float32 for float64 ones)
-    kfloat = lambda t: t.dtype if t.dtype in KERNEL_DTYPE else torch.float32  # noqa: E731
-    dw = torch.empty(weight.shape, dtype=kfloat(weight), device=x.device)
-    db = None if bias is None else torch.empty(bias.shape, dtype=kfloat(bias), device=x.device)
-    dx, dz = _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, not is_rms_norm,
-                         dout, dw, db)  # fmt: skip
+    dx, dz, dw, db = _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate,
+                                 not is_rms_norm, dout)  # fmt: skip
     dw = dw.to(weight.dtype)  # (float64 parameters: the kernels' float32 sums, converted)
     db = db.to(bias.dtype) if db is not None else x.new_empty(0)
     if dz is None:
