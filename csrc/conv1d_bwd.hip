@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "platform.h"
+#include "block_reduce.h"
 
 namespace m2r {
 namespace conv1d_bwd {
@@ -709,24 +710,19 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
 }
 
 // ---- dweight / dbias from the partial rows (a launch of its own, after the kernels above) -----
-// Thread j sums column j of the (partial_rows, dim * (width + 1)) fp32 partials over the rows in
-// order, the same order every run (deterministic, no atomics), and stores it in its parameter's
-// dtype: dweight[c, k] (k < width) or dbias[c] (k = width; none without a bias). One launch in
-// place of a torch sum over the rows and two dtype conversions (three launches, three buffers).
-constexpr int kReduceThreads = 256;
+// grid (ceil(dim * (width + 1) / kReduceCols), 1, 1): column j of the (partial_rows, dim *
+// (width + 1)) fp32 partials is column_sum over the rows (a fixed order: deterministic, no
+// atomics), stored in its parameter's dtype: dweight[c, k] (k < width) or dbias[c] (k = width;
+// none without a bias). One launch in place of a torch sum over the rows and two dtype
+// conversions (three launches, three buffers).
+constexpr int kReduceThreads = 256, kReduceCols = 16;
 
-// (H200: 3.3 / 2.4 us where torch's sum and two conversions took 8.6 / 8.1, at 44 / 32 rows.
-// At the gated norm's 211 / 528 row blocks this thread-per-column form took 7.4 / 14.6 us against
-// torch's 7.4 / 11.1: its reduce, m2r_rmsnorm_bwd_reduce, splits the rows across threads.)
 M2R_DEVICE void reduce_partials(const ConvBwdParams& p) {
   const int wp1 = p.width + 1;
   const int64_t cols = static_cast<int64_t>(p.dim) * wp1;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kReduceThreads + threadIdx.x;
-  if (j >= cols) return;
-  const float* col = p.partial + j;
-  float acc = 0.f;
-#pragma unroll 8
-  for (int r = 0; r < p.partial_rows; ++r) acc += col[r * cols];
+  int64_t j;
+  const float acc = column_sum<kReduceThreads, kReduceCols>(p.partial, cols, p.partial_rows, cols, j);
+  if (threadIdx.x >= kReduceCols || j >= cols) return;
   const int64_t c = j / wp1;
   const int k = static_cast<int>(j - c * wp1);
   if (k < p.width) store_as(p.dweight, p.weight_dtype, c * p.width + k, acc);

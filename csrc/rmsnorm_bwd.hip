@@ -34,40 +34,103 @@ M2R_DEVICE float item_sum(float v, float* partial) {
   }
 }
 
-// the item's sums of f(v, dy, w) over its elements: f gets kN-element runs (or single ones)
+// item_sum of three values at once: one barrier for the block form, not three pairs
+template <int kWidth>
+M2R_DEVICE void item_sums3(float (&v)[3]) {
+#pragma unroll
+  for (int off = kWavefront / 2; off > 0; off /= 2) {
+#pragma unroll
+    for (int k = 0; k < 3; ++k) v[k] += shfl_xor(v[k], off);
+  }
+  if constexpr (kWidth == kThreads) {
+    constexpr int kWaves = kThreads / kWavefront;
+    __shared__ float partial3[3][kWaves];  // (read once after the barrier: no second one)
+    if (threadIdx.x % kWavefront == 0) {
+#pragma unroll
+      for (int k = 0; k < 3; ++k) partial3[k][threadIdx.x / kWavefront] = v[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWaves; ++w) t += partial3[k][w];
+      v[k] = t;
+    }
+  }
+}
+
+// A run of kN weights as raw bits, one word each (a float's, or a 16-bit value's): the loads
+// are issued with the run's activations, the conversion comes when the run is worked out. One
+// or two 16-byte loads (8 bytes for 4 16-bit weights) where the weight vector is 16-byte aligned
+// (idx is a multiple of kN), else element loads.
+template <int kN>
+M2R_DEVICE void fetch_weight_bits(const void* w, int dtype, bool aligned, int64_t idx, uint32_t (&bits)[kN]) {
+  if (!aligned) {
+#pragma unroll
+    for (int e = 0; e < kN; ++e) bits[e] = load_bits(w, dtype, idx + e);
+  } else if (dtype == M2R_DTYPE_F32) {
+#pragma unroll
+    for (int q = 0; q < kN / 4; ++q) {
+      const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const float*>(w) + idx + 4 * q);
+      bits[4 * q] = u.x, bits[4 * q + 1] = u.y, bits[4 * q + 2] = u.z, bits[4 * q + 3] = u.w;
+    }
+  } else {
+    uint32_t words[kN / 2];
+    const uint16_t* h = static_cast<const uint16_t*>(w) + idx;
+    if constexpr (kN == 8) {
+      const uint4 u = *reinterpret_cast<const uint4*>(h);
+      words[0] = u.x, words[1] = u.y, words[2] = u.z, words[3] = u.w;
+    } else {
+#pragma unroll
+      for (int q = 0; q < kN / 4; ++q) {
+        const uint2 u = *reinterpret_cast<const uint2*>(h + 4 * q);
+        words[2 * q] = u.x, words[2 * q + 1] = u.y;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kN; ++e) bits[e] = (words[e / 2] >> (16 * (e % 2))) & 0xffffu;
+  }
+}
+
+// the item's sums of f(v, dxhat) over its elements. Each 16-byte run's activations and
+// weights are requested together, then worked out. (Keeping the next run in flight in a second
+// set of registers was slower: 86-96 registers a thread, half the resident wavefronts; 2.7b
+// 130 against 92 us, H200.)
 template <typename T, int kWidth, typename F>
 M2R_DEVICE void walk(const RmsNormBwdParams& p, int lane, int64_t start, const typename T::storage* x,
                      const typename T::storage* z, const typename T::storage* dout, bool vec, F&& f) {
   typedef typename T::storage S;
   constexpr int kN = 16 / sizeof(S);
-  const int gs = p.group_size;
+  const int gs = p.group_size, wdt = p.weight_dtype;
   const bool gate_first = z != nullptr && !p.norm_before_gate;
   const bool gate_after = z != nullptr && p.norm_before_gate;
   const int vec_end = vec ? gs / kN * kN : 0;
+  const bool w_aligned = reinterpret_cast<uintptr_t>(p.weight) % 16 == 0;
   for (int i = lane * kN; i < vec_end; i += kWidth * kN) {
+    typename Vec16<T>::U ux, ug, uz;
+    uint32_t wbits[kN];
+    ux.v = load_stream(reinterpret_cast<const vec16_t*>(x + i));
+    ug.v = load_stream(reinterpret_cast<const vec16_t*>(dout + i));
+    if (z != nullptr) uz.v = load_stream(reinterpret_cast<const vec16_t*>(z + i));
+    fetch_weight_bits<kN>(p.weight, wdt, w_aligned, start + i, wbits);
     float xv[kN], gv[kN], zv[kN];
-    typename Vec16<T>::U u;
-    u.v = load_stream(reinterpret_cast<const vec16_t*>(x + i));
-    Vec16<T>::unpack(u, xv);
-    u.v = load_stream(reinterpret_cast<const vec16_t*>(dout + i));
-    Vec16<T>::unpack(u, gv);
-    if (z != nullptr) {
-      u.v = load_stream(reinterpret_cast<const vec16_t*>(z + i));
-      Vec16<T>::unpack(u, zv);
-    }
+    Vec16<T>::unpack(ux, xv);
+    Vec16<T>::unpack(ug, gv);
+    if (z != nullptr) Vec16<T>::unpack(uz, zv);
 #pragma unroll
     for (int e = 0; e < kN; ++e) {
       float v = xv[e], dy = gv[e];
       if (gate_first) v *= silu(zv[e]);
       if (gate_after) dy *= silu(zv[e]);
-      f(v, dy * load_as_float(p.weight, p.weight_dtype, start + i + e));
+      f(v, dy * bits_to_float(wbits[e], wdt));
     }
   }
   for (int i = vec_end + lane; i < gs; i += kWidth) {
     float v = T::to_float(x[i]), dy = T::to_float(dout[i]);
     if (gate_first) v *= silu(T::to_float(z[i]));
     if (gate_after) dy *= silu(T::to_float(z[i]));
-    f(v, dy * load_as_float(p.weight, p.weight_dtype, start + i));
+    f(v, dy * load_as_float(p.weight, wdt, start + i));
   }
 }
 
@@ -96,19 +159,20 @@ M2R_DEVICE void stats(const RmsNormBwdParams& p) {
     mean = item_sum<kWidth>(sum, partial) * inv_gs;
   }
   // around the mean: sum (v - mean)^2, sum dxhat (v - mean), sum dxhat
-  float ss = 0.f, dv = 0.f, d = 0.f;
+  float s[3] = {0.f, 0.f, 0.f};
   walk<T, kWidth>(p, lane, start, x, z, dout, vec, [&](float v, float dxhat) {
     v -= mean;
-    ss = fmaf(v, v, ss);
-    dv = fmaf(dxhat, v, dv);
-    d += dxhat;
+    s[0] = fmaf(v, v, s[0]);
+    s[1] = fmaf(dxhat, v, s[1]);
+    s[2] += dxhat;
   });
-  const float rstd = rsqrtf(item_sum<kWidth>(ss, partial) * inv_gs + p.eps);
-  const float c1 = item_sum<kWidth>(dv, partial) * inv_gs * rstd;  // mean(dxhat xhat)
-  const float c2 = p.layer_norm ? item_sum<kWidth>(d, partial) * inv_gs : 0.f;
+  item_sums3<kWidth>(s);
+  const float rstd = rsqrtf(s[0] * inv_gs + p.eps);
   if (lane == 0) {
     float* st = p.stats + 4 * static_cast<int64_t>(item);
-    st[0] = mean, st[1] = rstd, st[2] = c1, st[3] = c2;
+    st[0] = mean, st[1] = rstd;
+    st[2] = s[1] * inv_gs * rstd;                  // c1 = mean(dxhat xhat)
+    st[3] = p.layer_norm ? s[2] * inv_gs : 0.f;  // c2 = mean(dxhat)
   }
 }
 
@@ -245,31 +309,15 @@ M2R_DEVICE void grads(const RmsNormBwdParams& p) {
 
 // ---- dweight / dbias from the partial rows --------------------------------------------------
 // grid (ceil(columns / kRedCols), 1, 1), columns = hidden (dweight), then hidden more (dbias)
-// where there is a bias. A block takes kRedCols columns of partial; its kRedSlices slices of
-// threads each add every kRedSlices-th row from their own, in order, then the first slice adds
-// the slices' sums in order and stores them in the parameters' dtypes: a fixed order
-// (bit-identical runs) with the hundreds of rows this backward writes split across threads (a
-// thread per column, as the conv's reduce, took 14.6 us at 528 rows of d2048 where torch's sum
-// and conversions took 11.1, H200).
-constexpr int kRedCols = 16, kRedSlices = kThreads / kRedCols;
+// where there is a bias: column_sum over the partial rows, stored in the parameters' dtypes.
+constexpr int kRedCols = 16;
 
 M2R_DEVICE void reduce_partials(const RmsNormBwdParams& p) {
-  __shared__ float sums[kRedSlices][kRedCols];
-  const int col = threadIdx.x % kRedCols, slice = threadIdx.x / kRedCols;
   const int64_t stride = 2 * static_cast<int64_t>(p.hidden);  // a row of partial
   const int64_t cols = p.dbias != nullptr ? stride : p.hidden;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kRedCols + col;
-  float acc = 0.f;
-  if (j < cols) {
-    const float* c = p.partial + j;
-#pragma unroll 8
-    for (int r = slice; r < p.partial_rows; r += kRedSlices) acc += c[r * stride];
-  }
-  sums[slice][col] = acc;
-  __syncthreads();
-  if (slice == 0 && j < cols) {
-#pragma unroll
-    for (int k = 1; k < kRedSlices; ++k) acc += sums[k][col];
+  int64_t j;
+  const float acc = column_sum<kThreads, kRedCols>(p.partial, stride, p.partial_rows, cols, j);
+  if (threadIdx.x < kRedCols && j < cols) {
     if (j < p.hidden) store_as(p.dweight, p.weight_dtype, j, acc);
     else store_as(p.dbias, p.bias_dtype, j - p.hidden, acc);
   }

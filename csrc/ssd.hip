@@ -44,14 +44,6 @@ constexpr int kStateN = 128;  // ... x dstate
 
 // ---- shared pieces -------------------------------------------------------------------------
 
-M2R_DEVICE void store_as(void* p, int dtype, int64_t idx, float v) {
-  if (dtype == M2R_DTYPE_F32) {
-    static_cast<float*>(p)[idx] = v;
-  } else {
-    static_cast<uint16_t*>(p)[idx] = dtype == M2R_DTYPE_F16 ? float_to_fp16(v) : float_to_bf16(v);
-  }
-}
-
 // Stage rows [row0, row0 + kRows) x cols [col0, col0 + kSlab) of a row-major global matrix
 // (unit stride along cols) into LDS transposed: dst[col][row]. Out-of-range entries are 0.
 // kNT: the block's threads.

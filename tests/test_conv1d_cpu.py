@@ -566,8 +566,8 @@ def test_backward_kernel_choice(monkeypatch, dtype, x, dout, seq, shape, grid, t
     ops.causal_conv1d_bwd(x, torch.randn(d, 4, dtype=dtype), None, seq_idx, None, g, None, True)
     (name, _, got), (reduce, _, rgrid) = kset.launches  # fmt: skip
     assert name.endswith(f"_w4_{shape}") and got == grid and seen == [threads, 256]
-    # then dweight / dbias from the partial rows: a thread per (channel, tap or bias)
-    assert reduce == "m2r_conv1d_bwd_reduce" and rgrid == (-(-d * 5 // 256), 1, 1)
+    # then dweight / dbias from the partial rows: 16 (channel, tap or bias) columns a block
+    assert reduce == "m2r_conv1d_bwd_reduce" and rgrid == (-(-d * 5 // 16), 1, 1)
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -232,6 +232,19 @@ def test_backward_row_blocks():
     assert bwd_row_blocks(100, 4, 0) == 1  # no GPU (stand-ins)
 
 
+def test_backward_stats_form():
+    """A wavefront per (row, group) item for groups up to STATS_WAVE_MAX_GROUP at any count,
+    and for larger groups once the items fill the machine; else a block per item."""
+    from mamba2_rocm.ops.rmsnorm import STATS_WAVE_MIN_ITEMS_PER_SM as per_sm
+    from mamba2_rocm.ops.rmsnorm import stats_by_wavefront
+
+    assert stats_by_wavefront(1, 2048, 132) and stats_by_wavefront(10**6, 256, 132)
+    assert not stats_by_wavefront(1000, 2304, 132)  # 2.7b-like rows, few: a block each
+    assert stats_by_wavefront(8192, 5120, 132)  # 2.7b b4 l2048
+    assert stats_by_wavefront(per_sm * 132, 4096, 132)
+    assert not stats_by_wavefront(per_sm * 132 - 1, 4096, 132)
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize(
     ("dtype", "pdtype"),

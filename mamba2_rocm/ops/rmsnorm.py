@@ -49,8 +49,14 @@ _FIXED_TPI = {_THREADS: "_b", _THREADS // 2: "_h"}
 BWD_BLOCKS_PER_SM = 2
 #: Groups up to this many elements get a wavefront each in the backward's stats kernel (else a
 #: block each: 256 threads for a few elements each left most of them idle at d2048 in groups
-#: of 256, H100).
+#: of 256, H100) ...
 STATS_WAVE_MAX_GROUP = 2048
+#: ... and larger groups too where there are at least this many items (rows x groups) per
+#: multiprocessor: a block per item took 12-29% longer than a wavefront per item from 8192
+#: items of d3072 / d4096 / d5120 up (2.7b b4 l2048: 91.8 against 75.2 us, H200; 5% less at
+#: fp16 8192 x d4096), tied at 4096 items of d4096 and was faster at 1000 of d2304 (8.2 against
+#: 10.6 us: 125 blocks of 8 wavefronts leave the machine under-filled).
+STATS_WAVE_MIN_ITEMS_PER_SM = 48
 _VEC = 8  # elements per 16-byte run of the register-resident kernels
 
 
@@ -295,6 +301,11 @@ def bwd_row_blocks(rows: int, col_blocks: int, sms: int) -> int:
     return max(1, min(rows, GRID_YZ_MAX, int(BWD_BLOCKS_PER_SM * sms // col_blocks)))
 
 
+def stats_by_wavefront(items: int, group_size: int, sms: int) -> bool:
+    """Whether the backward's stats kernel takes an item per wavefront (else per block)."""
+    return group_size <= STATS_WAVE_MAX_GROUP or items >= STATS_WAVE_MIN_ITEMS_PER_SM * sms
+
+
 def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm, dout):
     """dx and dz (x's dtype, x's shape; dz None without z), and dweight and dbias (None without
     a bias; new, contiguous, in the dtypes the kernels read the parameters in: float32 for
@@ -314,7 +325,8 @@ def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm,
     dx2, dz2 = dx.view(-1, hidden), None if dz is None else dz.view(-1, hidden)
     el = x2.element_size()
     col_blocks = -(-hidden // (_THREADS * (16 // el)))
-    row_blocks = bwd_row_blocks(rows, col_blocks, sm_count(x.device))
+    sms = sm_count(x.device)
+    row_blocks = bwd_row_blocks(rows, col_blocks, sms)
     per_block = -(-rows // row_blocks)
     row_blocks = -(-rows // per_block)
     stats = torch.empty(rows * groups, 4, dtype=torch.float32, device=x.device)
@@ -346,8 +358,9 @@ def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm,
     )  # fmt: skip  (RmsNormBwdParams after the pointers, field order)
     dt = KERNEL_DTYPE[x.dtype]
     items = rows * groups
-    if gs <= STATS_WAVE_MAX_GROUP:  # a block holds 256 / wavefront items: 4 on wave64 targets,
-        # 8 on wave32 ones (the grid is sized for 4; wave32's extra blocks find no item and exit)
+    # a block holds 256 / wavefront items: 4 on wave64 targets, 8 on wave32 ones (the grid is
+    # sized for 4; wave32's extra blocks find no item and exit)
+    if stats_by_wavefront(items, gs, sms):
         stats_grid, stats_name = (-(-items // 4), 1, 1), f"m2r_rmsnorm_bwd_stats_w_{dt}"
     else:
         stats_grid, stats_name = (items, 1, 1), f"m2r_rmsnorm_bwd_stats_{dt}"

@@ -147,7 +147,8 @@ def test_backward_rows_walked(monkeypatch, rows, hidden, group, is_rms, gate, wa
     x, w, b, z, dout = _inputs(g, rows, hidden, torch.bfloat16, gate)
     args = (x, w, b, z, 1e-5, group, gate != "before", is_rms, dout)
     _check(_run(*args), _want(*args), GTOL[torch.bfloat16])
-    stats = "_w" if group <= norm_ops.STATS_WAVE_MAX_GROUP else ""
+    wave = norm_ops.stats_by_wavefront(rows * (hidden // group), group, norm_ops.sm_count(x.device))
+    stats = "_w" if wave else ""
     runs = "_v" if group % 8 == 0 else ""
     assert names == [
         f"m2r_rmsnorm_bwd_stats{stats}_bf16",
@@ -193,13 +194,37 @@ def test_rmsnorm_fn_backward_uses_the_kernels():
     _check(got, want, GTOL[torch.bfloat16])
 
 
+def force_stats_form(monkeypatch, form):
+    """The stats kernel's item per wavefront ("wave") or per block, whatever the sizes."""
+    monkeypatch.setattr(norm_ops, "STATS_WAVE_MAX_GROUP", 10**9 if form == "wave" else 0)
+    monkeypatch.setattr(norm_ops, "STATS_WAVE_MIN_ITEMS_PER_SM", 0 if form == "wave" else 10**9)
+
+
 @pytest.mark.parametrize("form", ["wave", "block"])
 @pytest.mark.parametrize(("hidden", "group"), [(1024, 256), (4096, None), (200, 40)])
 @pytest.mark.parametrize("is_rms", [True, False], ids=["rms", "layer"])
 def test_backward_both_stats_forms(monkeypatch, hidden, group, is_rms, form):
     """The per-item statistics by a wavefront or by a block, whichever the size would pick."""
-    monkeypatch.setattr(norm_ops, "STATS_WAVE_MAX_GROUP", 10**9 if form == "wave" else 0)
+    force_stats_form(monkeypatch, form)
     g = seeded("norm bwd stats", hidden, group, is_rms, form, device=DEV)
     x, w, b, z, dout = _inputs(g, 29, hidden, torch.bfloat16, "after")
     args = (x, w, b, z, 1e-5, group, True, is_rms, dout)
+    _check(_run(*args), _want(*args), GTOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset"])
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("form", ["wave", "block"])
+@pytest.mark.parametrize("group", [8, 264, 520, 776, 2056, 4616])
+def test_backward_stats_runs_and_weight_alignment(monkeypatch, group, form, wdtype, offset):
+    """The statistics' 16-byte walk keeps the next run in flight in two alternating register
+    sets: 1 to 3 runs a thread, with a shorter last round (groups past whole rounds of the
+    wavefront's or the block's runs), and weights read a run at a time, or element by element
+    where the weight vector is a contiguous view that does not start 16-byte aligned."""
+    force_stats_form(monkeypatch, form)
+    g = seeded("norm bwd runs", group, form, wdtype, offset, device=DEV)
+    x, _, _, z, dout = _inputs(g, 6, 2 * group, torch.bfloat16, "before", bias=False)
+    w = torch.randn(2 * group + offset, device=DEV, generator=g).to(wdtype)[offset:]
+    assert (w.data_ptr() % 16 == 0) == (offset == 0) and w.is_contiguous()
+    args = (x, w, None, z, 1e-5, group, False, True, dout)
     _check(_run(*args), _want(*args), GTOL[torch.bfloat16])
