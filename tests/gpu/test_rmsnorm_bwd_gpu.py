@@ -213,18 +213,27 @@ def test_backward_both_stats_forms(monkeypatch, hidden, group, is_rms, form):
 
 
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset"])
-@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    ("dtype", "wdtype"),
+    [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+     (torch.float32, torch.bfloat16), (torch.float32, torch.float32)],
+    ids=str,
+)  # fmt: skip
 @pytest.mark.parametrize("form", ["wave", "block"])
 @pytest.mark.parametrize("group", [8, 264, 520, 776, 2056, 4616])
-def test_backward_stats_runs_and_weight_alignment(monkeypatch, group, form, wdtype, offset):
-    """The statistics' 16-byte walk keeps the next run in flight in two alternating register
-    sets: 1 to 3 runs a thread, with a shorter last round (groups past whole rounds of the
-    wavefront's or the block's runs), and weights read a run at a time, or element by element
-    where the weight vector is a contiguous view that does not start 16-byte aligned."""
+def test_backward_stats_runs_and_weight_alignment(monkeypatch, group, form, dtype, wdtype, offset):
+    """The statistics' 16-byte walk: 1 to several runs a thread with a shorter last round
+    (groups past whole rounds of the wavefront's or the block's runs), each run's weights read
+    with its activations (16-bit weights: one 16-byte or, with fp32 x, one 8-byte load; fp32
+    weights one or two 16-byte loads), or element by element where the weight vector is a
+    contiguous view that does not start 16-byte aligned."""
     force_stats_form(monkeypatch, form)
-    g = seeded("norm bwd runs", group, form, wdtype, offset, device=DEV)
-    x, _, _, z, dout = _inputs(g, 6, 2 * group, torch.bfloat16, "before", bias=False)
+    g = seeded("norm bwd runs", group, form, dtype, wdtype, offset, device=DEV)
+    x, _, _, z, dout = _inputs(g, 6, 2 * group, dtype, "before", bias=False)
     w = torch.randn(2 * group + offset, device=DEV, generator=g).to(wdtype)[offset:]
     assert (w.data_ptr() % 16 == 0) == (offset == 0) and w.is_contiguous()
     args = (x, w, None, z, 1e-5, group, False, True, dout)
-    _check(_run(*args), _want(*args), GTOL[torch.bfloat16])
+    (dx, dw, db, dz), (wx, ww, wb, wz) = _run(*args), _want(*args)
+    check_grads(("dx", "dbias", "dz"), (dx, db, dz), (wx, wb, wz), GTOL[dtype])
+    # dweight comes back in the weight's dtype: bf16 dweight with fp32 x is rounded to bf16
+    check_grads(("dweight",), (dw,), (ww,), max(GTOL[dtype], GTOL[wdtype]))
