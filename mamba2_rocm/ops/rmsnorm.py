@@ -52,7 +52,7 @@ BWD_BLOCKS_PER_SM = 2
 #: of 256, H100) ...
 STATS_WAVE_MAX_GROUP = 2048
 #: ... and larger groups too where there are at least this many items (rows x groups) per
-#: multiprocessor: a block per item took 12-29% longer than a wavefront per item from 8192
+#: multiprocessor: a block per item took 13-41% longer than a wavefront per item from 8192
 #: items of d3072 / d4096 / d5120 up (2.7b b4 l2048: 91.8 against 75.2 us, H200; 5% less at
 #: fp16 8192 x d4096), tied at 4096 items of d4096 and was faster at 1000 of d2304 (8.2 against
 #: 10.6 us: 125 blocks of 8 wavefronts leave the machine under-filled).
