@@ -23,6 +23,34 @@ M2R_DEVICE float block_sum(float v, float* partial) {
   return total;
 }
 
+// block_sum of each of N values at once, with one barrier: partial holds N * kThreads /
+// kWavefront floats and is not free when this returns (no trailing barrier: a later reduction
+// takes other LDS, or a barrier first).
+template <int kThreads, int N>
+M2R_DEVICE void block_sums(float (&v)[N], float* partial) {
+  constexpr int kWaves = kThreads / kWavefront;
+#pragma unroll
+  for (int off = kWavefront / 2; off > 0; off /= 2) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] += shfl_xor(v[k], off);
+  }
+  if (threadIdx.x % kWavefront == 0) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) partial[k * kWaves + threadIdx.x / kWavefront] = v[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWaves; ++w) t += partial[k * kWaves + w];
+    v[k] = t;
+  }
+}
+
+// column_sum's columns a block (the host's grids for the reduce launches that call it)
+constexpr int kColumnSumCols = 16;
+
 // Column sums of a (rows, stride) fp32 matrix, kCols columns a block of kThreads: the block's
 // kThreads / kCols slices of threads each add every slice-th row from their own, in order, then
 // the first slice adds the slices' sums in order (a fixed order: bit-identical runs). Rows
@@ -31,7 +59,7 @@ M2R_DEVICE float block_sum(float v, float* partial) {
 // block must call it (one barrier). j: the thread's column, blockIdx.x * kCols + threadIdx.x %
 // kCols; columns at or past cols add nothing. Returns the column's sum in the first slice
 // (threadIdx.x < kCols), a slice's share elsewhere.
-template <int kThreads, int kCols>
+template <int kThreads, int kCols = kColumnSumCols>
 M2R_DEVICE float column_sum(const float* m, int64_t stride, int rows, int64_t cols, int64_t& j) {
   constexpr int kSlices = kThreads / kCols;
   __shared__ float sums[kSlices][kCols];

@@ -710,19 +710,19 @@ M2R_DEVICE void backward_rwalk(const ConvBwdParams& p) {
 }
 
 // ---- dweight / dbias from the partial rows (a launch of its own, after the kernels above) -----
-// grid (ceil(dim * (width + 1) / kReduceCols), 1, 1): column j of the (partial_rows, dim *
+// grid (ceil(dim * (width + 1) / kColumnSumCols), 1, 1): column j of the (partial_rows, dim *
 // (width + 1)) fp32 partials is column_sum over the rows (a fixed order: deterministic, no
 // atomics), stored in its parameter's dtype: dweight[c, k] (k < width) or dbias[c] (k = width;
 // none without a bias). One launch in place of a torch sum over the rows and two dtype
 // conversions (three launches, three buffers).
-constexpr int kReduceThreads = 256, kReduceCols = 16;
+constexpr int kReduceThreads = 256;
 
 M2R_DEVICE void reduce_partials(const ConvBwdParams& p) {
   const int wp1 = p.width + 1;
   const int64_t cols = static_cast<int64_t>(p.dim) * wp1;
   int64_t j;
-  const float acc = column_sum<kReduceThreads, kReduceCols>(p.partial, cols, p.partial_rows, cols, j);
-  if (threadIdx.x >= kReduceCols || j >= cols) return;
+  const float acc = column_sum<kReduceThreads>(p.partial, cols, p.partial_rows, cols, j);
+  if (threadIdx.x >= kColumnSumCols || j >= cols) return;
   const int64_t c = j / wp1;
   const int k = static_cast<int>(j - c * wp1);
   if (k < p.width) store_as(p.dweight, p.weight_dtype, c * p.width + k, acc);

@@ -34,28 +34,17 @@ M2R_DEVICE float item_sum(float v, float* partial) {
   }
 }
 
-// item_sum of three values at once: one barrier for the block form, not three pairs
+// item_sum of three values at once: one barrier for the block form (block_sums), not three
+// pairs; partial3: 3 * kThreads / kWavefront floats
 template <int kWidth>
-M2R_DEVICE void item_sums3(float (&v)[3]) {
-#pragma unroll
-  for (int off = kWavefront / 2; off > 0; off /= 2) {
-#pragma unroll
-    for (int k = 0; k < 3; ++k) v[k] += shfl_xor(v[k], off);
-  }
+M2R_DEVICE void item_sums3(float (&v)[3], float* partial3) {
   if constexpr (kWidth == kThreads) {
-    constexpr int kWaves = kThreads / kWavefront;
-    __shared__ float partial3[3][kWaves];  // (read once after the barrier: no second one)
-    if (threadIdx.x % kWavefront == 0) {
+    block_sums<kThreads>(v, partial3);
+  } else {
 #pragma unroll
-      for (int k = 0; k < 3; ++k) partial3[k][threadIdx.x / kWavefront] = v[k];
-    }
-    __syncthreads();
+    for (int off = kWavefront / 2; off > 0; off /= 2) {
 #pragma unroll
-    for (int k = 0; k < 3; ++k) {
-      float t = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWaves; ++w) t += partial3[k][w];
-      v[k] = t;
+      for (int k = 0; k < 3; ++k) v[k] += shfl_xor(v[k], off);
     }
   }
 }
@@ -139,7 +128,7 @@ M2R_DEVICE void stats(const RmsNormBwdParams& p) {
   typedef typename T::storage S;
   constexpr int kWidth = kWave ? kWavefront : kThreads;  // threads per item
   constexpr int kN = 16 / sizeof(S);
-  __shared__ float partial[kThreads / kWavefront];
+  __shared__ float partial[kThreads / kWavefront], partial3[3 * kThreads / kWavefront];
   const int gs = p.group_size, groups = p.hidden / gs;
   const int lane = static_cast<int>(threadIdx.x) % kWidth;
   // 32-bit item arithmetic (the host checks rows * groups < 2^31): a 64-bit division is a
@@ -166,7 +155,7 @@ M2R_DEVICE void stats(const RmsNormBwdParams& p) {
     s[1] = fmaf(dxhat, v, s[1]);
     s[2] += dxhat;
   });
-  item_sums3<kWidth>(s);
+  item_sums3<kWidth>(s, partial3);
   const float rstd = rsqrtf(s[0] * inv_gs + p.eps);
   if (lane == 0) {
     float* st = p.stats + 4 * static_cast<int64_t>(item);
@@ -308,16 +297,15 @@ M2R_DEVICE void grads(const RmsNormBwdParams& p) {
 }
 
 // ---- dweight / dbias from the partial rows --------------------------------------------------
-// grid (ceil(columns / kRedCols), 1, 1), columns = hidden (dweight), then hidden more (dbias)
+// grid (ceil(columns / kColumnSumCols), 1, 1), columns = hidden (dweight), then hidden more (dbias)
 // where there is a bias: column_sum over the partial rows, stored in the parameters' dtypes.
-constexpr int kRedCols = 16;
 
 M2R_DEVICE void reduce_partials(const RmsNormBwdParams& p) {
   const int64_t stride = 2 * static_cast<int64_t>(p.hidden);  // a row of partial
   const int64_t cols = p.dbias != nullptr ? stride : p.hidden;
   int64_t j;
-  const float acc = column_sum<kThreads, kRedCols>(p.partial, stride, p.partial_rows, cols, j);
-  if (threadIdx.x < kRedCols && j < cols) {
+  const float acc = column_sum<kThreads>(p.partial, stride, p.partial_rows, cols, j);
+  if (threadIdx.x < kColumnSumCols && j < cols) {
     if (j < p.hidden) store_as(p.dweight, p.weight_dtype, j, acc);
     else store_as(p.dbias, p.bias_dtype, j - p.hidden, acc);
   }

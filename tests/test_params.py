@@ -86,6 +86,10 @@ def test_launch_geometry_matches_kernel_constants():
     assert (cb["kClC"], cb["kClL"]) == ops._BWD_CL
     assert (cb["kWalkThreads"], cb["kWalkTile"]) == (ops._WALK_THREADS, ops._WALK_TILE)
     assert (cb["kRLanes"], cb["kRWalkTile"]) == (ops._RWALK_LANES, ops._RWALK_TILE)
+    assert cb["kReduceThreads"] == ops._REDUCE_THREADS
+    from mamba2_rocm.ops._launch import COLUMN_SUM_COLS
+
+    assert _int_constants("block_reduce.h")["kColumnSumCols"] == COLUMN_SUM_COLS  # both reduces
     import mamba2_rocm.ops.rmsnorm as norm
 
     for name in ("rmsnorm.hip", "rmsnorm_bwd.hip"):

@@ -16,6 +16,9 @@ KERNEL_DTYPE = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf1
 DTYPE_CODE = {dt: DTYPE_CODES[str(dt).removeprefix("torch.")] for dt in KERNEL_DTYPE}
 #: Largest grid y/z dimension on every target.
 GRID_YZ_MAX = 65535
+#: Columns a block of the reduce launches that add partial rows (csrc/block_reduce.h:
+#: kColumnSumCols, column_sum's columns a block).
+COLUMN_SUM_COLS = 16
 
 
 def _current_stream(index: int) -> int:

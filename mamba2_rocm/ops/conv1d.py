@@ -14,6 +14,7 @@ from __future__ import annotations
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import (
+    COLUMN_SUM_COLS,
     DTYPE_CODE,
     GRID_YZ_MAX,
     KERNEL_DTYPE,
@@ -47,7 +48,7 @@ _SHORT_THREADS, _SHORT_VECS = 64, 2  # kShortThreads, kShortVecs: the short-row 
 _MULTI_ROWS, _MULTI_VECS = 8, 4
 # csrc/conv1d_bwd.hip: threads, and the (channels, positions) tile of each shape
 _BWD_THREADS = 256  # kThreads
-_REDUCE_THREADS, _REDUCE_COLS = 256, 16  # conv1d_bwd.hip: kReduceThreads, kReduceCols
+_REDUCE_THREADS = 256  # conv1d_bwd.hip: kReduceThreads
 _BWD_ROWS = (4, 512)  # kRowsC, kRowsL: seqlen-contiguous x
 _BWD_CL = (64, 32)  # kClC, kClL: channel-last x
 # the walking kernel (channel-last x, dout and dx in whole 32-bit words): threads a block, and
@@ -366,7 +367,7 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
     seq = "_seq" if seq_idx is not None else ""
     launcher = kset.launcher(f"m2r_conv1d_bwd_{KERNEL_DTYPE[x.dtype]}_w{width}_{shape}{seq}")
     _launch(launcher, x, p, grid, _WALK_THREADS if walking else _BWD_THREADS)
-    reduce = -(-dim * (width + 1) // _REDUCE_COLS)
+    reduce = -(-dim * (width + 1) // COLUMN_SUM_COLS)
     _launch(kset.launcher("m2r_conv1d_bwd_reduce"), x, p, (reduce, 1, 1), _REDUCE_THREADS)
 
 

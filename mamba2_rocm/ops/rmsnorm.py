@@ -14,6 +14,7 @@ from mamba2_rocm._torch import require_torch
 from mamba2_rocm.kernels import RMSNORM_VECS
 from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import (
+    COLUMN_SUM_COLS,
     DTYPE_CODE,
     GRID_YZ_MAX,
     KERNEL_DTYPE,
@@ -36,7 +37,6 @@ Tensor = torch.Tensor
 __all__ = ["LayerNorm", "RMSNorm", "layernorm_fn", "rmsnorm_fn"]
 
 _THREADS = 256  # csrc/rmsnorm.hip and csrc/rmsnorm_bwd.hip: kThreads
-_RED_COLS = 16  # csrc/rmsnorm_bwd.hip: kRedCols, the reduce launch's columns a block
 #: vec_plan's threads per item that have kernels with them fixed at compile time: the whole
 #: block (``_b``) or half of it (``_h``)
 _FIXED_TPI = {_THREADS: "_b", _THREADS // 2: "_h"}
@@ -371,7 +371,7 @@ def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm,
            (col_blocks, row_blocks, 1), _THREADS)  # fmt: skip
     red_cols = hidden * (1 if bias is None else 2)
     launch(kset.launcher("m2r_rmsnorm_bwd_reduce"), x2, ptrs + tail,
-           (-(-red_cols // _RED_COLS), 1, 1), _THREADS)  # fmt: skip
+           (-(-red_cols // COLUMN_SUM_COLS), 1, 1), _THREADS)  # fmt: skip
     return dx, dz, dweight, dbias
 
 
