@@ -522,6 +522,18 @@ M2R_DEVICE P* per_lane(P* q) {
 #endif
 }
 
+// w, opaque to the compiler from here on: what it worked out from w before (a 16-bit run's
+// unpacked floats) cannot stand in for the same work after, so those values need not stay live
+// in registers through the code between (the one-pass norm backward keeps its runs packed
+// through a row's reductions and unpacks them again after).
+M2R_DEVICE void opaque(uint32_t& w) {
+#if M2R_AMD
+  asm volatile("" : "+v"(w));
+#else
+  asm volatile("" : "+r"(w));
+#endif
+}
+
 // log2(x), approximate (a few ulp); one instruction (MUFU.LG2 / v_log_f32); denormals flush.
 M2R_DEVICE float fast_log2(float x) {
 #if M2R_AMD

@@ -7,8 +7,10 @@
 //   dxhat = dy w
 //   dv    = rstd (dxhat - c2 - xhat c1),  c1 = mean(dxhat xhat), c2 = mean(dxhat) (LayerNorm)
 //   dx    = dv (times silu(z) when the gate comes first; then dz = dv x silu'(z))
-// The per-(row, group) reductions (mean, rstd, c1, c2) come from the stats kernel, so the
-// gradient kernel is a streaming pass over columns, any group size and hidden size alike.
+// Two passes: the per-(row, group) reductions (mean, rstd, c1, c2) come from the stats kernel,
+// so the gradient kernel is a streaming pass over columns, any group size and hidden size alike.
+// One pass (bf16 x, groups up to 4096 elements, no bias): a block per item holds its elements
+// in registers through its reductions, reading x, z and dout once instead of twice.
 #include "platform.h"
 #include "block_reduce.h"
 
@@ -16,6 +18,46 @@ namespace m2r {
 namespace rmsnorm_bwd {
 
 constexpr int kThreads = 256;
+
+// One element's terms of the stats' sums: v (the norm's input) and dy (dxhat = dy w)
+M2R_DEVICE void sum_terms(float x, float z, float g, bool gate_first, bool gate_after, float& v, float& dy) {
+  v = x, dy = g;
+  if (gate_first) v *= silu(z);
+  if (gate_after) dy *= silu(z);
+}
+
+// One element's gradients (the formulas above) from its item's stats st = (mean, rstd, c1, c2):
+// dx and dz (dz where there is a z), dw / db accumulated
+M2R_DEVICE void element_grads(float x, float z, float g, float w, float b, const float4& st, bool has_z,
+                              bool gate_first, bool gate_after, float& dw, float& db, float& dx, float& dz) {
+  const float mean = st.x, rstd = st.y, c1 = st.z, c2 = st.w;
+#if M2R_NORM_SHARED_SIG
+  const float sg = has_z ? __fdividef(1.0f, 1.0f + __expf(-z)) : 1.f;
+  const float sz = has_z ? z * sg : 1.f;
+#define M2R_DS (sg * fmaf(z, 1.0f - sg, 1.0f))
+#else
+  const float sz = has_z ? silu(z) : 1.f;
+#define M2R_DS dsilu(z)
+#endif
+  const float v = gate_first ? x * sz : x;
+  const float xhat = (v - mean) * rstd;
+  float dy = g;
+  if (gate_after) {
+    const float y = fmaf(xhat, w, b);
+    dz = dy * y * M2R_DS;
+    dy *= sz;
+  }
+  dw = fmaf(dy, xhat, dw);
+  db += dy;
+  const float dv = rstd * (dy * w - c2 - xhat * c1);
+  if (gate_first) {
+    dz = dv * x * M2R_DS;
+    dx = dv * sz;
+  } else {
+    dx = dv;
+  }
+#undef M2R_DS
+}
 
 // ---- per (row, group): mean, rstd, c1, c2 ---------------------------------------------------
 // kWave: one wavefront per item, kThreads / kWavefront items a block, grid (ceil(items /
@@ -109,9 +151,8 @@ M2R_DEVICE void walk(const RmsNormBwdParams& p, int lane, int64_t start, const t
     if (z != nullptr) Vec16<T>::unpack(uz, zv);
 #pragma unroll
     for (int e = 0; e < kN; ++e) {
-      float v = xv[e], dy = gv[e];
-      if (gate_first) v *= silu(zv[e]);
-      if (gate_after) dy *= silu(zv[e]);
+      float v, dy;
+      sum_terms(xv[e], zv[e], gv[e], gate_first, gate_after, v, dy);
       f(v, dy * bits_to_float(wbits[e], wdt));
     }
   }
@@ -208,25 +249,8 @@ M2R_DEVICE void grads(const RmsNormBwdParams& p) {
       for (int i = 0; i < kN; ++i) {
         if (!kVec && i > 0 && grp[i] != grp[i - 1])
           st = *reinterpret_cast<const float4*>(st_row + 4 * grp[i]);
-        const float mean = st.x, rstd = st.y, c1 = st.z, c2 = st.w;
-        const float sz = zbase != nullptr ? silu(zv[i]) : 1.f;
-        const float v = gate_first ? xv[i] * sz : xv[i];
-        const float xhat = (v - mean) * rstd;
-        float dy = gv[i];
-        if (gate_after) {
-          const float y = fmaf(xhat, w[i], bias[i]);
-          dzv[i] = dy * y * dsilu(zv[i]);
-          dy *= sz;
-        }
-        dw[i] = fmaf(dy, xhat, dw[i]);
-        db[i] += dy;
-        const float dv = rstd * (dy * w[i] - c2 - xhat * c1);
-        if (gate_first) {
-          dzv[i] = dv * xv[i] * dsilu(zv[i]);
-          dxv[i] = dv * sz;
-        } else {
-          dxv[i] = dv;
-        }
+        element_grads(xv[i], zv[i], gv[i], w[i], bias[i], st, zbase != nullptr, gate_first, gate_after, dw[i], db[i],
+                      dxv[i], dzv[i]);
       }
       S* dx = static_cast<S*>(p.dx) + r * p.dx_row_stride + col0;
       S* dz = zbase != nullptr ? static_cast<S*>(p.dz) + r * p.dz_row_stride + col0 : nullptr;
@@ -296,6 +320,151 @@ M2R_DEVICE void grads(const RmsNormBwdParams& p) {
   }
 }
 
+// ---- one pass: dx, dz and the dweight partials with the stats ---------------------------------
+// grid (groups, row blocks, 1), blockDim.x threads (a multiple of 64, at most kRowMaxThreads)
+// per (row, group) item: block (g, y) walks rows [y, y + 1) * rows_per_block of group g, a thread
+// owning one 16-byte run of the group (the runs past it idle). x, z and dout are read once,
+// where the two passes read them for the stats and again for the gradients: the run stays in
+// registers through the group's sums (the waves' partial sums in LDS, added in a fixed order),
+// and the next row's run is requested before this row's sums. The thread's columns are the same
+// every row, so its weights and dweight sums stay in registers. For bf16 x with 16-byte aligned
+// rows (x, z, dout, dx, dz) and weight, groups of whole runs up to 8 kRowMaxThreads elements,
+// no bias (the host checks; else the two passes).
+constexpr int kRowMaxThreads = 512;
+constexpr int kRowMaxWaves = kRowMaxThreads / kWavefront;
+
+// the sums of v[0..N) over the block (blockDim.x / kWavefront waves), in a fixed order: the
+// butterfly in each wavefront, then the waves' sums in order. part: N * kRowMaxWaves floats,
+// not reused by the next call (the caller alternates two), so one barrier.
+template <int N>
+M2R_DEVICE void row_sums(float (&v)[N], float* part, int waves) {
+#pragma unroll
+  for (int off = kWavefront / 2; off > 0; off /= 2) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] += shfl_xor(v[k], off);
+  }
+  const int wave = static_cast<int>(threadIdx.x) / kWavefront;
+  if (threadIdx.x % kWavefront == 0) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) part[k * kRowMaxWaves + wave] = v[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    float t = 0.f;
+    for (int w = 0; w < waves; ++w) t += part[k * kRowMaxWaves + w];
+    v[k] = t;
+  }
+}
+
+// after a reduction: the run's words made opaque, so that the floats unpacked from them before
+// need not stay in registers through it (unpacked again after: 12 registers, not 24)
+template <typename U>
+M2R_DEVICE void keep_packed(U& a, U& b, U& c) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) opaque(a.w[q]), opaque(b.w[q]), opaque(c.w[q]);
+}
+
+template <typename T>
+M2R_DEVICE void one_pass(const RmsNormBwdParams& p) {
+  typedef typename T::storage S;
+  typedef typename Vec16<T>::U U;
+  constexpr int kN = 8;
+  static_assert(sizeof(S) == 2, "16-bit element types");
+  __shared__ float part[2][3 * kRowMaxWaves];
+  const int waves = static_cast<int>(blockDim.x) / kWavefront, gs = p.group_size;
+  const int col = kN * static_cast<int>(threadIdx.x);  // the run's first column in the group
+  const bool in = col < gs;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * gs + col;  // ... in the row
+  const bool has_z = p.z != nullptr;
+  const bool gate_first = has_z && !p.norm_before_gate, gate_after = has_z && p.norm_before_gate;
+  float w[kN], dw[kN];
+  {
+    uint32_t bits[kN];
+    if (in) fetch_weight_bits<kN>(p.weight, p.weight_dtype, true, c0, bits);  // (aligned: the host)
+#pragma unroll
+    for (int e = 0; e < kN; ++e) w[e] = in ? bits_to_float(bits[e], p.weight_dtype) : 0.f, dw[e] = 0.f;
+  }
+  const float inv_gs = 1.0f / static_cast<float>(gs);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * p.rows_per_block;
+  const int64_t r1 = min(static_cast<int64_t>(p.rows), r0 + p.rows_per_block);
+  const auto fetch = [&](int64_t r, U& ux, U& ug, U& uz) {
+    const auto at = [&](const void* base, int64_t stride) {
+      return reinterpret_cast<const vec16_t*>(static_cast<const S*>(base) + r * stride + c0);
+    };
+    ux.v = ug.v = uz.v = vec16_t{};
+    if (in) {
+      ux.v = load_stream(at(p.x, p.x_row_stride));
+      ug.v = load_stream(at(p.dout, p.dout_row_stride));
+      if (has_z) uz.v = load_stream(at(p.z, p.z_row_stride));
+    }
+  };
+  U nx, ng, nz;  // the next row's run, in flight
+  if (r0 < r1) fetch(r0, nx, ng, nz);
+  int buf = 0;  // row_sums' LDS, alternated
+  for (int64_t r = r0; r < r1; ++r) {
+    U ux = nx, ug = ng, uz = nz;
+    if (r + 1 < r1) fetch(r + 1, nx, ng, nz);
+    float mean = 0.f;
+    if (p.layer_norm) {  // the mean first, then the sums around it (as the stats kernel)
+      float xv[kN], zv[kN], s[1] = {0.f};
+      Vec16<T>::unpack(ux, xv);
+      Vec16<T>::unpack(uz, zv);
+#pragma unroll
+      for (int e = 0; e < kN; ++e) s[0] += gate_first ? xv[e] * silu(zv[e]) : xv[e];
+      row_sums<1>(s, part[buf], waves);
+      buf ^= 1;
+      mean = s[0] * inv_gs;
+      keep_packed(ux, uz, ug);
+    }
+    float s[3] = {0.f, 0.f, 0.f};  // sum (v - mean)^2, sum dxhat (v - mean), sum dxhat
+    {
+      float xv[kN], zv[kN], gv[kN];
+      Vec16<T>::unpack(ux, xv);
+      Vec16<T>::unpack(uz, zv);
+      Vec16<T>::unpack(ug, gv);
+#pragma unroll
+      for (int e = 0; e < kN; ++e) {
+        float v, dy;
+        sum_terms(xv[e], zv[e], gv[e], gate_first, gate_after, v, dy);
+        const float dxhat = dy * w[e];
+        v = in ? v - mean : 0.f;  // (an idle thread's zeros, without the mean)
+        s[0] = fmaf(v, v, s[0]);
+        s[1] = fmaf(dxhat, v, s[1]);
+        s[2] += dxhat;
+      }
+    }
+    row_sums<3>(s, part[buf], waves);
+    buf ^= 1;
+    keep_packed(ux, uz, ug);
+    const float rstd = rsqrtf(s[0] * inv_gs + p.eps);
+    // (mean, rstd, c1, c2), as the stats kernel stores them
+    const float4 st = make_float4(mean, rstd, s[1] * inv_gs * rstd, p.layer_norm ? s[2] * inv_gs : 0.f);
+    S* dx = static_cast<S*>(p.dx) + r * p.dx_row_stride + c0;
+    S* dz = has_z ? static_cast<S*>(p.dz) + r * p.dz_row_stride + c0 : nullptr;
+    if (!in) continue;
+    float xv[kN], zv[kN], gv[kN], dxv[kN], dzv[kN], db = 0.f;
+    Vec16<T>::unpack(ux, xv);
+    Vec16<T>::unpack(uz, zv);
+    Vec16<T>::unpack(ug, gv);
+#pragma unroll
+    for (int e = 0; e < kN; ++e)
+      element_grads(xv[e], zv[e], gv[e], w[e], 0.f, st, has_z, gate_first, gate_after, dw[e], db, dxv[e], dzv[e]);
+    U u;
+    Vec16<T>::pack(dxv, u);
+    store_stream(reinterpret_cast<vec16_t*>(dx), u.v);
+    if (has_z) {
+      Vec16<T>::pack(dzv, u);
+      store_stream(reinterpret_cast<vec16_t*>(dz), u.v);
+    }
+  }
+  if (in) {
+    float4* o = reinterpret_cast<float4*>(p.partial + static_cast<int64_t>(blockIdx.y) * 2 * p.hidden + c0);
+    o[0] = make_float4(dw[0], dw[1], dw[2], dw[3]);
+    o[1] = make_float4(dw[4], dw[5], dw[6], dw[7]);
+  }
+}
+
 // ---- dweight / dbias from the partial rows --------------------------------------------------
 // grid (ceil(columns / kColumnSumCols), 1, 1), columns = hidden (dweight), then hidden more (dbias)
 // where there is a bias: column_sum over the partial rows, stored in the parameters' dtypes.
@@ -327,6 +496,14 @@ M2R_DEVICE void reduce_partials(const RmsNormBwdParams& p) {
   M2R_KERNEL(m2r::rmsnorm_bwd::kThreads) m2r_rmsnorm_bwd_v_##DT(RmsNormBwdParams p) {        \
     m2r::rmsnorm_bwd::grads<m2r::T, true>(p);                                                  \
   }
+
+// m2r_rmsnorm_bwd_row_bf16: the one-pass kernel, held to 2 blocks of kRowMaxThreads per SM on
+// NVIDIA (64 registers a thread, no spills). An fp16 form spilled 48 bytes there and, unheld at
+// 96 registers, ran slower than the two passes (16384 rows of d4096: 334.2 against 299.3 us,
+// H200), so fp16 takes the two passes.
+M2R_KERNEL_MIN_BLOCKS(m2r::rmsnorm_bwd::kRowMaxThreads, 2) m2r_rmsnorm_bwd_row_bf16(RmsNormBwdParams p) {
+  m2r::rmsnorm_bwd::one_pass<m2r::BF16>(p);
+}
 
 M2R_KERNEL(m2r::rmsnorm_bwd::kThreads) m2r_rmsnorm_bwd_reduce(RmsNormBwdParams p) {
   m2r::rmsnorm_bwd::reduce_partials(p);

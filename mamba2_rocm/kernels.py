@@ -49,6 +49,9 @@ SSD_SCAN_FORMS = {
 SSD_SCAN_16BIT_FORMS = ("t64b128", "t64p128")
 RMSNORM_VECS = (1, 2, 3, 4)  # csrc/rmsnorm.hip: 8-element runs per thread, register-resident form
 RMSNORM_VEC_DTYPES = ("f16", "bf16")
+#: csrc/rmsnorm_bwd.hip: kRowMaxThreads, the one-pass backward's threads a block at most (one
+#: 8-element run each; bf16 only)
+RMSNORM_BWD_ROW_MAX_THREADS = 512
 SELECTIVE_SCAN_DSTATE_TIERS = (16, 32, 64, 128, 256)  # csrc/selective_scan.hip: 16 lanes each
 SELECTIVE_SCAN_SEGMENT_TIERS = (16, 32, 64)  # the segment (_sp) and channel (_ch) forms
 
@@ -205,6 +208,8 @@ SOURCES: dict[str, KernelSource] = {
                     # stats: a block / a wavefront an item; gradients element-wise / 16-byte runs
                     for part in ("_stats", "_stats_w", "", "_v")
                 ),
+                # one pass: stats and gradients of an item's runs held in registers
+                "m2r_rmsnorm_bwd_row_bf16",
                 "m2r_rmsnorm_bwd_reduce",  # dweight / dbias from the partial rows
             ),
         ),

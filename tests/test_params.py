@@ -94,6 +94,7 @@ def test_launch_geometry_matches_kernel_constants():
 
     for name in ("rmsnorm.hip", "rmsnorm_bwd.hip"):
         assert _int_constants(name)["kThreads"] == norm._THREADS, name
+    assert _int_constants("rmsnorm_bwd.hip")["kRowMaxThreads"] == norm.RMSNORM_BWD_ROW_MAX_THREADS
     import mamba2_rocm.ops.ssd as ssd
 
     for name, pairs in (

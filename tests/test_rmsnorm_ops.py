@@ -245,6 +245,50 @@ def test_backward_stats_form():
     assert not stats_by_wavefront(per_sm * 132 - 1, 4096, 132)
 
 
+def test_row_pass_threads():
+    """The one-pass backward's block: one 8-element run a thread, in whole 64-thread steps (a
+    wavefront on every target), at most the kernel's 512; none for groups not of whole runs."""
+    from mamba2_rocm.kernels import RMSNORM_BWD_ROW_MAX_THREADS
+    from mamba2_rocm.ops.rmsnorm import row_pass_threads
+
+    assert RMSNORM_BWD_ROW_MAX_THREADS == 512
+    assert (
+        row_pass_threads(8) == 64
+        and row_pass_threads(2048) == 256
+        and row_pass_threads(4096) == 512
+    )
+    assert row_pass_threads(3080) == 448 and row_pass_threads(1536) == 192
+    for gs in (0, 12, 4104, 5120, 8192):
+        assert row_pass_threads(gs) is None, gs
+
+
+@pytest.mark.parametrize(
+    ("rows", "groups", "group", "want_blocks"),
+    [(600, 2, 96, 32), (3, 1, 96, 3), (10**5, 1, 4096, 8), (10**5, 8, 1024, 4)],
+)  # fmt: skip
+def test_backward_one_pass_launch(monkeypatch, rows, groups, group, want_blocks):
+    """No bias, 16-bit x in aligned rows, groups of whole runs: the one-pass kernel on grid
+    (groups, row blocks) with row_pass_threads' block, ROW_PASS_THREADS_PER_SM / threads blocks
+    a multiprocessor over the groups (at most one a row), its row blocks the reduce's partial
+    rows; no stats launch."""
+    from helpers import stand_in_kernels
+
+    from mamba2_rocm.params import RmsNormBwdParams
+
+    kset = stand_in_kernels(monkeypatch, ops)
+    monkeypatch.setattr(ops, "sm_count", lambda device: 4)
+    hidden = group * groups
+    x = torch.randn(rows, hidden, dtype=torch.bfloat16)
+    z = torch.randn(rows, hidden, dtype=torch.bfloat16)
+    ops.rmsnorm_bwd(x, torch.randn(hidden), None, z, 1e-5, group, False, True, x.clone())
+    (row, p, grid), (red, r, _) = kset.launches  # fmt: skip
+    assert (row, red) == ("m2r_rmsnorm_bwd_row_bf16", "m2r_rmsnorm_bwd_reduce") and p == r
+    assert kset.blocks[0] == (ops.row_pass_threads(group), 1, 1)
+    f = RmsNormBwdParams(*r)
+    assert grid == (groups, want_blocks, 1) and f.partial_rows == want_blocks
+    assert f.rows_per_block * want_blocks >= rows > f.rows_per_block * (want_blocks - 1)
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize(
     ("dtype", "pdtype"),
@@ -316,6 +360,7 @@ def test_backward_16_byte_runs_lie_in_one_group(monkeypatch, group, runs):
 
     kset = stand_in_kernels(monkeypatch, ops)
     monkeypatch.setattr(ops, "sm_count", lambda device: 4)
+    monkeypatch.setattr(ops, "ROW_PASS", False)
     x = torch.randn(5, 96, dtype=torch.bfloat16)
     assert x.data_ptr() % 16 == 0
     ops.rmsnorm_bwd(x, torch.randn(96), None, None, 1e-5, group, True, True, x.clone())

@@ -11,7 +11,7 @@ once; z may have another float dtype than x (converted to x's), weight and bias 
 from __future__ import annotations
 
 from mamba2_rocm._torch import require_torch
-from mamba2_rocm.kernels import RMSNORM_VECS
+from mamba2_rocm.kernels import RMSNORM_BWD_ROW_MAX_THREADS, RMSNORM_VECS
 from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import (
     COLUMN_SUM_COLS,
@@ -58,6 +58,19 @@ STATS_WAVE_MAX_GROUP = 2048
 #: 10.6 us: 125 blocks of 8 wavefronts leave the machine under-filled).
 STATS_WAVE_MIN_ITEMS_PER_SM = 48
 _VEC = 8  # elements per 16-byte run of the register-resident kernels
+#: The one-pass backward (``m2r_rmsnorm_bwd_row_bf16``): a block of a multiple of 64 threads
+#: (a wavefront on every target) per (row, group), one 8-element run a thread, so groups of up
+#: to 8 * RMSNORM_BWD_ROW_MAX_THREADS elements; ROW_PASS_THREADS_PER_SM / threads blocks a
+#: multiprocessor (at least one), each walking its share of the rows. 1024 is what the kernel's
+#: 64 registers a thread leave resident on NVIDIA (65536 a multiprocessor). Against 512 and 2048
+#: (H200, bf16, z gate first, graph us, 1024 / 512 / 2048): 16384 rows of d1536 115.1 / 172.0 /
+#: 121.1, d2048 139.0 / 175.2 / 138.3, d3072 221.5 / 341.9 / 236.0, d4096 267.3 / 361.6 / 271.3,
+#: Codestral b4 l2048 (groups of 1024) 266.5 / 333.7 / 259.4, mamba2-130m b8 l512 37.9 / 48.9 /
+#: 36.9: within 3% of the faster of the others everywhere.
+_ROW_THREAD_STEP = 64
+ROW_PASS_THREADS_PER_SM = 1024
+#: whether the backward takes the one-pass kernel where it applies (else the two passes)
+ROW_PASS = True
 
 
 #: Runs (8 elements) per thread above which the register-resident kernel is the last resort.
@@ -306,11 +319,24 @@ def stats_by_wavefront(items: int, group_size: int, sms: int) -> bool:
     return group_size <= STATS_WAVE_MAX_GROUP or items >= STATS_WAVE_MIN_ITEMS_PER_SM * sms
 
 
+def row_pass_threads(group_size: int) -> int | None:
+    """Threads a block of the one-pass backward for groups of this many 16-bit elements: one
+    8-element run each, in whole 64-thread steps; None for groups not of whole runs or past
+    the kernel's RMSNORM_BWD_ROW_MAX_THREADS runs."""
+    if group_size <= 0 or group_size % _VEC:
+        return None
+    threads = -(-group_size // (_VEC * _ROW_THREAD_STEP)) * _ROW_THREAD_STEP
+    return threads if threads <= RMSNORM_BWD_ROW_MAX_THREADS else None
+
+
 def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm, dout):
     """dx and dz (x's dtype, x's shape; dz None without z), and dweight and dbias (None without
     a bias; new, contiguous, in the dtypes the kernels read the parameters in: float32 for
     float64 ones), which ``m2r_rmsnorm_bwd_reduce`` writes from the gradient kernel's fp32
-    partial rows, added in a fixed order."""
+    partial rows, added in a fixed order. The gradients come from the one-pass kernel where it
+    applies (bf16 x, no bias, 16-byte aligned rows and weight, groups of whole 8-element runs
+    up to its 4096 elements: x, z and dout read once), else from the stats and gradient
+    kernels (read twice)."""
     hidden = x.shape[-1]
     weight, bias = _kernel_params(weight, bias)
     dweight = torch.empty_like(weight)  # (new: an op's outputs may not alias its inputs)
@@ -324,15 +350,23 @@ def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm,
     dz = None if z is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dx2, dz2 = dx.view(-1, hidden), None if dz is None else dz.view(-1, hidden)
     el = x2.element_size()
-    col_blocks = -(-hidden // (_THREADS * (16 // el)))
     sms = sm_count(x.device)
-    row_blocks = bwd_row_blocks(rows, col_blocks, sms)
-    per_block = -(-rows // row_blocks)
-    row_blocks = -(-rows // per_block)
-    stats = torch.empty(rows * groups, 4, dtype=torch.float32, device=x.device)
-    partial = torch.empty(row_blocks, 2, hidden, dtype=torch.float32, device=x.device)
     rowed = [t for t in (x2, g2, z2, dx2, dz2) if t is not None]
     vec = all(t.data_ptr() % 16 == 0 and (t.stride(0) * el) % 16 == 0 for t in rowed)
+    dt = KERNEL_DTYPE[x.dtype]
+    one_pass = ROW_PASS and bias is None and vec and x.dtype == torch.bfloat16
+    threads = row_pass_threads(gs) if one_pass and weight.data_ptr() % 16 == 0 else None
+    if threads is not None:  # one pass: grid (groups, row blocks)
+        per_sm = max(1, ROW_PASS_THREADS_PER_SM // threads)
+        row_blocks = max(1, min(rows, GRID_YZ_MAX, -(-per_sm * sms // groups)))
+    else:
+        col_blocks = -(-hidden // (_THREADS * (16 // el)))
+        row_blocks = bwd_row_blocks(rows, col_blocks, sms)
+    per_block = -(-rows // row_blocks)
+    row_blocks = -(-rows // per_block)
+    # (the one pass writes no stats: a 16-byte placeholder)
+    stats = torch.empty(1 if threads else rows * groups, 4, dtype=torch.float32, device=x.device)
+    partial = torch.empty(row_blocks, 2, hidden, dtype=torch.float32, device=x.device)
     ptrs = (x2.data_ptr(), 0 if z2 is None else z2.data_ptr(), weight.data_ptr(),
             0 if bias is None else bias.data_ptr(), g2.data_ptr(), stats.data_ptr(),
             dx2.data_ptr(), 0 if dz2 is None else dz2.data_ptr(), partial.data_ptr(),
@@ -356,19 +390,22 @@ def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm,
         row_blocks,
         0,
     )  # fmt: skip  (RmsNormBwdParams after the pointers, field order)
-    dt = KERNEL_DTYPE[x.dtype]
-    items = rows * groups
-    # a block holds 256 / wavefront items: 4 on wave64 targets, 8 on wave32 ones (the grid is
-    # sized for 4; wave32's extra blocks find no item and exit)
-    if stats_by_wavefront(items, gs, sms):
-        stats_grid, stats_name = (-(-items // 4), 1, 1), f"m2r_rmsnorm_bwd_stats_w_{dt}"
+    if threads is not None:
+        grid = (groups, row_blocks, 1)
+        launch(kset.launcher("m2r_rmsnorm_bwd_row_bf16"), x2, ptrs + tail, grid, threads)
     else:
-        stats_grid, stats_name = (items, 1, 1), f"m2r_rmsnorm_bwd_stats_{dt}"
-    launch(kset.launcher(stats_name), x2, ptrs + tail, stats_grid, _THREADS)
-    # _v: 16-byte runs, each within one group (aligned rows, groups of whole runs)
-    runs = "_v" if vec and gs % (16 // el) == 0 else ""
-    launch(kset.launcher(f"m2r_rmsnorm_bwd{runs}_{dt}"), x2, ptrs + tail,
-           (col_blocks, row_blocks, 1), _THREADS)  # fmt: skip
+        # a block holds 256 / wavefront items: 4 on wave64 targets, 8 on wave32 ones (the grid
+        # is sized for 4; wave32's extra blocks find no item and exit)
+        items = rows * groups
+        if stats_by_wavefront(items, gs, sms):
+            stats_grid, stats_name = (-(-items // 4), 1, 1), f"m2r_rmsnorm_bwd_stats_w_{dt}"
+        else:
+            stats_grid, stats_name = (items, 1, 1), f"m2r_rmsnorm_bwd_stats_{dt}"
+        launch(kset.launcher(stats_name), x2, ptrs + tail, stats_grid, _THREADS)
+        # _v: 16-byte runs, each within one group (aligned rows, groups of whole runs)
+        runs = "_v" if vec and gs % (16 // el) == 0 else ""
+        launch(kset.launcher(f"m2r_rmsnorm_bwd{runs}_{dt}"), x2, ptrs + tail,
+               (col_blocks, row_blocks, 1), _THREADS)  # fmt: skip
     red_cols = hidden * (1 if bias is None else 2)
     launch(kset.launcher("m2r_rmsnorm_bwd_reduce"), x2, ptrs + tail,
            (-(-red_cols // COLUMN_SUM_COLS), 1, 1), _THREADS)  # fmt: skip

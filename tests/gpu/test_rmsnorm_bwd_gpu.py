@@ -68,6 +68,19 @@ def _run(x, w, b, z, eps, gs, nbg, is_rms, dout):
     return norm_ops.rmsnorm_bwd(x, w, b, z, eps, gs, nbg, is_rms, dout)
 
 
+def spy_launches(monkeypatch) -> list[str]:
+    """The names of the kernels the op launches, in order."""
+    names = []
+    launch = norm_ops.launch
+
+    def spy(launcher, x, p, grid, threads):
+        names.append(launcher.name)
+        launch(launcher, x, p, grid, threads)
+
+    monkeypatch.setattr(norm_ops, "launch", spy)
+    return names
+
+
 @pytest.mark.parametrize("gate", ["none", "before", "after"])
 @pytest.mark.parametrize("is_rms", [True, False], ids=["rms", "layer"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -135,14 +148,7 @@ def test_backward_rows_walked(monkeypatch, rows, hidden, group, is_rms, gate, wa
     take the element-wise kernel."""
     if walk == "long":
         monkeypatch.setattr(norm_ops, "BWD_BLOCKS_PER_SM", 0.05)
-    names = []
-    launch = norm_ops.launch
-
-    def spy(launcher, x, p, grid, threads):
-        names.append(launcher.name)
-        launch(launcher, x, p, grid, threads)
-
-    monkeypatch.setattr(norm_ops, "launch", spy)
+    names = spy_launches(monkeypatch)
     g = seeded("norm bwd rows walked", rows, hidden, is_rms, gate, walk, device=DEV)
     x, w, b, z, dout = _inputs(g, rows, hidden, torch.bfloat16, gate)
     args = (x, w, b, z, 1e-5, group, gate != "before", is_rms, dout)
@@ -195,7 +201,9 @@ def test_rmsnorm_fn_backward_uses_the_kernels():
 
 
 def force_stats_form(monkeypatch, form):
-    """The stats kernel's item per wavefront ("wave") or per block, whatever the sizes."""
+    """The stats kernel's item per wavefront ("wave") or per block, whatever the sizes (and the
+    two passes where the one-pass kernel would apply)."""
+    monkeypatch.setattr(norm_ops, "ROW_PASS", False)
     monkeypatch.setattr(norm_ops, "STATS_WAVE_MAX_GROUP", 10**9 if form == "wave" else 0)
     monkeypatch.setattr(norm_ops, "STATS_WAVE_MIN_ITEMS_PER_SM", 0 if form == "wave" else 10**9)
 
@@ -237,3 +245,81 @@ def test_backward_stats_runs_and_weight_alignment(monkeypatch, group, form, dtyp
     check_grads(("dx", "dbias", "dz"), (dx, db, dz), (wx, wb, wz), GTOL[dtype])
     # dweight comes back in the weight's dtype: bf16 dweight with fp32 x is rounded to bf16
     check_grads(("dweight",), (dw,), (ww,), max(GTOL[dtype], GTOL[wdtype]))
+
+
+@pytest.mark.parametrize("gate", ["none", "before", "after"])
+@pytest.mark.parametrize("is_rms", [True, False], ids=["rms", "layer"])
+@pytest.mark.parametrize(
+    ("rows", "hidden", "group"),
+    [(37, 8, 8), (37, 1024, None), (29, 3072, 1024), (23, 4096, 4096), (19, 3080, 3080), (41, 4112, 2056),
+     (31, 1536, 1536), (17, 2000, 400)],
+)  # fmt: skip
+def test_one_pass(monkeypatch, rows, hidden, group, is_rms, gate):
+    """The one-pass backward (no bias, bf16 x in aligned rows, groups of whole 8-element runs up
+    to 4096 elements), with poisoned outputs: blocks whose last threads lie past the group (3080
+    = 385 runs on 448 threads; 2056, 400), 64 to 512 threads, several groups a row, one run a
+    group (8 elements on 64 threads)."""
+    names = spy_launches(monkeypatch)
+    g = seeded("norm bwd one pass", rows, hidden, group, is_rms, gate, device=DEV)
+    x, w, b, z, dout = _inputs(g, rows, hidden, torch.bfloat16, gate, bias=False)
+    args = (x, w, b, z, 1e-5, group, gate != "before", is_rms, dout)
+    _check(_run(*args), _want(*args), GTOL[torch.bfloat16])
+    assert names == ["m2r_rmsnorm_bwd_row_bf16", "m2r_rmsnorm_bwd_reduce"]
+
+
+@pytest.mark.parametrize("walk", ["short", "long"])
+@pytest.mark.parametrize(
+    "wdtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=str
+)
+@pytest.mark.parametrize(
+    ("rows", "hidden", "group"), [(3001, 1024, None), (600, 6144, 3072), (2, 4096, 512)]
+)
+def test_one_pass_rows_walked(monkeypatch, rows, hidden, group, wdtype, walk):
+    """Blocks walking a row or two each or hundreds (their last share short), with the weight in
+    every dtype (fp32 weights: two 16-byte loads a run; float64: the op's fp32 copy)."""
+    if walk == "long":  # (at least one block a multiprocessor: hundreds of rows each)
+        monkeypatch.setattr(norm_ops, "ROW_PASS_THREADS_PER_SM", 1)
+    names = spy_launches(monkeypatch)
+    g = seeded("norm bwd one pass rows", rows, hidden, str(wdtype), walk, device=DEV)
+    x, w, _, z, dout = _inputs(g, rows, hidden, torch.bfloat16, "before", bias=False)
+    w = w.to(wdtype)
+    args = (x, w, None, z, 1e-5, group, False, True, dout)
+    (dx, dw, db, dz), (wx, ww, wb, wz) = _run(*args), _want(*args)
+    assert names == ["m2r_rmsnorm_bwd_row_bf16", "m2r_rmsnorm_bwd_reduce"]
+    assert dw.dtype == wdtype
+    check_grads(("dx", "dbias", "dz"), (dx, db, dz), (wx, wb, wz), GTOL[torch.bfloat16])
+    check_grads(("dweight",), (dw,), (ww,), max(GTOL[torch.bfloat16], GTOL.get(wdtype, 0.0)))
+
+
+def test_one_pass_is_bit_identical_across_runs():
+    g = seeded("norm bwd one pass det", device=DEV)
+    x, w, _, z, dout = _inputs(g, 16384, 2048, torch.bfloat16, "before", bias=False)
+    assert norm_ops.row_pass_threads(2048) == 256
+    assert_bit_identical_runs(lambda: _run(x, w, None, z, 1e-5, None, False, True, dout))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "bias",
+        "fp32 x",
+        "fp16 x",
+        "unaligned rows",
+        "unaligned weight",
+        "group of 12",
+        "group of 4104",
+    ],
+)
+def test_one_pass_declines(monkeypatch, case):
+    """Where the one-pass kernel does not apply, the two passes run (and give the right result)."""
+    names = spy_launches(monkeypatch)
+    g = seeded("norm bwd one pass declines", case, device=DEV)
+    dtype = {"fp32 x": torch.float32, "fp16 x": torch.float16}.get(case, torch.bfloat16)
+    hidden, group = {"group of 12": (96, 12), "group of 4104": (4104, None)}.get(case, (512, None))
+    layout = "sliced" if case == "unaligned rows" else "contiguous"
+    x, w, b, z, dout = _inputs(g, 9, hidden, dtype, "before", bias=case == "bias", layout=layout)
+    if case == "unaligned weight":
+        w = torch.randn(hidden + 1, device=DEV, generator=g)[1:]
+    args = (x, w, b, z, 1e-5, group, False, True, dout)
+    _check(_run(*args), _want(*args), GTOL[dtype])
+    assert not any("_row_" in n for n in names) and len(names) == 3
