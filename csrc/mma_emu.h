@@ -126,7 +126,8 @@ typedef unsigned int u32x2 __attribute__((ext_vector_type(2)));
 
 template <bool kBf16, typename F>
 M2R_DEVICE F mfma_gfx9(u32x2 a, u32x2 b, F c) {
-  __shared__ u32x2 s_a[wave64::kMaxWaves][64], s_b[wave64::kMaxWaves][64];
+  constexpr int kWaves = 4;  // (the matrix-core kernels' blocks: at most 256 threads)
+  __shared__ u32x2 s_a[kWaves][64], s_b[kWaves][64];
   const int l = wave64::lane(), w = wave64::wave(), n = l % 16;
   wave64::sync();  // the previous step's readers are done
   s_a[w][l] = a;

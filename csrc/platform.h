@@ -155,7 +155,7 @@ M2R_DEVICE V load_fresh(const float* p) {
 #error "M2R_EMULATE_WAVE64 needs M2R_WAVEFRONT_SIZE=64"
 #endif
 namespace wave64 {
-constexpr int kMaxWaves = 4;  // blocks of up to 256 threads (every kernel's kThreads)
+constexpr int kMaxWaves = 8;  // blocks of up to 512 threads (the one-pass norm backward: kRowMaxThreads)
 M2R_DEVICE int wave() { return static_cast<int>(threadIdx.x) / 64; }
 M2R_DEVICE int lane() { return static_cast<int>(threadIdx.x) % 64; }
 M2R_DEVICE void sync() { asm volatile("bar.sync %0, 64;" ::"r"(1 + wave()) : "memory"); }
