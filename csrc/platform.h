@@ -162,6 +162,7 @@ M2R_DEVICE void sync() { asm volatile("bar.sync %0, 64;" ::"r"(1 + wave()) : "me
 // lane src's value (0 <= src < 64) of this wave
 M2R_DEVICE float from_lane(float v, int src) {
   __shared__ float slot[kMaxWaves][64];
+  if (wave() >= kMaxWaves) __trap();  // (a larger block: its slots would lie past the array)
   sync();  // the previous exchange's readers are done
   slot[wave()][lane()] = v;
   sync();
