@@ -19,11 +19,13 @@ namespace rmsnorm_bwd {
 
 constexpr int kThreads = 256;
 
-// One element's terms of the stats' sums: v (the norm's input) and dy (dxhat = dy w)
+// One element's terms of the stats' sums: v (the norm's input) and dy (dxhat = dy w). silu_fast
+// and dsilu_fast here and below: silu's and dsilu's bits on NVIDIA, without the exponential's
+// denormal path (3 instructions each; the one-pass kernel is bound by its instruction issue)
 M2R_DEVICE void sum_terms(float x, float z, float g, bool gate_first, bool gate_after, float& v, float& dy) {
   v = x, dy = g;
-  if (gate_first) v *= silu(z);
-  if (gate_after) dy *= silu(z);
+  if (gate_first) v *= silu_fast(z);
+  if (gate_after) dy *= silu_fast(z);
 }
 
 // One element's gradients (the formulas above) from its item's stats st = (mean, rstd, c1, c2):
@@ -31,32 +33,24 @@ M2R_DEVICE void sum_terms(float x, float z, float g, bool gate_first, bool gate_
 M2R_DEVICE void element_grads(float x, float z, float g, float w, float b, const float4& st, bool has_z,
                               bool gate_first, bool gate_after, float& dw, float& db, float& dx, float& dz) {
   const float mean = st.x, rstd = st.y, c1 = st.z, c2 = st.w;
-#if M2R_NORM_SHARED_SIG
-  const float sg = has_z ? __fdividef(1.0f, 1.0f + __expf(-z)) : 1.f;
-  const float sz = has_z ? z * sg : 1.f;
-#define M2R_DS (sg * fmaf(z, 1.0f - sg, 1.0f))
-#else
-  const float sz = has_z ? silu(z) : 1.f;
-#define M2R_DS dsilu(z)
-#endif
+  const float sz = has_z ? silu_fast(z) : 1.f;
   const float v = gate_first ? x * sz : x;
   const float xhat = (v - mean) * rstd;
   float dy = g;
   if (gate_after) {
     const float y = fmaf(xhat, w, b);
-    dz = dy * y * M2R_DS;
+    dz = dy * y * dsilu_fast(z);
     dy *= sz;
   }
   dw = fmaf(dy, xhat, dw);
   db += dy;
   const float dv = rstd * (dy * w - c2 - xhat * c1);
   if (gate_first) {
-    dz = dv * x * M2R_DS;
+    dz = dv * x * dsilu_fast(z);
     dx = dv * sz;
   } else {
     dx = dv;
   }
-#undef M2R_DS
 }
 
 // ---- per (row, group): mean, rstd, c1, c2 ---------------------------------------------------
@@ -158,8 +152,8 @@ M2R_DEVICE void walk(const RmsNormBwdParams& p, int lane, int64_t start, const t
   }
   for (int i = vec_end + lane; i < gs; i += kWidth) {
     float v = T::to_float(x[i]), dy = T::to_float(dout[i]);
-    if (gate_first) v *= silu(T::to_float(z[i]));
-    if (gate_after) dy *= silu(T::to_float(z[i]));
+    if (gate_first) v *= silu_fast(T::to_float(z[i]));
+    if (gate_after) dy *= silu_fast(T::to_float(z[i]));
     f(v, dy * load_as_float(p.weight, wdt, start + i));
   }
 }
@@ -334,25 +328,30 @@ constexpr int kRowMaxThreads = 512;
 constexpr int kRowMaxWaves = kRowMaxThreads / kWavefront;
 
 // the sums of v[0..N) over the block (blockDim.x / kWavefront waves), in a fixed order: the
-// butterfly in each wavefront, then the waves' sums in order. part: N * kRowMaxWaves floats,
-// not reused by the next call (the caller alternates two), so one barrier.
+// butterfly in each wavefront, then the waves' sums in order, read 4 at a time (16-byte LDS
+// reads: the kernel is bound by its instruction issue, ncu). part: N * kRowMaxWaves floats,
+// 16-byte aligned, the slots past the block's waves zero (the caller's), not reused by the next
+// call (the caller alternates two): one barrier.
 template <int N>
 M2R_DEVICE void row_sums(float (&v)[N], float* part, int waves) {
+  static_assert(kRowMaxWaves % 4 == 0, "whole 16-byte reads");
 #pragma unroll
   for (int off = kWavefront / 2; off > 0; off /= 2) {
 #pragma unroll
     for (int k = 0; k < N; ++k) v[k] += shfl_xor(v[k], off);
   }
-  const int wave = static_cast<int>(threadIdx.x) / kWavefront;
   if (threadIdx.x % kWavefront == 0) {
 #pragma unroll
-    for (int k = 0; k < N; ++k) part[k * kRowMaxWaves + wave] = v[k];
+    for (int k = 0; k < N; ++k) part[k * kRowMaxWaves + threadIdx.x / kWavefront] = v[k];
   }
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < N; ++k) {
     float t = 0.f;
-    for (int w = 0; w < waves; ++w) t += part[k * kRowMaxWaves + w];
+    for (int w = 0; w < waves; w += 4) {
+      const float4 q = *reinterpret_cast<const float4*>(part + k * kRowMaxWaves + w);
+      t += q.x, t += q.y, t += q.z, t += q.w;
+    }
     v[k] = t;
   }
 }
@@ -371,8 +370,12 @@ M2R_DEVICE void one_pass(const RmsNormBwdParams& p) {
   typedef typename Vec16<T>::U U;
   constexpr int kN = 8;
   static_assert(sizeof(S) == 2, "16-bit element types");
-  __shared__ float part[2][3 * kRowMaxWaves];
+  __shared__ __align__(16) float part[2][3 * kRowMaxWaves];
   const int waves = static_cast<int>(blockDim.x) / kWavefront, gs = p.group_size;
+  // row_sums' slots past the block's waves: zeros, read with the last 16 bytes of sums (never
+  // written after: no barrier needed before the first row_sums' one)
+  if (threadIdx.x < 3 * kRowMaxWaves && static_cast<int>(threadIdx.x) % kRowMaxWaves >= waves)
+    part[0][threadIdx.x] = part[1][threadIdx.x] = 0.f;  // (blocks of at least 64 threads)
   const int col = kN * static_cast<int>(threadIdx.x);  // the run's first column in the group
   const bool in = col < gs;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * gs + col;  // ... in the row
@@ -411,7 +414,7 @@ M2R_DEVICE void one_pass(const RmsNormBwdParams& p) {
       Vec16<T>::unpack(ux, xv);
       Vec16<T>::unpack(uz, zv);
 #pragma unroll
-      for (int e = 0; e < kN; ++e) s[0] += gate_first ? xv[e] * silu(zv[e]) : xv[e];
+      for (int e = 0; e < kN; ++e) s[0] += gate_first ? xv[e] * silu_fast(zv[e]) : xv[e];
       row_sums<1>(s, part[buf], waves);
       buf ^= 1;
       mean = s[0] * inv_gs;
