@@ -275,8 +275,9 @@ def test_one_pass(monkeypatch, rows, hidden, group, is_rms, gate):
     ("rows", "hidden", "group"), [(3001, 1024, None), (600, 6144, 3072), (2, 4096, 512)]
 )
 def test_one_pass_rows_walked(monkeypatch, rows, hidden, group, wdtype, walk):
-    """Blocks walking a row or two each or hundreds (their last share short), with the weight in
-    every dtype (fp32 weights: two 16-byte loads a run; float64: the op's fp32 copy)."""
+    """Blocks walking a few rows each or tens (one block a multiprocessor; the last block's
+    share short), with the weight in every dtype (fp32 weights: two 16-byte loads a run;
+    float64: the op's fp32 copy)."""
     if walk == "long":  # (at least one block a multiprocessor: hundreds of rows each)
         monkeypatch.setattr(norm_ops, "ROW_PASS_THREADS_PER_SM", 1)
     names = spy_launches(monkeypatch)
