@@ -5,6 +5,23 @@
 
 namespace m2r {
 
+// The sums of v[0..N) over the wavefront (every lane gets them): one butterfly, a fixed order.
+template <int N>
+M2R_DEVICE void wave_sums(float (&v)[N]) {
+#pragma unroll
+  for (int off = kWavefront / 2; off > 0; off /= 2) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] += shfl_xor(v[k], off);
+  }
+}
+
+// wave_sums of one value
+M2R_DEVICE float wave_sum(float v) {
+  float a[1] = {v};
+  wave_sums(a);
+  return a[0];
+}
+
 // The sum of v over a block of kThreads threads (every thread gets it), added in a fixed order
 // (butterfly within each wavefront, then the wavefronts' sums in order: bit-identical runs).
 // partial: kThreads / kWavefront floats of LDS, free again when this returns (the trailing
@@ -12,8 +29,7 @@ namespace m2r {
 template <int kThreads>
 M2R_DEVICE float block_sum(float v, float* partial) {
   constexpr int kWaves = kThreads / kWavefront;
-#pragma unroll
-  for (int off = kWavefront / 2; off > 0; off /= 2) v += shfl_xor(v, off);
+  v = wave_sum(v);
   if (threadIdx.x % kWavefront == 0) partial[threadIdx.x / kWavefront] = v;
   __syncthreads();
   float total = 0.f;
@@ -29,11 +45,7 @@ M2R_DEVICE float block_sum(float v, float* partial) {
 template <int kThreads, int N>
 M2R_DEVICE void block_sums(float (&v)[N], float* partial) {
   constexpr int kWaves = kThreads / kWavefront;
-#pragma unroll
-  for (int off = kWavefront / 2; off > 0; off /= 2) {
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] += shfl_xor(v[k], off);
-  }
+  wave_sums(v);
   if (threadIdx.x % kWavefront == 0) {
 #pragma unroll
     for (int k = 0; k < N; ++k) partial[k * kWaves + threadIdx.x / kWavefront] = v[k];

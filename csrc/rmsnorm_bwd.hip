@@ -64,9 +64,7 @@ M2R_DEVICE float item_sum(float v, float* partial) {
   if constexpr (kWidth == kThreads) {
     return block_sum<kThreads>(v, partial);
   } else {
-#pragma unroll
-    for (int off = kWavefront / 2; off > 0; off /= 2) v += shfl_xor(v, off);
-    return v;
+    return wave_sum(v);
   }
 }
 
@@ -77,11 +75,7 @@ M2R_DEVICE void item_sums3(float (&v)[3], float* partial3) {
   if constexpr (kWidth == kThreads) {
     block_sums<kThreads>(v, partial3);
   } else {
-#pragma unroll
-    for (int off = kWavefront / 2; off > 0; off /= 2) {
-#pragma unroll
-      for (int k = 0; k < 3; ++k) v[k] += shfl_xor(v[k], off);
-    }
+    wave_sums(v);
   }
 }
 
@@ -335,11 +329,7 @@ constexpr int kRowMaxWaves = kRowMaxThreads / kWavefront;
 template <int N>
 M2R_DEVICE void row_sums(float (&v)[N], float* part, int waves) {
   static_assert(kRowMaxWaves % 4 == 0, "whole 16-byte reads");
-#pragma unroll
-  for (int off = kWavefront / 2; off > 0; off /= 2) {
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] += shfl_xor(v[k], off);
-  }
+  wave_sums(v);
   if (threadIdx.x % kWavefront == 0) {
 #pragma unroll
     for (int k = 0; k < N; ++k) part[k * kRowMaxWaves + threadIdx.x / kWavefront] = v[k];

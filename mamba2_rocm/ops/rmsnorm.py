@@ -364,11 +364,10 @@ def _bwd_kernel(kset, x, weight, bias, z, eps, gs, norm_before_gate, layer_norm,
         row_blocks = bwd_row_blocks(rows, col_blocks, sms)
     per_block = -(-rows // row_blocks)
     row_blocks = -(-rows // per_block)
-    # (the one pass writes no stats: a 16-byte placeholder)
-    stats = torch.empty(1 if threads else rows * groups, 4, dtype=torch.float32, device=x.device)
+    stats = None if threads else torch.empty(rows * groups, 4, dtype=torch.float32, device=x.device)
     partial = torch.empty(row_blocks, 2, hidden, dtype=torch.float32, device=x.device)
     ptrs = (x2.data_ptr(), 0 if z2 is None else z2.data_ptr(), weight.data_ptr(),
-            0 if bias is None else bias.data_ptr(), g2.data_ptr(), stats.data_ptr(),
+            0 if bias is None else bias.data_ptr(), g2.data_ptr(), 0 if stats is None else stats.data_ptr(),
             dx2.data_ptr(), 0 if dz2 is None else dz2.data_ptr(), partial.data_ptr(),
             dweight.data_ptr(), 0 if dbias is None else dbias.data_ptr())  # fmt: skip
     tail = (
