@@ -175,7 +175,7 @@ M2R_DEVICE void backward(const ConvBwdParams& p) {
         float a = bias;
 #pragma unroll
         for (int k = 0; k < kW; ++k) a = fmaf(w[k], xs[k], a);
-        g *= dsilu(a);
+        g *= dsilu_fast(a);
       }
       sg[slot<kC, kNG, kChanFast>(my_c, j)] = g;
       if (j < kL && (!kSeq || sid >= 0)) {

@@ -564,7 +564,7 @@ M2R_DEVICE float dsilu(float x) {
   return s * fmaf(x, 1.0f - s, 1.0f);
 }
 // dsilu with the exponential as one fast_exp2 (the argument of silu_fast: on NVIDIA the same
-// bits, 3 instructions fewer), for the walking conv backward, whose issue rate bounds it
+// bits, 3 instructions fewer), for the conv backward, whose issue rate bounds it
 M2R_DEVICE float dsilu_fast(float x) {
   const float s = __fdividef(1.0f, 1.0f + fast_exp2(-x * kLog2e));
   return s * fmaf(x, 1.0f - s, 1.0f);
