@@ -701,6 +701,7 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
   const int t0 = (tile % tiles_t) * kRows, p_tile = (tile / tiles_t) * kCols;
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
+  if (t0 >= rows) return;  // past the sequence's end: no output (as chunk_scan_mma)
   {
     const float* a = p.dA_cs + chunk_row(p, b, h, c);
     const float* d = p.dt_out + chunk_row(p, b, h, c);
@@ -1320,6 +1321,9 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   const int xl = static_cast<int>(p.x_l_stride), cl = static_cast<int>(p.C_l_stride);
   const int pcols = min(kCols, p.headdim - p0), cs = p.chunk_size;
+  // a tile wholly past the sequence's end (the last chunk's, when it is partial) has no output:
+  // its entering-state and within-chunk products would only fill rows that are never stored
+  if (t0 >= rows) return;
   mma::BlockTile<kNT, kRows, kCols, kRows == 128 && kNT / kWavefront == 8 ? 4 : 2> tile;  // rows t, cols p
 
   {

@@ -153,3 +153,20 @@ def assert_bit_identical_runs(run, runs: int = 5) -> None:
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             assert torch.equal(a, b)
+
+
+def spy_scan_chunks(monkeypatch) -> list:
+    """Record the chunk size of every run of the SSD kernel tier's stages
+    (``mamba2_rocm.ops.ssd._kernel``, the forward and the backward's recomputation) in the
+    returned list."""
+    from mamba2_rocm.ops import ssd as ssd_ops
+
+    ran = []
+    kernel = ssd_ops._kernel
+
+    def spy(*args, **kwargs):
+        ran.append(args[6])  # (kset, x, dt, A, B, C, chunk_size, ...)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(ssd_ops, "_kernel", spy)
+    return ran

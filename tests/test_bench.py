@@ -495,11 +495,13 @@ def test_ssd_paths_offers_the_forms_that_can_run_the_shape(chunk, headdim, dtype
     assert scan_forms(chunk, headdim, dtype) == forms
 
 
-@pytest.mark.parametrize(("scan", "path"), [(None, None), ("t128", None), (None, "separate"),
-                                            ("t64p128", "chained_lds")])  # fmt: skip
-def test_ssd_paths_forces_what_the_forward_launches(monkeypatch, scan, path):
-    """Forced, the forward launches that chunk_scan form and that state path's kernels and the
-    context records them; unforced it records the host's own picks; the rules come back after."""
+@pytest.mark.parametrize(("scan", "path", "chunk"), [(None, None, None), ("t128", None, 256),
+                                                     (None, "separate", 64),
+                                                     ("t64p128", "chained_lds", None)])  # fmt: skip
+def test_ssd_paths_forces_what_the_forward_launches(monkeypatch, scan, path, chunk):
+    """Forced, the forward launches that chunk_scan form and that state path's kernels at that
+    chunk size and the context records them; unforced it records the host's own picks; the
+    rules come back after."""
     import math
 
     from helpers import seeded, stand_in_kernels
@@ -507,19 +509,23 @@ def test_ssd_paths_forces_what_the_forward_launches(monkeypatch, scan, path):
     from mamba2_rocm.bench.ssd_paths import forced
     from mamba2_rocm.ops import ssd as ssd_ops
 
-    rules = ssd_ops._scan_form, ssd_ops._state_path
+    rules = ssd_ops._scan_form, ssd_ops._state_path, ssd_ops.scan_chunk_size
     kset = stand_in_kernels(monkeypatch, ssd_ops, matrix_cores=True)
     g = seeded("ssd-paths", scan, path)
     r = lambda *s: torch.randn(*s, generator=g).bfloat16()  # noqa: E731
     x, dt, B, C = r(2, 300, 4, 128), r(2, 300, 4), r(2, 300, 1, 32), r(2, 300, 1, 32)
     A = -torch.rand(4, generator=g) - 0.1
-    with forced(scan, path) as seen:
+    with forced(scan, path, chunk) as seen:
         ssd_ops._impl(x, dt, A, B, C, 128, None, None, None, None, None, None,
                       False, (0.0, math.inf), False, None)  # fmt: skip
-    assert (ssd_ops._scan_form, ssd_ops._state_path) == rules
+    assert (ssd_ops._scan_form, ssd_ops._state_path, ssd_ops.scan_chunk_size) == rules
     # the host's picks where not forced: NVIDIA's (the CPU torch has no torch.version.hip) 128
-    # columns at headdim 128; chained (no GPU: 0 multiprocessors), through LDS
-    assert seen == {"scan": scan or "t64p128", "path": path or "chained_lds"}
+    # columns at headdim 128; chained (no GPU: 0 multiprocessors), through LDS; the caller's
+    # chunk size (no GPU)
+    assert seen == {"scan": scan or "t64p128", "path": path or "chained_lds", "chunk": chunk or 128}
+    from mamba2_rocm.params import SsdParams
+
+    assert {SsdParams(*params).chunk_size for _, params, _ in kset.launches} == {seen["chunk"]}
     names = [name for name, _, _ in kset.launches]
     assert [n for n in names if "chunk_scan" in n] == [f"m2r_ssd_chunk_scan_bf16_{seen['scan']}"]
     stage = ssd_ops._STATE_STAGES[seen["path"]]
@@ -532,13 +538,21 @@ def test_ssd_paths_forcing_restores_the_rules_and_refuses_what_would_be_wrong():
     from mamba2_rocm.ops import ssd as ssd_ops
 
     rules = ssd_ops._scan_form, ssd_ops._state_path
-    with pytest.raises(RuntimeError, match="inside"), forced("t64", "separate"):
+    rule_chunk = ssd_ops.scan_chunk_size
+    with pytest.raises(RuntimeError, match="inside"), forced("t64", "separate", 256):
         raise RuntimeError("inside")
     assert (ssd_ops._scan_form, ssd_ops._state_path) == rules
+    assert ssd_ops.scan_chunk_size is rule_chunk
     with pytest.raises(ValueError, match="unknown state path 'linked'"), forced(path="linked"):
         pass
     with pytest.raises(ValueError, match="unknown chunk_scan form 't32'"), forced("t32"):
         pass
+    with (
+        pytest.raises(ValueError, match="unknown chunk size 32; one of 64, 128, 256"),
+        forced(chunk=32),
+    ):
+        pass
+    assert ssd_ops.scan_chunk_size is rule_chunk
     # the LDS link holds x's and B's offsets in 32 bits: forced beyond that it would be wrong
     x = torch.empty(1, 2**26, 64, 2, device="meta")
     B = torch.empty(1, 2**26, 1, 128, device="meta")
@@ -560,14 +574,21 @@ def test_ssd_paths_table_marks_the_picks_and_sums_up_the_misses():
          "scan_us": {"t64b128": 50.0, "t64p128": 50.1}, "scan_pick": "t64p128", "scan_loss": 0.002},
         {"case": "two", "chains": 512, "chunks": 2,
          "path_us": {"separate": 20.0, "chained": 19.0}, "path_pick": "chained", "path_loss": 0.0,
-         "scan_us": {"t64b128": 30.0}, "scan_pick": "t64b128", "scan_loss": 0.0},
+         "scan_us": {"t64b128": 30.0}, "scan_pick": "t64b128", "scan_loss": 0.0,
+         "chunk_us": {"64": 40.0, "128": 35.0, "256": 30.0}, "chunk_pick": "256", "chunk_loss": 0.0},
+        {"case": "short", "chains": 24, "chunks": 5,  # a chunk-size-only row
+         "chunk_us": {"64": 24.7, "128": 26.7, "256": 30.1}, "chunk_pick": "128",
+         "chunk_loss": 0.081},
     ]  # fmt: skip
     text = format_table(rows)
-    assert "separate 100.0  chained* 110.0  |  t64b128 50.0  t64p128* 50.1" in text
+    assert "separate 100.0  chained* 110.0  |  t64b128 50.0  t64p128* 50.1  |  -" in text
+    assert "-  |  -  |  64 24.7  128* 26.7  256 30.1" in text
     assert (
         "state path: the host's pick is more than 0.5% slower than the fastest at 1 of 2 points"
         in text
     )
+    assert "chunk size: the host's pick is more than 0.5% slower than the fastest at 1 of 2" in text
+    assert "  short: 128 26.7 us, 64 24.7 us (8.1% slower)" in text
     assert "  one: chained 110.0 us, separate 100.0 us (10.0% slower)" in text
     assert (
         "chunk_scan form: the host's pick is more than 0.5% slower than the fastest at 0 of 2 points"

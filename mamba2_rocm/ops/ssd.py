@@ -9,8 +9,9 @@ function applies mamba_ssm's return convention.
 
 Inputs are mamba_ssm's: B, C and z may be float32 with fp16/bf16 x (the kernels read them in
 x's type: converted once, the caller's tensors untouched), A, D, dt, dt_bias any float type;
-``chunk_size`` any positive int: the scan's result does not depend on it, and every tier runs the
-kernels' size for it (``kernel_chunk_size``: 64, 128 or 256), so CPU and GPU agree.
+``chunk_size`` any positive int: the scan's result does not depend on it (only rounding does). The
+torch tiers run the kernels' size for it (``kernel_chunk_size``: 64, 128 or 256); the kernel tier
+runs the size that is fastest for the call's work (``scan_chunk_size``), forward and backward alike.
 ``cu_seqlens`` may hold empty sequences (equal offsets); their varlen state is zero (the initial
 state for empty sequences at offset 0).
 """
@@ -215,6 +216,49 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     return out, states
 
 
+#: (least work per multiprocessor, chunk size), largest first: the kernel tier's chunk size for a
+#: call (``scan_chunk_size``), 64 below the last step. Work is counted in tokens of one Mamba2
+#: head (headdim 64, dstate 128): batch * nheads * seqlen * headdim * dstate / 8192. The scan's
+#: result does not depend on the chunk size (only rounding does), so the kernels run the size
+#: that is fastest for the call rather than the caller's: fewer, longer chunks pass fewer states
+#: (each chunk's state is headdim x dstate floats, carried by a chain of dependent links), where
+#: shorter ones cut the within-chunk product and its longest block's path, which decides a call
+#: too small to fill the GPU. Measured on an H200 (132 multiprocessors; graph µs of the forward,
+#: each size forced, two rounds; `bench ssd-paths` times it on the GPU at hand) over the grid of
+#: `bench ssd` and 168 shorter calls (130m, 2.7b, Nemotron-H and Falcon-H1 layers at batch 1-8,
+#: 40-1500 tokens): the rule's pick was 0.36% slower than the fastest size on (geometric) average,
+#: at most 9.4% (Falcon-H1 b1 at 160-384 tokens, where 256 runs one or two chunks), against 4.4%
+#: and 29% for the caller's chunk size. Against the caller's size it is 14-16% faster at
+#: Falcon-H1-7B's chunk-128 grid points (b1 l8192 440.5 -> 385.6 µs), 5% at Nemotron-H b8 l512,
+#: 10-24% at mamba2-130m / 2.7b calls of 200-1500 tokens at batch 1 (chunks of 64 or 128), and
+#: at most 3% slower anywhere (mamba2-130m b4 l160: 31.0 against 30.1 µs). Calibrated on NVIDIA
+#: only, as the state path's tables. Training (forward + backward) takes no chunk shorter than the
+#: caller's (``scan_chunk_size``'s ``training``): the backward recomputes the entering states
+#: below chunk 256 (``_kept_states``) and pays per chunk more than the forward does, so a
+#: shorter chunk lost there (H200, graph µs of a step through autograd: mamba2-130m b8 l160
+#: 225.2 at the caller's 256 against 262.5 at the forward's pick of 128, b1 l1500 246.1 against
+#: 255.7), where the longer one gains as in the forward (Falcon-H1-7B b8 l160 561.5 -> 423.3,
+#: b1 l8192 1706.5 -> 1566.4; Nemotron-H b1 l8192 2838.5 -> 2632.1).
+CHUNK_WORK_PER_SM = ((380.0, 256), (57.0, 128))
+
+
+def scan_chunk_size(chunk_size: int, dims, device, training: bool = False) -> int:
+    """The chunk size the kernel tier runs a call in: by its work per multiprocessor
+    (``CHUNK_WORK_PER_SM``), never larger than the smallest of ``KERNEL_CHUNK_SIZES`` that holds
+    the whole sequence (one chunk either way: a larger one only pads it), and with ``training``
+    (a forward whose backward follows, and that backward) never shorter than ``chunk_size``.
+    ``chunk_size`` (the caller's, as the op takes it: one of KERNEL_CHUNK_SIZES) where
+    ``device`` is no GPU."""
+    sms = sm_count(device)
+    if not sms:
+        return chunk_size
+    work = dims.batch * dims.nheads * dims.seqlen * dims.headdim * dims.dstate / (64 * 128 * sms)
+    chunk = next((c for least, c in CHUNK_WORK_PER_SM if work >= least), KERNEL_CHUNK_SIZES[0])
+    if training:
+        chunk = max(chunk, chunk_size)
+    return min(chunk, kernel_chunk_size(max(dims.seqlen, 1)))
+
+
 def _state_tiles(headdim: int, dstate: int) -> int:
     """chunk_state's tiles per head (csrc/ssd.hip: kStateP x kStateN)."""
     return _cdiv(headdim, _STATE_TILES[0]) * _cdiv(dstate, _STATE_TILES[1])
@@ -410,9 +454,10 @@ def _scan(
                 varlen = torch.empty(len(ends), h, p, dims.dstate, dtype=dims.state_dtype,
                                      device=x.device)  # fmt: skip
             args = (*args[:5], cu_seqlens, *args[6:])
-        out, states = _kernel(kset, x, dt, A, B, C, chunk_size, *args[:-1], dims, final, varlen)
+        cs = scan_chunk_size(chunk_size, dims, x.device, training=keep is not None)
+        out, states = _kernel(kset, x, dt, A, B, C, cs, *args[:-1], dims, final, varlen)
         if keep is not None:
-            keep.states = _kept_states(x, states, chunk_size)
+            keep.states = _kept_states(x, states, cs)
         if full is not None and varlen is not full:
             full[live] = varlen
             varlen = full
@@ -602,7 +647,9 @@ def _bwd_run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
         tier, kset = choose(x.device)
         args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus)
         if tier == "kernel" and x.dtype in KERNEL_DTYPE:
-            grads = _bwd_kernel(kset, *args, dims, dout, dfinal, states)
+            # the training forward's chunk size (the kept states are in its chunks)
+            cs = scan_chunk_size(chunk_size, dims, x.device, training=True)
+            grads = _bwd_kernel(kset, *args[:5], cs, *args[6:], dims, dout, dfinal, states)
         else:
             grads = ssd_chunked_bwd(*args, dims.dt_limit, dout, dfinal)
     return tuple(x.new_empty(0) if g is None else g for g in grads)  # type: ignore[return-value]

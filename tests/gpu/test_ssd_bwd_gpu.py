@@ -11,6 +11,7 @@ CPU tests hold to autograd through the recurrence); small cases also check autog
 the recurrence itself."""
 
 import math
+import types
 
 import pytest
 import torch
@@ -22,11 +23,12 @@ from helpers import (
     poison_allocator,
     refuse_fallback,
     seeded,
+    spy_scan_chunks,
 )
 
 from mamba2_rocm import mamba_chunk_scan_combined
 from mamba2_rocm.ops import ssd as ssd_ops
-from mamba2_rocm.reference.ssd import ssd_chunked_bwd, ssd_sequential
+from mamba2_rocm.reference.ssd import ssd_chunked, ssd_chunked_bwd, ssd_sequential
 
 pytestmark = [
     pytest.mark.gpu,
@@ -258,3 +260,33 @@ def test_training_keeps_the_entering_states(n, cs, kept):
     want = [w for w, k in zip(want, t, strict=True) if t[k] is not None]
     for name, a, b, e in zip(names, first, second, want, strict=True):
         assert torch.equal(a, e) and torch.equal(b, e), name
+
+
+@pytest.mark.chunk_rule
+@pytest.mark.parametrize(("L", "h", "asked"), [(1000, 8, 64), (3300, 8, 64)])
+def test_training_runs_the_chunk_rule(monkeypatch, L, h, asked):
+    """Training runs the chunk size ``scan_chunk_size`` picks for the call's work (never shorter
+    than the caller's in training), not the caller's (two calls asking for 64, which the rule
+    moves to 128 and 256 on a GPU of 132 multiprocessors), in the forward and in the backward
+    alike: out, the final states and every gradient match the float64 reference at the
+    caller's size (the result does not depend on it)."""
+    ran = spy_scan_chunks(monkeypatch)
+    g = seeded("ssd chunk rule", L, h, device=DEV)
+    t, _, dout, dfin = _inputs(g, 2, L, h, 64, 2, 128, torch.bfloat16)
+    dims = types.SimpleNamespace(batch=2, seqlen=L, nheads=h, headdim=64, dstate=128)
+    picked = ssd_ops.scan_chunk_size(asked, dims, torch.device(DEV), training=True)
+    leaves = {k: None if v is None else v.detach().clone().requires_grad_() for k, v in t.items()}
+    names = [k for k, v in leaves.items() if v is not None]
+    poison_allocator(64 << 20)
+    out, fin = mamba_chunk_scan_combined(**leaves, chunk_size=asked, dt_softplus=True,
+                                         return_final_states=True)  # fmt: skip
+    got = torch.autograd.grad([out, fin], [leaves[k] for k in names], [dout, dfin])
+    assert ran and all(c == picked for c in ran), (ran, picked)
+    d = {k: None if v is None else v.double() for k, v in t.items()}
+    ref, ref_fin = ssd_chunked(**d, chunk_size=64, dt_softplus=True, return_final_states=True,
+                               compute_dtype=torch.float64)  # fmt: skip
+    torch.testing.assert_close(out, ref.to(out.dtype), rtol=2e-2, atol=5e-2)
+    torch.testing.assert_close(fin, ref_fin.float(), rtol=1e-3, atol=1e-3)
+    want = _want(t, None, dout, dfin, asked)
+    want = [w for w, k in zip(want, t, strict=True) if t[k] is not None]
+    check_grads(tuple(NAMES[list(t).index(k)] for k in names), got, want, GTOL[torch.bfloat16])

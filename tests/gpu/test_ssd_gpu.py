@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from helpers import gpu_available, make_seq_idx, poison_allocator, seeded
+from helpers import gpu_available, make_seq_idx, poison_allocator, seeded, spy_scan_chunks
 
 from mamba2_rocm import mamba_chunk_scan_combined, selective_state_update
 from mamba2_rocm.kernels import SOURCES, SSD_SCAN_FORMS
@@ -98,6 +98,27 @@ def test_every_chunk_scan_form(monkeypatch, dtype, chunk, form):
         args = _inputs(g, 2, 3 * chunk + 37, 3, headdim, 1, 48, dtype, D="hp", z=True, bias=True,
                        init=True)  # fmt: skip
         _check(args, chunk, dtype, dt_softplus=True)
+
+
+@pytest.mark.chunk_rule
+@pytest.mark.parametrize(("b", "L", "h", "asked"), [(1, 300, 4, 256), (2, 1000, 8, 64),
+                                                    (2, 3300, 8, 128)])  # fmt: skip
+def test_forward_runs_the_chunk_rule(monkeypatch, b, L, h, asked):
+    """The kernel tier runs the chunk size ``scan_chunk_size`` picks for the call's work, not
+    the caller's (on a GPU of 132 multiprocessors: 64, 128 and 256 here, each asked for as
+    another size), and the result matches the float64 reference."""
+    import types
+
+    import mamba2_rocm.ops.ssd as ssd_ops
+
+    ran = spy_scan_chunks(monkeypatch)
+    dims = types.SimpleNamespace(batch=b, seqlen=L, nheads=h, headdim=64, dstate=128)
+    picked = ssd_ops.scan_chunk_size(asked, dims, torch.device(DEV))
+    g = seeded("chunk rule", b, L, h, device=DEV)
+    args = _inputs(g, b, L, h, 64, 2, 128, torch.bfloat16, z=True, bias=True, init=True)
+    _check(args, asked, torch.bfloat16, ref_fn=lambda **kw: ssd_chunked(chunk_size=64, **kw),
+           dt_softplus=True)  # fmt: skip
+    assert ran == [picked]
 
 
 @pytest.mark.parametrize("chunk", [64, 256])
