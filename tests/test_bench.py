@@ -533,6 +533,25 @@ def test_ssd_paths_forces_what_the_forward_launches(monkeypatch, scan, path, chu
     assert ("m2r_ssd_state_passing" in names) is (seen["path"] == "separate")
 
 
+def test_a_forced_form_longer_than_the_chunk_is_refused(monkeypatch):
+    """A chunk_scan form whose tile rows exceed the chunk size would launch a grid with no tiles:
+    the host refuses it (only forcing can ask for it)."""
+    import math
+
+    from helpers import stand_in_kernels
+
+    from mamba2_rocm.bench.ssd_paths import forced
+    from mamba2_rocm.ops import ssd as ssd_ops
+
+    kset = stand_in_kernels(monkeypatch, ssd_ops, matrix_cores=True)
+    x, dt = torch.zeros(1, 100, 2, 64).bfloat16(), torch.zeros(1, 100, 2).bfloat16()
+    B = C = torch.zeros(1, 100, 1, 32).bfloat16()
+    with forced("t128", chunk=64), pytest.raises(ValueError, match="t128 takes chunks of 128"):
+        ssd_ops._impl(x, dt, -torch.ones(2), B, C, 64, None, None, None, None, None, None,
+                      False, (0.0, math.inf), False, None)  # fmt: skip
+    assert not [name for name, _, _ in kset.launches if "chunk_scan" in name]
+
+
 def test_ssd_paths_forcing_restores_the_rules_and_refuses_what_would_be_wrong():
     from mamba2_rocm.bench.ssd_paths import forced
     from mamba2_rocm.ops import ssd as ssd_ops

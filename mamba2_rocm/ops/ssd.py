@@ -11,7 +11,8 @@ Inputs are mamba_ssm's: B, C and z may be float32 with fp16/bf16 x (the kernels 
 x's type: converted once, the caller's tensors untouched), A, D, dt, dt_bias any float type;
 ``chunk_size`` any positive int: the scan's result does not depend on it (only rounding does). The
 torch tiers run the kernels' size for it (``kernel_chunk_size``: 64, 128 or 256); the kernel tier
-runs the size that is fastest for the call's work (``scan_chunk_size``), forward and backward alike.
+runs the size that is fastest for the call's work (``scan_chunk_size``; eager training's forward,
+whose entering states the backward may reuse, and the backward take the training rule).
 ``cu_seqlens`` may hold empty sequences (equal offsets); their varlen state is zero (the initial
 state for empty sequences at offset 0).
 """
@@ -191,6 +192,8 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     pairs = (cs // 64) * (cs // 64 + 1) // 2
     scan = _scan_form(cs, dt_name, kset.matrix_cores, headdim)
     rows, scan_threads, scan_cols = SSD_SCAN_FORMS[scan]
+    if rows > cs:  # (only a forced form can: its grid would have no tiles)
+        raise ValueError(f"chunk_scan form {scan} takes chunks of {rows} and more, not {cs}")
     scan_tiles = (cs // rows) * _cdiv(headdim, scan_cols)
     zs = "_z" if z is not None else ""
     run = lambda name, grid, threads=_THREADS: launch(kset.launcher(name), x, params, grid, threads)  # noqa: E731
@@ -230,8 +233,9 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
 #: at most 9.4% (Falcon-H1 b1 at 160-384 tokens, where 256 runs one or two chunks), against 4.4%
 #: and 29% for the caller's chunk size. Against the caller's size it is 14-16% faster at
 #: Falcon-H1-7B's chunk-128 grid points (b1 l8192 440.5 -> 385.6 µs), 5% at Nemotron-H b8 l512,
-#: 10-24% at mamba2-130m / 2.7b calls of 200-1500 tokens at batch 1 (chunks of 64 or 128), and
-#: at most 3% slower anywhere (mamba2-130m b4 l160: 31.0 against 30.1 µs). Calibrated on NVIDIA
+#: 11-24% at mamba2-130m b1 calls of 200-1500 tokens and 7-11% at mamba2-2.7b b1 calls of 300-512
+#: (chunks of 64 or 128), and at most 3% slower anywhere (mamba2-130m b4 l160: 31.0 against 30.1
+#: µs). Calibrated on NVIDIA
 #: only, as the state path's tables. Training (forward + backward) takes no chunk shorter than the
 #: caller's (``scan_chunk_size``'s ``training``): the backward recomputes the entering states
 #: below chunk 256 (``_kept_states``) and pays per chunk more than the forward does, so a
@@ -246,7 +250,9 @@ def scan_chunk_size(chunk_size: int, dims, device, training: bool = False) -> in
     """The chunk size the kernel tier runs a call in: by its work per multiprocessor
     (``CHUNK_WORK_PER_SM``), never larger than the smallest of ``KERNEL_CHUNK_SIZES`` that holds
     the whole sequence (one chunk either way: a larger one only pads it), and with ``training``
-    (a forward whose backward follows, and that backward) never shorter than ``chunk_size``.
+    (eager training's forward, which may keep its entering states for the backward, and the
+    backward) never shorter than ``chunk_size``. A compiled or fused-block forward takes the
+    inference rule: its backward computes the states again at its own size.
     ``chunk_size`` (the caller's, as the op takes it: one of KERNEL_CHUNK_SIZES) where
     ``device`` is no GPU."""
     sms = sm_count(device)
