@@ -477,6 +477,26 @@ def test_ssd_backward_table_has_peak_memory_and_the_ratio(monkeypatch):
     assert "0.67x  (below 1.0x)" in text
 
 
+@pytest.mark.chunk_rule
+def test_ssd_table_shows_the_chunk_our_kernels_ran(monkeypatch):
+    """bench ssd's chunk column: the size the kernel tier's rule runs a grid point in (the case
+    names the model's), "-" for Triton's rows (which run the model's)."""
+    from mamba2_rocm.bench import ssd, timing
+    from mamba2_rocm.ops import ssd as ssd_ops
+
+    monkeypatch.setattr(ssd_ops, "sm_count", lambda device: 132)
+    assert ssd.run_chunk((1, 8192, 24, 128, 1, 256, 128)) == 256  # Falcon-H1-7B asks for 128
+    assert ssd.run_chunk((1, 300, 24, 64, 1, 128, 256)) == 64
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "GPU")
+    base = dict(case="falcon b1", graph_us=10.0, gbs=1.0, copy_frac=0.1, copy_gbs=10.0,
+                mbytes=5.0, tflops=1.0)  # fmt: skip
+    ours = dict(base, impl="kernel", us=20.0, best_us=10.0, chunk=256)
+    triton = dict(base, impl=timing.TRITON, us=30.0, best_us=8.0)
+    lines = ssd.format_table([ours, triton]).splitlines()
+    assert lines[1].split()[-1] == "chunk"
+    assert lines[2].split()[-1] == "256" and lines[3].split()[-1] == "-"
+
+
 # --- bench ssd-paths: the parts that need no GPU --------------------------------------------
 
 

@@ -8,8 +8,9 @@ dstate 128, one group, chunk 256) and the hybrids' Mamba2 layers, from their pub
 (Codestral-Mamba-7B h128 g8 chunk 256; Nemotron-H-8B h128 g8 chunk 128; Bamba-9B h128 g1;
 Falcon-H1-7B h24 headdim 128 dstate 256 chunk 128), each at (batch, seqlen) = (8, 512),
 (4, 2048), (1, 8192), (1, 16384). The call a Mamba2 layer makes: D per head, dt_bias with
-softplus, no z, final states returned. Reports the median per-call device-event time (launch
-included), the per-call time inside a CUDA graph, the bytes that must move at least (inputs read
+softplus, no z, final states returned. Reports the chunk size our kernels ran (the model's is
+in the case; the kernel tier picks its own, ``ops.ssd.scan_chunk_size``, and Triton runs the
+model's), the median per-call device-event time (launch included), the per-call time inside a CUDA graph, the bytes that must move at least (inputs read
 once, out and the final states written once) as a fraction of the measured copy bandwidth, the
 arithmetic rate over the scan's essential FLOPs (state in and out, 4 l h p n per row, plus the
 causal C·Bᵀ·x block, l chunk h p per row), and per case the ratio to Triton's best with the
@@ -83,6 +84,19 @@ def make_inputs(shape: tuple, dtype: str) -> tuple[tuple, dict]:
     A, D, dt_bias = -torch.rand(h, device="cuda", generator=g) - 0.05, r(h), r(h) * 0.5
     kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
     return (x, dt, A, B, C, cs), kw
+
+
+def run_chunk(shape: tuple) -> int:
+    """The chunk size the kernel tier runs ``shape`` in on this GPU (its inference rule)."""
+    import types
+
+    from mamba2_rocm.ops import ssd as ssd_ops
+    from mamba2_rocm.reference.ssd_checks import kernel_chunk_size
+
+    torch = require_torch()
+    b, L, h, p, _groups, n, cs = shape
+    dims = types.SimpleNamespace(batch=b, seqlen=L, nheads=h, headdim=p, dstate=n)
+    return ssd_ops.scan_chunk_size(kernel_chunk_size(cs), dims, torch.device("cuda"))
 
 
 def _triton_scan():
@@ -165,6 +179,8 @@ def run(dtype="bfloat16", impls=None, triton_procs: int = 3, backward=False) -> 
             impls=here,
         ):  # fmt: skip
             row["tflops"] = flops / (row["best_us"] * 1e-6) / 1e12
+            if row["impl"] == "kernel":
+                row["chunk"] = run_chunk(shape)
             rows.append(row)
         del args, kw, x, dt, B, C
     if impls is None and triton is not None and triton_procs > 0:
@@ -177,4 +193,5 @@ def format_table(rows: list[dict]) -> str:
     if any("peak_mb" in r for r in table):  # --backward
         return "\n".join([format_rows(table, 60, 26, extra=[("peak MB", "peak_mb", ".1f")]),
                           *summary])  # fmt: skip
-    return "\n".join([format_rows(table, 52, 26, extra=[("TFLOP/s", "tflops", ".1f")]), *summary])
+    extra = [("TFLOP/s", "tflops", ".1f"), ("chunk", "chunk", "d")]
+    return "\n".join([format_rows(table, 52, 26, extra=extra), *summary])

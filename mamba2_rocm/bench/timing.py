@@ -101,7 +101,8 @@ def bandwidth_row(case: str, impl: str, timing: Timing, graph: Timing | None, nb
 
 
 def format_rows(rows: list[dict], case_width: int, impl_width: int, extra=()) -> str:
-    """The table of :func:`bandwidth_row` rows; ``extra`` = (header, key, format) columns."""
+    """The table of :func:`bandwidth_row` rows; ``extra`` = (header, key, format) columns ("-"
+    in a row without that key)."""
     torch = require_torch()
     head = (f"{'case':{case_width}} {'impl':{impl_width}} {'MB':>6} {'median us':>10} "
             f"{'graph us':>9} {'GB/s':>7} {'% copy':>7}")  # fmt: skip
@@ -115,7 +116,9 @@ def format_rows(rows: list[dict], case_width: int, impl_width: int, extra=()) ->
         graph = f"{r['graph_us']:.1f}" if r["graph_us"] is not None else "-"
         line = (f"{r['case']:{case_width}} {r['impl']:{impl_width}} {r['mbytes']:6.1f} "
                 f"{r['us']:10.1f} {graph:>9} {r['gbs']:7.0f} {100 * r['copy_frac']:6.1f}%")  # fmt: skip
-        lines.append(line + "".join(f" {r[k]:8{fmt}}" for _, k, fmt in extra))
+        lines.append(
+            line + "".join(f" {r[k]:8{fmt}}" if k in r else f" {'-':>8}" for _, k, fmt in extra)
+        )
     return "\n".join(lines)
 
 
