@@ -386,26 +386,23 @@ def test_lds_link_only_within_32_bit_offsets():
     assert not ssd_ops._lds_link(10_000, 8, 132, wide, B, 256)
 
 
-def _dims(batch, seqlen, nheads, headdim=64, dstate=128):
-    import types
-
-    return types.SimpleNamespace(batch=batch, seqlen=seqlen, nheads=nheads, headdim=headdim,
-                                 dstate=dstate)  # fmt: skip
+def _sizes(batch, seqlen, nheads, headdim=64, dstate=128):
+    return (batch, seqlen, nheads, headdim, dstate)
 
 
 @pytest.mark.chunk_rule
 @pytest.mark.parametrize(
     ("dims", "chunk"),
     [
-        (_dims(1, 8192, 24), 256),  # mamba2-130m b1 l8192: 1489 units per multiprocessor
-        (_dims(1, 1000, 24), 128),  # 182 units
-        (_dims(1, 300, 24), 64),  # 55 units: just under the 128 step
-        (_dims(1, 314, 24), 128),  # 57.1 units
-        (_dims(8, 100, 128), 128),  # enough work for 256, but 128 holds the sequence
-        (_dims(8, 40, 128), 64),  # and 64 holds this one
-        (_dims(1, 8192, 24, 128, 256), 256),  # Falcon-H1-7B's layer asks for 128
-        (_dims(1, 512, 24, 128, 256), 128),  # 372 units: just under the 256 step
-        (_dims(1, 0, 24), 64),  # no tokens
+        (_sizes(1, 8192, 24), 256),  # mamba2-130m b1 l8192: 1489 units per multiprocessor
+        (_sizes(1, 1000, 24), 128),  # 182 units
+        (_sizes(1, 300, 24), 64),  # 55 units: just under the 128 step
+        (_sizes(1, 314, 24), 128),  # 57.1 units
+        (_sizes(8, 100, 128), 128),  # enough work for 256, but 128 holds the sequence
+        (_sizes(8, 40, 128), 64),  # and 64 holds this one
+        (_sizes(1, 8192, 24, 128, 256), 256),  # Falcon-H1-7B's layer asks for 128
+        (_sizes(1, 512, 24, 128, 256), 128),  # 372 units: just under the 256 step
+        (_sizes(1, 0, 24), 64),  # no tokens
     ],
 )
 def test_scan_chunk_size_follows_the_work(monkeypatch, dims, chunk):
@@ -418,11 +415,11 @@ def test_scan_chunk_size_follows_the_work(monkeypatch, dims, chunk):
 @pytest.mark.parametrize(
     ("dims", "asked", "chunk"),
     [
-        (_dims(1, 300, 24), 256, 256),  # inference: 64
-        (_dims(1, 300, 24), 64, 64),
-        (_dims(1, 1000, 24), 64, 128),  # the rule's 128 over the caller's 64
-        (_dims(1, 8192, 24, 128, 256), 128, 256),
-        (_dims(8, 100, 128), 256, 128),  # still no longer than the sequence needs
+        (_sizes(1, 300, 24), 256, 256),  # inference: 64
+        (_sizes(1, 300, 24), 64, 64),
+        (_sizes(1, 1000, 24), 64, 128),  # the rule's 128 over the caller's 64
+        (_sizes(1, 8192, 24, 128, 256), 128, 256),
+        (_sizes(8, 100, 128), 256, 128),  # still no longer than the sequence needs
     ],
 )
 def test_scan_chunk_size_in_training_is_never_shorter_than_asked(monkeypatch, dims, asked, chunk):
@@ -433,7 +430,7 @@ def test_scan_chunk_size_in_training_is_never_shorter_than_asked(monkeypatch, di
 @pytest.mark.chunk_rule
 def test_scan_chunk_size_scales_with_the_gpu(monkeypatch):
     """Work per multiprocessor: the same call takes shorter chunks on a larger GPU."""
-    dims = _dims(1, 8192, 24)  # 196,608 units
+    dims = _sizes(1, 8192, 24)  # 196,608 units
     for sms, chunk in ((132, 256), (304, 256), (520, 128), (3500, 64)):
         monkeypatch.setattr(ssd_ops, "sm_count", lambda device, sms=sms: sms)
         assert ssd_ops.scan_chunk_size(256, dims, torch.device("cuda")) == chunk, sms
@@ -443,10 +440,10 @@ def test_scan_chunk_size_scales_with_the_gpu(monkeypatch):
 def test_scan_chunk_size_off_the_gpu_is_the_callers():
     for asked in (64, 128, 256):
         for training in (False, True):
-            dims, cpu = _dims(8, 8192, 128), torch.device("cpu")
+            dims, cpu = _sizes(8, 8192, 128), torch.device("cpu")
             assert ssd_ops.scan_chunk_size(asked, dims, cpu, training=training) == asked
 
 
 def test_scan_chunk_size_is_pinned_for_the_other_tests():
     """(conftest's fixture: tests that pass a chunk size run it)"""
-    assert ssd_ops.scan_chunk_size(64, _dims(8, 8192, 128), torch.device("cuda")) == 64
+    assert ssd_ops.scan_chunk_size(64, _sizes(8, 8192, 128), torch.device("cuda")) == 64

@@ -88,15 +88,12 @@ def make_inputs(shape: tuple, dtype: str) -> tuple[tuple, dict]:
 
 def run_chunk(shape: tuple) -> int:
     """The chunk size the kernel tier runs ``shape`` in on this GPU (its inference rule)."""
-    import types
-
     from mamba2_rocm.ops import ssd as ssd_ops
     from mamba2_rocm.reference.ssd_checks import kernel_chunk_size
 
     torch = require_torch()
     b, L, h, p, _groups, n, cs = shape
-    dims = types.SimpleNamespace(batch=b, seqlen=L, nheads=h, headdim=p, dstate=n)
-    return ssd_ops.scan_chunk_size(kernel_chunk_size(cs), dims, torch.device("cuda"))
+    return ssd_ops.scan_chunk_size(kernel_chunk_size(cs), (b, L, h, p, n), torch.device("cuda"))
 
 
 def _triton_scan():

@@ -37,11 +37,10 @@ from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench.ssd import MODELS, grid, make_inputs
 from mamba2_rocm.bench.timing import time_graph
 from mamba2_rocm.kernels import SSD_SCAN_16BIT_FORMS, SSD_SCAN_FORMS
+from mamba2_rocm.reference.ssd_checks import KERNEL_CHUNK_SIZES as CHUNKS
 
 #: a pick this much slower than the fastest option is reported as a miss
 TOLERANCE = 0.005
-#: the kernels' chunk sizes (mamba2_rocm.reference.ssd_checks.KERNEL_CHUNK_SIZES)
-CHUNKS = (64, 128, 256)
 #: (label, shape) of the shorter calls at which the chunk size alone is timed: two Mamba2
 #: checkpoints and the two hybrids whose layers differ most (Nemotron-H's 128 heads in 8 groups,
 #: Falcon-H1's headdim 128 / dstate 256) at a short prompt, a batch of them and a longer one

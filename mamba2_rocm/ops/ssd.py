@@ -246,8 +246,9 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
 CHUNK_WORK_PER_SM = ((380.0, 256), (57.0, 128))
 
 
-def scan_chunk_size(chunk_size: int, dims, device, training: bool = False) -> int:
-    """The chunk size the kernel tier runs a call in: by its work per multiprocessor
+def scan_chunk_size(chunk_size: int, sizes, device, training: bool = False) -> int:
+    """The chunk size the kernel tier runs a call of ``sizes`` (batch, seqlen, nheads, headdim,
+    dstate) in: by its work per multiprocessor
     (``CHUNK_WORK_PER_SM``), never larger than the smallest of ``KERNEL_CHUNK_SIZES`` that holds
     the whole sequence (one chunk either way: a larger one only pads it), and with ``training``
     (eager training's forward, which may keep its entering states for the backward, and the
@@ -258,11 +259,12 @@ def scan_chunk_size(chunk_size: int, dims, device, training: bool = False) -> in
     sms = sm_count(device)
     if not sms:
         return chunk_size
-    work = dims.batch * dims.nheads * dims.seqlen * dims.headdim * dims.dstate / (64 * 128 * sms)
+    batch, seqlen, nheads, headdim, dstate = sizes
+    work = batch * nheads * seqlen * headdim * dstate / (64 * 128 * sms)
     chunk = next((c for least, c in CHUNK_WORK_PER_SM if work >= least), KERNEL_CHUNK_SIZES[0])
     if training:
         chunk = max(chunk, chunk_size)
-    return min(chunk, kernel_chunk_size(max(dims.seqlen, 1)))
+    return min(chunk, kernel_chunk_size(max(seqlen, 1)))
 
 
 def _state_tiles(headdim: int, dstate: int) -> int:
@@ -460,7 +462,9 @@ def _scan(
                 varlen = torch.empty(len(ends), h, p, dims.dstate, dtype=dims.state_dtype,
                                      device=x.device)  # fmt: skip
             args = (*args[:5], cu_seqlens, *args[6:])
-        cs = scan_chunk_size(chunk_size, dims, x.device, training=keep is not None)
+        cs = scan_chunk_size(
+            chunk_size, (*x.shape, dims.dstate), x.device, training=keep is not None
+        )
         out, states = _kernel(kset, x, dt, A, B, C, cs, *args[:-1], dims, final, varlen)
         if keep is not None:
             keep.states = _kept_states(x, states, cs)
@@ -654,7 +658,7 @@ def _bwd_run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
         args = (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus)
         if tier == "kernel" and x.dtype in KERNEL_DTYPE:
             # the training forward's chunk size (the kept states are in its chunks)
-            cs = scan_chunk_size(chunk_size, dims, x.device, training=True)
+            cs = scan_chunk_size(chunk_size, (*x.shape, dims.dstate), x.device, training=True)
             grads = _bwd_kernel(kset, *args[:5], cs, *args[6:], dims, dout, dfinal, states)
         else:
             grads = ssd_chunked_bwd(*args, dims.dt_limit, dout, dfinal)

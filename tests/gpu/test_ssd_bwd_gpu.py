@@ -11,7 +11,6 @@ CPU tests hold to autograd through the recurrence); small cases also check autog
 the recurrence itself."""
 
 import math
-import types
 
 import pytest
 import torch
@@ -273,8 +272,7 @@ def test_training_runs_the_chunk_rule(monkeypatch, L, h, asked):
     ran = spy_scan_chunks(monkeypatch)
     g = seeded("ssd chunk rule", L, h, device=DEV)
     t, _, dout, dfin = _inputs(g, 2, L, h, 64, 2, 128, torch.bfloat16)
-    dims = types.SimpleNamespace(batch=2, seqlen=L, nheads=h, headdim=64, dstate=128)
-    picked = ssd_ops.scan_chunk_size(asked, dims, torch.device(DEV), training=True)
+    picked = ssd_ops.scan_chunk_size(asked, (2, L, h, 64, 128), torch.device(DEV), training=True)
     leaves = {k: None if v is None else v.detach().clone().requires_grad_() for k, v in t.items()}
     names = [k for k, v in leaves.items() if v is not None]
     poison_allocator(64 << 20)

@@ -107,13 +107,10 @@ def test_forward_runs_the_chunk_rule(monkeypatch, b, L, h, asked):
     """The kernel tier runs the chunk size ``scan_chunk_size`` picks for the call's work, not
     the caller's (on a GPU of 132 multiprocessors: 64, 128 and 256 here, each asked for as
     another size), and the result matches the float64 reference."""
-    import types
-
     import mamba2_rocm.ops.ssd as ssd_ops
 
     ran = spy_scan_chunks(monkeypatch)
-    dims = types.SimpleNamespace(batch=b, seqlen=L, nheads=h, headdim=64, dstate=128)
-    picked = ssd_ops.scan_chunk_size(asked, dims, torch.device(DEV))
+    picked = ssd_ops.scan_chunk_size(asked, (b, L, h, 64, 128), torch.device(DEV))
     g = seeded("chunk rule", b, L, h, device=DEV)
     args = _inputs(g, b, L, h, 64, 2, 128, torch.bfloat16, z=True, bias=True, init=True)
     _check(args, asked, torch.bfloat16, ref_fn=lambda **kw: ssd_chunked(chunk_size=64, **kw),
