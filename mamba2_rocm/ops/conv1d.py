@@ -224,6 +224,12 @@ def _cl_layout(
     return "cl_vec", (tiles, c_blocks, batch)
 
 
+def _dense(bias: Tensor | None) -> Tensor | None:
+    """The bias as the kernels index it, a dense vector (no stride field in the parameter
+    structs): a strided view (``b[::2]``, an expanded scalar) is copied, else used as it is."""
+    return bias if bias is None or bias.stride(0) == 1 or bias.numel() <= 1 else bias.contiguous()
+
+
 def _sizes_and_codes(x, weight, bias, silu) -> tuple[int, ...]:
     """batch, dim, seqlen, silu, weight_dtype, bias_dtype: the fields Conv{Fwd,Bwd}Params share."""
     return (*x.shape, int(silu), DTYPE_CODE[weight.dtype],
@@ -231,6 +237,7 @@ def _sizes_and_codes(x, weight, bias, silu) -> tuple[int, ...]:
 
 
 def _fwd_kernel(kset, x, weight, bias, seq_idx, initial_states, final_states, silu, out) -> None:
+    bias = _dense(bias)
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     n_elts = 16 // x.element_size()
@@ -320,6 +327,7 @@ def _bwd_kernel(kset, x, weight, bias, seq_idx, initial_states, dout, dfinal, si
     sums of dweight and dbias, (rows, dim, width + 1); ``m2r_conv1d_bwd_reduce`` adds them
     over the rows in a fixed order into dweight ((dim, width), contiguous) and dbias (or
     None) in their dtypes."""
+    bias = _dense(bias)
     batch, dim, seqlen = x.shape
     width = weight.shape[1]
     shape, vec = bwd_shape(x, dout, dx, seq_idx is not None)
@@ -467,7 +475,7 @@ def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indic
         name, grid = vec, vec_grid
     elif tile is not None and sp % 16 == 0:
         name = tile
-    p = (xp, sp, weight.data_ptr(), ptr(bias), op, ptr(cache_seqlens), ptr(indices), *tail)
+    p = (xp, sp, weight.data_ptr(), ptr(_dense(bias)), op, ptr(cache_seqlens), ptr(indices), *tail)
     _launch(kset.launcher(name), x, p, grid)
 
 
