@@ -600,32 +600,37 @@ def test_backward_reduce_launch(monkeypatch, dtype, pdtype, bias):
 
 
 @pytest.mark.parametrize("op", ["forward", "backward", "update"])
-def test_strided_bias_reaches_the_kernels_dense(monkeypatch, op):
-    """The kernels index the bias as a dense vector (the parameter structs carry no stride for
-    it): a strided view reaches every launch as a unit-stride copy of its values, a dense bias
-    as it is (no copy)."""
+def test_strided_vectors_reach_the_kernels_dense(monkeypatch, op):
+    """The kernels index the bias and the update's cache_seqlens as dense vectors (the parameter
+    structs carry no stride for them): a strided view reaches every launch as a unit-stride
+    copy of its values, a dense vector as it is (no copy)."""
     from mamba2_rocm.ops import conv1d as ops
 
     kset = stand_in_kernels(monkeypatch, ops)
     ops._UPDATE_PLANS.clear()
     seen = []
     real = ops._dense
-    monkeypatch.setattr(ops, "_dense", lambda b: seen.append((b, real(b))) or seen[-1][1])
+    monkeypatch.setattr(ops, "_dense", lambda t: seen.append((t, real(t))) or seen[-1][1])
     g = torch.Generator().manual_seed(7)
     d = 40
     x, w = _cl(2, d, 33, BF), torch.randn(d, 4, generator=g).to(BF)
     wide = torch.randn(2 * d, generator=g).to(BF)
-    for b in (wide[::2], wide[:d]):
+    lengths = torch.tensor([3, 9, 5, 9], dtype=torch.int32)
+    for b, cache in ((wide[::2], lengths[::2]), (wide[:d], lengths[:2])):
         kset.launches.clear()
+        seen.clear()
         if op == "forward":
             ops.causal_conv1d_fwd(x, w, b, None, None, None, True)
         elif op == "backward":
             ops.causal_conv1d_bwd(x, w, b, None, None, x.clone(), None, True)
         else:
-            causal_conv1d_update(x[:, :, 0].clone(), torch.randn(2, d, 3).to(BF), w, b, "silu")
-        given, dense = seen[-1]
-        assert given is b and dense.stride() == (1,) and torch.equal(dense, b)
-        assert (dense is b) == (b.stride(0) == 1)
+            state = torch.randn(2, d, 3).to(BF)
+            causal_conv1d_update(x[:, :, 0].clone(), state, w, b, "silu", cache_seqlens=cache)
         launched = kset.launches[0][1]
-        assert dense.data_ptr() in launched and (b.stride(0) == 1 or b.data_ptr() not in launched)
+        for t in (b, cache) if op == "update" else (b,):
+            dense = next(d for given, d in seen if given is t)
+            assert dense.stride() == (1,) and torch.equal(dense, t)
+            assert (dense is t) == (t.stride(0) == 1)
+            assert dense.data_ptr() in launched
+            assert t.stride(0) == 1 or t.data_ptr() not in launched
     ops._UPDATE_PLANS.clear()

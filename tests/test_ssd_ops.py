@@ -447,3 +447,30 @@ def test_scan_chunk_size_off_the_gpu_is_the_callers():
 def test_scan_chunk_size_is_pinned_for_the_other_tests():
     """(conftest's fixture: tests that pass a chunk size run it)"""
     assert ssd_ops.scan_chunk_size(64, _sizes(8, 8192, 128), torch.device("cuda")) == 64
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_cu_seqlens_reaches_the_kernels_dense(monkeypatch, view):
+    """The kernels index cu_seqlens densely (no stride field in SsdParams): a strided int32 view
+    reaches the launches as a unit-stride copy of its values, a dense one as it is."""
+    from helpers import stand_in_kernels
+
+    from mamba2_rocm.params import SsdParams
+
+    kset = stand_in_kernels(monkeypatch, ssd_ops)
+    a = _inputs(seeded("cu view", view), b=1, L=100)
+    ends = torch.tensor([0, 40, 100], dtype=torch.int32)
+    cu = torch.stack([ends, ends + 5], dim=1).flatten()[::2] if view else ends
+    seq_idx = torch.repeat_interleave(torch.arange(2, dtype=torch.int32), ends.diff())[None]
+    copies = []
+    real = torch.Tensor.contiguous
+    monkeypatch.setattr(
+        torch.Tensor, "contiguous", lambda t, *a: copies.append((t, real(t, *a))) or copies[-1][1]
+    )
+    ssd_ops._impl(a["x"], a["dt"], a["A"], a["B"], a["C"], 64, None, None, None, None, seq_idx,
+                  cu, False, (0.0, math.inf), True, None)  # fmt: skip
+    field = [f[0] for f in SsdParams._fields_].index("cu_seqlens")
+    got = {p[field] for _, p, _ in kset.launches}
+    (dense,) = [c for t, c in copies if t is cu]
+    assert torch.equal(dense, ends) and dense.stride() == (1,) and got == {dense.data_ptr()}
+    assert (dense.data_ptr() == cu.data_ptr()) is not view

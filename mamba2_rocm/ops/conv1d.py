@@ -224,10 +224,11 @@ def _cl_layout(
     return "cl_vec", (tiles, c_blocks, batch)
 
 
-def _dense(bias: Tensor | None) -> Tensor | None:
-    """The bias as the kernels index it, a dense vector (no stride field in the parameter
-    structs): a strided view (``b[::2]``, an expanded scalar) is copied, else used as it is."""
-    return bias if bias is None or bias.stride(0) == 1 or bias.numel() <= 1 else bias.contiguous()
+def _dense(t: Tensor | None) -> Tensor | None:
+    """A vector the kernels index densely (the bias, the update's cache_seqlens: no stride field
+    in the parameter structs): a strided view (``b[::2]``, an expanded scalar) is copied, a dense
+    one used as it is."""
+    return t if t is None or t.stride(0) == 1 or t.numel() <= 1 else t.contiguous()
 
 
 def _sizes_and_codes(x, weight, bias, silu) -> tuple[int, ...]:
@@ -475,7 +476,8 @@ def _update_kernel(kset, x, conv_state, weight, bias, silu, cache_seqlens, indic
         name, grid = vec, vec_grid
     elif tile is not None and sp % 16 == 0:
         name = tile
-    p = (xp, sp, weight.data_ptr(), ptr(_dense(bias)), op, ptr(cache_seqlens), ptr(indices), *tail)
+    p = (xp, sp, weight.data_ptr(), ptr(_dense(bias)), op, ptr(_dense(cache_seqlens)),
+         ptr(indices), *tail)  # fmt: skip
     _launch(kset.launcher(name), x, p, grid)
 
 

@@ -127,7 +127,8 @@ def _kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
     # the chained chunk_state's ticket counter and flags (chunk_cumsum zeroes them)
     chain = torch.empty(1 + nchunks * chains, dtype=torch.int32, device=dev) if chained else None
     out = None if recompute else torch.empty(x.shape, dtype=x.dtype, device=dev)
-    cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
+    # (the kernels index cu_seqlens densely: a strided view is copied)
+    cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32).contiguous()
     if D is None:
         d_strides = (0, 0)
     elif D.dim() == 1:

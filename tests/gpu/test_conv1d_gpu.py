@@ -187,12 +187,14 @@ def test_fwd_seqlen_contiguous_tiles(monkeypatch, width, dtype, seqlen, layout16
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("width", [2, 3, 4])
-@pytest.mark.parametrize("mode", ["shift", "shift_long_state", "circular", "pool"])
+@pytest.mark.parametrize("mode", ["shift", "shift_long_state", "circular", "circular view", "pool"])
 @pytest.mark.parametrize("seqlen", [None, 1, 4])
 def test_update_kernel(width, dtype, mode, seqlen):
+    """The update against the eager reference in every state mode; "circular view": the cache
+    lengths a strided view (every other element of a longer vector)."""
     g = _gen("upd", width, str(dtype), mode, seqlen)
     batch, dim = 5, 1032
-    state_len = width - 1 + (3 if mode in ("shift_long_state", "circular") else 0)
+    state_len = width - 1 + (3 if mode in ("shift_long_state", "circular", "circular view") else 0)
     pool = 9 if mode == "pool" else batch
     x = torch.randn(batch, dim, *(() if seqlen is None else (seqlen,)), device=DEV, generator=g).to(
         dtype
@@ -200,11 +202,11 @@ def test_update_kernel(width, dtype, mode, seqlen):
     state = torch.randn(pool, dim, state_len, device=DEV, generator=g).to(dtype)
     w = torch.randn(dim, width, device=DEV, generator=g).to(dtype)
     b = torch.randn(dim, device=DEV, generator=g).to(dtype)
-    cache = (
-        torch.tensor([0, 2, 5, 11, 3], dtype=torch.int32, device=DEV)
-        if mode == "circular"
-        else None
-    )
+    cache = None
+    if mode.startswith("circular"):
+        cache = torch.tensor([0, 2, 5, 11, 3], dtype=torch.int32, device=DEV)
+        if mode == "circular view":
+            cache = torch.stack([cache, cache + 7], dim=1).flatten()[::2]
     idx = torch.tensor([7, -1, 0, 4, 2], dtype=torch.int32, device=DEV) if mode == "pool" else None
     ref_state = state.clone()
     poison_allocator(x.numel() * x.element_size())
