@@ -170,3 +170,11 @@ def spy_scan_chunks(monkeypatch) -> list:
 
     monkeypatch.setattr(ssd_ops, "_kernel", spy)
     return ran
+
+
+def strided_view(t):
+    """1-D ``t``'s values as a strided view: every other element of a vector twice as long (for
+    the tests that a vector the kernels index densely may be passed as a view)."""
+    wide = t.new_zeros(2 * t.numel())
+    wide[::2] = t
+    return wide[::2]

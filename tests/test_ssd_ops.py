@@ -453,14 +453,14 @@ def test_scan_chunk_size_is_pinned_for_the_other_tests():
 def test_cu_seqlens_reaches_the_kernels_dense(monkeypatch, view):
     """The kernels index cu_seqlens densely (no stride field in SsdParams): a strided int32 view
     reaches the launches as a unit-stride copy of its values, a dense one as it is."""
-    from helpers import stand_in_kernels
+    from helpers import stand_in_kernels, strided_view
 
     from mamba2_rocm.params import SsdParams
 
     kset = stand_in_kernels(monkeypatch, ssd_ops)
     a = _inputs(seeded("cu view", view), b=1, L=100)
     ends = torch.tensor([0, 40, 100], dtype=torch.int32)
-    cu = torch.stack([ends, ends + 5], dim=1).flatten()[::2] if view else ends
+    cu = strided_view(ends) if view else ends
     seq_idx = torch.repeat_interleave(torch.arange(2, dtype=torch.int32), ends.diff())[None]
     copies = []
     real = torch.Tensor.contiguous

@@ -82,34 +82,34 @@ def forced(
         raise ValueError(f"unknown chunk_scan form {scan!r}; one of {', '.join(SSD_SCAN_FORMS)}")
     if chunk is not None and chunk not in CHUNKS:
         raise ValueError(f"unknown chunk size {chunk!r}; one of {', '.join(map(str, CHUNKS))}")
-    rule_scan, rule_path = ssd_ops._scan_form, ssd_ops._state_path
-    rule_chunk = ssd_ops.scan_chunk_size
+    rules = {
+        name: getattr(ssd_ops, name) for name in ("_scan_form", "_state_path", "scan_chunk_size")
+    }
     seen: dict = {}
 
-    def chunk_size(*args, **kwargs):
-        seen["chunk"] = chunk if chunk is not None else rule_chunk(*args, **kwargs)
-        return seen["chunk"]
+    def recording(key, value, rule):  # the forced value, else the rule's; kept in seen[key]
+        def pick(*args, **kwargs):
+            seen[key] = value if value is not None else rule(*args, **kwargs)
+            return seen[key]
 
-    def scan_form(*args, **kwargs):
-        seen["scan"] = scan if scan is not None else rule_scan(*args, **kwargs)
-        return seen["scan"]
+        return pick
+
+    path_pick = recording("path", path, rules["_state_path"])
 
     def state_path(chains, chunks, sms, x, B, chunk_size):
         if path == "chained_lds" and not ssd_ops._lds_offsets_fit(x, B):
             # (that kernel holds x's and B's offsets in 32 bits: forced there it would be wrong)
             raise ValueError("chained_lds takes x and B spans within 32-bit element offsets")
-        seen["path"] = (
-            path if path is not None else rule_path(chains, chunks, sms, x, B, chunk_size)
-        )
-        return seen["path"]
+        return path_pick(chains, chunks, sms, x, B, chunk_size)
 
-    ssd_ops._scan_form, ssd_ops._state_path = scan_form, state_path
-    ssd_ops.scan_chunk_size = chunk_size
+    ssd_ops._scan_form = recording("scan", scan, rules["_scan_form"])
+    ssd_ops._state_path = state_path
+    ssd_ops.scan_chunk_size = recording("chunk", chunk, rules["scan_chunk_size"])
     try:
         yield seen
     finally:
-        ssd_ops._scan_form, ssd_ops._state_path = rule_scan, rule_path
-        ssd_ops.scan_chunk_size = rule_chunk
+        for name, rule in rules.items():
+            setattr(ssd_ops, name, rule)
 
 
 def loss(us: dict[str, float], pick: str) -> float:

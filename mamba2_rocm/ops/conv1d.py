@@ -226,9 +226,9 @@ def _cl_layout(
 
 def _dense(t: Tensor | None) -> Tensor | None:
     """A vector the kernels index densely (the bias, the update's cache_seqlens: no stride field
-    in the parameter structs): a strided view (``b[::2]``, an expanded scalar) is copied, a dense
-    one used as it is."""
-    return t if t is None or t.stride(0) == 1 or t.numel() <= 1 else t.contiguous()
+    in the parameter structs): torch's ``contiguous`` copies a strided view (``b[::2]``, an
+    expanded scalar) and returns a dense one itself."""
+    return None if t is None else t.contiguous()
 
 
 def _sizes_and_codes(x, weight, bias, silu) -> tuple[int, ...]:

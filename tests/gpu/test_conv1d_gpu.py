@@ -6,7 +6,16 @@ Run with ``pytest -m gpu`` on a machine with a GPU and kernels (a kernel package
 
 import pytest
 import torch
-from helpers import DTYPES, TOL, gpu_available, make_seq_idx, make_x, poison_allocator, seeded
+from helpers import (
+    DTYPES,
+    TOL,
+    gpu_available,
+    make_seq_idx,
+    make_x,
+    poison_allocator,
+    seeded,
+    strided_view,
+)
 
 from mamba2_rocm import causal_conv1d_fn, causal_conv1d_update
 from mamba2_rocm.reference.conv1d import causal_conv1d_torch, causal_conv1d_update_eager
@@ -206,7 +215,7 @@ def test_update_kernel(width, dtype, mode, seqlen):
     if mode.startswith("circular"):
         cache = torch.tensor([0, 2, 5, 11, 3], dtype=torch.int32, device=DEV)
         if mode == "circular view":
-            cache = torch.stack([cache, cache + 7], dim=1).flatten()[::2]
+            cache = strided_view(cache)
     idx = torch.tensor([7, -1, 0, 4, 2], dtype=torch.int32, device=DEV) if mode == "pool" else None
     ref_state = state.clone()
     poison_allocator(x.numel() * x.element_size())
