@@ -138,18 +138,24 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
   const S* z = p.z ? static_cast<const S*>(p.z) + row * p.z_row_stride + start : nullptr;
   const bool gate_first = z != nullptr && !p.norm_before_gate;
 
-  // The weights load after the reduction, from L2 (every item reads them), not with x: held
-  // in registers from the start they took 8 per run (v1 40 registers, v3 96, v4 117 on sm_90),
-  // and the occupancy lost cost more than the second round trip (H100, 16384 rows, bf16, % of
-  // copy: d5120 in one group 61 -> 77.5, d2048 86 -> 96, d8192 in groups of 1024 90.6 -> 98.2).
+  // A 16-bit weight (a Mamba2 block's, in the activations' dtype) is requested with x and z,
+  // as raw runs (4 registers a run), and converted after the reduction: loaded after it, from
+  // L2, it was a second round trip in every item's life, which held the H200 at 80-87% of a
+  // copy (16384 rows, bf16: d5120 150 -> 120 us, d3072 87 -> 71, d1536 44.7 -> 38.6, with the
+  // host's plan of more runs a thread, vec_plan). An fp32 weight still loads after the
+  // reduction: 8 registers a run held from the start (v1 40 registers, v3 96, v4 117 on sm_90)
+  // cost more occupancy than the round trip (H100).
   float v[kVecs][8];
   uint4 zq[kGateAfter ? kVecs : 1];
+  const bool w16 = p.weight_dtype != M2R_DTYPE_F32;
+  uint4 wq[kVecs];
 #pragma unroll
   for (int k = 0; k < kVecs; ++k) {
     const int i = 8 * (local + k * tpi);
     const bool in = active && i < gs;
     const uint4 xq = in ? *reinterpret_cast<const uint4*>(x + i) : make_uint4(0, 0, 0, 0);
     const uint4 zk = in && z ? *reinterpret_cast<const uint4*>(z + i) : make_uint4(0, 0, 0, 0);
+    wq[k] = in && w16 ? *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.weight) + start + i) : make_uint4(0, 0, 0, 0);
     if constexpr (kGateAfter) zq[k] = zk;
     unpack8<T>(xq, v[k]);
     if (gate_first) {
@@ -187,7 +193,12 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
     const int i = 8 * (local + k * tpi);
     if (!active || i >= gs) continue;
     float y[8];
-    load8_as_float(p.weight, p.weight_dtype, start + i, y);
+    if (w16) {
+      if (p.weight_dtype == M2R_DTYPE_F16) unpack8<F16>(wq[k], y);
+      else unpack8<BF16>(wq[k], y);
+    } else {
+      load8_as_float(p.weight, p.weight_dtype, start + i, y);
+    }
 #pragma unroll
     for (int e = 0; e < 8; ++e) y[e] *= v[k][e] * rstd;
     if (p.bias) {
@@ -214,22 +225,26 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
     m2r::rmsnorm::forward<m2r::T>(p);                                                         \
   }
 // m2r_rmsnorm_fwd_<dt>_v<V>[_ga][_b|_h]: V runs per thread; _ga: the gate after the norm; _b /
-// _h: one item a block / two. NB: blocks
-// per SM the NVIDIA build is held to (a register cap; AMD ignores it), the most without spills.
-#define M2R_RMSNORM_VEC1(DT, T, V, NB, GA, TPI, SUFFIX)                                                     \
-  M2R_KERNEL_MIN_BLOCKS(m2r::rmsnorm::kThreads, NB) m2r_rmsnorm_fwd_##DT##_v##V##SUFFIX(RmsNormParams p) { \
-    m2r::rmsnorm::forward_vec<m2r::T, V, GA, TPI>(p);                                                       \
+// _h: one item a block / two. No register cap: each holds what it needs (on sm_90, bf16: v1 40,
+// v2 56, v3 64, v4 80 registers; the _ga forms up to 96). The caps they had (8 / 6 / 5 / 4 blocks
+// a multiprocessor, the most without spills, for one run a thread on the H100) cost the H200
+// 4-12% at the plans it now takes (vec_plan: up to 4 runs a thread; 16384 rows, bf16: d5120
+// 153.7 -> 120.2 us, d4096 at 128 x 4 109.7 -> 94.0, d8192 in groups of 1024 at 32 x 4 222.3 ->
+// 188.5, each with the weight requested early).
+#define M2R_RMSNORM_VEC1(DT, T, V, GA, TPI, SUFFIX)                                               \
+  M2R_KERNEL(m2r::rmsnorm::kThreads) m2r_rmsnorm_fwd_##DT##_v##V##SUFFIX(RmsNormParams p) { \
+    m2r::rmsnorm::forward_vec<m2r::T, V, GA, TPI>(p);                                         \
   }
-// each with _b / _h: item_threads fixed at kThreads / kThreads / 2 (NBH: the _h kernels' cap)
-#define M2R_RMSNORM_VEC(DT, T, V, NB, NBH, GA, SUFFIX)                        \
-  M2R_RMSNORM_VEC1(DT, T, V, NB, GA, 0, SUFFIX)                               \
-  M2R_RMSNORM_VEC1(DT, T, V, NB, GA, m2r::rmsnorm::kThreads, SUFFIX##_b)      \
-  M2R_RMSNORM_VEC1(DT, T, V, NBH, GA, m2r::rmsnorm::kThreads / 2, SUFFIX##_h)
-#define M2R_RMSNORM_VECS(DT, T)                                                                \
-  M2R_RMSNORM_VEC(DT, T, 1, 8, 8, false, ) M2R_RMSNORM_VEC(DT, T, 2, 6, 5, false, )           \
-  M2R_RMSNORM_VEC(DT, T, 3, 5, 5, false, ) M2R_RMSNORM_VEC(DT, T, 4, 4, 4, false, )           \
-  M2R_RMSNORM_VEC(DT, T, 1, 6, 6, true, _ga) M2R_RMSNORM_VEC(DT, T, 2, 5, 5, true, _ga)       \
-  M2R_RMSNORM_VEC(DT, T, 3, 4, 4, true, _ga) M2R_RMSNORM_VEC(DT, T, 4, 3, 3, true, _ga)
+// each with _b / _h: item_threads fixed at kThreads / kThreads / 2
+#define M2R_RMSNORM_VEC(DT, T, V, GA, SUFFIX)                           \
+  M2R_RMSNORM_VEC1(DT, T, V, GA, 0, SUFFIX)                             \
+  M2R_RMSNORM_VEC1(DT, T, V, GA, m2r::rmsnorm::kThreads, SUFFIX##_b)    \
+  M2R_RMSNORM_VEC1(DT, T, V, GA, m2r::rmsnorm::kThreads / 2, SUFFIX##_h)
+#define M2R_RMSNORM_VECS(DT, T)                                                                 \
+  M2R_RMSNORM_VEC(DT, T, 1, false, ) M2R_RMSNORM_VEC(DT, T, 2, false, )                         \
+  M2R_RMSNORM_VEC(DT, T, 3, false, ) M2R_RMSNORM_VEC(DT, T, 4, false, )                         \
+  M2R_RMSNORM_VEC(DT, T, 1, true, _ga) M2R_RMSNORM_VEC(DT, T, 2, true, _ga)                     \
+  M2R_RMSNORM_VEC(DT, T, 3, true, _ga) M2R_RMSNORM_VEC(DT, T, 4, true, _ga)
 M2R_RMSNORM(f32, F32)
 M2R_RMSNORM(f16, F16)
 M2R_RMSNORM(bf16, BF16)

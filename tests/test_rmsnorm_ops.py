@@ -1,5 +1,7 @@
 """Gated RMSNorm through the public op and module on the CPU."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -70,24 +72,50 @@ def test_opcheck_and_compile():
 
 
 @pytest.mark.parametrize(
-    "group_size, plan",
+    "group_size, spread, dense",
     [
-        (8, (1, 1)),  # one run: a thread per (row, group), 256 groups per block
-        (24, (4, 1)),  # 3 runs: the power of two above
-        (1024, (128, 1)),
-        (1536, (256, 1)),  # 192 runs: one each (64 x 3 would idle none, but is slower)
-        (2048, (256, 1)),
-        (3072, (128, 3)),  # 384 runs: 128 x 3 (256 x 2 idles 128 thread-runs)
-        (4096, (256, 2)),
-        (5120, (256, 3)),  # 2.5 runs per thread round up to 3 (128 x 5: more than 3 runs each)
-        (6152, (256, 4)),
-        (8192, (256, 4)),
-        (8200, None),  # more than kThreads * 4 runs: the generic kernel
-        (250, None),  # not whole 8-element runs
+        # (a call of few runs per multiprocessor, one of many)
+        (8, (1, 1), (1, 1)),  # one run: a thread per (row, group), 256 groups per block
+        (24, (4, 1), (4, 1)),  # 3 runs: the power of two above
+        (256, (32, 1), (32, 1)),  # up to 32 runs: one run a thread either way
+        (512, (64, 1), (32, 2)),  # dense: at least 32 threads an item
+        (1024, (128, 1), (32, 4)),
+        (1536, (256, 1), (64, 3)),  # 192 runs: one each, or 64 x 3
+        (2048, (256, 1), (64, 4)),
+        (3072, (128, 3), (128, 3)),  # 384 runs: 128 x 3 (256 x 2 idles 128 thread-runs)
+        (4096, (256, 2), (128, 4)),
+        (5120, (256, 3), (256, 3)),  # 2.5 / 5 runs per thread round up to 3 (no v5)
+        (6152, (256, 4), (256, 4)),
+        (8192, (256, 4), (256, 4)),
+        (8200, None, None),  # more than kThreads * 4 runs: the generic kernel
+        (250, None, None),  # not whole 8-element runs
     ],
 )
-def test_vec_plan(group_size, plan):
-    assert ops.vec_plan(group_size, 2, (0, 4096, 16)) == plan
+def test_vec_plan(group_size, spread, dense):
+    few, many = ops.DENSE_RUNS_PER_SM - 1, ops.DENSE_RUNS_PER_SM
+    assert ops.vec_plan(group_size, 2, (0, 4096, 16), few) == spread
+    assert ops.vec_plan(group_size, 2, (0, 4096, 16), many) == dense
+    assert ops.vec_plan(group_size, 2, (0, 4096, 16)) == dense  # no multiprocessor count: many
+
+
+@pytest.mark.parametrize(
+    "group_size, plan", [(1024, (64, 2)), (1536, (64, 3)), (4096, (256, 2)), (5120, (256, 3))]
+)
+def test_vec_plan_gate_after_holds_at_most_3_runs_a_thread_when_dense(group_size, plan):
+    """The _ga kernels hold z's raw runs too: a dense call gives them at most 3 runs a thread."""
+    assert ops.vec_plan(group_size, 2, (0,), ops.DENSE_RUNS_PER_SM, gate_after=True) == plan
+    assert ops.vec_plan(
+        group_size, 2, (0,), ops.DENSE_RUNS_PER_SM - 1, gate_after=True
+    ) == ops.vec_plan(group_size, 2, (0,), ops.DENSE_RUNS_PER_SM - 1)
+
+
+def test_vec_plan_counts_the_calls_runs_per_multiprocessor(monkeypatch):
+    """vec_plan is given rows x hidden / 8 / multiprocessors; without a GPU, many."""
+    monkeypatch.setattr(ops, "sm_count", lambda device: 100)
+    x2 = torch.empty(64, 8192)
+    assert ops._runs_per_sm(x2) == 64 * 8192 / 8 / 100
+    monkeypatch.setattr(ops, "sm_count", lambda device: 0)
+    assert ops._runs_per_sm(x2) == math.inf
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,8 @@ once; z may have another float dtype than x (converted to x's), weight and bias 
 
 from __future__ import annotations
 
+import math
+
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.kernels import RMSNORM_BWD_ROW_MAX_THREADS, RMSNORM_VECS
 from mamba2_rocm.ops._backend import choose
@@ -75,26 +77,50 @@ ROW_PASS = True
 
 #: Runs (8 elements) per thread above which the register-resident kernel is the last resort.
 PREFERRED_MAX_RUNS = 3
+#: Runs of a call (rows x hidden / 8) per multiprocessor from which ``vec_plan`` gives each
+#: thread as many runs as it can hold (up to 4, the fewest threads per item) instead of one:
+#: enough work that every multiprocessor is full either way, where a thread's bytes in flight
+#: decide the rate. H200, bf16, 16384 rows (25-100k runs per multiprocessor), graph us against
+#: one run a thread: d1536 64 x 3 38.6 against 256 x 1 49.0, d2048 64 x 4 51.3 against 56.4,
+#: d3072 128 x 3 71.3, d4096 128 x 4 94.0 against 256 x 2 100.6, d8192 in groups of 1024 32 x 4
+#: 188.5 against 128 x 1 224.4 (96-103% of a same-size copy). A decode step (64 rows of d8192 in
+#: groups of 1024, 500 runs per multiprocessor) takes one run a thread: 128 x 1 3.3 us, 32 x 4 3.7.
+#: Near the threshold (about 4000 runs a multiprocessor) neither is faster everywhere: 512 rows
+#: of d8192 in groups of 1024 7.5 packed against 8.6 spread, 1024 rows of d4096 7.2 against 6.6.
+DENSE_RUNS_PER_SM = 4096
+#: The most runs a thread of a dense call holds where the z gate comes after the norm (its raw
+#: z runs stay in registers too: v4 95 registers on sm_90): 16384 rows of d4096 256 x 2 101.8 us
+#: against 128 x 4 109.1 (H200, bf16).
+DENSE_GATE_AFTER_MAX_RUNS = 3
 
 
-def vec_plan(group_size: int, elem_size: int, addresses: tuple[int, ...]) -> tuple[int, int] | None:
+def vec_plan(
+    group_size: int, elem_size: int, addresses: tuple[int, ...], runs_per_sm: float = math.inf,
+    gate_after: bool = False,
+) -> tuple[int, int] | None:  # fmt: skip
     """(threads per (row, group), runs per thread) of the register-resident kernel, or None.
 
     It needs 16-bit elements, a group made of whole 8-element runs, at most kThreads * 4 runs,
     and 16-byte alignment of every address in ``addresses`` (data pointers, and row strides
-    in bytes). Threads per item: up to kThreads runs, the power of two covering them (one run
-    each: the 32-register kernel, 8 blocks per SM, even with up to a quarter of the threads
-    idle); beyond, the power of two in 32..kThreads with at most ``PREFERRED_MAX_RUNS`` runs
-    each if there is one, then the fewest thread-runs left idle, then the fewest runs each.
-    Measured on the H100 (bf16, 16384 rows, one group per row, % of copy bandwidth, every
-    choice; 256 / 128 threads take the ``_b`` / ``_h`` kernels, v2 held to 40 registers):
-    d1536 256 x 1 97.0% (64 x 3: 83.7%, 128 x 2: 80.8%), d2048 256 x 1 97.9% (128 x 2: 91.6%),
-    d3072 128 x 3 95.8% (256 x 2: 86.9%), d4096 256 x 2 99.8% (128 x 4: 94.7%), d5120 256 x 3
-    94.4%; d8192 in groups of 1024 128 x 1 102.0% (64 x 2: 97.4%, 256 x 1: 78.8%).
+    in bytes). A call of ``DENSE_RUNS_PER_SM`` runs or more per multiprocessor (``runs_per_sm``;
+    unknown counts as many) gives each thread up to 4 runs (``DENSE_GATE_AFTER_MAX_RUNS`` with
+    ``gate_after``): the fewest threads per item, a power of two from 32 (groups of up to 32
+    runs: one run a thread). A smaller call spreads its runs:
+    up to kThreads runs, the power of two covering them, one run each; beyond, the power of two
+    in 32..kThreads with at most ``PREFERRED_MAX_RUNS`` runs each if there is one, then the
+    fewest thread-runs left idle, then the fewest runs each (set on the H100 with register-capped
+    kernels, for every call then).
     """
     if elem_size != 2 or group_size % _VEC or any(a % 16 for a in addresses):
         return None
     runs = group_size // _VEC
+    if runs > _THREADS * RMSNORM_VECS[-1]:
+        return None
+    if runs_per_sm >= DENSE_RUNS_PER_SM and runs > 32:
+        most = DENSE_GATE_AFTER_MAX_RUNS if gate_after else RMSNORM_VECS[-1]
+        threads = min(_THREADS, max(32, 1 << (-(-runs // most) - 1).bit_length()))
+        per = -(-runs // threads)
+        return threads, next(v for v in RMSNORM_VECS if v >= per)
     if runs <= _THREADS:
         return 1 << (runs - 1).bit_length(), 1
     best = None
@@ -107,6 +133,12 @@ def vec_plan(group_size: int, elem_size: int, addresses: tuple[int, ...]) -> tup
         if best is None or score < best[0]:
             best = (score, threads, vecs)
     return None if best is None else best[1:]
+
+
+def _runs_per_sm(x2: Tensor) -> float:
+    """The call's 8-element runs per multiprocessor (``vec_plan``); unknown (no GPU): many."""
+    sms = sm_count(x2.device)
+    return x2.numel() / _VEC / sms if sms else math.inf
 
 
 def _kernel_params(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -136,9 +168,10 @@ def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, layer_n
     addresses += [weight.data_ptr()] + ([] if bias is None else [bias.data_ptr()])
     if z2 is not None:
         addresses += [z2.data_ptr(), z2.stride(0) * el]
-    plan = vec_plan(group_size, el, tuple(addresses))
+    gate_after = z2 is not None and norm_before_gate
+    plan = vec_plan(group_size, el, tuple(addresses), _runs_per_sm(x2), gate_after)
     if plan is not None and rows * groups < 2**31:  # (the kernel's 32-bit item index, grid.x)
-        variant, grid = _vec_variant(plan, rows, groups, z2 is not None and norm_before_gate)
+        variant, grid = _vec_variant(plan, rows, groups, gate_after)
         _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2, grid[:2], variant,
                 plan[0])  # fmt: skip
         return
@@ -235,10 +268,11 @@ def _fast_plan(x, weight, bias, z, eps, gs, norm_before_gate, layer_norm) -> tup
     name = f"m2r_rmsnorm_fwd_{KERNEL_DTYPE[x.dtype]}"
     general = (name, (groups, rows, 1), tail(0))
     strides = (x2.stride(0) * el, hidden * el) + (() if z2 is None else (z2.stride(0) * el,))
-    plan = vec_plan(gs, el, strides)
+    gate_after = z is not None and norm_before_gate
+    plan = vec_plan(gs, el, strides, _runs_per_sm(x2), gate_after)
     vec = None
     if plan is not None:
-        variant, grid = _vec_variant(plan, rows, groups, z is not None and norm_before_gate)
+        variant, grid = _vec_variant(plan, rows, groups, gate_after)
         vec = (name + variant, grid, tail(plan[0]))
     return vec, general
 
