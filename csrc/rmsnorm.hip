@@ -138,16 +138,18 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
   const S* z = p.z ? static_cast<const S*>(p.z) + row * p.z_row_stride + start : nullptr;
   const bool gate_first = z != nullptr && !p.norm_before_gate;
 
-  // A 16-bit weight (a Mamba2 block's, in the activations' dtype) is requested with x and z,
-  // as raw runs (4 registers a run), and converted after the reduction: loaded after it, from
-  // L2, it was a second round trip in every item's life, which held the H200 at 80-87% of a
-  // copy (16384 rows, bf16: d5120 150 -> 120 us, d3072 87 -> 71, d1536 44.7 -> 38.6, with the
-  // host's plan of more runs a thread, vec_plan). An fp32 weight still loads after the
-  // reduction: 8 registers a run held from the start (v1 40 registers, v3 96, v4 117 on sm_90)
-  // cost more occupancy than the round trip (H100).
+  // From 2 runs a thread a 16-bit weight (a Mamba2 block's, in the activations' dtype) is
+  // requested with x and z, as raw runs (4 registers a run), and converted after the
+  // reduction: loaded after it, from L2, it was a second round trip in every item's life, which
+  // held the H200 at 80-87% of a copy (16384 rows, bf16: d5120 150 -> 120 us, d3072 87 -> 71,
+  // d1536 44.7 -> 38.6, with the host's plan of more runs a thread, vec_plan). One run a thread
+  // (a decode step's plan, latency-bound) keeps the late load: early it ran the 64-row step in
+  // 3.2-3.4 us instead of 2.9-3.0 (H200). An fp32 weight always loads after the reduction: 8
+  // registers a run held from the start (v1 40 registers, v3 96, v4 117 on sm_90) cost more
+  // occupancy than the round trip (H100).
   float v[kVecs][8];
   uint4 zq[kGateAfter ? kVecs : 1];
-  const bool w16 = p.weight_dtype != M2R_DTYPE_F32;
+  const bool w16 = kVecs > 1 && p.weight_dtype != M2R_DTYPE_F32;
   uint4 wq[kVecs];
 #pragma unroll
   for (int k = 0; k < kVecs; ++k) {
@@ -225,26 +227,28 @@ M2R_DEVICE void forward_vec(const RmsNormParams& p) {
     m2r::rmsnorm::forward<m2r::T>(p);                                                         \
   }
 // m2r_rmsnorm_fwd_<dt>_v<V>[_ga][_b|_h]: V runs per thread; _ga: the gate after the norm; _b /
-// _h: one item a block / two. No register cap: each holds what it needs (on sm_90, bf16: v1 40,
-// v2 56, v3 64, v4 80 registers; the _ga forms up to 96). The caps they had (8 / 6 / 5 / 4 blocks
-// a multiprocessor, the most without spills, for one run a thread on the H100) cost the H200
-// 4-12% at the plans it now takes (vec_plan: up to 4 runs a thread; 16384 rows, bf16: d5120
-// 153.7 -> 120.2 us, d4096 at 128 x 4 109.7 -> 94.0, d8192 in groups of 1024 at 32 x 4 222.3 ->
-// 188.5, each with the weight requested early).
-#define M2R_RMSNORM_VEC1(DT, T, V, GA, TPI, SUFFIX)                                               \
-  M2R_KERNEL(m2r::rmsnorm::kThreads) m2r_rmsnorm_fwd_##DT##_v##V##SUFFIX(RmsNormParams p) { \
-    m2r::rmsnorm::forward_vec<m2r::T, V, GA, TPI>(p);                                         \
+// _h: one item a block / two. NB: blocks per SM the NVIDIA build is held to (a register cap; AMD
+// ignores it); 1: none. The v2-v4 kernels hold what they need (on sm_90, bf16: v2 52-56, v3 64,
+// v4 77-80 registers, the _ga forms up to 96): the caps they had (6 / 5 / 4 blocks a
+// multiprocessor, the most without spills, for one run a thread on the H100) cost the H200 4-12%
+// at the plans it now takes (vec_plan: up to 4 runs a thread; 16384 rows, bf16: d5120 153.7 ->
+// 120.2 us, d4096 at 128 x 4 109.7 -> 94.0, d8192 in groups of 1024 at 32 x 4 222.3 -> 188.5,
+// each with the weight requested early). v1 keeps its cap (8 blocks, 6 with the gate after): the
+// code a decode step runs, unchanged.
+#define M2R_RMSNORM_VEC1(DT, T, V, NB, GA, TPI, SUFFIX)                                                     \
+  M2R_KERNEL_MIN_BLOCKS(m2r::rmsnorm::kThreads, NB) m2r_rmsnorm_fwd_##DT##_v##V##SUFFIX(RmsNormParams p) { \
+    m2r::rmsnorm::forward_vec<m2r::T, V, GA, TPI>(p);                                                       \
   }
 // each with _b / _h: item_threads fixed at kThreads / kThreads / 2
-#define M2R_RMSNORM_VEC(DT, T, V, GA, SUFFIX)                           \
-  M2R_RMSNORM_VEC1(DT, T, V, GA, 0, SUFFIX)                             \
-  M2R_RMSNORM_VEC1(DT, T, V, GA, m2r::rmsnorm::kThreads, SUFFIX##_b)    \
-  M2R_RMSNORM_VEC1(DT, T, V, GA, m2r::rmsnorm::kThreads / 2, SUFFIX##_h)
+#define M2R_RMSNORM_VEC(DT, T, V, NB, GA, SUFFIX)                           \
+  M2R_RMSNORM_VEC1(DT, T, V, NB, GA, 0, SUFFIX)                             \
+  M2R_RMSNORM_VEC1(DT, T, V, NB, GA, m2r::rmsnorm::kThreads, SUFFIX##_b)    \
+  M2R_RMSNORM_VEC1(DT, T, V, NB, GA, m2r::rmsnorm::kThreads / 2, SUFFIX##_h)
 #define M2R_RMSNORM_VECS(DT, T)                                                                 \
-  M2R_RMSNORM_VEC(DT, T, 1, false, ) M2R_RMSNORM_VEC(DT, T, 2, false, )                         \
-  M2R_RMSNORM_VEC(DT, T, 3, false, ) M2R_RMSNORM_VEC(DT, T, 4, false, )                         \
-  M2R_RMSNORM_VEC(DT, T, 1, true, _ga) M2R_RMSNORM_VEC(DT, T, 2, true, _ga)                     \
-  M2R_RMSNORM_VEC(DT, T, 3, true, _ga) M2R_RMSNORM_VEC(DT, T, 4, true, _ga)
+  M2R_RMSNORM_VEC(DT, T, 1, 8, false, ) M2R_RMSNORM_VEC(DT, T, 2, 1, false, )                   \
+  M2R_RMSNORM_VEC(DT, T, 3, 1, false, ) M2R_RMSNORM_VEC(DT, T, 4, 1, false, )                   \
+  M2R_RMSNORM_VEC(DT, T, 1, 6, true, _ga) M2R_RMSNORM_VEC(DT, T, 2, 1, true, _ga)               \
+  M2R_RMSNORM_VEC(DT, T, 3, 1, true, _ga) M2R_RMSNORM_VEC(DT, T, 4, 1, true, _ga)
 M2R_RMSNORM(f32, F32)
 M2R_RMSNORM(f16, F16)
 M2R_RMSNORM(bf16, BF16)

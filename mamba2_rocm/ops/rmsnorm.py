@@ -81,12 +81,12 @@ PREFERRED_MAX_RUNS = 3
 #: thread as many runs as it can hold (up to 4, the fewest threads per item) instead of one:
 #: enough work that every multiprocessor is full either way, where a thread's bytes in flight
 #: decide the rate. H200, bf16, 16384 rows (25-100k runs per multiprocessor), graph us against
-#: one run a thread: d1536 64 x 3 38.6 against 256 x 1 49.0, d2048 64 x 4 51.3 against 56.4,
-#: d3072 128 x 3 71.3, d4096 128 x 4 94.0 against 256 x 2 100.6, d8192 in groups of 1024 32 x 4
-#: 188.5 against 128 x 1 224.4 (96-103% of a same-size copy). A decode step (64 rows of d8192 in
-#: groups of 1024, 500 runs per multiprocessor) takes one run a thread: 128 x 1 3.3 us, 32 x 4 3.7.
-#: Near the threshold (about 4000 runs a multiprocessor) neither is faster everywhere: 512 rows
-#: of d8192 in groups of 1024 7.5 packed against 8.6 spread, 1024 rows of d4096 7.2 against 6.6.
+#: one run a thread: d1536 64 x 3 38.7 against 256 x 1 44.6, d2048 64 x 4 51.3 against 53.2,
+#: d8192 in groups of 1024 32 x 4 188.6 against 128 x 1 206.2; d3072 128 x 3 71.5, d4096 128 x 4
+#: 94.1-94.9 (93-103% of a same-size copy). A decode step (64 rows of d8192 in groups of 1024, 500
+#: runs per multiprocessor) takes one run a thread: 128 x 1 2.9 us, 32 x 4 3.7. Near the threshold
+#: (about 4000 runs a multiprocessor) neither is faster everywhere: 512 rows of d8192 in groups of
+#: 1024 7.5 packed against 8.2 spread, 1024 rows of d4096 7.2 against 6.8.
 DENSE_RUNS_PER_SM = 4096
 #: The most runs a thread of a dense call holds where the z gate comes after the norm (its raw
 #: z runs stay in registers too: v4 95 registers on sm_90): 16384 rows of d4096 256 x 2 101.8 us
