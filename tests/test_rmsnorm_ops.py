@@ -109,13 +109,43 @@ def test_vec_plan_gate_after_holds_at_most_3_runs_a_thread_when_dense(group_size
     ) == ops.vec_plan(group_size, 2, (0,), ops.DENSE_RUNS_PER_SM - 1)
 
 
-def test_vec_plan_counts_the_calls_runs_per_multiprocessor(monkeypatch):
-    """vec_plan is given rows x hidden / 8 / multiprocessors; without a GPU, many."""
-    monkeypatch.setattr(ops, "sm_count", lambda device: 100)
-    x2 = torch.empty(64, 8192)
-    assert ops._runs_per_sm(x2) == 64 * 8192 / 8 / 100
+@pytest.mark.parametrize(
+    "sms, hidden, nbg, kernel, blocks",
+    [
+        (
+            4,
+            1536,
+            False,
+            "_v3",
+            256,
+        ),  # 1024 x 192 runs, 49k a multiprocessor: 64 x 3, 4 rows a block
+        (1000, 1536, False, "_v1_b", 1024),  # 197 a multiprocessor: a run a thread
+        (4, 4096, True, "_v2_ga_b", 1024),  # the gate after the norm: at most 3 runs (256 x 2)
+        (4, 4096, False, "_v4_h", 512),  # 128 x 4, two rows a block
+    ],
+)
+def test_the_launch_plans_by_the_calls_runs_per_multiprocessor(
+    sms, hidden, nbg, kernel, blocks, monkeypatch
+):
+    """Both launch paths (the cached plan and ``_kernel``) give vec_plan the call's runs per
+    multiprocessor (rows x hidden / 8 / multiprocessors; without a GPU, many)."""
+    from helpers import stand_in_kernels
+
+    kset = stand_in_kernels(monkeypatch, ops)
+    monkeypatch.setattr(ops, "sm_count", lambda device: sms)
+    ops.clear_plan_cache()
+    try:
+        x, z = torch.randn(1024, hidden).bfloat16(), torch.randn(1024, hidden).bfloat16()
+        w = torch.randn(hidden).bfloat16()
+        assert ops._runs_per_sm(x) == 1024 * hidden / 8 / sms
+        out = rmsnorm_fn(x, w, None, z=z, norm_before_gate=nbg)
+        ops._kernel(kset, x, w, None, z, 1e-6, hidden, nbg, False, out)
+        for name, _, grid in kset.launches:
+            assert name == "m2r_rmsnorm_fwd_bf16" + kernel and grid[0] == blocks
+    finally:
+        ops.clear_plan_cache()
     monkeypatch.setattr(ops, "sm_count", lambda device: 0)
-    assert ops._runs_per_sm(x2) == math.inf
+    assert ops._runs_per_sm(x) == math.inf
 
 
 @pytest.mark.parametrize(

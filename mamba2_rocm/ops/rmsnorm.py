@@ -90,7 +90,7 @@ PREFERRED_MAX_RUNS = 3
 DENSE_RUNS_PER_SM = 4096
 #: The most runs a thread of a dense call holds where the z gate comes after the norm (its raw
 #: z runs stay in registers too: v4 95 registers on sm_90): 16384 rows of d4096 256 x 2 101.8 us
-#: against 128 x 4 109.1 (H200, bf16).
+#: against 128 x 4 109.1-111.0 (H200, bf16).
 DENSE_GATE_AFTER_MAX_RUNS = 3
 
 
