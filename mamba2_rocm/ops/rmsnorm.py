@@ -132,13 +132,20 @@ def vec_plan(
         score = (per > PREFERRED_MAX_RUNS, threads * per - runs, per)
         if best is None or score < best[0]:
             best = (score, threads, vecs)
-    return None if best is None else best[1:]
+    return best[1:]  # (kThreads threads always fit: at most 4 runs each)
 
 
 def _runs_per_sm(x2: Tensor) -> float:
     """The call's 8-element runs per multiprocessor (``vec_plan``); unknown (no GPU): many."""
     sms = sm_count(x2.device)
     return x2.numel() / _VEC / sms if sms else math.inf
+
+
+def _vec_choice(gs: int, x2: Tensor, addresses: tuple[int, ...], gate_after: bool, groups: int):
+    """The register-resident kernel for this call of (rows, hidden) ``x2``: (threads per item,
+    kernel name suffix, grid) from ``vec_plan`` and ``_vec_variant``, or None."""
+    plan = vec_plan(gs, x2.element_size(), addresses, _runs_per_sm(x2), gate_after)
+    return None if plan is None else (plan[0], *_vec_variant(plan, x2.shape[0], groups, gate_after))
 
 
 def _kernel_params(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -168,12 +175,11 @@ def _kernel(kset, x, weight, bias, z, eps, group_size, norm_before_gate, layer_n
     addresses += [weight.data_ptr()] + ([] if bias is None else [bias.data_ptr()])
     if z2 is not None:
         addresses += [z2.data_ptr(), z2.stride(0) * el]
-    gate_after = z2 is not None and norm_before_gate
-    plan = vec_plan(group_size, el, tuple(addresses), _runs_per_sm(x2), gate_after)
-    if plan is not None and rows * groups < 2**31:  # (the kernel's 32-bit item index, grid.x)
-        variant, grid = _vec_variant(plan, rows, groups, gate_after)
+    vec = _vec_choice(group_size, x2, tuple(addresses), z2 is not None and norm_before_gate, groups)
+    if vec is not None and rows * groups < 2**31:  # (the kernel's 32-bit item index, grid.x)
+        threads, variant, grid = vec
         _launch(kset, x2, weight, bias, z2, eps, group_size, flags, out2, grid[:2], variant,
-                plan[0])  # fmt: skip
+                threads)  # fmt: skip
         return
     if rows > GRID_YZ_MAX:  # grid.y limit: launch in slices of rows
         for start in range(0, rows, GRID_YZ_MAX):
@@ -268,13 +274,11 @@ def _fast_plan(x, weight, bias, z, eps, gs, norm_before_gate, layer_norm) -> tup
     name = f"m2r_rmsnorm_fwd_{KERNEL_DTYPE[x.dtype]}"
     general = (name, (groups, rows, 1), tail(0))
     strides = (x2.stride(0) * el, hidden * el) + (() if z2 is None else (z2.stride(0) * el,))
-    gate_after = z is not None and norm_before_gate
-    plan = vec_plan(gs, el, strides, _runs_per_sm(x2), gate_after)
-    vec = None
-    if plan is not None:
-        variant, grid = _vec_variant(plan, rows, groups, gate_after)
-        vec = (name + variant, grid, tail(plan[0]))
-    return vec, general
+    choice = _vec_choice(gs, x2, strides, z is not None and norm_before_gate, groups)
+    if choice is None:
+        return None, general
+    threads, variant, grid = choice
+    return (name + variant, grid, tail(threads)), general
 
 
 def _impl(
