@@ -1330,7 +1330,14 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     const float* a = p.dA_cs + chunk_row(p, b, h, c);
     const float* d = p.dt_out + chunk_row(p, b, h, c);
     const int32_t* sg = p.seg + (static_cast<int64_t>(b) * p.nchunks + c) * p.chunk_size;
-    for (int s = threadIdx.x; s < cs; s += kNT) acs[s] = a[s] * kLog2e, dts[s] = d[s], seg[s] = sg[s];
+    // unrolled to the largest chunk: every load is requested before the first store waits (one
+    // round trip, where a loop over kNT positions at a time made two at chunk 256 on 128 threads,
+    // with nothing else in flight at the block's start)
+#pragma unroll
+    for (int u = 0; u < kMaxChunk / kNT; ++u) {
+      const int s = static_cast<int>(threadIdx.x) + u * kNT;
+      if (s < cs) acs[s] = a[s] * kLog2e, dts[s] = d[s], seg[s] = sg[s];
+    }
   }
   // the entering state, read through C (it is zero for chunk 0 without initial states)
   if (c > 0 || p.initial_states) {
@@ -1368,6 +1375,18 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     bad.template clear<kNT>(cs);
     __syncthreads();  // acs (the entering state's product has barriers of its own)
   }
+  // within the chunk: positions s <= t of the same segment, M[s][t] = C·Bᵀ[s][t] dt[s]
+  // exp(dA_cs[t] - dA_cs[s]) staged [s][t] (split), times x [s][p]. Its first slab is requested
+  // here, before the barrier below (after it, the loads went out with nothing else in flight:
+  // H200, chunk_scan 1-3% slower)
+  const uint16_t* xp = static_cast<const uint16_t*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride + p0;
+  const bool xvec = aligned(xp, 2 * xl, 16);
+  const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) *
+                               static_cast<int64_t>(cs) * cs + t0;
+  Rows32<kSlab, kRows, kNT> mf;  // C·Bᵀ rows: the workspace is chunk_size^2, always in range
+  Rows16<kSlab, kCols, kNT> xf;
+  mf.fetch(cb, cs, kSlab, kRows, true);
+  xf.fetch(xp, xl, rows, pcols, xvec);
   // whether dA_cs never rises over the chunk's tokens (dt A <= 0, as in every Mamba model),
   // read from acs in LDS (scaled by log2(e), the values the factored exponentials take) after
   // the entering state's product: a global re-read here cost 1% of chunk_scan (H100), and
@@ -1377,20 +1396,10 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   for (int s = threadIdx.x + 1; s < rows; s += kNT) rises |= acs[s] > acs[s - 1];
   const bool decays = __syncthreads_count(rises) == 0;  // also the barrier for acs, dts, seg, marks
 
-  // within the chunk: positions s <= t of the same segment, M[s][t] = C·Bᵀ[s][t] dt[s]
-  // exp(dA_cs[t] - dA_cs[s]) staged [s][t] (split), times x [s][p]
-  const uint16_t* xp = static_cast<const uint16_t*>(p.x) + b * p.x_batch_stride + l0 * p.x_l_stride + h * p.x_h_stride + p0;
-  const bool xvec = aligned(xp, 2 * xl, 16);
-  const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) *
-                               static_cast<int64_t>(cs) * cs + t0;
   const int s_end = min(t0 + kRows, rows);
   // the slabs wholly before the tile end here, where the decay factors (below) and there are no
   // segments (one value for the three)
   const int plain_end = decays && !p.seq_idx ? min(t0 + 1, rows) : 0;
-  Rows32<kSlab, kRows, kNT> mf;  // C·Bᵀ rows: the workspace is chunk_size^2, always in range
-  Rows16<kSlab, kCols, kNT> xf;
-  mf.fetch(cb, cs, kSlab, kRows, true);
-  xf.fetch(xp, xl, rows, pcols, xvec);
   const int tq = t0 + mf.col();  // this thread's 4 positions t
   // In the slabs wholly before the tile (s <= t0 <= t) the decay factors about t0:
   // exp2(a_t - a_s) = exp2(a_t - a_t0) exp2(a_t0 - a_s), both at most 1 where dA_cs never rises:
