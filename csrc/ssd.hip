@@ -1333,6 +1333,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     // unrolled to the largest chunk: every load is requested before the first store waits (one
     // round trip, where a loop over kNT positions at a time made two at chunk 256 on 128 threads,
     // with nothing else in flight at the block's start)
+    static_assert(kMaxChunk % kNT == 0, "the unrolled loop covers every position of the largest chunk");
 #pragma unroll
     for (int u = 0; u < kMaxChunk / kNT; ++u) {
       const int s = static_cast<int>(threadIdx.x) + u * kNT;
