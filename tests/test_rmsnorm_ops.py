@@ -112,13 +112,8 @@ def test_vec_plan_gate_after_holds_at_most_3_runs_a_thread_when_dense(group_size
 @pytest.mark.parametrize(
     "sms, hidden, nbg, kernel, blocks",
     [
-        (
-            4,
-            1536,
-            False,
-            "_v3",
-            256,
-        ),  # 1024 x 192 runs, 49k a multiprocessor: 64 x 3, 4 rows a block
+        # 1024 x 192 runs, 49k a multiprocessor: 64 x 3, 4 rows a block
+        (4, 1536, False, "_v3", 256),
         (1000, 1536, False, "_v1_b", 1024),  # 197 a multiprocessor: a run a thread
         (4, 4096, True, "_v2_ga_b", 1024),  # the gate after the norm: at most 3 runs (256 x 2)
         (4, 4096, False, "_v4_h", 512),  # 128 x 4, two rows a block
