@@ -1317,13 +1317,13 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   const NonFinite<kWords> bad{reinterpret_cast<uint32_t*>(Bs_lo), &bad_any};
   const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + kCols - 1) / kCols);
   const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
-  // a chunk's row tiles are taken last first: the tile of rows [t0, t0 + kRows) has (t0 + kRows)
-  // / kSlab slabs in the within-chunk product, so the longest blocks start first and the short
-  // ones fill the grid's tail (H200, profile_ssd, same bits: chunk_scan 0.3-3.6% faster, 223.5
-  // -> 215.5 us at Falcon-H1 b1 l8192). Not taken: every chunk's last tiles first, then the
-  // next-to-last ones (3-7% slower at calls of 8192 tokens and more: a chunk's blocks apart), and two
-  // tiles a block, the last and the first (6-18% slower but at Falcon-H1 b1 l8192; 20-32 B
-  // spilled). chunk_scan_fma takes the same order
+  // a chunk's row tiles are taken last first: the tile of rows [t0, t0 + kRows) has
+  // (t0 + kRows) / kSlab slabs in the within-chunk product, so the longest blocks start first
+  // and the short ones fill the grid's tail (H200, profile_ssd, same bits: chunk_scan 0.3-3.6%
+  // faster, 223.5 -> 215.5 us at Falcon-H1 b1 l8192). Not taken: every chunk's last tiles
+  // first, then the next-to-last ones (3-7% slower at calls of 8192 tokens and more, a chunk's
+  // blocks then apart), and two tiles a block, the last and the first (6-18% slower but at
+  // Falcon-H1 b1 l8192; 20-32 B spilled). chunk_scan_fma takes the same order
   const int tile_id = (blockIdx.x / p.nheads) % tiles, c = blockIdx.x / p.nheads / tiles;
   const int t0 = (tiles_t - 1 - tile_id % tiles_t) * kRows, p0 = (tile_id / tiles_t) * kCols;
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
