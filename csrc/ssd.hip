@@ -93,6 +93,27 @@ M2R_DEVICE int64_t states_at(const SsdParams& p, int b, int c, int h) {
   return ((static_cast<int64_t>(b) * p.nchunks + c) * p.nheads + h) * p.dstate * p.headdim;
 }
 
+// chunk_scan's block (both forms): heads fastest (the heads of a group, which read the same C
+// rows and C·Bᵀ, run side by side), then the tiles of a chunk, then the chunks. A chunk's row
+// tiles are taken last first: the tile of rows [t0, t0 + kRows) has (t0 + kRows) / kSlab slabs
+// in the within-chunk product, so the longest blocks start first and the short ones fill the
+// grid's tail (H200, profile_ssd, same bits: chunk_scan_mma 0.3-3.6% faster, 223.5 -> 215.5 us
+// at Falcon-H1 b1 l8192; chunk_scan_fma in the gfx1030 emulation 0.2-1.7%). Not taken: every
+// chunk's last tiles first, then the next-to-last ones (3-7% slower at calls of 8192 tokens and
+// more, a chunk's blocks then apart), and two tiles a block, the last and the first (6-18%
+// slower but at Falcon-H1 b1 l8192; 20-32 B spilled)
+template <int kRows, int kCols>
+struct ScanBlock {
+  int h, g, b, c, t0, p0;
+  M2R_DEVICE explicit ScanBlock(const SsdParams& p) {
+    const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + kCols - 1) / kCols);
+    h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
+    const int tile = (blockIdx.x / p.nheads) % tiles;
+    c = blockIdx.x / p.nheads / tiles;
+    t0 = (tiles_t - 1 - tile % tiles_t) * kRows, p0 = (tile / tiles_t) * kCols;
+  }
+};
+
 M2R_DEVICE int state_tiles(const SsdParams& p) {
   return ((p.headdim + kStateP - 1) / kStateP) * ((p.dstate + kStateN - 1) / kStateN);
 }
@@ -694,13 +715,8 @@ M2R_DEVICE void chunk_scan_fma(const SsdParams& p) {
   __shared__ float acs[kMaxChunk], dts[kMaxChunk];
   __shared__ int32_t seg[kMaxChunk];
   __shared__ int bad_any;  // a non-finite x in this tile's chunk (rare)
-  // heads fastest: the heads of a group, which read the same C rows and C·Bᵀ, run side by side
-  const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + kCols - 1) / kCols);
-  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
-  const int tile = (blockIdx.x / p.nheads) % tiles, c = blockIdx.x / p.nheads / tiles;
-  // a chunk's row tiles last first, as chunk_scan_mma takes them (the longest blocks first; the
-  // gfx1030 emulation on an H200, profile_ssd: this chunk_scan 0.2-1.7% faster, same bits)
-  const int t0 = (tiles_t - 1 - tile % tiles_t) * kRows, p_tile = (tile / tiles_t) * kCols;
+  const ScanBlock<kRows, kCols> blk(p);
+  const int h = blk.h, g = blk.g, b = blk.b, c = blk.c, t0 = blk.t0, p_tile = blk.p0;
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   if (t0 >= rows) return;  // past the sequence's end: no output (as chunk_scan_mma)
@@ -1315,17 +1331,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   constexpr int kWords = kCols / 32;
   static_assert(LX::kSize * sizeof(uint16_t) >= kWords * kMaxChunk * sizeof(uint32_t), "marks do not fit");
   const NonFinite<kWords> bad{reinterpret_cast<uint32_t*>(Bs_lo), &bad_any};
-  const int tiles_t = p.chunk_size / kRows, tiles = tiles_t * ((p.headdim + kCols - 1) / kCols);
-  const int h = blockIdx.x % p.nheads, g = h / p.heads_per_group, b = blockIdx.z;
-  // a chunk's row tiles are taken last first: the tile of rows [t0, t0 + kRows) has
-  // (t0 + kRows) / kSlab slabs in the within-chunk product, so the longest blocks start first
-  // and the short ones fill the grid's tail (H200, profile_ssd, same bits: chunk_scan 0.3-3.6%
-  // faster, 223.5 -> 215.5 us at Falcon-H1 b1 l8192). Not taken: every chunk's last tiles
-  // first, then the next-to-last ones (3-7% slower at calls of 8192 tokens and more, a chunk's
-  // blocks then apart), and two tiles a block, the last and the first (6-18% slower but at
-  // Falcon-H1 b1 l8192; 20-32 B spilled). chunk_scan_fma takes the same order
-  const int tile_id = (blockIdx.x / p.nheads) % tiles, c = blockIdx.x / p.nheads / tiles;
-  const int t0 = (tiles_t - 1 - tile_id % tiles_t) * kRows, p0 = (tile_id / tiles_t) * kCols;
+  const ScanBlock<kRows, kCols> blk(p);
+  const int h = blk.h, g = blk.g, b = blk.b, c = blk.c, t0 = blk.t0, p0 = blk.p0;
   const int64_t l0 = static_cast<int64_t>(c) * p.chunk_size;
   const int rows = static_cast<int>(min(static_cast<int64_t>(p.chunk_size), p.seqlen - l0));
   const int xl = static_cast<int>(p.x_l_stride), cl = static_cast<int>(p.C_l_stride);
