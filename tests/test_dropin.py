@@ -34,7 +34,30 @@ PUBLIC = {
         "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_ref", "causal_conv1d_update_ref",
     ],
     "causal_conv1d.causal_conv1d_varlen": ["causal_conv1d_varlen_states", "causal_conv1d_varlen_states_ref"],
+    # the model layer (research code, Zonos, upstream's tests/test_generation.py)
+    "mamba_ssm.modules.mamba_simple": ["Mamba"],
+    "mamba_ssm.modules.mamba2": ["Mamba2"],
+    "mamba_ssm.modules.mamba2_simple": ["Mamba2Simple"],
+    "mamba_ssm.modules.mha": ["MHA"],
+    "mamba_ssm.modules.mlp": ["GatedMLP"],
+    "mamba_ssm.modules.block": ["Block"],
+    "mamba_ssm.models.config_mamba": ["MambaConfig"],
+    "mamba_ssm.models.mixer_seq_simple": ["MambaLMHeadModel", "MixerModel", "create_block", "_init_weights"],
+    "mamba_ssm.utils.generation": ["InferenceParams", "GenerationMixin", "decode", "sample",
+                                   "update_graph_cache", "capture_graph", "DecodingCGCache"],
+    "mamba_ssm.utils.hf": ["load_config_hf", "load_state_dict_hf"],
+    "mamba_ssm.ops.triton.layer_norm": ["RMSNorm", "layer_norm_fn", "rms_norm_fn", "layer_norm_ref",
+                                        "rms_norm_ref", "layer_norm_linear_fn"],
+    "mamba_ssm.distributed.tensor_parallel": ["ColumnParallelLinear", "RowParallelLinear",
+                                              "ParallelEmbeddings", "VocabParallelEmbedding"],
+    "mamba_ssm.distributed.distributed_utils": ["all_reduce", "reduce_scatter", "all_gather",
+                                                "get_dim_for_local_rank"],
+    # what the real pure-Python mamba-ssm imports and cannot build (the "beside" setup)
+    "causal_conv1d.cpp_functions": ["causal_conv1d_fwd_function", "causal_conv1d_bwd_function",
+                                    "causal_conv1d_update_function"],
+    "selective_scan_cuda": ["fwd", "bwd"],
 }  # fmt: skip
+PUBLIC["mamba_ssm"] += ["Mamba", "Mamba2", "MambaLMHeadModel"]
 OURS = {
     "mamba_chunk_scan_combined": "mamba2_rocm.ops.ssd",
     "mamba_split_conv1d_scan_combined": "mamba2_rocm.ops.mamba2",
@@ -55,6 +78,30 @@ OURS = {
     "selective_scan_ref": "mamba2_rocm.reference.selective_scan",
     "mamba_inner_fn": "mamba2_rocm.ops.mamba1",
     "mamba_inner_ref": "mamba2_rocm.ops.mamba1",
+    "Mamba": "mamba2_rocm.models.mamba1",
+    "Mamba2": "mamba2_rocm.models.mamba2",
+    "Mamba2Simple": "mamba2_rocm.models.mamba2_simple",
+    "MHA": "mamba2_rocm.models.mha",
+    "GatedMLP": "mamba2_rocm.models.mlp",
+    "Block": "mamba2_rocm.models.block",
+    "MambaConfig": "mamba2_rocm.models.config",
+    **dict.fromkeys(["MambaLMHeadModel", "MixerModel", "create_block", "_init_weights"],
+                    "mamba2_rocm.models.lm"),
+    **dict.fromkeys(["InferenceParams", "GenerationMixin", "decode", "sample", "update_graph_cache",
+                     "capture_graph", "DecodingCGCache"], "mamba2_rocm.models.generation"),
+    **dict.fromkeys(["load_config_hf", "load_state_dict_hf"], "mamba2_rocm.models.hf"),
+    **dict.fromkeys(["layer_norm_fn", "rms_norm_fn", "layer_norm_linear_fn"], "mamba2_rocm.ops.add_norm"),
+    **dict.fromkeys(["layer_norm_ref"], "mamba2_rocm.reference.add_norm"),
+    **dict.fromkeys(["ColumnParallelLinear", "RowParallelLinear", "ParallelEmbeddings",
+                     "VocabParallelEmbedding", "all_reduce", "reduce_scatter", "all_gather",
+                     "get_dim_for_local_rank"], "mamba2_rocm.models.parallel"),
+    **dict.fromkeys(["causal_conv1d_fwd_function", "causal_conv1d_bwd_function",
+                     "causal_conv1d_update_function", "fwd", "bwd"], "mamba2_rocm.ops.extension_abi"),
+}  # fmt: skip
+#: names two modules export under one name: (module, name) -> ours
+OURS_AT = {
+    ("mamba_ssm.ops.triton.layer_norm", "RMSNorm"): "mamba2_rocm.ops.add_norm",
+    ("mamba_ssm.ops.triton.layer_norm", "rms_norm_ref"): "mamba2_rocm.reference.add_norm",
 }
 
 
@@ -83,7 +130,8 @@ def test_public_names_are_ours():
     proc = _run(sys.executable, code)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
-    assert found == {f"{m}.{n}": OURS[n] for m, names in PUBLIC.items() for n in names}
+    assert found == {f"{m}.{n}": OURS_AT.get((m, n), OURS[n]) for m, names in PUBLIC.items()
+                     for n in names}  # fmt: skip
 
 
 def test_transformers_lookup_paths():
@@ -102,15 +150,17 @@ def test_transformers_lookup_paths():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_modules_are_not_provided_by_name():
-    """mamba_ssm's nn modules are not ours: importing one says so (transformers' lookup turns
-    the ImportError into its own fallback)."""
-    proc = _run(
-        sys.executable,
-        "import mamba2_rocm.dropin as d; d.activate()\nfrom mamba_ssm import Mamba2\n",
-    )
+@pytest.mark.parametrize("stmt", ["from mamba_ssm import Mamba3",
+                                  "import mamba_ssm.modules.mamba3"])  # fmt: skip
+def test_what_is_not_provided_says_so(stmt):
+    """Mamba3 is not ours: importing it names it and says why (an ImportError, so code that
+    guards the import takes its own fallback)."""
+    proc = _run(sys.executable, f"import mamba2_rocm.dropin as d; d.activate()\n{stmt}\n")
     assert proc.returncode == 1
-    assert "ImportError: mamba_ssm.Mamba2 is not provided by mamba2-rocm's drop-in" in proc.stderr
+    assert "ImportError: mamba_ssm" in proc.stderr and "mamba3" in proc.stderr.lower()
+    assert (
+        "is not provided by mamba2-rocm's drop-in: mamba2-rocm has no Mamba3 kernels" in proc.stderr
+    )
 
 
 def test_metadata_versions_pass_transformers_checks():
@@ -166,6 +216,7 @@ def test_installed_dropin_serves_the_names(dropin_venv):
     assert "+mamba2rocm." in version
     assert [(r["name"], r["owner"], r["dropin_installed"]) for r in report] == [
         ("mamba_ssm", "mamba2-rocm", True), ("causal_conv1d", "mamba2-rocm", True),
+        ("selective_scan_cuda", "mamba2-rocm", True),
     ]  # fmt: skip
     off = _run(python, "import importlib.util as u; print(u.find_spec('mamba_ssm'))",
                MAMBA2_ROCM_DROPIN="0")  # fmt: skip
@@ -238,24 +289,58 @@ def test_host_extra_pins_the_dropin():
     assert meta["optional-dependencies"]["dropin"] == ["mamba2-rocm-dropin==1.2.3"]
 
 
-def test_doctor_reports_owner_and_collision():
-    """doctor names who owns each import name and warns when a real install shadows ours."""
+def _row(name, owner, shadowed=False):
+    return {"name": name, "owner": owner, "version": "1" if owner != "absent" else None,
+            "path": f"/x/{name}" if owner != "absent" else None, "dropin_installed": True,
+            "shadowed": shadowed}  # fmt: skip
+
+
+def test_doctor_names_the_beside_setup():
+    """A real mamba_ssm beside the drop-in is a setup, not a collision: doctor names it and who
+    runs each op family (its Triton SSD, our conv and scan), and warns of nothing."""
     from mamba2_rocm.env import audit
 
-    rows = [
-        {"name": "mamba_ssm", "owner": "other", "version": "2.3.2", "path": "/x/mamba_ssm/__init__.py",
-         "dropin_installed": True, "shadowed": True},
-        {"name": "causal_conv1d", "owner": "mamba2-rocm", "version": "1.6.1+mamba2rocm.0",
-         "path": "/y", "dropin_installed": True, "shadowed": False},
-    ]  # fmt: skip
+    rows = [_row("mamba_ssm", "other", shadowed=True), _row("causal_conv1d", "mamba2-rocm"),
+            _row("selective_scan_cuda", "mamba2-rocm")]  # fmt: skip
+    facts = audit.Facts(environ={}, torch=audit.TorchInfo(True, "2.5.1+cpu"), import_names=rows)
+    assert not [f for f in audit.check(facts) if f.id.startswith("import-name-shadowed")]
+    text = audit.render_text(audit.report(facts))
+    assert "setup: beside: a real mamba_ssm runs its own modules and Triton kernels" in text
+    ops = dict(dropin.setup(rows)["ops"])
+    assert ops == {"modules, models, generation": "mamba_ssm's Triton kernels",
+                   "SSD scan, decode step, fused norms": "mamba_ssm's Triton kernels",
+                   "causal conv1d": "mamba2-rocm kernels",
+                   "selective scan (Mamba1)": "mamba2-rocm kernels"}  # fmt: skip
+
+
+def test_doctor_setups():
+    alone = [_row("mamba_ssm", "mamba2-rocm"), _row("causal_conv1d", "mamba2-rocm"),
+             _row("selective_scan_cuda", "mamba2-rocm")]  # fmt: skip
+    assert dropin.setup(alone)["setup"] == "alone"
+    assert {r for _, r in dropin.setup(alone)["ops"]} == {"mamba2-rocm kernels"}
+    real = [_row("mamba_ssm", "other", True), _row("causal_conv1d", "other", True),
+            _row("selective_scan_cuda", "other", True)]  # fmt: skip
+    assert dropin.setup(real)["setup"] == "upstream"
+    off = [_row("mamba_ssm", "absent"), _row("causal_conv1d", "absent"),
+           _row("selective_scan_cuda", "absent")]  # fmt: skip
+    assert dropin.setup(off)["setup"] == "off"
+
+
+def test_doctor_reports_owner_and_collision():
+    """doctor names who owns each import name and warns when real installs take every name
+    (then no op reaches our kernels through them)."""
+    from mamba2_rocm.env import audit
+
+    rows = [_row("mamba_ssm", "other", True), _row("causal_conv1d", "other", True),
+            _row("selective_scan_cuda", "absent")]  # fmt: skip
     facts = audit.Facts(environ={}, torch=audit.TorchInfo(True, "2.5.1+cpu"), import_names=rows)
     found = {f.id: f for f in audit.check(facts)}
     shadow = found["import-name-shadowed-mamba_ssm"]
     assert shadow.severity == "warning" and "is a real install: it takes the name" in shadow.message
-    assert "import-name-shadowed-causal_conv1d" not in found
+    assert "import-name-shadowed-causal_conv1d" in found
     text = audit.render_text(audit.report(facts))
     assert "import names (mamba2-rocm-dropin)" in text
-    assert "shadowed: the real package wins" in text and "mamba2-rocm" in text
+    assert "shadowed: the real package wins" in text and "setup: upstream" in text
 
 
 #: what transformers' Mamba2-family models must reach through the names (GPU tests run them)

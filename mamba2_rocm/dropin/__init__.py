@@ -36,6 +36,7 @@ from pathlib import Path
 __all__ = [
     "DISTRIBUTION",
     "ENV_SWITCH",
+    "EXTENSIONS",
     "FACADES",
     "NameReport",
     "activate",
@@ -44,6 +45,7 @@ __all__ = [
     "is_active",
     "missing",
     "report",
+    "setup",
 ]
 
 #: The distribution whose ``.pth`` file activates the finder at interpreter start.
@@ -53,6 +55,11 @@ ENV_SWITCH = "MAMBA2_ROCM_DROPIN"
 #: Import name -> the upstream API version its facade mirrors (the public names and signatures
 #: of that release that transformers and the upstream test suites use).
 FACADES = {"mamba_ssm": "2.3.2", "causal_conv1d": "1.6.1"}
+#: Compiled-extension modules of those packages, served where no real one exists: beside the
+#: real pure-Python mamba-ssm (which installs no extension), its ``Mamba`` reaches the scan
+#: through ``selective_scan_cuda``. No distribution owns them, so they have no metadata.
+EXTENSIONS = ("selective_scan_cuda",)
+SERVED = (*FACADES, *EXTENSIONS)
 FACADE_DIR = Path(__file__).resolve().parent / "facades"
 
 
@@ -74,7 +81,7 @@ class _Finder:
     """A meta-path finder (and metadata finder) for the facade names; see the module doc."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if path is not None or fullname not in FACADES:
+        if path is not None or fullname not in SERVED:
             return None  # submodules resolve through the facade package's __path__
         pkg = FACADE_DIR / fullname
         return importlib.util.spec_from_file_location(
@@ -155,7 +162,7 @@ def report() -> list[NameReport]:
     except md.PackageNotFoundError:
         dropin = None
     rows = []
-    for name in FACADES:
+    for name in SERVED:
         real = _real_spec(name)
         row = NameReport(name=name, dropin_installed=dropin is not None, shadowed=False)
         if real is not None:
@@ -166,9 +173,8 @@ def report() -> list[NameReport]:
             row.update(owner="other", path=real.origin, version=version)
             row["shadowed"] = dropin is not None or is_active()
         elif is_active():
-            row.update(
-                owner="mamba2-rocm", path=str(FACADE_DIR / name), version=facade_version(name)
-            )
+            version = facade_version(name) if name in FACADES else None
+            row.update(owner="mamba2-rocm", path=str(FACADE_DIR / name), version=version)
         else:
             row.update(owner="absent", path=None, version=None)
         rows.append(row)
@@ -189,3 +195,47 @@ def missing(module: str, names: dict[str, str]):
         raise AttributeError(f"module {module!r} has no attribute {attr!r}")
 
     return __getattr__
+
+
+#: what runs each op family of code written for mamba_ssm, by who owns the names
+_OPS = (
+    ("modules, models, generation", "mamba_ssm"),
+    ("SSD scan, decode step, fused norms", "mamba_ssm"),
+    ("causal conv1d", "causal_conv1d"),
+    ("selective scan (Mamba1)", "selective_scan_cuda"),
+)
+
+
+def setup(rows: list[dict] | None = None) -> dict:
+    """Which setup the names form (``rows``: :func:`report`'s, default now) and who runs each
+    op family for code written against mamba_ssm: ``{"setup", "summary", "ops": [[family,
+    runner], ...]}``. Setups: ``alone`` (the drop-in serves mamba_ssm too), ``beside`` (a real
+    mamba_ssm, our conv / scan under it), ``upstream`` (real packages only), ``off``."""
+    owner = {r["name"]: r["owner"] for r in (report() if rows is None else rows)}
+    mamba = owner.get("mamba_ssm", "absent")
+    if mamba == "mamba2-rocm":
+        kind, summary = "alone", "the drop-in serves mamba_ssm: its models and ops run mamba2-rocm"
+    elif mamba == "other" and "mamba2-rocm" in owner.values():
+        kind, summary = (
+            "beside",
+            (
+                "a real mamba_ssm runs its own modules and Triton kernels; mamba2-rocm serves the "
+                "compiled pieces it imports (causal_conv1d, selective_scan_cuda)"
+            ),
+        )
+    elif mamba == "other":
+        kind, summary = "upstream", "real packages only: no op reaches mamba2-rocm by these names"
+    else:
+        kind, summary = "off", "the drop-in is not active and no mamba_ssm is installed"
+
+    def runner(name: str) -> str:
+        who = owner.get(name, "absent")
+        if name == "selective_scan_cuda" and mamba == "mamba2-rocm":
+            who = "mamba2-rocm"  # our mamba_ssm calls the scan op directly
+        if who == "mamba2-rocm":
+            return "mamba2-rocm kernels"
+        if who == "other":
+            return "mamba_ssm's Triton kernels" if name == "mamba_ssm" else f"the real {name}"
+        return "not available"
+
+    return {"setup": kind, "summary": summary, "ops": [[f, runner(n)] for f, n in _OPS]}

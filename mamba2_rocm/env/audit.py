@@ -612,8 +612,14 @@ def _check_import_names(f: Facts) -> list[Finding]:
             "the name, or pip uninstall mamba2-rocm-dropin to keep the real one",
         )
         for r in f.import_names
-        if r.get("shadowed")
+        if r.get("shadowed") and not _beside_upstream(f, r)
     ]
+
+
+def _beside_upstream(f: Facts, row: dict) -> bool:
+    """A real mamba_ssm beside the drop-in is a supported setup (ours serves the conv and the
+    scan under it), not a collision."""
+    return row["name"] == "mamba_ssm" and dropin.setup(f.import_names)["setup"] == "beside"
 
 
 def _check_kernel_warnings(f: Facts) -> list[Finding]:
@@ -796,6 +802,10 @@ def render_text(rep: dict[str, Any]) -> str:
         for r in rep.get("import_names", [])
     ]  # fmt: skip
     lines += _table(names) if names else ["  none"]
+    if names:
+        found = dropin.setup(rep["import_names"])
+        lines += ["", f"setup: {found['setup']}: {found['summary']}"]
+        lines += _table(found["ops"])
     lines += ["", "environment"]
     env = rep["environment"]
     lines += [f"  {k}={v}" for k, v in env.items()] or ["  (no matching variables)"]

@@ -1,0 +1,1 @@
+"""``mamba_ssm.distributed`` (mamba2-rocm drop-in facade)."""

@@ -1,0 +1,1 @@
+"""``mamba_ssm.models`` (mamba2-rocm drop-in facade)."""

@@ -1,0 +1,1 @@
+"""``mamba_ssm.modules`` (mamba2-rocm drop-in facade)."""

@@ -1,0 +1,1 @@
+"""``mamba_ssm.utils`` (mamba2-rocm drop-in facade)."""

@@ -1,0 +1,50 @@
+"""Parameter initializations the Mamba mixers share (mamba_ssm's, in its order of random draws,
+so a seed gives the same weights as upstream's modules)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def dt_bias_init(n: int, dt_min: float, dt_max: float, dt_init_floor: float, device=None,
+                 dtype=None) -> torch.Tensor:  # fmt: skip
+    """A bias whose softplus is log-uniform in [dt_min, dt_max] (at least ``dt_init_floor``):
+    softplus's inverse of such a draw."""
+    if not 0 < dt_min <= dt_max:
+        raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
+    u = torch.rand(n, device=device, dtype=dtype)
+    dt = torch.exp(u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+    dt = dt.clamp(min=dt_init_floor)
+    return dt + torch.log(-torch.expm1(-dt))
+
+
+def a_log_init(n: int, a_range: tuple[float, float], device=None, dtype=None) -> torch.Tensor:
+    """log(A) for A uniform in ``a_range`` (Mamba2's scalar-per-head decay)."""
+    lo, hi = a_range
+    if not 0 < lo <= hi:
+        raise ValueError(f"A_init_range must be (low, high) with 0 < low <= high, got {a_range}")
+    a = torch.empty(n, dtype=torch.float32, device=device).uniform_(lo, hi)
+    return torch.log(a).to(dtype=dtype)
+
+
+def no_weight_decay(*params: torch.nn.Parameter) -> None:
+    """Mark parameters the way mamba_ssm's optimizer grouping reads (``_no_weight_decay``)."""
+    for p in params:
+        p._no_weight_decay = True
+
+
+def layer_states(module, inference_params, make, initialize_states: bool = False):
+    """The mixer's decode states in ``inference_params`` (made by ``make()`` on first use,
+    zeroed with ``initialize_states``), keyed by the module's ``layer_idx``."""
+    if module.layer_idx is None:
+        raise ValueError(f"{type(module).__name__} needs a layer_idx to keep its states in "
+                         "InferenceParams")  # fmt: skip
+    cache = inference_params.key_value_memory_dict
+    if module.layer_idx not in cache:
+        cache[module.layer_idx] = make()
+    elif initialize_states:
+        for t in cache[module.layer_idx]:
+            t.zero_()
+    return cache[module.layer_idx]
