@@ -119,10 +119,14 @@ class Mamba2(nn.Module):
     def _dt_limit_kwargs(self) -> dict:
         return {} if tuple(self.dt_limit) == _NO_LIMIT else {"dt_limit": self.dt_limit}
 
+    def _d_mlp(self, zxbcdt: Tensor) -> int:
+        """The width of the gated-MLP half (z0, x0 each) in front of the SSM's columns."""
+        return (zxbcdt.shape[-1] - 2 * self.d_ssm - 2 * self.ngroups * self.d_state
+                - self.nheads) // 2  # fmt: skip
+
     def _split(self, zxbcdt: Tensor):
         """(z0, x0, z, xBC, dt) along the last dim."""
-        ssm_in = 2 * self.d_ssm + 2 * self.ngroups * self.d_state + self.nheads
-        d_mlp = (zxbcdt.shape[-1] - ssm_in) // 2
+        d_mlp = self._d_mlp(zxbcdt)
         xbc = self.d_ssm + 2 * self.ngroups * self.d_state
         return torch.split(zxbcdt, [d_mlp, d_mlp, self.d_ssm, xbc, self.nheads], dim=-1)
 
@@ -160,15 +164,22 @@ class Mamba2(nn.Module):
             zxbcdt = zxbcdt.view(batch, seqlen, -1)
         A = -torch.exp(self.A_log.float())  # fp32: an fp16 A_log would overflow to -inf here
         if self.use_mem_eff_path and inference_params is None:
+            # the op fuses conv, scan, gated norm and (without an MLP half) the output projection
+            d_mlp = self._d_mlp(zxbcdt)
+            ssm_in = zxbcdt[..., 2 * d_mlp :] if d_mlp else zxbcdt
             out = mamba_split_conv1d_scan_combined(
-                zxbcdt, self._conv_weight(), self.conv1d.bias, self.dt_bias, A, D=self._D(),
+                ssm_in, self._conv_weight(), self.conv1d.bias, self.dt_bias, A, D=self._D(),
                 chunk_size=self.chunk_size, seq_idx=seq_idx, activation=self.activation,
                 rmsnorm_weight=self.norm.weight if self.rmsnorm else None,
                 rmsnorm_eps=self.norm.eps if self.rmsnorm else 1e-6,
-                outproj_weight=self.out_proj.weight, outproj_bias=self.out_proj.bias,
+                outproj_weight=None if d_mlp else self.out_proj.weight,
+                outproj_bias=None if d_mlp else self.out_proj.bias,
                 headdim=None if self.D_has_hdim else self.headdim, ngroups=self.ngroups,
                 norm_before_gate=self.norm_before_gate, **self._dt_limit_kwargs(),
             )  # fmt: skip
+            if d_mlp:
+                z0, x0 = zxbcdt[..., :d_mlp], zxbcdt[..., d_mlp : 2 * d_mlp]
+                out = self.out_proj(torch.cat([F.silu(z0) * x0, out], dim=-1))
             if flat:
                 out = out.reshape(batch * seqlen, -1)
             if self.process_group is not None:
