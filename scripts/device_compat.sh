@@ -11,19 +11,7 @@ OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 source "$(dirname "$0")/device_lib.sh"
 check_commit
-work=$(mktemp -d)
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/site" .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:$work/site PYTHONUNBUFFERED=1
-nvidia-smi -L | tee "$OUT/gpu.txt"
-select_kernels "$work/kernels"
-export MAMBA2_ROCM_KERNEL_PATH=$kernels
-# the drop-in wheel: built here when hatchling is there, else carried in .dev/dist/
-dist=.dev/dist
-if ! ls $dist/mamba2_rocm_dropin-*.whl >/dev/null 2>&1; then
-  dist=$work/dist
-  python3 -c "import sys; from pathlib import Path; from mamba2_rocm.pipeline.package import build_dropin_wheel; build_dropin_wheel('0.0.0', Path(sys.argv[1]), '1700000000')" "$dist" || exit 1
-fi
-python3 -m pip install -q --no-index --no-deps "$dist"/mamba2_rocm_dropin-*.whl || exit 1
+dropin_env
 python3 -m mamba2_rocm doctor >"$OUT/doctor.txt" 2>&1
 grep -i -A3 "import name" "$OUT/doctor.txt"
 repo=$PWD

@@ -27,3 +27,28 @@ write_record() {
     --commit "${COMMIT:-$(git rev-parse HEAD)}" --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
     --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" --out "$3"
 }
+
+# dropin_env: pure-Python wheels from .whl/ into a fresh site, kernels for this GPU
+# (select_kernels), and the drop-in wheel installed for real (its .pth runs at interpreter
+# start). Sets $work, $kernels, PYTHONPATH and MAMBA2_ROCM_KERNEL_PATH.
+dropin_env() {
+  work=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/site" .whl/*.whl || exit 1
+  export PYTHONPATH=$PWD:$work/site PYTHONUNBUFFERED=1
+  nvidia-smi -L | tee "$OUT/gpu.txt"
+  select_kernels "$work/kernels"
+  export MAMBA2_ROCM_KERNEL_PATH=$kernels
+  # the drop-in wheel: built here when hatchling is there, else carried in .dev/dist/
+  local dist=.dev/dist
+  if ! ls $dist/mamba2_rocm_dropin-*.whl >/dev/null 2>&1; then
+    dist=$work/dist
+    python3 -c "import sys; from pathlib import Path; from mamba2_rocm.pipeline.package import build_dropin_wheel; build_dropin_wheel('0.0.0', Path(sys.argv[1]), '1700000000')" "$dist" || exit 1
+  fi
+  python3 -m pip install -q --no-index --no-deps "$dist"/mamba2_rocm_dropin-*.whl || exit 1
+}
+
+# beside_upstream: the real mamba_ssm (the fetched source in .dev/upstream-src, never
+# committed) first on the import path; the drop-in then serves only what it cannot build.
+beside_upstream() {
+  export PYTHONPATH=$PWD/.dev/upstream-src:$PYTHONPATH
+}

@@ -11,14 +11,7 @@ set -uo pipefail
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 source "$(dirname "$0")/device_lib.sh"
-work=$(mktemp -d)
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/site" .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:$work/site PYTHONUNBUFFERED=1
-nvidia-smi -L | tee "$OUT/gpu.txt"
-select_kernels "$work/kernels"
-export MAMBA2_ROCM_KERNEL_PATH=$kernels
-python3 -c "import sys; from pathlib import Path; from mamba2_rocm.pipeline.package import build_dropin_wheel; build_dropin_wheel('0.0.0', Path(sys.argv[1]), '1700000000')" "$work/dist" || exit 1
-python3 -m pip install -q --no-index --no-deps "$work"/dist/mamba2_rocm_dropin-*.whl || exit 1
+dropin_env
 repo=$PWD
 run() {  # run NAME DIR PYTEST-ARGS...: pytest in DIR, summary line echoed
   local name=$1 dir=$2; shift 2
@@ -31,7 +24,7 @@ python3 -m mamba2_rocm doctor 2>&1 | sed -n '/import names/,/^environment/p' | t
 run generation-alone "$repo/.dev/upstream/mamba" tests/test_generation.py
 run models-gpu "$repo" -m gpu tests/gpu/test_models_gpu.py
 echo "## setup: beside the real mamba_ssm"
-export PYTHONPATH=$repo/.dev/upstream-src:$PYTHONPATH
+beside_upstream
 python3 -m mamba2_rocm doctor 2>&1 | sed -n '/import names/,/^environment/p' | tee "$OUT/doctor-beside.txt"
 run generation-beside "$repo/.dev/upstream/mamba" tests/test_generation.py
 run selective-scan-beside "$repo/.dev/upstream/mamba" tests/ops/test_selective_scan.py

@@ -117,6 +117,11 @@ def sample(logits: Tensor, top_k: int = 1, top_p: float = 0.0, min_p: float = 0.
     """One token a row of (batch, vocab) logits: the argmax with ``top_k == 1``; otherwise a
     draw after temperature, top-k (0: all tokens), min-p and top-p filtering."""
     _check_sampling(top_k, top_p, min_p, temperature)
+    return _draw(logits, top_k, top_p, min_p, temperature)
+
+
+def _draw(logits: Tensor, top_k: int, top_p: float, min_p: float, temperature: float) -> Tensor:
+    """``sample`` on checked arguments (decode checks them once, not every token)."""
     if top_k == 1:
         return logits.argmax(dim=-1)
     scaled = logits.float() / temperature
@@ -203,7 +208,7 @@ def decode(
         if taught > params.seqlen_offset:
             token = teacher_outputs[:, params.seqlen_offset]
         else:
-            token = sample(logits, top_k=top_k, top_p=top_p, min_p=min_p, temperature=temperature)
+            token = _draw(logits, top_k, top_p, min_p, temperature)
         token = token.unsqueeze(1)
         if repetition_penalty != 1.0:
             seen = torch.cat([seen, token], dim=1)
