@@ -764,9 +764,9 @@ def test_scan_bad_inputs(impl, kwargs, exc, message):
 
 CU_ERRORS = [
     (torch.tensor([0], dtype=I32), "cu_seqlens must hold at least 2 offsets, got shape (1,)"),
-    (torch.tensor([1, 16], dtype=I32), "cu_seqlens must start at 0, never decrease and end at seqlen=16, got [1, 16]"),
-    (torch.tensor([0, 5, 4, 16], dtype=I32), "cu_seqlens must start at 0, never decrease and end at seqlen=16, got [0, 5, 4, 16]"),
-    (torch.tensor([0, 5, 15]), "cu_seqlens must start at 0, never decrease and end at seqlen=16, got [0, 5, 15]"),
+    (torch.tensor([1, 16], dtype=I32), "cu_seqlens must start at 0, never decrease and end at or before seqlen=16, got [1, 16]"),
+    (torch.tensor([0, 5, 4, 16], dtype=I32), "cu_seqlens must start at 0, never decrease and end at or before seqlen=16, got [0, 5, 4, 16]"),
+    (torch.tensor([0, 5, 17]), "cu_seqlens must start at 0, never decrease and end at or before seqlen=16, got [0, 5, 17]"),
 ]  # fmt: skip
 
 
@@ -903,3 +903,27 @@ def test_rmsnorm_bad_inputs(kwargs, exc, message):
     with pytest.raises(exc) as info:
         rmsnorm_ref(**args)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize("impl", ["sequential", "chunked", "op"])
+def test_varlen_states_with_a_padded_tail(impl):
+    """cu_seqlens may end before seqlen: the tokens after it are padding (seq_idx -1, as
+    mamba_ssm's varlen generation packs a row). Each sequence's state is the one the unpadded
+    row gives, and the padded call's output agrees on the real tokens."""
+    from mamba2_rocm.ops.ssd import mamba_chunk_scan_combined
+
+    one = {k: v[:1] if k != "A" else v for k, v in SCAN.items()}  # seqlen 16
+    cu = torch.tensor([0, 5, 5, 9], dtype=I32)
+    seq_idx = torch.tensor([[0] * 5 + [2] * 4 + [-1] * 7], dtype=I32)
+    real = {k: v[:, :9] if k != "A" else v for k, v in one.items()}
+    kw = dict(cu_seqlens=cu, return_varlen_states=True)
+    if impl == "sequential":
+        run = ssd_sequential
+    elif impl == "chunked":
+        run = lambda **a: ssd_chunked(**a, chunk_size=16)  # noqa: E731
+    else:
+        run = lambda **a: mamba_chunk_scan_combined(**a, chunk_size=16)  # noqa: E731
+    out, states = run(**one, seq_idx=seq_idx, **kw)
+    want_out, want = run(**real, seq_idx=seq_idx[:, :9], **kw)
+    torch.testing.assert_close(states, want)
+    torch.testing.assert_close(out[:, :9], want_out)

@@ -195,7 +195,7 @@ def check_chunk_scan_args(
     reference has no chunks.
     ``chunk_sizes=None`` accepts any power of two >= 16 (the reference), otherwise exactly those.
     ``allow_empty`` accepts batch 0 or seqlen 0 (the ops return empty results for them).
-    ``inspect_values`` reads cu_seqlens (a device sync): it must be 0 = c0 <= c1 <= ... = seqlen
+    ``inspect_values`` reads cu_seqlens (a device sync): it must be 0 = c0 <= c1 <= ... <= seqlen
     (equal offsets are an empty sequence, as batching code produces for an empty request).
     """
     _tensor("x", x, dims=4, layout="(batch, seqlen, nheads, headdim)", dtypes=dtypes, device=None)
@@ -268,10 +268,12 @@ def check_chunk_scan_args(
         if inspect_values:
             cu = cu_seqlens.tolist()
             offsets = tuple(cu)
-            if cu[0] != 0 or cu[-1] != seqlen or any(a > b for a, b in itertools.pairwise(cu)):
+            # tokens after the last offset are padding (mamba_ssm's varlen generation pads the
+            # packed row so: cu_seqlens[-1] < seqlen, seq_idx -1 there)
+            if cu[0] != 0 or cu[-1] > seqlen or any(a > b for a, b in itertools.pairwise(cu)):
                 raise ValueError(
-                    f"cu_seqlens must start at 0, never decrease and end at seqlen={seqlen}, "
-                    f"got {cu}"
+                    f"cu_seqlens must start at 0, never decrease and end at or before "
+                    f"seqlen={seqlen}, got {cu}"
                 )
     limit = _check_dt_limit(dt_limit)
     if chunked or (chunked is None and chunk_size is not None):

@@ -290,6 +290,24 @@ def test_varlen_states(state_dtype, cu_view):
         torch.testing.assert_close(var[i].float(), alone[0], rtol=tol[0] * 2, atol=tol[1] * 2)
 
 
+def test_varlen_states_with_a_padded_tail():
+    """cu_seqlens ending before seqlen (padding after it, seq_idx -1: mamba_ssm's padded varlen
+    generation): the kernel's states and outputs on the real tokens are the unpadded row's."""
+    g = seeded("varlen-pad", device=DEV)
+    cu = torch.tensor([0, 70, 70, 301], device=DEV, dtype=torch.int32)
+    L = 512
+    ids = torch.repeat_interleave(torch.tensor([0, 1, 2], device=DEV, dtype=torch.int32), cu.diff())
+    seq_idx = torch.cat([ids, ids.new_full((L - 301,), -1)])[None]
+    args = _inputs(g, 1, L, 4, 64, 2, 64, torch.bfloat16, z=True)
+    real = {k: (v[:, :301] if k in ("x", "dt", "B", "C", "z") else v) for k, v in args.items()}
+    kw = dict(cu_seqlens=cu, dt_softplus=True, return_varlen_states=True)
+    out, var = mamba_chunk_scan_combined(**args, chunk_size=128, seq_idx=seq_idx, **kw)
+    want_out, want = mamba_chunk_scan_combined(**real, chunk_size=128, seq_idx=seq_idx[:, :301],
+                                               **kw)  # fmt: skip
+    torch.testing.assert_close(var, want, rtol=STATE_TOL[0], atol=STATE_TOL[1])
+    torch.testing.assert_close(out[:, :301], want_out, rtol=2e-2, atol=5e-2)
+
+
 def test_strided_inputs_as_the_mamba2_block_passes_them():
     """x, B, C, z, dt as views of one projection (large seqlen strides), D (h,): no copies."""
     g = seeded("views", device=DEV)
