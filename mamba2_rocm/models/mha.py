@@ -130,7 +130,9 @@ class MHA(nn.Module):
         if self.d_conv > 0:
             conv_state = torch.zeros(batch_size, self.conv1d.weight.shape[0], self.d_conv,
                                      device=device, dtype=dtype)  # fmt: skip
-        kv_cache = torch.empty(batch_size, max_seqlen, 2, self.num_heads_kv, self.head_dim,
+        # zeros, not empty: decoding attends over the whole cache with a mask, and a masked
+        # position's value still meets its zero weight (0 * NaN from stale memory is NaN)
+        kv_cache = torch.zeros(batch_size, max_seqlen, 2, self.num_heads_kv, self.head_dim,
                                dtype=dtype, device=device)  # fmt: skip
         return kv_cache, conv_state
 
