@@ -327,7 +327,7 @@ def _smoke_test(
                             + "; ".join(problems))  # fmt: skip
     return {
         "kernel_dirs": sorted(f"{d['target']} <- {d['origin']}" for d in info["kernel_dirs"]),
-        "import_names": sorted(f"{r['name']} {r['version']} <- {r['owner']}" for r in rows),
+        "import_names": sorted(f"{r['name']} {r['version'] or '-'} <- {r['owner']}" for r in rows),
     }
 
 
