@@ -228,6 +228,53 @@ struct RmsNormBwdParams {
   int32_t reserved;      // explicit tail padding: the size is a multiple of 8 on every ABI
 };
 
+// Fused residual add + LayerNorm / RMSNorm of pre-norm blocks (mamba_ssm's
+// ops.triton.layer_norm; csrc/add_norm.hip), forward and backward in one struct: each kernel
+// reads the fields it needs. Every (rows, hidden) tensor is contiguous (row stride = hidden).
+// Forward: s = drop(x * rowscale) + drop(x1) + residual in fp32, drop(v) = mask ? v / keep : 0;
+// stream = s in stream_dtype (when not null); mean / rstd of s per row (mean null: RMSNorm);
+// y = (s - mean) * rstd * weight + bias, y1 the same with weight1 / bias1, both in x's dtype.
+// Backward, from the stream the forward wrote, mean, rstd, dy, dy1 and dstream (the gradient of
+// the stream output, or null): dresidual (stream_dtype, or null), dx, dx1 (x's dtype, or null)
+// and per block partial sums partial[(block * 4 + q) * hidden + column] in fp32, q = dweight,
+// dbias, dweight1, dbias1 (only those whose output is not null); m2r_add_norm_bwd_reduce adds
+// the partial_rows rows in a fixed order into dweight ... dbias1 (deterministic, no atomics).
+struct AddNormParams {
+  const void* x;         // (rows, hidden), dtype of the kernel
+  const void* residual;  // (rows, hidden), stream_dtype, or null
+  const void* x1;        // (rows, hidden), dtype of the kernel, or null
+  const void* weight;    // (hidden,), weight_dtype
+  const void* bias;      // (hidden,), bias_dtype, or null
+  const void* weight1;   // (hidden,), weight1_dtype, or null (no second output)
+  const void* bias1;     // (hidden,), bias1_dtype, or null
+  const float* rowscale;  // (rows,), or null
+  const uint8_t* mask;    // (rows, hidden) dropout keep-mask of x, or null (no dropout)
+  const uint8_t* mask1;   // (rows, hidden) the same for x1, or null
+  void* y;                // (rows, hidden), dtype of the kernel
+  void* y1;               // (rows, hidden), dtype of the kernel, or null
+  void* stream;           // (rows, hidden), stream_dtype: written by the forward, read by the backward
+  float* mean;            // (rows,), or null (RMSNorm)
+  float* rstd;            // (rows,)
+  const void* dy;         // (rows, hidden), dtype of the kernel
+  const void* dy1;        // (rows, hidden), dtype of the kernel, or null
+  const void* dstream;    // (rows, hidden), stream_dtype, or null
+  void* dx;               // (rows, hidden), dtype of the kernel
+  void* dresidual;        // (rows, hidden), stream_dtype, or null
+  void* dx1;              // (rows, hidden), dtype of the kernel, or null
+  float* partial;         // (row blocks, 4, hidden)
+  void* dweight;          // (hidden,), weight_dtype: the reduce launch's
+  void* dbias;            // (hidden,), bias_dtype, or null
+  void* dweight1;         // (hidden,), weight1_dtype, or null
+  void* dbias1;           // (hidden,), bias1_dtype, or null
+  int32_t rows, hidden;
+  int32_t stream_dtype, weight_dtype, bias_dtype, weight1_dtype, bias1_dtype;
+  int32_t layer_norm;      // 1: LayerNorm (subtract the row's mean first), 0: RMSNorm
+  int32_t rows_per_block;  // the backward's rows a block
+  int32_t partial_rows;    // the reduce launch's: rows of partial
+  float eps;
+  float keep;  // 1 - dropout_p
+};
+
 // Mamba2 SSD chunked scan (mamba_chunk_scan_combined), forward. One struct for the five stage
 // kernels of csrc/ssd.hip; each reads the fields it needs. x, z, out: (batch, seqlen, nheads,
 // headdim); B, C: (batch, seqlen, ngroups, dstate); the last dim of each has unit stride.

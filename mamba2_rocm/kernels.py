@@ -10,6 +10,7 @@ import ctypes
 from dataclasses import dataclass
 
 from mamba2_rocm.params import (
+    AddNormParams,
     ConvBwdParams,
     ConvFwdParams,
     ConvUpdateParams,
@@ -52,6 +53,9 @@ RMSNORM_VEC_DTYPES = ("f16", "bf16")
 #: csrc/rmsnorm_bwd.hip: kRowMaxThreads, the one-pass backward's threads a block at most (one
 #: 8-element run each; bf16 only)
 RMSNORM_BWD_ROW_MAX_THREADS = 512
+#: csrc/add_norm.hip: 4-element runs a thread of the register-resident forward / backward
+ADD_NORM_FWD_RUNS = (1, 2, 4, 8)
+ADD_NORM_BWD_RUNS = (1, 2, 4)
 SELECTIVE_SCAN_DSTATE_TIERS = (16, 32, 64, 128, 256)  # csrc/selective_scan.hip: 16 lanes each
 SELECTIVE_SCAN_SEGMENT_TIERS = (16, 32, 64)  # the segment (_sp) and channel (_ch) forms
 
@@ -196,6 +200,16 @@ SOURCES: dict[str, KernelSource] = {
                     for dt in KERNEL_DTYPES
                     for stage in ("dz", "dstates", "state_passing", "dx", "dcb", "dc", "db")
                 ),
+            ),
+        ),
+        KernelSource(
+            "add_norm",
+            AddNormParams,
+            (
+                *(f"m2r_add_norm_{d}_{dt}" for dt in KERNEL_DTYPES for d in ("fwd", "bwd")),
+                *(f"m2r_add_norm_fwd_{dt}_r{r}" for dt in KERNEL_DTYPES for r in ADD_NORM_FWD_RUNS),
+                *(f"m2r_add_norm_bwd_{dt}_r{r}" for dt in KERNEL_DTYPES for r in ADD_NORM_BWD_RUNS),
+                "m2r_add_norm_bwd_reduce",  # dweight ... dbias1 from the partial rows
             ),
         ),
         KernelSource(

@@ -12,6 +12,7 @@ import struct
 
 __all__ = [
     "DTYPE_CODES",
+    "AddNormParams",
     "ConvBwdParams",
     "ConvFwdParams",
     "ConvUpdateParams",
@@ -104,6 +105,17 @@ class RmsNormBwdParams(ctypes.Structure):
                  "rows hidden group_size norm_before_gate"),
         ("eps", ctypes.c_float),
         *_fields("", "", "weight_dtype bias_dtype layer_norm rows_per_block vec partial_rows reserved"),
+    ]  # fmt: skip
+
+
+class AddNormParams(ctypes.Structure):
+    _fields_ = [
+        *_fields("x residual x1 weight bias weight1 bias1 rowscale mask mask1 y y1 stream mean "
+                 "rstd dy dy1 dstream dx dresidual dx1 partial dweight dbias dweight1 dbias1", "",
+                 "rows hidden stream_dtype weight_dtype bias_dtype weight1_dtype bias1_dtype "
+                 "layer_norm rows_per_block partial_rows"),
+        ("eps", ctypes.c_float),
+        ("keep", ctypes.c_float),
     ]  # fmt: skip
 
 

@@ -143,3 +143,196 @@ def test_bad_inputs(change, error, match):
     args.update(change)
     with pytest.raises(error, match=match):
         layer_norm_fn(**args)
+
+
+# ---- the registered ops (the kernel tier's entry points), on the CPU's torch tier ----------
+
+from mamba2_rocm.kernels import ADD_NORM_BWD_RUNS, ADD_NORM_FWD_RUNS, SOURCES  # noqa: E402
+from mamba2_rocm.ops import add_norm as ops  # noqa: E402
+
+CASES = {  # name -> (x1, weight1, rowscale, dropout, residual, bias)
+    "plain": (False, False, False, False, False, False),
+    "residual+bias": (False, False, False, False, True, True),
+    "x1+weight1": (True, True, False, False, True, True),
+    "x1 alone": (True, False, False, False, True, False),
+    "rowscale": (False, False, True, False, True, True),
+    "dropout": (True, True, False, True, True, False),
+    "dropout+rowscale": (False, False, True, True, False, True),
+}
+
+
+def _op_args(case, is_rms, dtype=torch.float64, shape=(3, 5, 37), seed=0, residual_in_fp32=False):
+    x1, w1, rs, drop, res, bias = CASES[case]
+    t = _inputs(shape, dtype, seed)
+    t = {k: v.to(dtype) for k, v in t.items()}
+    g = torch.Generator().manual_seed(seed + 1)
+    p = 0.25 if drop else 0.0
+    mask = torch.rand(shape, generator=g) >= p if drop else None
+    mask1 = torch.rand(shape, generator=g) >= p if drop and x1 else None
+    return (t["x"], t["weight"], t["bias"] if bias else None, t["residual"] if res else None,
+            t["x1"] if x1 else None, t["weight1"] if w1 else None,
+            t["bias1"] if w1 and bias else None, t["rowscale"] if rs else None, mask, mask1,
+            1e-5, p, residual_in_fp32, is_rms)  # fmt: skip
+
+
+@pytest.mark.parametrize("is_rms", [False, True])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_registered_op_gradients_equal_autograd(case, is_rms):
+    """The closed-form backward (add_norm_bwd, the kernels' formula) through the registered
+    op's autograd equals autograd through the float64 torch tier, for every input."""
+    args = _op_args(case, is_rms)
+    leaves = [a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.dtype != torch.bool
+              and i < 7 else a for i, a in enumerate(args)]  # fmt: skip
+    y, y1, stream, _, _ = ops.add_norm_fwd(*leaves)
+    g = torch.Generator().manual_seed(9)
+    dy, dstream = (
+        torch.randn(y.shape, generator=g).double(),
+        torch.randn(y.shape, generator=g).double(),
+    )
+    loss = (y * dy).sum() + (stream * dstream).sum()
+    if y1.numel():
+        loss = loss + (y1 * dy * 0.5).sum()
+    diff = [a for a in leaves[:7] if isinstance(a, torch.Tensor)]
+    got = torch.autograd.grad(loss, diff)
+
+    x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask1, eps, p, _, _ = leaves
+    want_y, want_y1, want_s = ops.add_norm_torch(
+        x, weight, bias, residual, x1, weight1, bias1, eps, p, rowscale, torch.float64, is_rms,
+        mask, mask1, torch.float64)  # fmt: skip
+    want_loss = (want_y * dy).sum() + (want_s * dstream).sum()
+    if want_y1 is not None:
+        want_loss = want_loss + (want_y1 * dy * 0.5).sum()
+    want = torch.autograd.grad(want_loss, diff)
+    for a, b in zip(got, want, strict=False):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", ["plain", "x1+weight1", "dropout+rowscale"])
+def test_opcheck(case):
+    """torch.library.opcheck: schema, fake tensors, autograd registration, AOT dispatch."""
+    for dtype in (torch.float32, torch.float64):
+        args = _op_args(case, False, dtype=dtype, shape=(4, 24))
+        grads = [a.clone().requires_grad_() if isinstance(a, torch.Tensor) and i < 7
+                 and a.dtype != torch.bool else a for i, a in enumerate(args)]  # fmt: skip
+        torch.library.opcheck(ops.add_norm_fwd, tuple(grads))
+        y, y1, stream, mean, rstd = ops.add_norm_fwd(*args)
+        has_res, has_x1 = args[3] is not None, args[4] is not None
+        bwd = (torch.ones_like(y), torch.ones_like(y1) if y1.numel() else None,
+               torch.ones_like(stream), stream, args[1], args[2], args[5], args[6], args[7],
+               args[8], args[9], mean, rstd, args[11], False, has_res, has_x1)  # fmt: skip
+        torch.library.opcheck(ops.add_norm_bwd, bwd)
+
+
+def test_op_outputs_and_dtypes():
+    """y / y1 in x's dtype, the stream in the residual dtype (float32 with residual_in_fp32),
+    mean / rstd per row; y1 and mean empty where absent."""
+    args = list(_op_args("plain", True, dtype=torch.bfloat16, shape=(2, 3, 16)))
+    args[12] = True  # residual_in_fp32
+    y, y1, stream, mean, rstd = ops.add_norm_fwd(*args)
+    assert y.dtype == torch.bfloat16 and stream.dtype == torch.float32
+    assert y1.numel() == 0 and mean.numel() == 0 and rstd.shape == (2, 3)
+    args = list(_op_args("x1+weight1", False, dtype=torch.float16, shape=(2, 3, 16)))
+    y, y1, stream, mean, rstd = ops.add_norm_fwd(*args)
+    assert y1.shape == y.shape and mean.shape == (2, 3) and stream.dtype == torch.float16
+
+
+def test_row_plan():
+    """The register forms: the fewest runs a thread within 256 threads (64-thread steps); the
+    generic kernel past 8 runs (forward) / 4 (backward), or for hidden not a multiple of 4."""
+    assert ops.row_plan(768, ADD_NORM_FWD_RUNS) == (1, 192)
+    assert ops.row_plan(2048, ADD_NORM_FWD_RUNS) == (2, 256)
+    assert ops.row_plan(4096, ADD_NORM_FWD_RUNS) == (4, 256)
+    assert ops.row_plan(8192, ADD_NORM_FWD_RUNS) == (8, 256)
+    assert ops.row_plan(8196, ADD_NORM_FWD_RUNS) is None
+    assert ops.row_plan(4096, ADD_NORM_BWD_RUNS) == (4, 256)
+    assert ops.row_plan(5120, ADD_NORM_BWD_RUNS) is None
+    assert ops.row_plan(4, ADD_NORM_FWD_RUNS) == (1, 64)
+    assert ops.row_plan(770, ADD_NORM_FWD_RUNS) is None
+    names = set(SOURCES["add_norm"].kernels)
+    for d, runs in (("fwd", ADD_NORM_FWD_RUNS), ("bwd", ADD_NORM_BWD_RUNS)):
+        for dt in ("f32", "f16", "bf16"):
+            assert f"m2r_add_norm_{d}_{dt}" in names
+            assert {f"m2r_add_norm_{d}_{dt}_r{r}" for r in runs} <= names
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda a: a.__setitem__(8, None) or a.__setitem__(11, 0.5), "dropout_p > 0 needs mask"),
+        (lambda a: a.__setitem__(8, torch.ones(3, 5, 37)), "mask must be a bool tensor"),
+        (lambda a: a.__setitem__(8, torch.ones(3, 5, 36, dtype=torch.bool)), "mask must be a bool"),
+        (
+            lambda a: a.__setitem__(1, torch.ones(36, dtype=torch.float64)),
+            r"weight must be \(37,\)",
+        ),
+        (lambda a: a.__setitem__(0, torch.ones(3, 5, 37, dtype=torch.int32)), "x must be float"),
+    ],
+)
+def test_op_bad_inputs(change, match):
+    args = list(_op_args("residual+bias", False))
+    change(args)
+    with pytest.raises((ValueError, TypeError), match=match):
+        ops.add_norm_fwd(*args)
+
+
+def test_bwd_op_bad_inputs():
+    args = _op_args("plain", True)
+    y, _, stream, mean, rstd = ops.add_norm_fwd(*args)
+    base = [y, None, None, stream, args[1], None, None, None, None, None, None, mean, rstd, 0.0,
+            True, False, False]  # fmt: skip
+    bad = list(base)
+    bad[1] = torch.ones_like(y)  # dy1 without weight1
+    with pytest.raises(ValueError, match="dy1 was given without weight1"):
+        ops.add_norm_bwd(*bad)
+    bad = list(base)
+    bad[12] = rstd[:1]
+    with pytest.raises(ValueError, match=r"rstd must be \(3, 5\)"):
+        ops.add_norm_bwd(*bad)
+    bad = list(base)
+    bad[3] = stream[..., :-1]
+    with pytest.raises(ValueError, match="stream must have x's shape"):
+        ops.add_norm_bwd(*bad)
+
+
+def test_kernel_tier_launch_plans(monkeypatch):
+    """On a stand-in kernel tier: the register form for aligned rows (the block size the plan
+    names), the generic form for odd hidden, the backward's generic form for dropout / x1
+    calls, the reduce launch after it; every parameter tuple packs into AddNormParams."""
+    from helpers import stand_in_kernels
+
+    from mamba2_rocm.params import AddNormParams, packer
+
+    kset = stand_in_kernels(monkeypatch, ops)
+    pack = packer(AddNormParams).pack
+    x, w = torch.randn(5, 768, dtype=torch.bfloat16), torch.ones(768)
+    res = torch.randn(5, 768)
+    ops._fwd_run(x, w, None, res, None, None, None, None, None, None, 1e-5, 0.0, False, True,
+                 True)  # fmt: skip
+    (name, params, grid), block = kset.launches[-1], kset.blocks[-1]
+    assert (name, grid, block) == ("m2r_add_norm_fwd_bf16_r1", (5, 1, 1), (192, 1, 1))
+    pack(*params)
+    fields = dict(zip([f for f, _ in AddNormParams._fields_], params, strict=False))
+    assert fields["rows"] == 5 and fields["hidden"] == 768 and fields["stream_dtype"] == 0
+    assert fields["mean"] == 0 and fields["rstd"] != 0 and fields["layer_norm"] == 0
+
+    ops._fwd_run(x[:, :767], w[:767], None, None, None, None, None, None, None, None, 1e-5, 0.0,
+                 False, False, False)  # fmt: skip
+    assert kset.launches[-1][0] == "m2r_add_norm_fwd_bf16" and kset.blocks[-1] == (256, 1, 1)
+    assert (
+        dict(zip([f for f, _ in AddNormParams._fields_], kset.launches[-1][1], strict=False))[
+            "stream"
+        ]
+        == 0
+    )
+
+    stream, mean, rstd = torch.randn(5, 768), torch.zeros(5), torch.ones(5)
+    bwd = (x, None, None, stream, w, None, None, None, None, None, None, mean, rstd, 0.0, False,
+           True, False)  # fmt: skip
+    ops._bwd_impl(*bwd)
+    (n1, p1, _), (n2, p2, g2) = kset.launches[-2:]
+    assert (n1, n2) == ("m2r_add_norm_bwd_bf16_r1", "m2r_add_norm_bwd_reduce")
+    assert g2 == (768 * 4 // 16, 1, 1) and p1 == p2
+    pack(*p1)
+    mask = torch.ones(5, 768, dtype=torch.bool)
+    ops._bwd_impl(*bwd[:9], mask, None, mean, rstd, 0.1, False, True, False)
+    assert kset.launches[-2][0] == "m2r_add_norm_bwd_bf16"

@@ -1,4 +1,5 @@
-"""``python -m mamba2_rocm bench conv1d|decode|ssd|ssd-paths|rmsnorm|selective-scan|host|model``."""
+"""``python -m mamba2_rocm bench conv1d|decode|ssd|ssd-paths|rmsnorm|add-norm|selective-scan|host|
+model``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import sys
 
 #: the op families whose benchmark has a training (forward + backward) mode
-BACKWARD_OPS = ("conv1d", "ssd", "selective-scan", "rmsnorm")
+BACKWARD_OPS = ("conv1d", "ssd", "selective-scan", "rmsnorm", "add-norm")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -44,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "ssd",
             "ssd-paths",
             "rmsnorm",
+            "add-norm",
             "selective-scan",
             "host",
             "model",

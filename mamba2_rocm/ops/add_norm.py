@@ -3,10 +3,14 @@
 ``RMSNorm``) with its whole signature: the residual add, ``prenorm``, ``residual_in_fp32``,
 dropout with ``return_dropout_mask``, ``rowscale``, and the second input / second weight.
 
-Each call's arguments are checked here, once; the math is ``reference.add_norm``'s and runs
-as differentiable PyTorch (the torch tier): the sum and the statistics in fp32, the stream
-rounded once to the residual dtype, the outputs in x's dtype — the numerics of upstream's
-Triton kernel.
+Each call's arguments are checked here, once. On the kernel tier (GPU tensors of float32,
+float16 or bfloat16) the HIP kernels of ``csrc/add_norm.hip`` run, registered as
+``torch.ops.mamba2_rocm.add_norm_fwd`` and ``add_norm_bwd`` (dweight / dbias reduced in fp32
+in a fixed order: bit-identical runs); elsewhere ``reference.add_norm``'s math runs as
+differentiable PyTorch (the torch tier). Both keep upstream's Triton numerics: the sum and the
+statistics in fp32, the stream rounded once to the residual dtype, the outputs in x's dtype.
+Dropout masks are drawn with ``torch.rand`` on the host side of either tier (torch's
+generator, so seeding works as everywhere in torch).
 """
 
 from __future__ import annotations
@@ -16,7 +20,28 @@ import math
 import torch
 from torch import Tensor
 
-from mamba2_rocm.reference.add_norm import add_norm_torch, layer_norm_ref, rms_norm_ref
+from mamba2_rocm.kernels import ADD_NORM_BWD_RUNS, ADD_NORM_FWD_RUNS
+from mamba2_rocm.ops._backend import choose
+from mamba2_rocm.ops._launch import (
+    COLUMN_SUM_COLS,
+    DTYPE_CODE,
+    KERNEL_DTYPE,
+    launch,
+    like,
+    needs_autograd,
+    register_training,
+    sm_count,
+    traced,
+)
+from mamba2_rocm.reference.add_norm import (
+    add_norm_bwd_ref,
+    add_norm_torch,
+    layer_norm_ref,
+    normalize,
+    rms_norm_ref,
+    row_stats,
+    stream_sum,
+)
 
 __all__ = [
     "RMSNorm",
@@ -103,6 +128,332 @@ def _compute_dtype(*tensors) -> torch.dtype:
         else torch.float32  # fmt: skip
 
 
+# ---- the kernel tier --------------------------------------------------------------------------
+
+_THREADS = 256  # csrc/add_norm.hip: kThreads
+_WAVE_STEP = 64  # the register forms' block sizes: whole 64-thread steps (wave32 and wave64)
+#: The backward's blocks per multiprocessor: each walks its share of the rows with its column
+#: sums in registers; more blocks mean more partial rows for the reduce launch to add.
+BWD_BLOCKS_PER_SM = 2
+
+
+def kernel_eligible(x: Tensor, weight, bias, residual, weight1, bias1, residual_in_fp32) -> bool:
+    """Whether the kernels take this call: x, the stream and every parameter in float32,
+    float16 or bfloat16 (float64 anywhere: the torch tier, in float64)."""
+    stream = residual_dtype_of(x, residual, residual_in_fp32)
+    return (
+        x.dtype in KERNEL_DTYPE
+        and stream in KERNEL_DTYPE
+        and all(t is None or t.dtype in KERNEL_DTYPE for t in (weight, bias, weight1, bias1))
+    )
+
+
+def row_plan(hidden: int, runs_choices: tuple[int, ...]) -> tuple[int, int] | None:
+    """``(runs, threads)`` of a register-resident form for rows of ``hidden`` elements: the
+    fewest 4-element runs a thread that keep the block within 256 threads (whole 64-thread
+    steps); None past the largest form (the generic kernel)."""
+    if hidden <= 0 or hidden % 4:
+        return None
+    runs = hidden // 4
+    for r in runs_choices:
+        threads = -(-runs // r)
+        threads = -(-threads // _WAVE_STEP) * _WAVE_STEP
+        if threads <= _THREADS:
+            return r, threads
+    return None
+
+
+def _rows(t: Tensor | None, hidden: int) -> Tensor | None:
+    return None if t is None else t.reshape(-1, hidden).contiguous()
+
+
+def _ptr(t: Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _code(t: Tensor | None) -> int:
+    return 0 if t is None else DTYPE_CODE[t.dtype]
+
+
+def _aligned(*tensors) -> bool:
+    return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _params(a: dict, rows, hidden, stream_dtype, layer_norm, rows_per_block, partial_rows,
+            eps, keep) -> tuple:  # fmt: skip
+    """AddNormParams in field order (csrc/params.h), pointers from ``a`` (absent: null)."""
+    names = ["x", "residual", "x1", "weight", "bias", "weight1", "bias1", "rowscale", "mask", "mask1", "y", "y1", "stream", "mean", "rstd", "dy", "dy1", "dstream", "dx", "dresidual", "dx1", "partial", "dweight", "dbias", "dweight1", "dbias1"]  # fmt: skip
+    return (*(_ptr(a.get(n)) for n in names), rows, hidden, DTYPE_CODE[stream_dtype],
+            _code(a["weight"]), _code(a.get("bias")), _code(a.get("weight1")),
+            _code(a.get("bias1")), int(layer_norm), rows_per_block, partial_rows, float(eps),
+            float(keep))  # fmt: skip
+
+
+def _mask_bytes(m: Tensor | None, hidden: int) -> Tensor | None:
+    return None if m is None else _rows(m, hidden).view(torch.uint8)
+
+
+def _fwd_kernel(kset, x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask1,
+                eps, dropout_p, stream_dtype, is_rms_norm, store_stream):  # fmt: skip
+    hidden = x.shape[-1]
+    rows = x.numel() // hidden
+    a = {"x": _rows(x, hidden), "residual": _rows(residual, hidden),
+         "x1": _rows(like(x1, x), hidden), "weight": weight, "bias": bias, "weight1": weight1,
+         "bias1": bias1, "mask": _mask_bytes(mask, hidden), "mask1": _mask_bytes(mask1, hidden),
+         "rowscale": None if rowscale is None else rowscale.reshape(-1).float().contiguous()}  # fmt: skip
+    a["y"] = torch.empty(rows, hidden, dtype=x.dtype, device=x.device)
+    a["y1"] = None if weight1 is None else torch.empty_like(a["y"])
+    if store_stream:
+        a["stream"] = torch.empty(rows, hidden, dtype=stream_dtype, device=x.device)
+    a["mean"] = None if is_rms_norm else torch.empty(rows, dtype=torch.float32, device=x.device)
+    a["rstd"] = torch.empty(rows, dtype=torch.float32, device=x.device)
+    plan = row_plan(hidden, ADD_NORM_FWD_RUNS)
+    dt = KERNEL_DTYPE[x.dtype]
+    name, threads = f"m2r_add_norm_fwd_{dt}", _THREADS
+    if plan is not None and _aligned(*(a[k] for k in a if k not in ("rowscale", "mean", "rstd"))):
+        name, threads = f"m2r_add_norm_fwd_{dt}_r{plan[0]}", plan[1]
+    params = _params(a, rows, hidden, stream_dtype, not is_rms_norm, 0, 0, eps, 1.0 - dropout_p)
+    launch(kset.launcher(name), x, params, (rows, 1, 1), threads)
+    return a
+
+
+def _fwd_impl(
+    x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None, x1: Tensor | None,
+    weight1: Tensor | None, bias1: Tensor | None, rowscale: Tensor | None, mask: Tensor | None,
+    mask1: Tensor | None, eps: float, dropout_p: float, residual_in_fp32: bool,
+    is_rms_norm: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """``(y, y1, stream, mean, rstd)``: y / y1 in x's dtype (y1 empty without ``weight1``),
+    the stream in the residual dtype, the rows' mean (empty for RMSNorm) and rstd in fp32."""
+    _check(x, weight, bias, residual, x1, weight1, bias1, eps, dropout_p, rowscale)
+    _check_masks(x, mask, mask1, x1, dropout_p)
+    return _fwd_run(x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask1, eps,
+                    dropout_p, residual_in_fp32, is_rms_norm, True)  # fmt: skip
+
+
+def _fwd_run(x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask1, eps,
+             dropout_p, residual_in_fp32, is_rms_norm, store_stream):  # fmt: skip
+    """``_fwd_impl`` on checked arguments; the stream is left empty unless ``store_stream``."""
+    stream_dtype = residual_dtype_of(x, residual, residual_in_fp32)
+    shape, rows_shape = x.shape, x.shape[:-1]
+
+    def empty():  # a fresh one each time: a custom op's outputs may not alias each other
+        return x.new_empty(0)
+
+    tier, kset = choose(x.device)
+    eligible = kernel_eligible(x, weight, bias, residual, weight1, bias1, residual_in_fp32)
+    if tier == "kernel" and eligible and x.numel() > 0:
+        a = _fwd_kernel(kset, x, weight, bias, residual, x1, weight1, bias1, rowscale, mask,
+                        mask1, eps, dropout_p, stream_dtype, is_rms_norm, store_stream)  # fmt: skip
+        y1 = empty() if a["y1"] is None else a["y1"].view(shape)
+        stream = a["stream"].view(shape) if store_stream else empty()
+        mean = empty() if a["mean"] is None else a["mean"].view(rows_shape)
+        return a["y"].view(shape), y1, stream, mean, a["rstd"].view(rows_shape)
+    compute = _compute_dtype(x, weight, residual, x1)
+    s = stream_sum(x, residual, x1, rowscale, mask, mask1, dropout_p, compute)
+    mean, rstd = row_stats(s, eps, is_rms_norm)
+    y = normalize(s, weight, bias, eps, is_rms_norm, compute).to(x.dtype)
+    y1 = empty() if weight1 is None else normalize(s, weight1, bias1, eps, is_rms_norm,
+                                                 compute).to(x.dtype)  # fmt: skip
+    stat = torch.float64 if compute == torch.float64 else torch.float32
+    stream = s.to(stream_dtype) if store_stream else empty()
+    if stream is x or stream._base is x:
+        stream = stream.clone()
+    return (y, y1, stream, empty() if is_rms_norm else mean.to(stat), rstd.to(stat))
+
+
+add_norm_fwd = torch.library.custom_op("mamba2_rocm::add_norm_fwd", _fwd_impl, mutates_args=())
+
+
+@add_norm_fwd.register_fake
+def _(x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask1, eps, dropout_p,
+      residual_in_fp32, is_rms_norm):  # fmt: skip
+    _check(x, weight, bias, residual, x1, weight1, bias1, eps, dropout_p, rowscale)
+    _check_masks(x, mask, mask1, x1, dropout_p)
+    stat = torch.float64 if _compute_dtype(x, weight, residual, x1) == torch.float64 \
+        else torch.float32  # fmt: skip
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows = x.shape[:-1]
+    return (y, torch.empty_like(y) if weight1 is not None else x.new_empty(0),
+            torch.empty(x.shape, dtype=residual_dtype_of(x, residual, residual_in_fp32),
+                        device=x.device),
+            x.new_empty(0) if is_rms_norm else torch.empty(rows, dtype=stat, device=x.device),
+            torch.empty(rows, dtype=stat, device=x.device))  # fmt: skip
+
+
+def _check_masks(x, mask, mask1, x1, dropout_p) -> None:
+    for name, m, wanted in (("mask", mask, dropout_p > 0), ("mask1", mask1,
+                                                             dropout_p > 0 and x1 is not None)):  # fmt: skip
+        if m is None:
+            if wanted:
+                raise ValueError(f"dropout_p > 0 needs {name} (the keep-mask of its input)")
+            continue
+        if not isinstance(m, Tensor) or m.dtype != torch.bool or m.shape != x.shape:
+            raise ValueError(f"{name} must be a bool tensor of x's shape {tuple(x.shape)}")
+        if m.device != x.device:
+            raise ValueError(f"{name} must be on {x.device} (x's device), got {m.device}")
+
+
+def _bwd_kernel(kset, dy, dy1, dstream, stream, weight, bias, weight1, bias1, rowscale, mask,
+                mask1, mean, rstd, dropout_p, is_rms_norm, has_residual, has_x1):  # fmt: skip
+    hidden = dy.shape[-1]
+    rows = dy.numel() // hidden
+    sms = max(1, sm_count(dy.device))
+    row_blocks = max(1, min(rows, BWD_BLOCKS_PER_SM * sms))
+    per_block = -(-rows // row_blocks)
+    row_blocks = -(-rows // per_block)
+    a = {"stream": _rows(stream, hidden), "dy": _rows(dy, hidden), "dy1": _rows(dy1, hidden),
+         "dstream": _rows(dstream, hidden), "weight": weight, "bias": bias, "weight1": weight1,
+         "bias1": bias1, "mask": _mask_bytes(mask, hidden), "mask1": _mask_bytes(mask1, hidden),
+         "rowscale": None if rowscale is None else rowscale.reshape(-1).float().contiguous(),
+         "mean": None if is_rms_norm else mean.reshape(-1), "rstd": rstd.reshape(-1)}  # fmt: skip
+    a["dx"] = torch.empty(rows, hidden, dtype=dy.dtype, device=dy.device)
+    a["dresidual"] = torch.empty(rows, hidden, dtype=stream.dtype, device=dy.device) \
+        if has_residual else None  # fmt: skip
+    a["dx1"] = torch.empty_like(a["dx"]) if has_x1 else None
+    a["partial"] = torch.empty(row_blocks, 4, hidden, dtype=torch.float32, device=dy.device)
+    a["dweight"] = torch.empty_like(weight)
+    a["dbias"] = None if bias is None else torch.empty_like(bias)
+    a["dweight1"] = None if weight1 is None else torch.empty_like(weight1)
+    a["dbias1"] = None if bias1 is None else torch.empty_like(bias1)
+    plan = row_plan(hidden, ADD_NORM_BWD_RUNS)
+    dt = KERNEL_DTYPE[dy.dtype]
+    name, threads = f"m2r_add_norm_bwd_{dt}", _THREADS
+    rowed = ("stream", "dy", "dy1", "dstream", "weight", "bias", "weight1", "bias1", "mask",
+             "mask1", "dx", "dresidual", "dx1", "partial")  # fmt: skip
+    simple = all(a[k] is None for k in ("dy1", "dx1", "mask", "rowscale"))  # the _r forms' calls
+    if plan is not None and simple and _aligned(*(a[k] for k in rowed)):
+        name, threads = f"m2r_add_norm_bwd_{dt}_r{plan[0]}", plan[1]
+    params = _params(a, rows, hidden, stream.dtype, not is_rms_norm, per_block, row_blocks, 0.0,
+                     1.0 - dropout_p)  # fmt: skip
+    launch(kset.launcher(name), dy, params, (row_blocks, 1, 1), threads)
+    launch(kset.launcher("m2r_add_norm_bwd_reduce"), dy, params,
+           (-(-4 * hidden // COLUMN_SUM_COLS), 1, 1), _THREADS)  # fmt: skip
+    return a
+
+
+def _bwd_impl(
+    dy: Tensor, dy1: Tensor | None, dstream: Tensor | None, stream: Tensor, weight: Tensor,
+    bias: Tensor | None, weight1: Tensor | None, bias1: Tensor | None, rowscale: Tensor | None,
+    mask: Tensor | None, mask1: Tensor | None, mean: Tensor, rstd: Tensor, dropout_p: float,
+    is_rms_norm: bool, has_residual: bool, has_x1: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """Gradients of ``add_norm_fwd`` from the output gradients dy (y's), dy1 (y1's, or None)
+    and dstream (the stream's, or None), the stream it wrote and its mean / rstd: ``(dx,
+    dresidual, dx1, dweight, dbias, dweight1, dbias1)`` — dx / dx1 in dy's dtype, dresidual in
+    the stream's, the parameters' in theirs; empty where the input is absent."""
+    _check_bwd(dy, dy1, dstream, stream, weight, weight1, mean, rstd, is_rms_norm)
+    tier, kset = choose(dy.device)
+
+    def empty():  # a fresh one each time (outputs may not alias)
+        return dy.new_empty(0)
+
+    kernel = tier == "kernel" and dy.numel() > 0 and stream.dtype in KERNEL_DTYPE and all(
+        t is None or t.dtype in KERNEL_DTYPE for t in (dy, weight, bias, weight1, bias1))  # fmt: skip
+    if kernel:
+        a = _bwd_kernel(kset, dy, like(dy1, dy), like(dstream, stream), stream, weight, bias,
+                        weight1, bias1, rowscale, mask, mask1, mean, rstd, dropout_p,
+                        is_rms_norm, has_residual, has_x1)  # fmt: skip
+        shape = dy.shape
+        return tuple(empty() if a[k] is None else a[k].view(shape) if a[k].dim() == 2 else a[k]
+                     for k in ("dx", "dresidual", "dx1", "dweight", "dbias", "dweight1",
+                               "dbias1"))  # fmt: skip
+    compute = _compute_dtype(dy, stream, weight, mean)
+    if dy.numel() == 0:
+        ds = dx = torch.zeros(dy.shape, dtype=compute, device=dy.device)
+        dx1 = dx if has_x1 else None
+        dw, db = torch.zeros_like(weight), torch.zeros_like(weight)
+        dw1 = db1 = None if weight1 is None else torch.zeros_like(weight1)
+    else:
+        ds, dx, dx1, dw, db, dw1, db1 = add_norm_bwd_ref(
+            dy, dy1, dstream, stream, weight, weight1, rowscale, mask, mask1, mean, rstd,
+            dropout_p, is_rms_norm, has_x1, compute)  # fmt: skip
+    outs = (dx.to(dy.dtype), ds.to(stream.dtype) if has_residual else empty(),
+            dx1.to(dy.dtype) if has_x1 else empty(), dw.to(weight.dtype),
+            db.to(bias.dtype) if bias is not None else empty(),
+            dw1.to(weight1.dtype) if weight1 is not None else empty(),
+            db1.to(bias1.dtype) if bias1 is not None else empty())  # fmt: skip
+    # (no output may alias an input or another output: ds, dx and dx1 can be one tensor)
+    seen: set[int] = set()
+    fresh = []
+    for t in outs:
+        key = t.untyped_storage().data_ptr() if t.numel() else -id(t)
+        fresh.append(t.clone() if key in seen or any(t is a for a in (dy, dy1, dstream)) else t)
+        seen.add(key)
+    return tuple(fresh)
+
+
+def _check_bwd(dy, dy1, dstream, stream, weight, weight1, mean, rstd, is_rms_norm) -> None:
+    _floating("dy", dy)
+    _like_x("stream", stream, dy)
+    if dy1 is not None:
+        if weight1 is None:
+            raise ValueError("dy1 was given without weight1")
+        _like_x("dy1", dy1, dy)
+    if dstream is not None:
+        _like_x("dstream", dstream, dy)
+    _vector("weight", weight, dy.shape[-1], dy.device)
+    rows = dy.shape[:-1]
+    for name, t in (("rstd", rstd),) + (() if is_rms_norm else (("mean", mean),)):
+        _floating(name, t, dy.device)
+        if t.shape != rows:
+            raise ValueError(
+                f"{name} must be {tuple(rows)} (a value per row), got {tuple(t.shape)}"
+            )
+
+
+add_norm_bwd = torch.library.custom_op("mamba2_rocm::add_norm_bwd", _bwd_impl, mutates_args=())
+
+
+@add_norm_bwd.register_fake
+def _(dy, dy1, dstream, stream, weight, bias, weight1, bias1, rowscale, mask, mask1, mean, rstd,
+      dropout_p, is_rms_norm, has_residual, has_x1):  # fmt: skip
+    _check_bwd(dy, dy1, dstream, stream, weight, weight1, mean, rstd, is_rms_norm)
+
+    def e():
+        return dy.new_empty(0)
+
+    return (torch.empty_like(dy), torch.empty_like(stream) if has_residual else e(),
+            torch.empty_like(dy) if has_x1 else e(), torch.empty_like(weight),
+            torch.empty_like(bias) if bias is not None else e(),
+            torch.empty_like(weight1) if weight1 is not None else e(),
+            torch.empty_like(bias1) if bias1 is not None else e())  # fmt: skip
+
+
+def _setup(ctx, inputs, output):
+    (x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask1, _eps, dropout_p,
+     _residual_in_fp32, is_rms_norm) = inputs  # fmt: skip
+    _, _, stream, mean, rstd = output
+    ctx.save_for_backward(stream, weight, bias, weight1, bias1, rowscale, mask, mask1, mean, rstd)
+    ctx.args = (dropout_p, is_rms_norm, residual is not None, x1 is not None)
+    ctx.dtypes = (x.dtype, None if x1 is None else x1.dtype)
+
+
+def _backward(ctx, dy, dy1, dstream, dmean, drstd):
+    stream, weight, bias, weight1, bias1, rowscale, mask, mask1, mean, rstd = ctx.saved_tensors
+    dropout_p, is_rms_norm, has_residual, has_x1 = ctx.args
+    need = ctx.needs_input_grad
+    if not any(need[:7]):
+        return (None,) * 14
+    if dy is None:
+        dy = torch.zeros(stream.shape, dtype=ctx.dtypes[0], device=stream.device)
+    if weight1 is None or (dy1 is not None and dy1.numel() == 0):
+        dy1 = None
+    args = (dy, dy1, dstream, stream, weight, bias, weight1, bias1, rowscale, mask, mask1, mean,
+            rstd, dropout_p, is_rms_norm, has_residual, has_x1)  # fmt: skip
+    grads = add_norm_bwd(*args) if traced(dy, stream) else _bwd_impl(*args)
+    dx, dres, dx1, dw, db, dw1, db1 = grads
+    if has_x1 and ctx.dtypes[1] != dx1.dtype:
+        dx1 = dx1.to(ctx.dtypes[1])
+    g = (dx, dw, db if bias is not None else None, dres if has_residual else None,
+         dx1 if has_x1 else None, dw1 if weight1 is not None else None,
+         db1 if bias1 is not None else None)  # fmt: skip
+    return tuple(t if n else None for t, n in zip(g, need[:7], strict=False)) + (None,) * 7
+
+
+_train = register_training(add_norm_fwd, _fwd_impl, _setup, _backward)
+
+
 def layer_norm_fn(
     x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None = None,
     x1: Tensor | None = None, weight1: Tensor | None = None, bias1: Tensor | None = None,
@@ -123,11 +474,27 @@ def layer_norm_fn(
         mask = torch.rand(x.shape, device=x.device) >= dropout_p
         if x1 is not None:
             mask1 = torch.rand(x.shape, device=x.device) >= dropout_p
-    compute = _compute_dtype(x, weight, residual, x1)
-    y, y1, stream = add_norm_torch(
-        x, weight, bias, residual, x1, weight1, bias1, float(eps), float(dropout_p), rowscale,
-        residual_dtype_of(x, residual, residual_in_fp32), bool(is_rms_norm), mask, mask1, compute,
-    )  # fmt: skip
+    eps, dropout_p = float(eps), float(dropout_p)
+    is_rms_norm, residual_in_fp32 = bool(is_rms_norm), bool(residual_in_fp32)
+    params = (weight, bias, residual, x1, weight1, bias1)
+    if choose(x.device)[0] == "kernel" and kernel_eligible(
+        x, weight, bias, residual, weight1, bias1, residual_in_fp32
+    ):
+        args = (x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask1, eps,
+                dropout_p, residual_in_fp32, is_rms_norm)  # fmt: skip
+        if torch.compiler.is_compiling():
+            y, y1, stream, _, _ = add_norm_fwd(*args)
+        elif needs_autograd(x, *params):
+            y, y1, stream, _, _ = _train(*args)
+        else:
+            y, y1, stream, _, _ = _fwd_run(*args, prenorm)
+        y1 = y1 if weight1 is not None else None
+    else:
+        compute = _compute_dtype(x, weight, residual, x1)
+        y, y1, stream = add_norm_torch(
+            x, weight, bias, residual, x1, weight1, bias1, eps, dropout_p, rowscale,
+            residual_dtype_of(x, residual, residual_in_fp32), is_rms_norm, mask, mask1, compute,
+        )  # fmt: skip
     outs: tuple = (y,) if y1 is None else (y, y1)
     if prenorm:
         outs += (stream,)

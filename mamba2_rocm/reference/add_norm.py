@@ -13,7 +13,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["add_norm_torch", "layer_norm_ref", "normalize", "rms_norm_ref"]
+__all__ = [
+    "add_norm_bwd_ref",
+    "add_norm_torch",
+    "layer_norm_ref",
+    "normalize",
+    "rms_norm_ref",
+    "row_stats",
+    "stream_sum",
+]
 
 
 def normalize(s: Tensor, weight: Tensor, bias: Tensor | None, eps: float, is_rms_norm: bool,
@@ -33,6 +41,30 @@ def _dropped(t: Tensor, p: float, mask: Tensor | None) -> Tensor:
     return t.masked_fill(~mask, 0.0) / (1.0 - p) if mask is not None else t
 
 
+def stream_sum(
+    x: Tensor, residual: Tensor | None, x1: Tensor | None, rowscale: Tensor | None,
+    mask: Tensor | None, mask1: Tensor | None, dropout_p: float,
+    compute: torch.dtype = torch.float32,
+) -> Tensor:  # fmt: skip
+    """The stream ``dropout(rowscale * x) + dropout(x1) + residual`` in ``compute`` precision."""
+    s = x.to(compute)
+    if rowscale is not None:
+        s = s * rowscale.to(compute).unsqueeze(-1)
+    s = _dropped(s, dropout_p, mask)
+    if x1 is not None:
+        s = s + _dropped(x1.to(compute), dropout_p, mask1)
+    if residual is not None:
+        s = s + residual.to(compute)
+    return s
+
+
+def row_stats(s: Tensor, eps: float, is_rms_norm: bool) -> tuple[Tensor, Tensor]:
+    """``(mean, rstd)`` of each row of ``s`` (its precision; mean 0 for RMSNorm)."""
+    mean = torch.zeros_like(s[..., 0]) if is_rms_norm else s.mean(-1)
+    centred = s - mean.unsqueeze(-1)
+    return mean, torch.rsqrt(centred.square().mean(-1) + eps)
+
+
 def add_norm_torch(
     x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor | None, x1: Tensor | None,
     weight1: Tensor | None, bias1: Tensor | None, eps: float, dropout_p: float,
@@ -42,19 +74,50 @@ def add_norm_torch(
     """``(y, y1, residual_out)``: y / y1 in x's dtype (y1 None without ``weight1``), the
     summed stream in ``residual_dtype``. ``mask`` / ``mask1`` are the dropout keep-masks
     (bool, x's shape) where ``dropout_p > 0``."""
-    s = x.to(compute)
-    if rowscale is not None:
-        s = s * rowscale.to(compute).unsqueeze(-1)
-    s = _dropped(s, dropout_p, mask)
-    if x1 is not None:
-        s = s + _dropped(x1.to(compute), dropout_p, mask1)
-    if residual is not None:
-        s = s + residual.to(compute)
+    s = stream_sum(x, residual, x1, rowscale, mask, mask1, dropout_p, compute)
     y = normalize(s, weight, bias, eps, is_rms_norm, compute).to(x.dtype)
     y1 = None
     if weight1 is not None:
         y1 = normalize(s, weight1, bias1, eps, is_rms_norm, compute).to(x.dtype)
     return y, y1, s.to(residual_dtype)
+
+
+def add_norm_bwd_ref(
+    dy: Tensor, dy1: Tensor | None, dstream: Tensor | None, stream: Tensor, weight: Tensor,
+    weight1: Tensor | None, rowscale: Tensor | None, mask: Tensor | None,
+    mask1: Tensor | None, mean: Tensor | None, rstd: Tensor, dropout_p: float,
+    is_rms_norm: bool, has_x1: bool, compute: torch.dtype = torch.float32,
+) -> tuple:  # fmt: skip
+    """The backward of the add + norm in closed form, from the stream the forward kept and its
+    row statistics (the kernels' formula; ``mean`` unused for RMSNorm): ``(ds, dx, dx1, dweight, dbias, dweight1, dbias1)``
+    in ``compute`` precision, ds the residual's gradient; dx1 None without x1 (``has_x1``),
+    dweight1 / dbias1 None without ``dy1``. With xhat the normalized stream and
+    g = dy * weight + dy1 * weight1:
+    ds = rstd * (g - xhat * mean(xhat * g) - mean(g)) (RMSNorm: without mean(g)) + dstream."""
+    c = compute
+    xh = stream.to(c) if is_rms_norm else stream.to(c) - mean.to(c).unsqueeze(-1)
+    xh = xh * rstd.to(c).unsqueeze(-1)
+    dy_c = dy.to(c)
+    g = dy_c * weight.to(c)
+    if dy1 is not None:
+        g = g + dy1.to(c) * weight1.to(c)
+    ds = g - xh * (xh * g).mean(-1, keepdim=True)
+    if not is_rms_norm:
+        ds = ds - g.mean(-1, keepdim=True)
+    ds = ds * rstd.to(c).unsqueeze(-1)
+    if dstream is not None:
+        ds = ds + dstream.to(c)
+    dx = _dropped(ds, dropout_p, mask)
+    if rowscale is not None:
+        dx = dx * rowscale.to(c).unsqueeze(-1)
+    rows = tuple(range(dy.dim() - 1))
+    dweight, dbias = (dy_c * xh).sum(rows), dy_c.sum(rows)
+    dx1 = _dropped(ds, dropout_p, mask1) if has_x1 else None
+    dweight1 = dbias1 = None
+    if dy1 is not None:
+        dy1_c = dy1.to(c)
+        dweight1, dbias1 = (dy1_c * xh).sum(rows), dy1_c.sum(rows)
+    return ds, dx, dx1, dweight, dbias, dweight1, dbias1
 
 
 def _ref(x, weight, bias, residual, x1, weight1, bias1, eps, dropout_p, rowscale, prenorm,
