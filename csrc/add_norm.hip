@@ -307,26 +307,31 @@ M2R_DEVICE void backward_rows(const AddNormParams& p) {
   for (int64_t row = r0; row < r1; ++row) {
     const int64_t base = row * n;
     const float mean = p.mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
-    float xh[kRuns][4], g[kRuns][4];
+    // h = g * rstd + dstream, so that ds = h - (xhat * c1 + c2) * rstd once the row's sums are
+    // known: dstream is read with the rest of the row, before the reduction (read after it, a
+    // second round trip to memory in every row's life), and held in g's registers.
+    float xh[kRuns][4], h[kRuns][4];
     float c[2] = {0.f, 0.f};
 #pragma unroll
     for (int k = 0; k < kRuns; ++k) {
       const int col = 4 * (static_cast<int>(threadIdx.x) + k * nt);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) xh[k][e] = g[k][e] = 0.f;
+      for (int e = 0; e < 4; ++e) xh[k][e] = h[k][e] = 0.f;
       if (col >= n) continue;
-      float dy[4], w[4];
+      float dy[4], w[4], d[4];
       load4_as_float(p.stream, p.stream_dtype, base + col, xh[k]);
       load4_as_float(p.dy, T::kDType, base + col, dy);
       load4_as_float(p.weight, p.weight_dtype, col, w);
+      if (p.dstream) load4_as_float(p.dstream, p.stream_dtype, base + col, d);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         xh[k][e] = (xh[k][e] - mean) * rstd;
-        g[k][e] = dy[e] * w[e];
+        const float g = dy[e] * w[e];
         acc[0][k][e] = fmaf(dy[e], xh[k][e], acc[0][k][e]);
         acc[1][k][e] += dy[e];
-        c[0] = fmaf(xh[k][e], g[k][e], c[0]);
-        c[1] += g[k][e];
+        c[0] = fmaf(xh[k][e], g, c[0]);
+        c[1] += g;
+        h[k][e] = p.dstream ? fmaf(g, rstd, d[e]) : g * rstd;
       }
     }
     row_sums(c, partial);
@@ -335,13 +340,9 @@ M2R_DEVICE void backward_rows(const AddNormParams& p) {
     for (int k = 0; k < kRuns; ++k) {
       const int col = 4 * (static_cast<int>(threadIdx.x) + k * nt);
       if (col >= n) continue;
-      float ds[4], d[4];
-      if (p.dstream) load4_as_float(p.dstream, p.stream_dtype, base + col, d);
+      float ds[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        ds[e] = (g[k][e] - fmaf(xh[k][e], c1, c2)) * rstd;
-        if (p.dstream) ds[e] += d[e];
-      }
+      for (int e = 0; e < 4; ++e) ds[e] = h[k][e] - fmaf(xh[k][e], c1, c2) * rstd;
       if (p.dresidual) store4_as(p.dresidual, p.stream_dtype, base + col, ds);
       store4_as(p.dx, T::kDType, base + col, ds);
     }

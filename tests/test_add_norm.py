@@ -336,3 +336,20 @@ def test_kernel_tier_launch_plans(monkeypatch):
     mask = torch.ones(5, 768, dtype=torch.bool)
     ops._bwd_impl(*bwd[:9], mask, None, mean, rstd, 0.1, False, True, False)
     assert kset.launches[-2][0] == "m2r_add_norm_bwd_bf16"
+
+
+def test_backward_grid_is_the_resident_block_count():
+    """bwd_row_blocks: the runtime's resident blocks a multiprocessor times the multiprocessors
+    (one wave), at most a block a row; BWD_BLOCKS_PER_SM where the runtime cannot tell."""
+
+    class Launcher:
+        def __init__(self, n):
+            self.n = n
+
+        def resident_blocks(self, threads):
+            return self.n
+
+    assert ops.bwd_row_blocks(16384, Launcher(6), 192, 132) == 792
+    assert ops.bwd_row_blocks(100, Launcher(6), 192, 132) == 100
+    assert ops.bwd_row_blocks(16384, Launcher(None), 256, 132) == ops.BWD_BLOCKS_PER_SM * 132
+    assert ops.bwd_row_blocks(16384, lambda *a: None, 256, 0) == ops.BWD_BLOCKS_PER_SM

@@ -546,6 +546,29 @@ def test_kernel_set_refuses_runtime_param_size_mismatch(tmp_path, no_cuda_device
         kset.launcher(UPDATE_KERNEL)
 
 
+def test_launcher_asks_the_runtime_for_resident_blocks_once_per_block_size(
+    tmp_path, no_cuda_device
+):
+    """``Launcher.resident_blocks``: the driver's occupancy answer, cached per block size;
+    None where the runtime cannot tell (the base driver's default)."""
+    asked = []
+
+    class Occupancy(FakeDriver):
+        def max_active_blocks(self, func, threads):
+            asked.append((func.value, threads))
+            return 4096 // threads
+
+    kset = _kset(tmp_path, drv=Occupancy())
+    launcher = kset.launcher(UPDATE_KERNEL)
+    assert launcher.resident_blocks(256) == 16 and launcher.resident_blocks(256) == 16
+    assert launcher.resident_blocks(512) == 8
+    assert asked == [(launcher.func.value, 256), (launcher.func.value, 512)]
+    assert (
+        _kset(tmp_path, "gfx1100", drv=FakeDriver()).launcher(UPDATE_KERNEL).resident_blocks(64)
+        is None
+    )
+
+
 def test_launcher_loads_each_module_once_and_caches(tmp_path, no_cuda_device):
     sizes = {k: ctypes.sizeof(s.params) for s in SOURCES.values() for k in s.kernels}
     drv = FakeDriver(param_sizes=sizes)  # the runtime agrees with the manifest

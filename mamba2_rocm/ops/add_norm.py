@@ -15,6 +15,7 @@ generator, so seeding works as everywhere in torch).
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import torch
@@ -33,6 +34,7 @@ from mamba2_rocm.ops._launch import (
     sm_count,
     traced,
 )
+from mamba2_rocm.params import AddNormParams
 from mamba2_rocm.reference.add_norm import (
     add_norm_bwd_ref,
     add_norm_torch,
@@ -132,9 +134,21 @@ def _compute_dtype(*tensors) -> torch.dtype:
 
 _THREADS = 256  # csrc/add_norm.hip: kThreads
 _WAVE_STEP = 64  # the register forms' block sizes: whole 64-thread steps (wave32 and wave64)
-#: The backward's blocks per multiprocessor: each walks its share of the rows with its column
-#: sums in registers; more blocks mean more partial rows for the reduce launch to add.
+#: The backward's blocks per multiprocessor where the runtime cannot say how many fit.
 BWD_BLOCKS_PER_SM = 2
+
+
+def bwd_row_blocks(rows: int, launcher, threads: int, sms: int) -> int:
+    """Blocks of the backward: as many as the GPU holds at once (the runtime's occupancy of the
+    kernel at this block size, times the multiprocessors), at most one a row. Each block walks
+    its share of the rows with its column sums in registers, so a second, partial wave of
+    blocks would run alone: on the H100 (bf16 x, fp32 stream, 16384 rows) exactly the resident
+    count was the fastest of 2 / 3 / 4 / 6 / 8 blocks a multiprocessor at every width (d768:
+    6 blocks, 76.8 us, 87% of copy, against 113.2 us at 2; d2048: 3 blocks, 197.5 against
+    224.0 us at 2 and 231.8 at 4)."""
+    resident = getattr(launcher, "resident_blocks", None)
+    per_sm = (resident(threads) if resident is not None else None) or BWD_BLOCKS_PER_SM
+    return max(1, min(rows, per_sm * max(1, sms)))
 
 
 def kernel_eligible(x: Tensor, weight, bias, residual, weight1, bias1, residual_in_fp32) -> bool:
@@ -179,11 +193,14 @@ def _aligned(*tensors) -> bool:
     return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
 
 
+#: AddNormParams' pointer fields, in order
+_POINTERS = tuple(n for n, t in AddNormParams._fields_ if t is ctypes.c_void_p)
+
+
 def _params(a: dict, rows, hidden, stream_dtype, layer_norm, rows_per_block, partial_rows,
             eps, keep) -> tuple:  # fmt: skip
     """AddNormParams in field order (csrc/params.h), pointers from ``a`` (absent: null)."""
-    names = ["x", "residual", "x1", "weight", "bias", "weight1", "bias1", "rowscale", "mask", "mask1", "y", "y1", "stream", "mean", "rstd", "dy", "dy1", "dstream", "dx", "dresidual", "dx1", "partial", "dweight", "dbias", "dweight1", "dbias1"]  # fmt: skip
-    return (*(_ptr(a.get(n)) for n in names), rows, hidden, DTYPE_CODE[stream_dtype],
+    return (*(_ptr(a.get(n)) for n in _POINTERS), rows, hidden, DTYPE_CODE[stream_dtype],
             _code(a["weight"]), _code(a.get("bias")), _code(a.get("weight1")),
             _code(a.get("bias1")), int(layer_norm), rows_per_block, partial_rows, float(eps),
             float(keep))  # fmt: skip
@@ -250,12 +267,18 @@ def _fwd_run(x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask
         mean = empty() if a["mean"] is None else a["mean"].view(rows_shape)
         return a["y"].view(shape), y1, stream, mean, a["rstd"].view(rows_shape)
     compute = _compute_dtype(x, weight, residual, x1)
+    stat = torch.float64 if compute == torch.float64 else torch.float32
+    if x.numel() == 0:  # no rows (or hidden 0 is refused): empty outputs of the right shapes
+        y = torch.empty(shape, dtype=x.dtype, device=x.device)
+        return (y, empty() if weight1 is None else torch.empty_like(y),
+                torch.empty(shape, dtype=stream_dtype, device=x.device) if store_stream else empty(),
+                empty() if is_rms_norm else torch.empty(rows_shape, dtype=stat, device=x.device),
+                torch.empty(rows_shape, dtype=stat, device=x.device))  # fmt: skip
     s = stream_sum(x, residual, x1, rowscale, mask, mask1, dropout_p, compute)
     mean, rstd = row_stats(s, eps, is_rms_norm)
     y = normalize(s, weight, bias, eps, is_rms_norm, compute).to(x.dtype)
     y1 = empty() if weight1 is None else normalize(s, weight1, bias1, eps, is_rms_norm,
                                                  compute).to(x.dtype)  # fmt: skip
-    stat = torch.float64 if compute == torch.float64 else torch.float32
     stream = s.to(stream_dtype) if store_stream else empty()
     if stream is x or stream._base is x:
         stream = stream.clone()
@@ -298,10 +321,6 @@ def _bwd_kernel(kset, dy, dy1, dstream, stream, weight, bias, weight1, bias1, ro
                 mask1, mean, rstd, dropout_p, is_rms_norm, has_residual, has_x1):  # fmt: skip
     hidden = dy.shape[-1]
     rows = dy.numel() // hidden
-    sms = max(1, sm_count(dy.device))
-    row_blocks = max(1, min(rows, BWD_BLOCKS_PER_SM * sms))
-    per_block = -(-rows // row_blocks)
-    row_blocks = -(-rows // per_block)
     a = {"stream": _rows(stream, hidden), "dy": _rows(dy, hidden), "dy1": _rows(dy1, hidden),
          "dstream": _rows(dstream, hidden), "weight": weight, "bias": bias, "weight1": weight1,
          "bias1": bias1, "mask": _mask_bytes(mask, hidden), "mask1": _mask_bytes(mask1, hidden),
@@ -311,7 +330,6 @@ def _bwd_kernel(kset, dy, dy1, dstream, stream, weight, bias, weight1, bias1, ro
     a["dresidual"] = torch.empty(rows, hidden, dtype=stream.dtype, device=dy.device) \
         if has_residual else None  # fmt: skip
     a["dx1"] = torch.empty_like(a["dx"]) if has_x1 else None
-    a["partial"] = torch.empty(row_blocks, 4, hidden, dtype=torch.float32, device=dy.device)
     a["dweight"] = torch.empty_like(weight)
     a["dbias"] = None if bias is None else torch.empty_like(bias)
     a["dweight1"] = None if weight1 is None else torch.empty_like(weight1)
@@ -320,13 +338,18 @@ def _bwd_kernel(kset, dy, dy1, dstream, stream, weight, bias, weight1, bias1, ro
     dt = KERNEL_DTYPE[dy.dtype]
     name, threads = f"m2r_add_norm_bwd_{dt}", _THREADS
     rowed = ("stream", "dy", "dy1", "dstream", "weight", "bias", "weight1", "bias1", "mask",
-             "mask1", "dx", "dresidual", "dx1", "partial")  # fmt: skip
+             "mask1", "dx", "dresidual", "dx1")  # fmt: skip
     simple = all(a[k] is None for k in ("dy1", "dx1", "mask", "rowscale"))  # the _r forms' calls
     if plan is not None and simple and _aligned(*(a[k] for k in rowed)):
         name, threads = f"m2r_add_norm_bwd_{dt}_r{plan[0]}", plan[1]
+    launcher = kset.launcher(name)
+    row_blocks = bwd_row_blocks(rows, launcher, threads, sm_count(dy.device))
+    per_block = -(-rows // row_blocks)
+    row_blocks = -(-rows // per_block)
+    a["partial"] = torch.empty(row_blocks, 4, hidden, dtype=torch.float32, device=dy.device)
     params = _params(a, rows, hidden, stream.dtype, not is_rms_norm, per_block, row_blocks, 0.0,
                      1.0 - dropout_p)  # fmt: skip
-    launch(kset.launcher(name), dy, params, (row_blocks, 1, 1), threads)
+    launch(launcher, dy, params, (row_blocks, 1, 1), threads)
     launch(kset.launcher("m2r_add_norm_bwd_reduce"), dy, params,
            (-(-4 * hidden // COLUMN_SUM_COLS), 1, 1), _THREADS)  # fmt: skip
     return a

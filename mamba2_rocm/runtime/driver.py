@@ -116,12 +116,26 @@ class GpuDriver:
         """Size of the kernel's first parameter as the runtime sees it, when it can tell."""
         return None
 
+    def max_active_blocks(self, func: ctypes.c_void_p, threads: int) -> int | None:
+        """Blocks of ``threads`` threads of ``func`` that one multiprocessor (compute unit)
+        holds at once, by the runtime's occupancy calculator (registers, LDS, wavefront
+        slots); None when the runtime cannot tell."""
+        return None
+
 
 def _declare(lib: ctypes.CDLL, name: str, *argtypes: type) -> ctypes._CFuncPtr:
     fn = getattr(lib, name)
     fn.argtypes = list(argtypes)
     fn.restype = ctypes.c_int
     return fn
+
+
+def _optional(lib: ctypes.CDLL, name: str, *argtypes: type) -> ctypes._CFuncPtr | None:
+    """``_declare``, or None where the library lacks the function (an older runtime)."""
+    try:
+        return _declare(lib, name, *argtypes)
+    except AttributeError:
+        return None
 
 
 class HipDriver(GpuDriver):
@@ -139,6 +153,8 @@ class HipDriver(GpuDriver):
         )
         self._errstr = lib.hipGetErrorString
         self._errstr.argtypes, self._errstr.restype = [i], ctypes.c_char_p
+        self._occupancy = _optional(lib, "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor",
+                                    ctypes.POINTER(i), vp, i, ctypes.c_size_t)  # fmt: skip
 
     def _check(self, err: int, what: str) -> None:
         if err != 0:
@@ -165,6 +181,14 @@ class HipDriver(GpuDriver):
         err = self._launch(func, *grid, *block, shared_bytes, stream, params, None)
         if err:
             self._check(err, "hipModuleLaunchKernel")
+
+    def max_active_blocks(self, func, threads: int) -> int | None:
+        if self._occupancy is None:
+            return None
+        n = ctypes.c_int()
+        if self._occupancy(ctypes.byref(n), func, threads, 0) != 0:
+            return None
+        return n.value
 
 
 #: CUresult of a driver call on a thread with no current context
@@ -203,6 +227,8 @@ class CudaDriver(GpuDriver):
         self._ctx_set = _declare(lib, "cuCtxSetCurrent", vp)
         self._device_get = _declare(lib, "cuDeviceGet", ctypes.POINTER(i), i)
         self._primary_retain = _declare(lib, "cuDevicePrimaryCtxRetain", _c_void_pp, i)
+        self._occupancy = _optional(lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                                    ctypes.POINTER(i), vp, i, ctypes.c_size_t)  # fmt: skip
         try:
             sz = ctypes.POINTER(ctypes.c_size_t)
             self._param_info = _declare(lib, "cuFuncGetParamInfo", vp, ctypes.c_size_t, sz, sz)
@@ -260,6 +286,15 @@ class CudaDriver(GpuDriver):
             if err == CUDA_ERROR_INVALID_CONTEXT and self._bind_thread_context():
                 err = self._launch(func, *grid, *block, shared_bytes, stream, params, None)
             self._check(err, "cuLaunchKernel")
+
+    def max_active_blocks(self, func, threads: int) -> int | None:
+        if self._occupancy is None:
+            return None
+        n = ctypes.c_int()
+        err = self._occupancy(ctypes.byref(n), func, threads, 0)
+        if err == CUDA_ERROR_INVALID_CONTEXT and self._bind_thread_context():
+            err = self._occupancy(ctypes.byref(n), func, threads, 0)
+        return n.value if err == 0 else None
 
     def param_size(self, func) -> int | None:
         if self._param_info is None:

@@ -57,7 +57,8 @@ class Launcher:
     it reads the bytes.
     """
 
-    __slots__ = ("_launch", "_local", "_packer", "func", "name", "params_type")
+    __slots__ = ("_launch", "_local", "_occupancy", "_packer", "_resident", "func", "name",
+                 "params_type")  # fmt: skip
 
     def __init__(self, name: str, func: ctypes.c_void_p, params_type: type[ctypes.Structure],
                  driver: GpuDriver) -> None:  # fmt: skip
@@ -65,6 +66,17 @@ class Launcher:
         self._packer = packer(params_type)
         self._launch = driver.launch
         self._local = threading.local()
+        self._occupancy = driver.max_active_blocks
+        self._resident: dict[int, int | None] = {}
+
+    def resident_blocks(self, threads: int) -> int | None:
+        """Blocks of ``threads`` threads of this kernel a multiprocessor holds at once (the
+        runtime's occupancy calculator; asked once per block size), or None if it cannot tell.
+        For kernels whose blocks walk a share of the rows: a grid of exactly this many blocks
+        per multiprocessor leaves no second, partial wave."""
+        if threads not in self._resident:
+            self._resident[threads] = self._occupancy(self.func, threads)
+        return self._resident[threads]
 
     def __call__(self, values: tuple, grid: tuple[int, int, int], block: tuple[int, int, int],
                  stream: int, shared_bytes: int = 0) -> None:  # fmt: skip
