@@ -653,3 +653,41 @@ def test_conv_copy_reference_takes_whole_8k_runs():
     assert copy_elements(4 * 29_364_224) == 29_364_224  # whole runs: unchanged
     assert copy_elements(4 * 1000) == 1000  # below 2^18 elements: as it is
     assert copy_elements(4 * (1 << 18) + 4 * 5) == 1 << 18
+
+
+def test_generate_table_ratios_goals_and_failures():
+    """bench generate's table: ours / upstream per metric (> 1: ours ahead, inverted for
+    times), the goal beside it; a failed measurement and a skipped side are shown."""
+    from mamba2_rocm.bench import generate
+
+    rows = [
+        {"shape": "130m", "side": "ours", "dtype": "bfloat16", "prefill_ms": 10.0,
+         "train_ms": 30.0, "decode_b1_cg_tok_s": 600.0, "decode_b1_tok_s": 200.0,
+         "decode_b16_cg_tok_s_error": "RuntimeError: boom"},
+        {"shape": "130m", "side": "upstream", "dtype": "bfloat16", "prefill_ms": 20.0,
+         "train_ms": 45.0, "decode_b1_cg_tok_s": 500.0, "decode_b1_tok_s": 100.0},
+        {"shape": "1.3b", "side": "ours", "dtype": "bfloat16", "prefill_ms": 5.0},
+        {"shape": "1.3b", "side": "upstream", "skipped": "no real mamba_ssm importable"},
+    ]  # fmt: skip
+    lines = generate.format_table(rows).splitlines()
+    first = lines[: next(i for i, ln in enumerate(lines) if ln.startswith("MambaLMHeadModel 1.3b"))]
+    row = {ln.split("(")[0].strip(): ln for ln in first if ln.startswith("  ") and "x" in ln}
+    assert row["prefill b1 l4096"].split()[-2:] == ["2.00x", "1.5x"]
+    assert row["train step b4 l2048"].split()[-2:] == ["1.50x", "1.5x"]
+    assert row["decode b1 graph"].split()[-2:] == ["1.20x", "1.2x"]
+    assert row["decode b1 eager"].split()[-2:] == ["2.00x", "1.5x"]
+    assert "  ours decode_b16_cg_tok_s: FAILED: RuntimeError: boom" in lines
+    assert "  upstream: skipped (no real mamba_ssm importable)" in lines
+
+
+def test_generate_shapes_are_upstream_checkpoint_configs():
+    """The configs build our model (and upstream's constructor takes the same keywords: the
+    names are MambaConfig's); d_model / n_layer of mamba2-130m and mamba2-1.3b."""
+    from mamba2_rocm.bench import generate
+    from mamba2_rocm.models import MambaConfig, MambaLMHeadModel
+
+    cfg = MambaConfig(**{**generate.config_kwargs("130m"), "n_layer": 1})
+    model = MambaLMHeadModel(cfg)
+    assert model.lm_head.out_features == 50288 and cfg.ssm_cfg["layer"] == "Mamba2"
+    assert generate.config_kwargs("1.3b")["d_model"] == 2048
+    assert generate.config_kwargs("130m")["ssm_cfg"] is not generate.COMMON["ssm_cfg"]

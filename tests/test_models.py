@@ -263,3 +263,22 @@ def test_sampling_filters():
     assert draws == {1, 2}
     draws = {int(sample(logits, top_k=0, top_p=0.6)) for _ in range(20)}
     assert draws == {1}
+
+
+def test_decay_rates_are_cached_for_decoding_only():
+    """decay_rates: -exp(A_log) computed once while no gradient can flow (decode steps), again
+    after A_log changes in place (load_state_dict), never cached while A_log trains."""
+    from mamba2_rocm.models._init import decay_rates
+    from mamba2_rocm.models.mamba2 import Mamba2
+
+    m = Mamba2(64, d_state=16, headdim=16)
+    with torch.no_grad():
+        a = decay_rates(m)
+        assert decay_rates(m) is a
+        torch.testing.assert_close(a, -torch.exp(m.A_log.float()))
+        m.load_state_dict({**m.state_dict(), "A_log": m.A_log.detach() + 1.0})
+        b = decay_rates(m)
+        assert b is not a
+        torch.testing.assert_close(b, -torch.exp(m.A_log.float()))
+    trained = decay_rates(m)
+    assert trained.requires_grad and trained is not b

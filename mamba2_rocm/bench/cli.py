@@ -1,5 +1,5 @@
 """``python -m mamba2_rocm bench conv1d|decode|ssd|ssd-paths|rmsnorm|add-norm|selective-scan|host|
-model``."""
+model|generate``."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def _run(args: argparse.Namespace) -> int:
     bench = importlib.import_module(f"mamba2_rocm.bench.{args.op.replace('-', '_')}")
     extra = {}
     if args.shape:
-        if args.op != "model":
-            raise ValueError("--shape applies to `bench model` only")
+        if args.op not in ("model", "generate"):
+            raise ValueError("--shape applies to `bench model` / `bench generate` only")
         extra["shapes"] = tuple(args.shape)
     if args.op in ("ssd", "decode"):
         extra["triton_procs"] = args.triton_procs
@@ -49,8 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "selective-scan",
             "host",
             "model",
+            "generate",
         ],
         help="which op family, or model: a transformers Mamba2 end to end (mamba2_rocm.bench.model); "
+        "generate: mamba_ssm's MambaLMHeadModel, ours vs upstream's (mamba2_rocm.bench.generate); "
         "ssd-paths: the SSD forward's per-shape choices against their alternatives on this GPU "
         "(mamba2_rocm.bench.ssd_paths)",
     )
@@ -63,5 +65,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"{' / '.join(BACKWARD_OPS)}: forward + backward (training) instead of "
                         "the forward, with peak memory")  # fmt: skip
     p.add_argument("--shape", action="append", choices=["130m", "1.3b"],
-                   help="bench model: only these checkpoint shapes (repeatable; default: all)")  # fmt: skip
+                   help="bench model / generate: only these checkpoint shapes (repeatable; "
+                        "default: all)")  # fmt: skip
     p.set_defaults(func=_run)

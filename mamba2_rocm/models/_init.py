@@ -48,3 +48,20 @@ def layer_states(module, inference_params, make, initialize_states: bool = False
         for t in cache[module.layer_idx]:
             t.zero_()
     return cache[module.layer_idx]
+
+
+def decay_rates(module) -> torch.Tensor:
+    """``-exp(A_log)`` in fp32 (an fp16 A_log would overflow to -inf). Where no gradient can flow
+    to A_log (decoding under no_grad / inference_mode) the result is kept on the module and
+    reused while A_log is the same tensor at the same version (an in-place update, as
+    ``load_state_dict`` makes, recomputes it): a decode step otherwise launches the two small
+    kernels of this line in every layer for every token."""
+    a_log = module.A_log
+    if torch.is_grad_enabled() and a_log.requires_grad:
+        return -torch.exp(a_log.float())
+    key = (a_log.data_ptr(), a_log._version, a_log.device, torch.is_inference_mode_enabled())
+    cached = module.__dict__.get("_decay_rates")
+    if cached is None or cached[0] != key:
+        cached = (key, -torch.exp(a_log.float()))
+        module.__dict__["_decay_rates"] = cached
+    return cached[1]

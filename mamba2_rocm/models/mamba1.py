@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mamba2_rocm.models._init import dt_bias_init, layer_states, no_weight_decay
+from mamba2_rocm.models._init import decay_rates, dt_bias_init, layer_states, no_weight_decay
 from mamba2_rocm.ops.conv1d import causal_conv1d_fn, causal_conv1d_update
 from mamba2_rocm.ops.mamba1 import mamba_inner_fn
 from mamba2_rocm.ops.selective_scan import selective_scan_fn
@@ -118,7 +118,7 @@ class Mamba(nn.Module):
                                  self.activation)  # fmt: skip
         dt, B, C = torch.split(self.x_proj(x), [self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = F.linear(dt, self.dt_proj.weight)  # the bias goes in as dt_bias
-        A = -torch.exp(self.A_log.float())
+        A = decay_rates(self)
         y = selective_state_update(ssm_state, x, dt, A, B, C, self.D, z=z,
                                    dt_bias=self.dt_proj.bias, dt_softplus=True)  # fmt: skip
         return self.out_proj(y).unsqueeze(1), conv_state, ssm_state

@@ -16,7 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mamba2_rocm.models._init import a_log_init, dt_bias_init, layer_states, no_weight_decay
+from mamba2_rocm.models._init import (
+    a_log_init,
+    decay_rates,
+    dt_bias_init,
+    layer_states,
+    no_weight_decay,
+)
 from mamba2_rocm.ops.conv1d import (
     causal_conv1d_fn,
     causal_conv1d_update,
@@ -231,7 +237,7 @@ class Mamba2(nn.Module):
                                    self.activation)  # fmt: skip
         x, B, C = self._xbc_split(xbc)
         h, p, n = self.nheads, self.headdim, self.d_state
-        A = (-torch.exp(self.A_log.float()))[:, None, None].expand(h, p, n)
+        A = decay_rates(self)[:, None, None].expand(h, p, n)
         D = self.D.view(h, p) if self.D_has_hdim else self.D[:, None].expand(h, p)
         y = selective_state_update(
             ssm_state, x.view(-1, h, p), dt[:, :, None].expand(-1, h, p), A,

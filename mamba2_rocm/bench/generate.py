@@ -1,0 +1,182 @@
+"""mamba_ssm's model layer, end to end: ``python -m mamba2_rocm bench generate``.
+
+Our ``mamba2_rocm.models.MambaLMHeadModel`` against upstream's
+``mamba_ssm.models.mixer_seq_simple.MambaLMHeadModel`` on its Triton path (when a real
+mamba_ssm is importable: the "beside upstream" setup, where causal-conv1d's CUDA extension is
+not built, so its conv is ours), with the same weights (upstream's model loads our
+``state_dict``), random init, at the shapes of state-spaces/mamba2-130m (d_model 768, 24 layers)
+and mamba2-1.3b (2048, 48): Mamba2 mixers with headdim 64, d_state 128, RMSNorm, the fp32
+residual stream, fused add + norm, tied embeddings.
+
+Measured in one process, each the median of a few repeats (CUDA events around the whole call,
+host time included):
+
+- prefill: batch 1, 4096 tokens, the last token's logits (as ``generate`` prefills);
+- training step: batch 4, 2048 tokens, forward, the cross-entropy of every position and
+  backward (no optimizer: its cost is the same on both sides);
+- decode: greedy ``generate`` at batch 1 and 16 from a 16-token prompt, with ``cg=True`` (the
+  decode step captured once in a graph and replayed) and without; tokens per second are
+  ``batch * n / (t(generate n + 1) - t(generate 1))`` (the prefill cancels out).
+
+Goals (issue #70): prefill and training step ≥ 1.5x upstream, graph decode ≥ 1.2x, eager
+decode ≥ 1.5x.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from mamba2_rocm.bench.model import _median_ms, real_mamba_ssm_root
+
+SHAPES = {"130m": dict(d_model=768, n_layer=24), "1.3b": dict(d_model=2048, n_layer=48)}
+COMMON = dict(
+    vocab_size=50277, d_intermediate=0, rms_norm=True, residual_in_fp32=True, fused_add_norm=True,
+    pad_vocab_size_multiple=16, tie_embeddings=True,
+    ssm_cfg={"layer": "Mamba2", "d_state": 128, "headdim": 64, "expand": 2, "chunk_size": 256},
+)  # fmt: skip
+PREFILL = (1, 4096)
+TRAIN = (4, 2048)
+DECODE_BATCHES = (1, 16)
+PROMPT_TOKENS = 16
+NEW_TOKENS = 64
+SIDES = ("ours", "upstream")
+#: (key, label, higher is better, goal of ours / upstream)
+METRICS = (
+    ("prefill_ms", f"prefill b{PREFILL[0]} l{PREFILL[1]} (ms)", False, 1.5),
+    ("train_ms", f"train step b{TRAIN[0]} l{TRAIN[1]} (ms)", False, 1.5),
+    *(
+        (f"decode_b{b}{cg}_tok_s", f"decode b{b} {name} (tok/s)", True, goal)
+        for b in DECODE_BATCHES
+        for cg, name, goal in (("_cg", "graph", 1.2), ("", "eager", 1.5))
+    ),
+)
+
+
+def config_kwargs(shape: str) -> dict:
+    return {**COMMON, **SHAPES[shape], "ssm_cfg": dict(COMMON["ssm_cfg"])}
+
+
+def _models(torch, shape: str, dtype):
+    """Ours, and upstream's with the same weights (None without a real mamba_ssm)."""
+    from mamba2_rocm.models import MambaConfig, MambaLMHeadModel
+
+    torch.manual_seed(0)
+    ours = MambaLMHeadModel(MambaConfig(**config_kwargs(shape)), device="cuda", dtype=dtype)
+    if real_mamba_ssm_root() is None:
+        return ours, None
+    from mamba_ssm.models.config_mamba import MambaConfig as TheirConfig
+    from mamba_ssm.models.mixer_seq_simple import MambaLMHeadModel as Theirs
+
+    theirs = Theirs(TheirConfig(**config_kwargs(shape)), device="cuda", dtype=dtype)
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    return ours, theirs
+
+
+def measure(torch, model, repeats: int) -> dict:
+    """The side's numbers; a measurement that fails is recorded as its error, the rest run."""
+    out: dict = {}
+    g = torch.Generator(device="cuda").manual_seed(1)
+    vocab = model.config.vocab_size
+
+    def ids(b, n):
+        return torch.randint(0, vocab, (b, n), device="cuda", generator=g)
+
+    def attempt(key, fn):
+        try:
+            out[key] = fn()
+        except Exception as exc:  # a side that cannot run one measurement still runs the others
+            out[f"{key}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        torch.cuda.empty_cache()
+
+    prompt = ids(*PREFILL)
+
+    def prefill():
+        with torch.no_grad():
+            model(prompt, num_last_tokens=1)
+
+    prefill()  # (compiles / autotunes on first use)
+    attempt("prefill_ms", lambda: _median_ms(torch, prefill, repeats))
+
+    tokens = ids(TRAIN[0], TRAIN[1] + 1)
+
+    def train():
+        model.zero_grad(set_to_none=True)
+        logits = model(tokens[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1).float(), tokens[:, 1:].flatten()
+        )
+        loss.backward()
+
+    def timed_train():
+        train()
+        return _median_ms(torch, train, repeats)
+
+    attempt("train_ms", timed_train)
+    model.zero_grad(set_to_none=True)
+
+    for b in DECODE_BATCHES:
+        start = ids(b, PROMPT_TOKENS)
+        for cg in (True, False):
+            key = f"decode_b{b}{'_cg' if cg else ''}_tok_s"
+
+            def gen(n, start=start, cg=cg):
+                with torch.no_grad():
+                    model.generate(start, max_length=PROMPT_TOKENS + n, cg=cg, top_k=1)
+
+            def tok_s(gen=gen, b=b):
+                gen(NEW_TOKENS + 1)  # warm: graph capture, autotune
+                t_long = _median_ms(torch, lambda: gen(NEW_TOKENS + 1), repeats)
+                t_one = _median_ms(torch, lambda: gen(1), repeats)
+                return b * NEW_TOKENS / ((t_long - t_one) / 1e3)
+
+            attempt(key, tok_s)
+    return out
+
+
+def run(dtype: str = "bfloat16", shapes=tuple(SHAPES), repeats: int = 3) -> list[dict]:
+    import torch
+
+    dt = getattr(torch, dtype)
+    rows = []
+    for shape in shapes:
+        ours, theirs = _models(torch, shape, dt)
+        for side, model in zip(SIDES, (ours, theirs), strict=True):
+            row = {"shape": shape, "side": side, "dtype": dtype}
+            if model is None:
+                row["skipped"] = "no real mamba_ssm importable (run it beside upstream)"
+            else:
+                t0 = time.perf_counter()
+                row.update(measure(torch, model, repeats))
+                print(f"bench generate: {shape} {side} in {time.perf_counter() - t0:.0f} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            rows.append(row)
+        del ours, theirs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """One block per shape: each metric for ours and upstream, the ratio (> 1: ours ahead)
+    and the goal; then errors and skips."""
+    out = []
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        by = {r["side"]: r for r in rows if r["shape"] == shape}
+        ours, up = by.get("ours", {}), by.get("upstream", {})
+        out.append(f"MambaLMHeadModel {shape} (Mamba2, random init, {ours.get('dtype', '?')}): "
+                   f"ours vs upstream mamba_ssm (Triton; our conv)")  # fmt: skip
+        out.append(f"  {'metric':<30}{'ours':>10}{'upstream':>10}{'ours/up':>9}{'goal':>7}")
+        for key, label, higher, goal in METRICS:
+            a, b = ours.get(key), up.get(key)
+            cells = "".join(f"{v:>10.1f}" if isinstance(v, float) else f"{'-':>10}" for v in (a, b))
+            ratio = "-"
+            if isinstance(a, float) and isinstance(b, float) and a > 0 and b > 0:
+                ratio = f"{(a / b if higher else b / a):.2f}x"
+            out.append(f"  {label:<30}{cells}{ratio:>9}{goal:>6.1f}x")
+        for side, r in (("ours", ours), ("upstream", up)):
+            if "skipped" in r:
+                out.append(f"  {side}: skipped ({r['skipped']})")
+            for k, v in r.items():
+                if k.endswith("_error"):
+                    out.append(f"  {side} {k[:-6]}: FAILED: {v}")
+    return "\n".join(out)
