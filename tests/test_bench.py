@@ -96,17 +96,19 @@ def test_sides_hide_a_real_mamba_ssm_except_the_triton_one():
 
 
 def test_bench_model_takes_chosen_shapes(monkeypatch, capsys):
-    """``bench model --shape 1.3b`` runs only that shape (a whole run can outlast one device
-    call); --shape on another op is refused."""
+    """``bench model --shape 1.3b`` (and ``bench generate``) runs only that shape (a whole run
+    can outlast one device call); --shape on another op is refused."""
     from mamba2_rocm import cli
-    from mamba2_rocm.bench import model
+    from mamba2_rocm.bench import generate, model
 
     seen = []
-    monkeypatch.setattr(model, "run", lambda dtype, shapes=None: seen.append(shapes) or [])
+    for mod in (model, generate):
+        monkeypatch.setattr(mod, "run", lambda dtype, shapes=None: seen.append(shapes) or [])
     assert cli.main(["bench", "model", "--shape", "1.3b", "--json"]) == 0
-    assert seen == [("1.3b",)]
+    assert cli.main(["bench", "generate", "--shape", "130m", "--json"]) == 0
+    assert seen == [("1.3b",), ("130m",)]
     assert cli.main(["bench", "ssd", "--shape", "1.3b"]) == 1
-    assert "--shape applies to `bench model` only" in capsys.readouterr().err
+    assert "--shape applies to `bench model` / `bench generate` only" in capsys.readouterr().err
 
 
 def test_the_table_says_when_the_kernels_are_an_emulation_build(monkeypatch, tmp_path):

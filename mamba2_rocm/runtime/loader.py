@@ -66,7 +66,7 @@ class Launcher:
         self._packer = packer(params_type)
         self._launch = driver.launch
         self._local = threading.local()
-        self._occupancy = driver.max_active_blocks
+        self._occupancy = getattr(driver, "max_active_blocks", None)  # (a duck-typed driver)
         self._resident: dict[int, int | None] = {}
 
     def resident_blocks(self, threads: int) -> int | None:
@@ -75,7 +75,8 @@ class Launcher:
         For kernels whose blocks walk a share of the rows: a grid of exactly this many blocks
         per multiprocessor leaves no second, partial wave."""
         if threads not in self._resident:
-            self._resident[threads] = self._occupancy(self.func, threads)
+            ask = self._occupancy
+            self._resident[threads] = None if ask is None else ask(self.func, threads)
         return self._resident[threads]
 
     def __call__(self, values: tuple, grid: tuple[int, int, int], block: tuple[int, int, int],
