@@ -282,3 +282,37 @@ def test_decay_rates_are_cached_for_decoding_only():
         torch.testing.assert_close(b, -torch.exp(m.A_log.float()))
     trained = decay_rates(m)
     assert trained.requires_grad and trained is not b
+
+
+def test_amp_decorators_and_determinism_switch(monkeypatch):
+    """mamba_ssm.utils.torch's decorators, bare and with keywords, on an autograd.Function;
+    mamba_ssm.utils.determinism's switch: override, then MAMBA_DETERMINISTIC, then torch's."""
+    from mamba2_rocm.models import compat
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        @compat.custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        @compat.custom_bwd
+        def backward(ctx, g):
+            return g * 2
+
+    x = torch.ones(3, requires_grad=True)
+    Double.apply(x).sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
+
+    monkeypatch.delenv("MAMBA_DETERMINISTIC", raising=False)
+    assert compat.use_deterministic_mode() is torch.are_deterministic_algorithms_enabled()
+    monkeypatch.setenv("MAMBA_DETERMINISTIC", "1")
+    assert compat.use_deterministic_mode() is True
+    compat.set_deterministic_mode(False)
+    try:
+        assert compat.use_deterministic_mode() is False
+        with pytest.raises(TypeError, match="True, False or None"):
+            compat.set_deterministic_mode("yes")
+    finally:
+        compat.set_deterministic_mode(None)
+    assert compat.use_deterministic_mode() is True
