@@ -55,7 +55,7 @@ RMSNORM_VEC_DTYPES = ("f16", "bf16")
 RMSNORM_BWD_ROW_MAX_THREADS = 512
 #: csrc/add_norm.hip: 4-element runs a thread of the register-resident forward / backward
 ADD_NORM_FWD_RUNS = (1, 2, 4, 8)
-ADD_NORM_BWD_RUNS = (1, 2, 4)
+ADD_NORM_BWD_RUNS = (1, 2, 3, 4)
 SELECTIVE_SCAN_DSTATE_TIERS = (16, 32, 64, 128, 256)  # csrc/selective_scan.hip: 16 lanes each
 SELECTIVE_SCAN_SEGMENT_TIERS = (16, 32, 64)  # the segment (_sp) and channel (_ch) forms
 

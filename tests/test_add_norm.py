@@ -238,7 +238,8 @@ def test_op_outputs_and_dtypes():
 
 def test_row_plan():
     """The register forms: the fewest runs a thread within 256 threads (64-thread steps); the
-    generic kernel past 8 runs (forward) / 4 (backward), or for hidden not a multiple of 4."""
+    generic kernel past 8 runs (forward) / 4 (backward, which has a 3-run form too), or for
+    hidden not a multiple of 4."""
     assert ops.row_plan(768, ADD_NORM_FWD_RUNS) == (1, 192)
     assert ops.row_plan(2048, ADD_NORM_FWD_RUNS) == (2, 256)
     assert ops.row_plan(4096, ADD_NORM_FWD_RUNS) == (4, 256)
@@ -246,6 +247,7 @@ def test_row_plan():
     assert ops.row_plan(8196, ADD_NORM_FWD_RUNS) is None
     assert ops.row_plan(4096, ADD_NORM_BWD_RUNS) == (4, 256)
     assert ops.row_plan(5120, ADD_NORM_BWD_RUNS) is None
+    assert ops.row_plan(2560, ADD_NORM_BWD_RUNS) == (3, 256)  # (4 runs: 192 threads)
     assert ops.row_plan(4, ADD_NORM_FWD_RUNS) == (1, 64)
     assert ops.row_plan(770, ADD_NORM_FWD_RUNS) is None
     names = set(SOURCES["add_norm"].kernels)

@@ -127,7 +127,10 @@ def _args(name, dtype):
 
 @pytest.mark.parametrize("is_rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("hidden", [40, 1000, 6144])
+#: the backward's forms: 40 / 1000 one run a thread, 1800 two, 2400 three, 3500 four (each with
+#: idle threads in the last run), 6144 generic; the calls with x1, dropout, rowscale or unaligned
+#: rows take the generic form at every width
+@pytest.mark.parametrize("hidden", [40, 1000, 1800, 2400, 3500, 6144])
 @pytest.mark.parametrize("name", sorted(ARGUMENTS))
 def test_every_argument_forward_and_backward(name, hidden, dtype, is_rms):
     """Outputs and every gradient (x, residual, x1, weight, bias, weight1, bias1) against
