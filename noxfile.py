@@ -55,7 +55,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and format --check; on .github/workflows: zizmor --pedantic, the workflow
-    schema, actionlint and our reusable-workflow checks."""
+    schema, actionlint and our reusable-workflow checks; the tree hygiene checks."""
     # zizmor pinned: a new release adds audits, and lint must not turn red by itself.
     session.install("ruff", "zizmor==1.32.0", "check-jsonschema==0.39.0")
     session.run("ruff", "check", "mamba2_rocm", "tests", "noxfile.py", "hatch_build.py")
@@ -74,6 +74,8 @@ def lint(session: nox.Session) -> None:
     session.run("node", ACTIONLINT, ".github/workflows/*.yml", external=True)
     session.install("pyyaml")
     session.run("python", "-m", "mamba2_rocm.pipeline.workflows", ".github/workflows")
+    # no numbered work sessions in the tree; commit subjects of at most 72 characters
+    session.run("python", "-m", "mamba2_rocm.pipeline.hygiene")
 
 
 @nox.session(default=False)

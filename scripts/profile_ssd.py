@@ -13,7 +13,7 @@ appends the rows to FILE. ``--once SHAPE`` makes one warm-up and one timed call,
 the target for ncu (scripts/device_profile.sh); the timed call is the NVTX range ``timed``, so
 ``ncu --nvtx --nvtx-include timed/`` skips Triton's autotuning launches. ``--triton --configs``
 also prints, per shape, the config Triton's autotuner kept for each stage (its tile sizes, warps
-and stages): where our tiles differ from those, the README's SSD section says so.
+and stages): where our tiles differ from those, docs/design.md's SSD entries say so.
 """
 
 import argparse

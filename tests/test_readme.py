@@ -59,3 +59,11 @@ def test_ci_runs_the_readme_test_command():
     assert test_cmd in ci
     # CI's torch is the local CPU build (the equivalent of the test-only line), pinned
     assert re.search(r'pip install -q "torch==[\d.]+"', ci)
+
+
+def test_the_readme_is_short_and_points_to_the_docs():
+    """A README people read (at most 300 lines); the commands and the design history live in
+    docs/, and the README links both."""
+    assert len(README.splitlines()) <= 300
+    for doc in ("docs/commands.md", "docs/design.md"):
+        assert (REPO / doc).is_file() and f"]({doc})" in README

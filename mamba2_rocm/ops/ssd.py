@@ -315,10 +315,10 @@ def _scan_form(chunk_size: int, dt_name: str, matrix_cores: bool, headdim: int) 
 # (slower by 2-4% at 96 and 128), and from 64 chains of 64 chunks (b1 l16384 h64 g8: 815 vs
 # 837 µs; slower by 1% at 48 chains, 4.5% at 64 chains of 16); at 24-32 chains of 32-64 chunks
 # it was 20-35% slower. A second sweep, after the table was set, found its pick within 0.5% of
-# the faster path at all 38 points. On an H200 (session 37's sweep) the pick is within 0.5% at 35
-# of 38 and 1.9-3.0% slower than the separate path at the three of 64 chains of 32-64 chunks (b1
-# l16384 h64 g8 769.0 vs 754.4 us, mamba2-1.3b b1 l8192 / l16384), where the H100 had chained 2.6%
-# ahead: the two disagree at that step by about as much either way, so it stays. Calibrated on
+# the faster path at all 38 points. On an H200 (the sweep of 2026-11-29, commit 5c99e51) the
+# pick is within 0.5% at 35 of 38 and 1.9-3.0% slower than the separate path at the three of
+# 64 chains of 32-64 chunks (b1 l16384 h64 g8 769.0 vs 754.4 us, mamba2-1.3b b1 l8192 /
+# l16384), where the H100 had chained 2.6% ahead: the two disagree at that step by about as much either way, so it stays. Calibrated on
 # NVIDIA only; the AMD targets take the same rule untested (an AMD runner reruns the script to
 # check it).
 CHAIN_CHAINS_PER_SM = ((2, 1.6), (16, 1.2), (math.inf, 0.48))
