@@ -276,7 +276,7 @@ struct AddNormParams {
 };
 
 // Mamba2 SSD chunked scan (mamba_chunk_scan_combined), forward. One struct for the five stage
-// kernels of csrc/ssd.hip; each reads the fields it needs. x, z, out: (batch, seqlen, nheads,
+// kernels of csrc/ssd_*.hip (csrc/ssd_common.h); each reads the fields it needs. x, z, out: (batch, seqlen, nheads,
 // headdim); B, C: (batch, seqlen, ngroups, dstate); the last dim of each has unit stride.
 // Workspaces (fp32/int32, contiguous, allocated by the caller), with c = chunk, s = position:
 //   dt_out, dA_cs (batch, nheads, nchunks, chunk_size): dt' and the inclusive cumsum of dt' A;
@@ -326,7 +326,7 @@ struct SsdParams {
   int32_t reserved;
 };
 
-// The SSD scan's backward (csrc/ssd_bwd.hip), after the forward's first four stages were run
+// The SSD scan's backward (csrc/ssd_bwd_*.hip), after the forward's first four stages were run
 // again (SsdParams' dt_out, dA_cs, seg, cb and states: the entering state of each chunk).
 // x, B, C, z and dout are contiguous in the kernel's dtype, so their strides follow from the
 // sizes; dt is the caller's (any strides, dtype dt_dtype: the clamp and softplus derivatives
@@ -353,7 +353,7 @@ struct SsdBwdParams {
   void* dz;               // like x, or null
   void* dx;               // like x
   float* dstates;         // like states: the gradient of each chunk's entering, then its final state
-                          // (16-bit x on the matrix cores: 16-bit copies, csrc/ssd_bwd.hip state_runs)
+                          // (16-bit x on the matrix cores: 16-bit copies, csrc/ssd_bwd_*.hip state_runs)
   float* dinit;           // (batch, nheads, headdim, dstate), or null
   void* dB;               // (batch, seqlen, ngroups, dstate): float32, or x's dtype (dbc_io bit 0)
   void* dC;               // (batch, seqlen, ngroups, dstate): float32, or x's dtype (dbc_io bit 1)

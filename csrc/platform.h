@@ -95,14 +95,14 @@ M2R_DEVICE void store_float4(float* p, float a, float b, float c, float d) {
 #endif
 }
 
-// One block hands data to a later one of the same grid (ssd.hip's chained chunk_state): the
+// One block hands data to a later one of the same grid (ssd_chunk_state.hip's chained chunk_state): the
 // producer's threads store it, then call flag_publish; the consumer calls flag_wait, then reads
 // it with load_fresh. Both are block-wide (a barrier each). NVIDIA: one thread's release store
 // after the barrier and one thread's acquire loads before it (PTX's memory model makes the
 // barrier carry the order to the other threads: CUTLASS's semaphore does the same), and the
 // data is read from L2 (ld.global.cg). AMD: each thread's device-scope fence, which also writes
 // back / invalidates the non-coherent vector L1. A consumer must only wait on a block that is
-// already running or done (ssd.hip takes its chunks from an atomic ticket), or the wait could
+// already running or done (ssd_chunk_state.hip takes its chunks from an atomic ticket), or the wait could
 // hold the multiprocessor the producer needs.
 M2R_DEVICE void flag_publish(int* flag) {
 #if M2R_AMD

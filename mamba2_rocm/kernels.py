@@ -41,7 +41,7 @@ SSU_DSTATE_TIERS = (32, 64, 128, 256)
 #: at most 32 lanes of 16 bytes: 256 16-bit or 128 float32 elements)
 SSU_CONTIG_MAX_DSTATE = {"f32": 128, "f16": 256, "bf16": 256}
 SSU_ROWS_PER_WIDE = 2  # csrc/state_update.hip: kRowsPerWide, rows per thread of the _contig kernels
-#: csrc/ssd.hip: chunk_scan's kernel forms, by suffix -> (positions per tile, threads a block,
+#: csrc/ssd_chunk_scan.hip: chunk_scan's kernel forms, by suffix -> (positions per tile, threads a block,
 #: headdim columns a block). Every target has every form (t64b128 / t64p128 for the 16-bit
 #: types only); which one runs is the host's rule (mamba2_rocm/ops/ssd.py, _scan_form).
 SSD_SCAN_FORMS = {
@@ -164,44 +164,61 @@ SOURCES: dict[str, KernelSource] = {
                 for z in ("", "_z")
             ),
         ),
+        # the SSD forward's five stages, a source each (csrc/ssd_common.h: what they share)
+        KernelSource("ssd_chunk_cumsum", SsdParams, ("m2r_ssd_chunk_cumsum",)),
+        KernelSource("ssd_bmm", SsdParams, tuple(f"m2r_ssd_bmm_{dt}" for dt in KERNEL_DTYPES)),
         KernelSource(
-            "ssd",
+            "ssd_chunk_state",
             SsdParams,
-            (
-                "m2r_ssd_chunk_cumsum",
-                "m2r_ssd_state_passing",
-                *(
-                    f"m2r_ssd_{stage}_{dt}"
-                    for dt in KERNEL_DTYPES
-                    for stage in (
-                        "bmm",
-                        "chunk_state",
-                        "chunk_state_chain",
-                        "chunk_state_chain_lds",
-                        "varlen_state",
-                    )
-                ),
-                *(
-                    f"m2r_ssd_chunk_scan_{dt}_{form}{z}"
-                    for dt in KERNEL_DTYPES
-                    for form in SSD_SCAN_FORMS
-                    if dt != "f32" or form not in SSD_SCAN_16BIT_FORMS
-                    for z in ("", "_z")
-                ),
+            tuple(
+                f"m2r_ssd_{stage}_{dt}"
+                for dt in KERNEL_DTYPES
+                for stage in (
+                    "chunk_state",
+                    "chunk_state_chain",
+                    "chunk_state_chain_lds",
+                    "varlen_state",
+                )
             ),
+        ),
+        KernelSource("ssd_state_passing", SsdParams, ("m2r_ssd_state_passing",)),
+        KernelSource(
+            "ssd_chunk_scan",
+            SsdParams,
+            tuple(
+                f"m2r_ssd_chunk_scan_{dt}_{form}{z}"
+                for dt in KERNEL_DTYPES
+                for form in SSD_SCAN_FORMS
+                if dt != "f32" or form not in SSD_SCAN_16BIT_FORMS
+                for z in ("", "_z")
+            ),
+        ),
+        # the SSD backward's stages, a source each (csrc/ssd_bwd_common.h: what they share)
+        KernelSource(
+            "ssd_bwd_dz", SsdBwdParams, tuple(f"m2r_ssd_bwd_dz_{dt}" for dt in KERNEL_DTYPES)
         ),
         KernelSource(
-            "ssd_bwd",
+            "ssd_bwd_dstates",
             SsdBwdParams,
-            (
-                "m2r_ssd_bwd_cumsum",
-                *(
-                    f"m2r_ssd_bwd_{stage}_{dt}"
-                    for dt in KERNEL_DTYPES
-                    for stage in ("dz", "dstates", "state_passing", "dx", "dcb", "dc", "db")
-                ),
-            ),
+            tuple(f"m2r_ssd_bwd_dstates_{dt}" for dt in KERNEL_DTYPES),
         ),
+        KernelSource(
+            "ssd_bwd_state_passing",
+            SsdBwdParams,
+            tuple(f"m2r_ssd_bwd_state_passing_{dt}" for dt in KERNEL_DTYPES),
+        ),
+        KernelSource(
+            "ssd_bwd_dx", SsdBwdParams, tuple(f"m2r_ssd_bwd_dx_{dt}" for dt in KERNEL_DTYPES)
+        ),
+        KernelSource(
+            "ssd_bwd_dcb", SsdBwdParams, tuple(f"m2r_ssd_bwd_dcb_{dt}" for dt in KERNEL_DTYPES)
+        ),
+        KernelSource(
+            "ssd_bwd_dbc",
+            SsdBwdParams,
+            tuple(f"m2r_ssd_bwd_{d}_{dt}" for dt in KERNEL_DTYPES for d in ("dc", "db")),
+        ),
+        KernelSource("ssd_bwd_cumsum", SsdBwdParams, ("m2r_ssd_bwd_cumsum",)),
         KernelSource(
             "add_norm",
             AddNormParams,

@@ -92,13 +92,13 @@ def test_sm90_manifest_lists_every_kernel_with_verified_facts(sm90):
 
 
 #: Sources whose sm_90 output nvcc itself does not reproduce. Measured with CUDA 13.0.88:
-#: cicc, given the identical preprocessed ssd.hip, emits different PTX for the FMA chunk_scan
+#: cicc, given the identical preprocessed source, emits different PTX for the FMA chunk_scan
 #: kernels in about 1 run of 4 (an extra vector load in slab_product, two more virtual
 #: registers) even single-threaded with ASLR off, in its own PID namespace and with
 #: /dev/urandom replaced by zeros; ptxas given one PTX is stable. The sm_90 build is the test
 #: machine's, never shipped; the shipped AMD builds of every source, ssd included, are
 #: compared byte for byte by tests/pipeline/test_build_e2e.py::test_reproducible.
-NVCC_IRREPRODUCIBLE = {"ssd"}
+NVCC_IRREPRODUCIBLE = {"ssd_chunk_scan"}
 
 
 @pytest.mark.slow
@@ -227,7 +227,7 @@ MATRIX_OPS = {
 def test_ssd_matrix_core_instructions(amd_build, target, tmp_path):
     """Disassembled with the toolchain's llvm-objdump: the matrix-core path is compiled in
     (its layouts are only checked by running on AMD hardware, in the GPU test gate)."""
-    (elf,) = unbundle((amd_build / target / "ssd.hsaco").read_bytes()).values()
+    (elf,) = unbundle((amd_build / target / "ssd_chunk_scan.hsaco").read_bytes()).values()
     (tmp_path / "ssd.o").write_bytes(elf)
     cmd = [
         "docker", "run", "--rm", "--network", "none", "--user", f"{os.getuid()}:{os.getgid()}",
@@ -710,3 +710,47 @@ def test_matrix_core_emulation_builds_in_toolchain_image(variant, mma, tmp_path)
     for name, src in SOURCES.items():
         co = next(c for c in manifest["code_objects"] if c["source"] == name)
         assert {k["name"] for k in co["kernels"]} == set(src.kernels), name
+
+
+# --- per-kernel fingerprints (mamba2_rocm.build.fingerprint) ----------------------------------
+
+
+@pytest.mark.slow
+def test_fingerprints_cover_every_kernel_and_find_changes(sm90, tmp_path):
+    """Every kernel of the sm_90 build gets a fingerprint; a folder compared with itself, with
+    its code objects merged into other files or renamed, is identical; a kernel that is gone or
+    whose code changed is named."""
+    import shutil
+
+    from mamba2_rocm.build.fingerprint import compare, folder_fingerprints
+
+    base = sm90.out_dir
+    prints = folder_fingerprints(base)
+    assert {k for _, k in prints} == {k for s in SOURCES.values() for k in s.kernels}
+    n, problems = compare(base, base)
+    assert n == len(prints) and problems == []
+
+    renamed = tmp_path / "renamed" / "sm_90"
+    renamed.mkdir(parents=True)
+    for co in sm90.targets["sm_90"].glob("*.cubin"):
+        shutil.copy(co, renamed / f"moved_{co.name}")  # the same kernels in other files
+    assert compare(base, renamed.parent)[1] == []
+
+    changed = tmp_path / "changed" / "sm_90"
+    shutil.copytree(sm90.targets["sm_90"], changed)
+    (changed / "add_norm.cubin").unlink()
+    shutil.copy(sm90.targets["sm_90"] / "rmsnorm.cubin", changed / "add_norm.cubin")
+    problems = compare(base, changed.parent)[1]
+    assert "sm_90 m2r_add_norm_bwd_reduce: missing" in problems
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_fingerprints_of_amd_code_objects(amd_build):
+    """The AMD reader: a fingerprint for every kernel of every source, per target."""
+    from mamba2_rocm.build.fingerprint import folder_fingerprints
+
+    prints = folder_fingerprints(amd_build)
+    kernels = {k for s in SOURCES.values() for k in s.kernels}
+    for target in AMD_TARGETS:
+        assert {k for t, k in prints if t == target} == kernels, target

@@ -99,17 +99,17 @@ def test_launch_geometry_matches_kernel_constants():
 
     for name, pairs in (
         (
-            "ssd.hip",
+            "ssd_common.h",
             {
                 "kThreads": ssd._THREADS,
                 "kHeadsPerCumsum": ssd._CUMSUM_HEADS,
                 "kStateP": ssd._STATE_TILES[0],
                 "kStateN": ssd._STATE_TILES[1],
-                "kPassVec": ssd._PASS_VEC,
             },
         ),
+        ("ssd_state_passing.hip", {"kPassVec": ssd._PASS_VEC}),
         (
-            "ssd_bwd.hip",
+            "ssd_bwd_common.h",
             {
                 "kThreads": ssd._THREADS,
                 "kTile": ssd._BWD_TILE,

@@ -1,6 +1,6 @@
 """``mamba_chunk_scan_combined``: the Mamba2 SSD chunked scan, as in mamba_ssm.
 
-Tiers (``MAMBA2_ROCM_BACKEND``): the five-stage kernel pipeline of ``csrc/ssd.hip``; the
+Tiers (``MAMBA2_ROCM_BACKEND``): the five-stage kernel pipeline of ``csrc/ssd_*.hip`` (a source per stage); the
 vectorized chunked PyTorch form (``reference.ssd.ssd_chunked``, fp32); the plain recurrence
 (``reference.ssd.ssd_sequential`` in fp32). Registered as
 ``torch.ops.mamba2_rocm.mamba_chunk_scan_combined``, which always returns
@@ -63,13 +63,13 @@ Tensor = torch.Tensor
 
 __all__ = ["mamba_chunk_scan_combined"]
 
-# csrc/ssd.hip
+# csrc/ssd_common.h and the forward's stage sources csrc/ssd_*.hip
 _THREADS = 256
 _CUMSUM_HEADS = 8  # kHeadsPerCumsum
 _STATE_TILES = (64, 128)  # chunk_state: (headdim, dstate) per block (kStateP, kStateN)
 _PASS_VEC = 4  # state_passing: elements per thread
 _INT32_MAX = 2**31 - 1
-# csrc/ssd_bwd.hip
+# csrc/ssd_bwd_common.h and the backward's stage sources csrc/ssd_bwd_*.hip
 _BWD_TILE = 64  # kTile: tokens / headdim / dstate per output tile
 
 
@@ -269,7 +269,7 @@ def scan_chunk_size(chunk_size: int, sizes, device, training: bool = False) -> i
 
 
 def _state_tiles(headdim: int, dstate: int) -> int:
-    """chunk_state's tiles per head (csrc/ssd.hip: kStateP x kStateN)."""
+    """chunk_state's tiles per head (csrc/ssd_common.h: kStateP x kStateN)."""
     return _cdiv(headdim, _STATE_TILES[0]) * _cdiv(dstate, _STATE_TILES[1])
 
 
@@ -291,7 +291,7 @@ def _state_path(chains: int, chunks: int, sms: int, x: Tensor, B: Tensor, chunk_
 
 
 def _scan_form(chunk_size: int, dt_name: str, matrix_cores: bool, headdim: int) -> str:
-    """chunk_scan's kernel form (a key of ``kernels.SSD_SCAN_FORMS``; csrc/ssd.hip,
+    """chunk_scan's kernel form (a key of ``kernels.SSD_SCAN_FORMS``; csrc/ssd_chunk_scan.hip,
     kScanBlock128 / kScanP128 have the measurements). The 16-bit types on matrix cores: the
     64-row tile on 128 threads at every chunk size, 64 headdim columns a block; at headdim 128
     on NVIDIA all 128 a block on 256 threads (H200, Falcon-H1's shapes: chunk_scan 3-4% faster;
@@ -304,7 +304,7 @@ def _scan_form(chunk_size: int, dt_name: str, matrix_cores: bool, headdim: int) 
 
 
 # (most chunks, chains per multiprocessor): a forward whose chains have at most that many chunks
-# takes the chained chunk_state (csrc/ssd.hip: Chain) from that many (batch, state tile, head)
+# takes the chained chunk_state (csrc/ssd_chunk_state.hip: Chain) from that many (batch, state tile, head)
 # chains per multiprocessor on. Chained, chunk_state runs at 2 blocks per multiprocessor instead
 # of 3 and each chain's links wait on each other; separate, the state-passing kernel reads and
 # writes every state once more and walks the chunks in turn. So few chunks need many chains (the
@@ -512,8 +512,8 @@ _DIFFERENTIABLE = (0, 1, 2, 3, 4, 6, 7, 8, 9)
 
 def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                 dt_softplus, dims, dout, dfinal, states=None):  # fmt: skip
-    """The gradients on the kernel tier: the forward's stages 1-4 again (csrc/ssd.hip; 1-2
-    only given the forward's ``states``), then the backward's (csrc/ssd_bwd.hip, which only
+    """The gradients on the kernel tier: the forward's stages 1-4 again (csrc/ssd_*.hip; 1-2
+    only given the forward's ``states``), then the backward's (csrc/ssd_bwd_*.hip, which only
     reads ``states``); ``_bwd_impl``'s result."""
     dt_out, dA_cs, seg, cb, states = _kernel(
         kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, None,
@@ -539,7 +539,7 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     dx = torch.empty_like(xk)
     dz = None if z is None else torch.empty_like(xk)
     # the gradients of the chunks' states (fp32; the matrix-core builds' state passing writes them
-    # over with 16-bit copies for the products: csrc/ssd_bwd.hip, state_runs)
+    # over with 16-bit copies for the products: csrc/ssd_bwd_common.h, state_runs)
     dstates = torch.empty_like(states)
     dinit = None
     if initial_states is not None:
@@ -550,7 +550,7 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     dB = torch.empty(batch, seqlen, g, n, dtype=x.dtype if dbc_io & 1 else f32, device=dev)
     dC = torch.empty(batch, seqlen, g, n, dtype=x.dtype if dbc_io & 2 else f32, device=dev)
     ddt = torch.empty(batch, seqlen, nheads, dtype=f32, device=dev)
-    # per-token partials (csrc/ssd_bwd.hip: tok_row), each written before it is read
+    # per-token partials (csrc/ssd_bwd_common.h: tok_row), each written before it is read
     tok = torch.empty(
         ntiles + 2 * ptiles + 2 * ltiles, batch, nheads, nchunks, cs, dtype=f32, device=dev
     )
@@ -640,7 +640,7 @@ def _bwd_impl(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """The gradients of ``out`` and the final states (``dout``, ``dfinal`` or None) for
     (x, dt, A, B, C, D, z, dt_bias, initial_states), each in its input's dtype; an empty
-    tensor stands for an absent input. The kernel tier runs csrc/ssd_bwd.hip; the torch tiers
+    tensor stands for an absent input. The kernel tier runs csrc/ssd_bwd_*.hip; the torch tiers
     the same steps written out in PyTorch (``reference.ssd.ssd_chunked_bwd``, fp32)."""
     return _bwd_run(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                     dt_softplus, dt_limit, dout, dfinal)  # fmt: skip

@@ -240,7 +240,7 @@ def ssd_chunked_bwd(
     autograd, so it also runs inside a custom op): ``(dx, ddt, dA, dB, dC, dD, dz, ddt_bias,
     dinitial_states)`` for the output gradient ``dout`` and the final state's ``dfinal``
     (or None), each in its input's dtype, None for an absent input. The same steps as the
-    kernels of csrc/ssd_bwd.hip, where the derivation is spelled out:
+    kernels of csrc/ssd_bwd_*.hip, where the derivation is spelled out:
 
     1. with y the scan's output before D and the gate: dz = dout (y + D x) silu'(z) and the
        gated gradient g = dout silu(z); dD = sum g x;

@@ -1,4 +1,4 @@
-"""The SSD scan's backward kernels (csrc/ssd_bwd.hip) on a GPU against float64 references:
+"""The SSD scan's backward kernels (csrc/ssd_bwd_*.hip) on a GPU against float64 references:
 every dtype, odd sizes (partial headdim / dstate tiles, seqlen around the chunk edges), the
 three chunk sizes, groups, seq_idx restarts inside chunks and at their edges, initial states
 and the final state's gradient, dt_limit, long sequences, poisoned outputs, bit-identical

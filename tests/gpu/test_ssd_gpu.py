@@ -87,7 +87,7 @@ _SCAN_CASES = [
     (dtype, chunk, form)
     for dtype, dt_name in ((torch.float32, "f32"), (torch.float16, "f16"), (torch.bfloat16, "bf16"))
     for form, (rows, _threads, _cols) in SSD_SCAN_FORMS.items()
-    if f"m2r_ssd_chunk_scan_{dt_name}_{form}" in SOURCES["ssd"].kernels
+    if f"m2r_ssd_chunk_scan_{dt_name}_{form}" in SOURCES["ssd_chunk_scan"].kernels
     for chunk in (64, 128, 256)
     if rows <= chunk
 ]
