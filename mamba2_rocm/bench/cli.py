@@ -32,7 +32,25 @@ def _run(args: argparse.Namespace) -> int:
     note = kernel_build_note()
     print(note, file=sys.stderr if args.json else sys.stdout)
     print(json.dumps(rows, indent=1) if args.json else bench.format_table(rows))
+    if args.record:
+        from mamba2_rocm.bench import records
+
+        path = records.write(args.op, _command(args), rows)
+        print(f"record: {path} (python -m mamba2_rocm.bench.records renders docs/performance.md)",
+              file=sys.stderr)  # fmt: skip
     return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line a record names (the options that change what is measured)."""
+    parts = ["python -m mamba2_rocm bench", args.op, "--dtype", args.dtype]
+    if args.backward:
+        parts.append("--backward")
+    for shape in args.shape or ():
+        parts += ["--shape", shape]
+    if args.op in ("ssd", "decode"):
+        parts += ["--triton-procs", str(args.triton_procs)]
+    return " ".join(parts)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -64,6 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backward", action="store_true",
                    help=f"{' / '.join(BACKWARD_OPS)}: forward + backward (training) instead of "
                         "the forward, with peak memory")  # fmt: skip
+    p.add_argument("--record", action="store_true",
+                   help="also write the run as a JSON record under records/bench/ (device, "
+                        "software, commit, date, command, rows)")  # fmt: skip
     p.add_argument("--shape", action="append", choices=["130m", "1.3b"],
                    help="bench model / generate: only these checkpoint shapes (repeatable; "
                         "default: all)")  # fmt: skip
