@@ -309,7 +309,7 @@ def test_kernel_tier_launch_plans(monkeypatch):
     x, w = torch.randn(5, 768, dtype=torch.bfloat16), torch.ones(768)
     res = torch.randn(5, 768)
     ops._fwd_run(x, w, None, res, None, None, None, None, None, None, 1e-5, 0.0, False, True,
-                 True)  # fmt: skip
+                 True, kset)  # fmt: skip
     (name, params, grid), block = kset.launches[-1], kset.blocks[-1]
     assert (name, grid, block) == ("m2r_add_norm_fwd_bf16_r1", (5, 1, 1), (192, 1, 1))
     pack(*params)
@@ -318,7 +318,7 @@ def test_kernel_tier_launch_plans(monkeypatch):
     assert fields["mean"] == 0 and fields["rstd"] != 0 and fields["layer_norm"] == 0
 
     ops._fwd_run(x[:, :767], w[:767], None, None, None, None, None, None, None, None, 1e-5, 0.0,
-                 False, False, False)  # fmt: skip
+                 False, False, False, kset)  # fmt: skip
     assert kset.launches[-1][0] == "m2r_add_norm_fwd_bf16" and kset.blocks[-1] == (256, 1, 1)
     assert (
         dict(zip([f for f, _ in AddNormParams._fields_], kset.launches[-1][1], strict=False))[

@@ -121,7 +121,7 @@ def load(records_dir: Path = RECORDS) -> list[dict]:
 
 
 def newest(records: list[dict]) -> list[dict]:
-    """The newest record of each (device, op, dtype of its rows' command), in a stable order."""
+    """The newest record of each (device, op, command), in a stable order."""
     best: dict = {}
     for rec in records:
         key = (rec["environment"].get("device") or "cpu", rec["op"], rec.get("command", ""))

@@ -244,22 +244,31 @@ def _fwd_impl(
     the stream in the residual dtype, the rows' mean (empty for RMSNorm) and rstd in fp32."""
     _check(x, weight, bias, residual, x1, weight1, bias1, eps, dropout_p, rowscale)
     _check_masks(x, mask, mask1, x1, dropout_p)
+    kset = _kernel_set(x, weight, bias, residual, weight1, bias1, residual_in_fp32)
     return _fwd_run(x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask1, eps,
-                    dropout_p, residual_in_fp32, is_rms_norm, True)  # fmt: skip
+                    dropout_p, residual_in_fp32, is_rms_norm, True, kset)  # fmt: skip
+
+
+def _kernel_set(x, weight, bias, residual, weight1, bias1, residual_in_fp32):
+    """The kernel set that runs this call, or None for the torch tier."""
+    tier, kset = choose(x.device)
+    if tier == "kernel" and kernel_eligible(x, weight, bias, residual, weight1, bias1,
+                                            residual_in_fp32):  # fmt: skip
+        return kset
+    return None
 
 
 def _fwd_run(x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask1, eps,
-             dropout_p, residual_in_fp32, is_rms_norm, store_stream):  # fmt: skip
-    """``_fwd_impl`` on checked arguments; the stream is left empty unless ``store_stream``."""
+             dropout_p, residual_in_fp32, is_rms_norm, store_stream, kset):  # fmt: skip
+    """``_fwd_impl`` on checked arguments, on ``kset``'s kernels (None: the torch tier); the
+    stream is left empty unless ``store_stream``."""
     stream_dtype = residual_dtype_of(x, residual, residual_in_fp32)
     shape, rows_shape = x.shape, x.shape[:-1]
 
     def empty():  # a fresh one each time: a custom op's outputs may not alias each other
         return x.new_empty(0)
 
-    tier, kset = choose(x.device)
-    eligible = kernel_eligible(x, weight, bias, residual, weight1, bias1, residual_in_fp32)
-    if tier == "kernel" and eligible and x.numel() > 0:
+    if kset is not None and x.numel() > 0:
         a = _fwd_kernel(kset, x, weight, bias, residual, x1, weight1, bias1, rowscale, mask,
                         mask1, eps, dropout_p, stream_dtype, is_rms_norm, store_stream)  # fmt: skip
         y1 = empty() if a["y1"] is None else a["y1"].view(shape)
@@ -280,7 +289,7 @@ def _fwd_run(x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask
     y1 = empty() if weight1 is None else normalize(s, weight1, bias1, eps, is_rms_norm,
                                                  compute).to(x.dtype)  # fmt: skip
     stream = s.to(stream_dtype) if store_stream else empty()
-    if stream is x or stream._base is x:
+    if stream is x:  # (no conversion and nothing added: outputs may not alias inputs)
         stream = stream.clone()
     return (y, y1, stream, empty() if is_rms_norm else mean.to(stat), rstd.to(stat))
 
@@ -305,8 +314,8 @@ def _(x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask1, eps,
 
 
 def _check_masks(x, mask, mask1, x1, dropout_p) -> None:
-    for name, m, wanted in (("mask", mask, dropout_p > 0), ("mask1", mask1,
-                                                             dropout_p > 0 and x1 is not None)):  # fmt: skip
+    needs = (("mask", mask, dropout_p > 0), ("mask1", mask1, dropout_p > 0 and x1 is not None))
+    for name, m, wanted in needs:
         if m is None:
             if wanted:
                 raise ValueError(f"dropout_p > 0 needs {name} (the keep-mask of its input)")
@@ -396,14 +405,9 @@ def _bwd_impl(
             db.to(bias.dtype) if bias is not None else empty(),
             dw1.to(weight1.dtype) if weight1 is not None else empty(),
             db1.to(bias1.dtype) if bias1 is not None else empty())  # fmt: skip
-    # (no output may alias an input or another output: ds, dx and dx1 can be one tensor)
-    seen: set[int] = set()
-    fresh = []
-    for t in outs:
-        key = t.untyped_storage().data_ptr() if t.numel() else -id(t)
-        fresh.append(t.clone() if key in seen or any(t is a for a in (dy, dy1, dstream)) else t)
-        seen.add(key)
-    return tuple(fresh)
+    # no output may alias another: without dropout or rowscale, ds, dx and dx1 are one tensor
+    # (none of them can be an input: each is computed)
+    return tuple(t.clone() if any(t is o for o in outs[:i]) else t for i, t in enumerate(outs))
 
 
 def _check_bwd(dy, dy1, dstream, stream, weight, weight1, mean, rstd, is_rms_norm) -> None:
@@ -474,7 +478,15 @@ def _backward(ctx, dy, dy1, dstream, dmean, drstd):
     return tuple(t if n else None for t, n in zip(g, need[:7], strict=False)) + (None,) * 7
 
 
-_train = register_training(add_norm_fwd, _fwd_impl, _setup, _backward)
+def _eager_forward(ctx, *inputs):
+    """The eager training entry's forward: ``layer_norm_fn`` checked the arguments (and drew
+    the masks) already."""
+    x, weight, bias, residual, _, weight1, bias1 = inputs[:7]
+    kset = _kernel_set(x, weight, bias, residual, weight1, bias1, inputs[12])
+    return _fwd_run(*inputs, True, kset)
+
+
+_train = register_training(add_norm_fwd, _fwd_impl, _setup, _backward, _eager_forward)
 
 
 def layer_norm_fn(
@@ -500,9 +512,8 @@ def layer_norm_fn(
     eps, dropout_p = float(eps), float(dropout_p)
     is_rms_norm, residual_in_fp32 = bool(is_rms_norm), bool(residual_in_fp32)
     params = (weight, bias, residual, x1, weight1, bias1)
-    if choose(x.device)[0] == "kernel" and kernel_eligible(
-        x, weight, bias, residual, weight1, bias1, residual_in_fp32
-    ):
+    kset = _kernel_set(x, weight, bias, residual, weight1, bias1, residual_in_fp32)
+    if kset is not None:
         args = (x, weight, bias, residual, x1, weight1, bias1, rowscale, mask, mask1, eps,
                 dropout_p, residual_in_fp32, is_rms_norm)  # fmt: skip
         if torch.compiler.is_compiling():
@@ -510,7 +521,7 @@ def layer_norm_fn(
         elif needs_autograd(x, *params):
             y, y1, stream, _, _ = _train(*args)
         else:
-            y, y1, stream, _, _ = _fwd_run(*args, prenorm)
+            y, y1, stream, _, _ = _fwd_run(*args, prenorm, kset)
         y1 = y1 if weight1 is not None else None
     else:
         compute = _compute_dtype(x, weight, residual, x1)
