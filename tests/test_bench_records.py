@@ -93,3 +93,19 @@ def test_bench_record_flag_writes_a_record(monkeypatch, tmp_path, capsys):
     assert written == [
         ("add-norm", "python -m mamba2_rocm bench add-norm --dtype bfloat16 --backward")
     ]
+
+
+def test_our_variants_floors_and_summaries(tmp_path):
+    """Every "mamba2-rocm kernel…" row is ours (one per case), a copy of the same bytes is a floor
+    (its time shown, no ratio), and a bench's summary lines follow its table."""
+    day = dt.datetime(2026, 12, 6, tzinfo=dt.timezone.utc)
+    rows = [_row("fwd", "mamba2-rocm kernel", 90.0, 0.97), _row("fwd", "copy of the same bytes", 88.0),
+            _row("fwd", "F.conv1d", 900.0), _row("fwd cl", "mamba2-rocm kernel (channel-last)", 100.0, 0.9),
+            _row("fwd cl", "F.conv1d", 500.0), {"summary": ["worst ratio 1.15x"]}]  # fmt: skip
+    _write(tmp_path, "conv1d", rows, day)
+    text = records.render(records.load(tmp_path))
+    assert "| case | mamba2-rocm kernel µs | copy of the same bytes µs | F.conv1d µs | " in text
+    assert "copy of the same bytes / ours" not in text
+    assert "| fwd | 90.0 | 88.0 | 900.0 | - | 10.00x | 97.0% |" in text
+    assert "| fwd cl | - | - | 500.0 | 100.0 | 5.00x | 90.0% |" in text
+    assert text.rstrip().endswith("- worst ratio 1.15x")

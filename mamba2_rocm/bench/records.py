@@ -31,8 +31,18 @@ FORMAT = 1
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = REPO / "records" / "bench"
 DOC = REPO / "docs" / "performance.md"
-#: our implementation's name in the bench rows (the others are peers)
+#: our implementation's names in the bench rows: "kernel", or "mamba2-rocm kernel" and its
+#: variants ("mamba2-rocm kernel (channel-last)"); the other rows are peers, except a copy of the
+#: same bytes, which is a floor (shown, and as "% of copy", but not a peer)
 OURS = "kernel"
+
+
+def is_ours(impl: str | None) -> bool:
+    return impl == OURS or (impl or "").startswith("mamba2-rocm")
+
+
+def _is_floor(impl: str) -> bool:
+    return impl.startswith("copy")
 
 
 def _git(*args: str) -> str | None:
@@ -65,7 +75,9 @@ def environment() -> dict:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         env["device"] = props.name
-        env["arch"] = getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}"
+        from mamba2_rocm.runtime.device import device_arch_full
+
+        env["arch"] = device_arch_full(torch.cuda.current_device())  # (gfx90a:…, or sm_90)
         env["runtime"] = (
             f"HIP {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}"
         )
@@ -138,17 +150,18 @@ def _fmt(v) -> str:
 
 def _bandwidth_table(rows: list[dict]) -> list[str]:
     impls = list(dict.fromkeys(r["impl"] for r in rows))
-    peers = [i for i in impls if i != OURS]
+    peers = [i for i in impls if not is_ours(i) and not _is_floor(i)]
     head = ["case", *(f"{i} µs" for i in impls), *(f"{p} / ours" for p in peers), "ours % of copy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in dict.fromkeys(r["case"] for r in rows):
         by = {r["impl"]: r for r in rows if r["case"] == case}
-        ours = by.get(OURS, {}).get("best_us")
+        mine = next((by[i] for i in by if is_ours(i)), {})  # (one of ours per case)
+        ours = mine.get("best_us")
         cells = [case, *(_fmt(by.get(i, {}).get("best_us")) for i in impls)]
         for p in peers:
             theirs = by.get(p, {}).get("best_us")
             cells.append(f"{theirs / ours:.2f}x" if ours and theirs else "-")
-        frac = by.get(OURS, {}).get("copy_frac")
+        frac = mine.get("copy_frac")
         cells.append(f"{100 * frac:.1f}%" if isinstance(frac, float) else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -181,11 +194,15 @@ def render(records: list[dict]) -> str:
                 f"{env.get('arch', '-')}, {env.get('runtime', '-')}, driver {env.get('driver') or '-'}, "
                 f"torch {env.get('torch')}, Triton {env.get('triton') or '-'}; {env.get('kernels', '')}",
                 ""]  # fmt: skip
-        rows = rec["rows"]
+        # a bench's closing summary (lines of text) follows its table
+        summary = [line for r in rec["rows"] if set(r) == {"summary"} for line in r["summary"]]
+        rows = [r for r in rec["rows"] if set(r) != {"summary"}]
         if rows and all({"case", "impl", "best_us"} <= set(r) for r in rows):
             out += _bandwidth_table(rows)
         elif rows:
             out += _plain_table(rows)
+        if summary:
+            out += ["", *(f"- {line}" for line in summary)]
         out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
 
