@@ -15,6 +15,12 @@ import torch.nn.functional as F
 from helpers import SSD_STATE_TOL, SSD_TOL, TOL
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mamba2_rocm.ops.checks import (
+    check_chunk_scan_args,
+    check_rmsnorm_args,
+    check_state_rows,
+    check_state_update_args,
+)
 from mamba2_rocm.reference.ssd import (
     rmsnorm_ref,
     selective_state_update_ref,
@@ -707,7 +713,20 @@ def test_rmsnorm_gate_order_and_groups_matter():
     )
 
 
-# ---- bad inputs ------------------------------------------------------------------------------
+# ---- bad inputs: mamba2_rocm.ops.checks, which the ops run once before any tier --------------
+# (the references are pure math and check nothing; the ops' own tests show each op raises these)
+
+
+def _scan_checks(chunked=True, chunk_size=256, **kwargs):
+    return check_chunk_scan_args(**kwargs, chunk_size=chunk_size if chunked else None,
+                                 chunked=chunked)  # fmt: skip
+
+
+def _update_checks(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, state_batch_indices=None):
+    """The update's checks as its torch tier runs them: shapes, then the rows' values."""
+    dims = check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
+    check_state_rows("state_batch_indices", state_batch_indices, dims.pool, dims.batch)
+
 
 _g = torch.Generator().manual_seed(7)
 X = torch.randn(2, 16, 4, 8, generator=_g)
@@ -754,11 +773,10 @@ def _ids(cases):
 
 
 @pytest.mark.parametrize(("kwargs", "exc", "message"), SCAN_ERRORS, ids=_ids(SCAN_ERRORS))
-@pytest.mark.parametrize("impl", ["sequential", "chunked"])
-def test_scan_bad_inputs(impl, kwargs, exc, message):
-    run = ssd_sequential if impl == "sequential" else ssd_chunked
+@pytest.mark.parametrize("chunked", [False, True])
+def test_scan_bad_inputs(chunked, kwargs, exc, message):
     with pytest.raises(exc) as info:
-        run(**(SCAN | kwargs))
+        _scan_checks(chunked, **(SCAN | kwargs))
     assert str(info.value) == message
 
 
@@ -774,14 +792,14 @@ CU_ERRORS = [
 def test_scan_bad_cu_seqlens(cu, message):
     one = {k: v[:1] if k != "A" else v for k, v in SCAN.items()}
     with pytest.raises(ValueError) as info:
-        ssd_chunked(**one, chunk_size=16, cu_seqlens=cu, return_varlen_states=True)
+        _scan_checks(**one, chunk_size=16, cu_seqlens=cu, return_varlen_states=True)
     assert str(info.value) == message
 
 
 @pytest.mark.parametrize("chunk_size", [8, 100, 48])
 def test_chunk_size_errors(chunk_size):
     with pytest.raises(ValueError) as info:
-        ssd_chunked(**SCAN, chunk_size=chunk_size)
+        _scan_checks(**SCAN, chunk_size=chunk_size)
     assert str(info.value) == (
         "chunk_size must be a power of two >= 16 (the kernels take 64, 128 or 256), "
         f"got {chunk_size!r}"
@@ -791,12 +809,12 @@ def test_chunk_size_errors(chunk_size):
 @pytest.mark.parametrize("chunk_size", [0, -64, 2.0, 64.7, "64", True, None])
 def test_chunk_size_must_be_a_positive_int(chunk_size):
     with pytest.raises(ValueError) as info:
-        ssd_chunked(**SCAN, chunk_size=chunk_size)
+        _scan_checks(**SCAN, chunk_size=chunk_size)
     assert str(info.value) == f"chunk_size must be a positive int, got {chunk_size!r}"
 
 
 def test_kernel_chunk_sizes_for_the_op_layer():
-    from mamba2_rocm.reference.ssd_checks import KERNEL_CHUNK_SIZES, check_chunk_scan_args
+    from mamba2_rocm.ops.checks import KERNEL_CHUNK_SIZES, check_chunk_scan_args
 
     dims = check_chunk_scan_args(**SCAN, chunk_size=128, chunk_sizes=KERNEL_CHUNK_SIZES)
     assert (dims.batch, dims.seqlen, dims.nheads, dims.headdim, dims.ngroups, dims.dstate) == (
@@ -845,7 +863,7 @@ def test_update_bad_inputs(kwargs, exc, message):
     args = UPD | kwargs
     before = args["state"].clone()
     with pytest.raises(exc) as info:
-        selective_state_update_ref(**args)
+        _update_checks(**args)
     assert str(info.value) == message
     assert torch.equal(args["state"], before), "a rejected call must not touch the state"
 
@@ -857,12 +875,10 @@ def test_update_mamba1_bad_inputs():
     )
     assert ok.shape == (2, 200)
     with pytest.raises(ValueError) as info:
-        selective_state_update_ref(
-            state, x, x, -torch.rand(200, 16), torch.randn(2, 1, 16), torch.randn(2, 16)
-        )
+        _update_checks(state, x, x, -torch.rand(200, 16), torch.randn(2, 1, 16), torch.randn(2, 16))
     assert str(info.value) == "B must have 2 dimensions (batch, dstate), got shape (2, 1, 16)"
     with pytest.raises(ValueError) as info:
-        selective_state_update_ref(
+        _update_checks(
             state,
             x,
             x,
@@ -873,7 +889,7 @@ def test_update_mamba1_bad_inputs():
         )
     assert str(info.value) == "D must have 1 dimensions (dim,), got shape (2, 200)"
     with pytest.raises(ValueError) as info:
-        selective_state_update_ref(
+        _update_checks(
             torch.randn(2, 4, 160, 16),
             torch.randn(2, 4, 160),
             torch.rand(2, 4, 160),
@@ -901,7 +917,7 @@ RMS_ERRORS = [
 def test_rmsnorm_bad_inputs(kwargs, exc, message):
     args = {"x": XN, "weight": torch.ones(64), "bias": None} | kwargs
     with pytest.raises(exc) as info:
-        rmsnorm_ref(**args)
+        check_rmsnorm_args(**args)
     assert str(info.value) == message
 
 

@@ -7,9 +7,9 @@ from helpers import RecordingKernels, seeded, stand_in_kernels
 from mamba2_rocm import selective_state_update
 from mamba2_rocm.ops import state_update as ops
 from mamba2_rocm.ops._launch import KERNEL_DTYPE, as_kernel_float
+from mamba2_rocm.ops.checks import StateUpdateDims
 from mamba2_rocm.params import SsuParams
 from mamba2_rocm.reference.ssd import selective_state_update_ref
-from mamba2_rocm.reference.ssd_checks import StateUpdateDims
 
 
 def _inputs(g, b=3, h=4, p=8, n=16, groups=2, heads=True, pool=None):
@@ -498,7 +498,7 @@ def _error(fn):
 @pytest.mark.parametrize("name", [n for n, *_ in _bad_inputs()])
 def test_cache_never_skips_a_check(name, tier, backend, fresh_plans, monkeypatch):
     """The full checker and the op agree on bad inputs, before and after valid calls are cached."""
-    from mamba2_rocm.reference.ssd_checks import check_state_update_args
+    from mamba2_rocm.ops.checks import check_state_update_args
 
     if tier == "kernel":
         kset = RecordingKernels()

@@ -89,7 +89,7 @@ def make_inputs(shape: tuple, dtype: str) -> tuple[tuple, dict]:
 def run_chunk(shape: tuple) -> int:
     """The chunk size the kernel tier runs ``shape`` in on this GPU (its inference rule)."""
     from mamba2_rocm.ops import ssd as ssd_ops
-    from mamba2_rocm.reference.ssd_checks import kernel_chunk_size
+    from mamba2_rocm.ops.checks import kernel_chunk_size
 
     torch = require_torch()
     b, L, h, p, _groups, n, cs = shape

@@ -37,7 +37,7 @@ from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench.ssd import MODELS, grid, make_inputs
 from mamba2_rocm.bench.timing import time_graph
 from mamba2_rocm.kernels import SSD_SCAN_16BIT_FORMS, SSD_SCAN_FORMS
-from mamba2_rocm.reference.ssd_checks import KERNEL_CHUNK_SIZES as CHUNKS
+from mamba2_rocm.ops.checks import KERNEL_CHUNK_SIZES as CHUNKS
 
 #: a pick this much slower than the fastest option is reported as a miss
 TOLERANCE = 0.005

@@ -30,7 +30,7 @@ from mamba2_rocm.ops._launch import (
     traced,
     use_registered_op,
 )
-from mamba2_rocm.reference.ssd_checks import check_no_overlap
+from mamba2_rocm.ops.checks import check_no_overlap, check_state_rows
 
 torch = require_torch()
 Tensor = torch.Tensor
@@ -735,6 +735,8 @@ def _update_impl(
     from mamba2_rocm.reference import conv1d as ref
 
     fn = ref.causal_conv1d_update_torch if tier == "torch" else ref.causal_conv1d_update_eager
+    # the rows' range and duplicates, read on the host (the torch tiers read them anyway)
+    check_state_rows("conv_state_indices", conv_state_indices, conv_state.shape[0], x.shape[0])
     # (the torch tiers take (batch, dim, seqlen))
     out = fn(_tokens(x), conv_state, weight, bias, silu, cache_seqlens, conv_state_indices)
     return (out.squeeze(-1) if x.dim() == 2 else out).contiguous()

@@ -24,10 +24,10 @@ from mamba2_rocm.ops import rmsnorm as norm_ops
 from mamba2_rocm.ops import ssd as ssd_ops
 from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import needs_autograd
+from mamba2_rocm.ops.checks import kernel_chunk_size
 from mamba2_rocm.ops.conv1d import causal_conv1d_fn
 from mamba2_rocm.ops.rmsnorm import rmsnorm_fn
 from mamba2_rocm.ops.ssd import mamba_chunk_scan_combined
-from mamba2_rocm.reference.ssd_checks import kernel_chunk_size
 
 torch = require_torch()
 Tensor = torch.Tensor

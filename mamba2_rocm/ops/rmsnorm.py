@@ -30,8 +30,8 @@ from mamba2_rocm.ops._launch import (
     traced,
     use_registered_op,
 )
+from mamba2_rocm.ops.checks import check_rmsnorm_args
 from mamba2_rocm.reference.ssd import rmsnorm_bwd_ref, rmsnorm_ref
-from mamba2_rocm.reference.ssd_checks import check_rmsnorm_args
 
 torch = require_torch()
 Tensor = torch.Tensor

@@ -37,8 +37,8 @@ from mamba2_rocm.ops._launch import (
     traced,
     wants_grads,
 )
+from mamba2_rocm.ops.checks import check_selective_scan_args
 from mamba2_rocm.reference.selective_scan import (
-    check_selective_scan_args,
     last_state_dtype,
     selective_scan_ref,
     selective_scan_torch,

@@ -45,17 +45,17 @@ from mamba2_rocm.ops._launch import (
     traced,
     wants_grads,
 )
+from mamba2_rocm.ops.checks import (
+    KERNEL_CHUNK_SIZES,
+    check_chunk_scan_args,
+    check_chunk_scan_grads,
+    kernel_chunk_size,
+)
 from mamba2_rocm.reference.ssd import (
     empty_varlen_states,
     ssd_chunked,
     ssd_chunked_bwd,
     ssd_sequential,
-)
-from mamba2_rocm.reference.ssd_checks import (
-    KERNEL_CHUNK_SIZES,
-    check_chunk_scan_args,
-    check_chunk_scan_grads,
-    kernel_chunk_size,
 )
 
 torch = require_torch()

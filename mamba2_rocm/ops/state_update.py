@@ -30,8 +30,8 @@ from mamba2_rocm.ops._launch import (
     strides,
     use_registered_op,
 )
+from mamba2_rocm.ops.checks import StateUpdateDims, check_state_rows, check_state_update_args
 from mamba2_rocm.reference.ssd import selective_state_update_ref
-from mamba2_rocm.reference.ssd_checks import StateUpdateDims, check_state_update_args
 
 torch = require_torch()
 Tensor = torch.Tensor
@@ -287,6 +287,8 @@ def _impl(
         # the torch tier (in float64) on the GPU as well
         wide = torch.float64 in (x.dtype, state.dtype)
         cd = torch.float64 if tier == "eager" or wide else torch.float32
+        # the rows' range and duplicates, read on the host (this tier reads them anyway)
+        check_state_rows("state_batch_indices", idx, plan.dims.pool, plan.dims.batch)
         return selective_state_update_ref(
             state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, idx, cd
         )

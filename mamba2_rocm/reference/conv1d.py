@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mamba2_rocm.reference.ssd_checks import check_state_rows
+from mamba2_rocm.reference.ssd import state_rows
 
 __all__ = [
     "causal_conv1d_bwd_torch",
@@ -161,7 +161,7 @@ def causal_conv1d_update_torch(
     """x (batch, dim, seqlen); updates conv_state in place; returns out (batch, dim, seqlen)."""
     batch, dim, seqlen = x.shape
     width, state_len = weight.shape[1], conv_state.shape[-1]
-    rows = check_state_rows("conv_state_indices", conv_state_indices, conv_state.shape[0], batch)
+    rows = state_rows(conv_state_indices, batch)
     live = [b for b, r in enumerate(rows) if r >= 0]
     out = torch.zeros(batch, dim, seqlen, dtype=x.dtype, device=x.device)
     if not live:
@@ -197,7 +197,7 @@ def causal_conv1d_update_eager(
     """Same as :func:`causal_conv1d_update_torch`, one row and one token at a time."""
     batch, dim, seqlen = x.shape
     width, state_len = weight.shape[1], conv_state.shape[-1]
-    rows = check_state_rows("conv_state_indices", conv_state_indices, conv_state.shape[0], batch)
+    rows = state_rows(conv_state_indices, batch)
     w = weight.to(compute_dtype)
     bvec = (
         bias.to(compute_dtype)

@@ -1,4 +1,5 @@
-"""Mamba1's selective scan in PyTorch: the argument checks, the torch tier and the ground truth.
+"""Mamba1's selective scan in PyTorch: the torch tier and the ground truth (pure math: the
+arguments are checked once by the op layer, :func:`mamba2_rocm.ops.checks.check_selective_scan_args`).
 
 Semantics (mamba_ssm's ``selective_scan_fn``), per batch row b, channel d, state element n:
 
@@ -32,116 +33,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mamba2_rocm.reference.ssd_checks import REFERENCE_FLOATS, _dtype_name
-
 __all__ = [
-    "MAX_SCAN_DSTATE",
-    "ScanDims",
-    "check_selective_scan_args",
+    "ScanSizes",
     "last_state_dtype",
+    "scan_sizes",
     "selective_scan_ref",
     "selective_scan_torch",
 ]
-
-MAX_SCAN_DSTATE = 256
-
-
-COMPLEX_WEIGHTS = (torch.complex64, torch.complex128)
-
-
-@dataclass(frozen=True)
-class ScanDims:
-    batch: int
-    dim: int
-    seqlen: int
-    dstate: int
-    b_groups: int  # 0: fixed (dim, dstate); else groups of the variable B
-    c_groups: int
-    complex_a: bool = False
-
-
-def _check_tensor(name, t, device, dtypes=REFERENCE_FLOATS) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        names = ", ".join(_dtype_name(d) for d in dtypes)
-        raise TypeError(f"{name} must be one of {names}, got {_dtype_name(t.dtype)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of u)")
-
-
-def _bc_groups(name, t, batch, dim, seqlen, dstate, complex_a=False) -> int:
-    """0 for a fixed (dim, dstate) B / C, else its number of groups (1 for (batch, dstate, L));
-    with complex A a variable one holds (real, imaginary) pairs: 2 * seqlen values a row."""
-    shape = tuple(t.shape)
-    if complex_a:
-        want = COMPLEX_WEIGHTS if t.dim() == 2 else REFERENCE_FLOATS
-        if t.dtype not in want:
-            kind = "fixed (complex)" if t.dim() == 2 else "variable (real pairs)"
-            raise TypeError(f"with complex A, {name} {kind} must be one of "
-                            f"{', '.join(_dtype_name(d) for d in want)}, got "
-                            f"{_dtype_name(t.dtype)}")  # fmt: skip
-    elif t.is_complex():
-        raise TypeError(f"{name} is complex ({_dtype_name(t.dtype)}) but A is real")
-    steps, what = (2 * seqlen, "2 * seqlen") if complex_a else (seqlen, "seqlen")
-    if t.dim() == 2:
-        if shape != (dim, dstate):
-            raise ValueError(f"{name} fixed must be (dim={dim}, dstate={dstate}), got {shape}")
-        return 0
-    if t.dim() == 3:
-        if shape != (batch, dstate, steps):
-            raise ValueError(
-                f"{name} variable must be (batch={batch}, dstate={dstate}, {what}={steps}), "
-                f"got {shape}"
-            )
-        return 1
-    if t.dim() == 4:
-        groups = shape[1]
-        if shape != (batch, groups, dstate, steps) or groups < 1 or dim % groups:
-            raise ValueError(
-                f"{name} grouped must be (batch={batch}, groups, dstate={dstate}, "
-                f"{what}={steps}) with groups dividing dim={dim}, got {shape}"
-            )
-        return groups
-    raise ValueError(
-        f"{name} must be (dim, dstate), (batch, dstate, seqlen) or (batch, groups, dstate, "
-        f"seqlen), got shape {shape}"
-    )
-
-
-def check_selective_scan_args(u, delta, A, B, C, D=None, z=None, delta_bias=None) -> ScanDims:
-    """Shapes, dtypes and devices of a selective-scan call; raises naming the argument."""
-    if not isinstance(u, torch.Tensor):
-        raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
-    if u.dim() != 3:
-        raise ValueError(f"u must be (batch, dim, seqlen), got shape {tuple(u.shape)}")
-    device = u.device
-    _check_tensor("u", u, device)
-    batch, dim, seqlen = u.shape
-    if dim == 0:
-        raise ValueError(f"u is empty along dim (shape {tuple(u.shape)}); dim must be >= 1")
-    _check_tensor("delta", delta, device)
-    if tuple(delta.shape) != tuple(u.shape):
-        raise ValueError(f"delta must have u's shape {tuple(u.shape)}, got {tuple(delta.shape)}")
-    _check_tensor("A", A, device, (*REFERENCE_FLOATS, *COMPLEX_WEIGHTS))
-    complex_a = A.is_complex()
-    if A.dim() != 2 or A.shape[0] != dim:
-        raise ValueError(f"A must be (dim={dim}, dstate), got shape {tuple(A.shape)}")
-    dstate = A.shape[1]
-    if not 1 <= dstate <= MAX_SCAN_DSTATE:
-        raise ValueError(f"dstate must be 1..{MAX_SCAN_DSTATE}, got {dstate}")
-    bc_types = (*REFERENCE_FLOATS, *COMPLEX_WEIGHTS)  # which of them: _bc_groups, by A's kind
-    _check_tensor("B", B, device, bc_types)
-    _check_tensor("C", C, device, bc_types)
-    b_groups = _bc_groups("B", B, batch, dim, seqlen, dstate, complex_a)
-    c_groups = _bc_groups("C", C, batch, dim, seqlen, dstate, complex_a)
-    for name, t, shape in (("D", D, (dim,)), ("delta_bias", delta_bias, (dim,)),
-                           ("z", z, tuple(u.shape))):  # fmt: skip
-        if t is not None:
-            _check_tensor(name, t, device)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
-    return ScanDims(batch, dim, seqlen, dstate, b_groups, c_groups, complex_a)
 
 
 def _bc_at(t: torch.Tensor, groups: int, dim: int, step: int) -> torch.Tensor:
@@ -158,11 +56,34 @@ def _bc_at(t: torch.Tensor, groups: int, dim: int, step: int) -> torch.Tensor:
     )
 
 
+@dataclass(frozen=True)
+class ScanSizes:
+    """The sizes the recurrences read from the shapes (checked by the op layer:
+    :func:`mamba2_rocm.ops.checks.check_selective_scan_args`)."""
+
+    batch: int
+    dim: int
+    seqlen: int
+    dstate: int
+    b_groups: int  # 0: fixed (dim, dstate); else groups of the variable B (1: (batch, dstate, L))
+    c_groups: int
+    complex_a: bool
+
+
+def _groups(t: torch.Tensor) -> int:
+    return 0 if t.dim() == 2 else 1 if t.dim() == 3 else t.shape[1]
+
+
+def scan_sizes(u, A, B, C) -> ScanSizes:
+    batch, dim, seqlen = u.shape
+    return ScanSizes(batch, dim, seqlen, A.shape[1], _groups(B), _groups(C), A.is_complex())
+
+
 def _complex_of(cd: torch.dtype) -> torch.dtype:
     return torch.complex128 if cd == torch.float64 else torch.complex64
 
 
-def _weights(A, B, C, dims: ScanDims, cd):
+def _weights(A, B, C, dims: ScanSizes, cd):
     """A, B, C in the compute type: ``cd``, or its complex type with complex A (a variable B / C
     read as (real, imaginary) pairs along the sequence)."""
     if not dims.complex_a:
@@ -208,7 +129,7 @@ def selective_scan_torch(u, delta, A, B, C, D=None, z=None, delta_bias=None,
                          delta_softplus=False, return_last_state=False,
                          compute_dtype=torch.float32):  # fmt: skip
     """The torch tier: one step per token over all (batch, dim, dstate) elements at once."""
-    dims = check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias)
+    dims = scan_sizes(u, A, B, C)
     cd = compute_dtype
     batch, dim, seqlen, dstate = dims.batch, dims.dim, dims.seqlen, dims.dstate
     uc, dl = _prepare(u, delta, delta_bias, delta_softplus, cd)
@@ -228,7 +149,7 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta
                        return_last_state=False, compute_dtype=torch.float64):  # fmt: skip
     """The ground truth (float64 by default; mamba_ssm's ``selective_scan_ref`` signature): the
     per-step decay exp(delta * A) and input delta * B * u for every token, then the recurrence."""
-    dims = check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias)
+    dims = scan_sizes(u, A, B, C)
     cd = compute_dtype
     batch, dim, seqlen, dstate = dims.batch, dims.dim, dims.seqlen, dims.dstate
     uc, dl = _prepare(u, delta, delta_bias, delta_softplus, cd)

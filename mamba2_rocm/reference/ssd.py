@@ -26,6 +26,9 @@ Semantics (mamba_ssm's, where it is self-consistent; see each function for the d
   on the chunk size and this one does not (it resets at every change). Negative ids are
   ordinary ids here.
 - Final and varlen states are returned in float32 unless ``state_dtype`` says otherwise.
+
+Pure math: the ops check each call once (:mod:`mamba2_rocm.ops.checks`) before they reach
+these; called directly, malformed arguments get torch's own errors.
 """
 
 from __future__ import annotations
@@ -36,18 +39,36 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from mamba2_rocm.reference.ssd_checks import (
-    check_chunk_scan_args,
-    check_rmsnorm_args,
-    check_state_rows,
-    check_state_update_args,
-)
-
 __all__ = [
-    "empty_varlen_states", "rmsnorm_bwd_ref", "rmsnorm_ref", "selective_state_update_ref",
-    "ssd_chunked", "ssd_chunked_bwd",
+    "empty_varlen_states",
+    "rmsnorm_bwd_ref",
+    "rmsnorm_ref",
+    "scan_sizes",
+    "selective_state_update_ref",
+    "ssd_chunked",
+    "ssd_chunked_bwd",
     "ssd_sequential",
+    "state_rows",
 ]  # fmt: skip
+
+
+def scan_sizes(x, B, cu_seqlens, dt_limit, state_dtype) -> SimpleNamespace:
+    """The sizes the scans read from the shapes (the op layer has checked the call:
+    :func:`mamba2_rocm.ops.checks.check_chunk_scan_args`)."""
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    return SimpleNamespace(
+        batch=batch, seqlen=seqlen, nheads=nheads, headdim=headdim, ngroups=ngroups,
+        dstate=dstate, heads_per_group=nheads // ngroups,
+        num_seqs=0 if cu_seqlens is None else cu_seqlens.shape[0] - 1,
+        dt_limit=(float(dt_limit[0]), float(dt_limit[1])),
+        state_dtype=torch.float32 if state_dtype is None else state_dtype,
+    )  # fmt: skip
+
+
+def state_rows(indices, batch: int) -> list[int]:
+    """The pool row each batch row reads and writes (-1: a padded row, left alone)."""
+    return list(range(batch)) if indices is None else [int(i) for i in indices.tolist()]
 
 
 def _masked_exp(mask, x):
@@ -108,10 +129,7 @@ def ssd_sequential(
     initial_states). mamba_ssm agrees there, except that it drops initial_states from the first
     sequence's varlen state when that sequence ends inside the first chunk.
     """
-    dims = check_chunk_scan_args(
-        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_limit=dt_limit,
-        return_varlen_states=return_varlen_states, state_dtype=state_dtype,
-    )  # fmt: skip
+    dims = scan_sizes(x, B, cu_seqlens, dt_limit, state_dtype)
     cd = compute_dtype
     batch, seqlen, nheads, headdim = x.shape
     r = dims.heads_per_group
@@ -183,11 +201,7 @@ def ssd_chunked(
     chunk_size: any power of two >= 16 (the kernels take 64, 128, 256).
     Memory: O(batch * seqlen * chunk_size * nheads) for the intra-chunk decay matrix.
     """
-    dims = check_chunk_scan_args(
-        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-        chunk_size=chunk_size, chunked=True, dt_limit=dt_limit,
-        return_varlen_states=return_varlen_states, state_dtype=state_dtype,
-    )  # fmt: skip
+    dims = scan_sizes(x, B, cu_seqlens, dt_limit, state_dtype)
     cd = compute_dtype
     batch, seqlen, nheads, headdim = x.shape
     n = dims.dstate
@@ -253,10 +267,7 @@ def ssd_chunked_bwd(
     7. the gradients of the decay exponents summed back over each sequence segment give ddt'
        and dA, and ddt goes back through the clamp, softplus and bias.
     """
-    dims = check_chunk_scan_args(
-        x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, None, chunk_size=chunk_size,
-        chunked=True, dt_limit=dt_limit,
-    )  # fmt: skip
+    dims = scan_sizes(x, B, None, dt_limit, None)
     cd = compute_dtype
     batch, seqlen, nheads, headdim = x.shape
     n = dims.dstate
@@ -488,9 +499,9 @@ def selective_state_update_ref(
     rounding (as mamba_ssm's kernel does). With state_batch_indices, row b reads and writes
     state[state_batch_indices[b]]; -1 marks a padded row: its out is zero, no state is touched.
     """
-    dims = check_state_update_args(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
-    rows = check_state_rows("state_batch_indices", state_batch_indices, dims.pool, dims.batch)
-    if not dims.has_heads:  # Mamba1: one head, one group, headdim = dim (views: in place)
+    has_heads = state.dim() == 4
+    rows = state_rows(state_batch_indices, x.shape[0])
+    if not has_heads:  # Mamba1: one head, one group, headdim = dim (views: in place)
         state, x, dt, A, B, C = (
             state.unsqueeze(1), x.unsqueeze(1), dt.unsqueeze(1), A.unsqueeze(0),
             B.unsqueeze(1), C.unsqueeze(1),
@@ -502,7 +513,7 @@ def selective_state_update_ref(
     live = [b for b, row in enumerate(rows) if row >= 0]
     if live:
         cd = compute_dtype
-        r = dims.nheads // dims.ngroups
+        r = x.shape[1] // B.shape[1]  # heads per group
         live_t = torch.tensor(live, device=x.device)
         rows_t = torch.tensor([rows[b] for b in live], device=x.device)
         xb = x[live_t].to(cd)  # (n, h, p)
@@ -522,7 +533,7 @@ def selective_state_update_ref(
             y = y * F.silu(z[live_t].to(cd))
         state[rows_t] = new.to(state.dtype)
         out[live_t] = y.to(x.dtype)
-    return out if dims.has_heads else out.squeeze(1)
+    return out if has_heads else out.squeeze(1)
 
 
 def rmsnorm_ref(
@@ -539,7 +550,8 @@ def rmsnorm_ref(
     one group. RMSNorm: mean = 0, std(v) = sqrt(mean(v^2) + eps); LayerNorm: the group's mean
     and std(v) = sqrt(var(v) + eps) (biased variance). bias may be None.
     """
-    hidden, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size)
+    hidden = x.shape[-1]
+    gs = group_size or hidden
     cd = torch.promote_types(x.dtype, torch.float32) if upcast else x.dtype
     v = x.to(cd)
     if z is not None and not norm_before_gate:
@@ -567,7 +579,8 @@ def rmsnorm_bwd_ref(
     dy = dout (times silu(z) when the gate comes after, which gives dz = dout y silu'(z)),
     dw = sum dy xhat, db = sum dy, dv = rstd (dy w - mean(dy w) [LayerNorm] - xhat mean(dy w xhat)),
     dx = dv (times silu(z) when the gate comes first, which gives dz = dv x silu'(z))."""
-    hidden, gs = check_rmsnorm_args(x, weight, bias, z, eps, group_size)
+    hidden = x.shape[-1]
+    gs = group_size or hidden
     cd = compute_dtype
     xv, g = x.to(cd), dout.to(cd)
     w = weight.to(cd)

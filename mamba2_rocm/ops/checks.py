@@ -1,12 +1,14 @@
-"""Argument checks shared by the SSD references and, later, the SSD ops.
+"""The ops' argument checks: every public op checks its call here once, before it picks a
+tier; the references under ``mamba2_rocm.reference`` are pure math and check nothing.
 
 Every check raises with a message that carries the offending value. Shape and dtype checks never
-synchronize with the device; the few checks that read tensor values (``cu_seqlens`` contents,
-``state_batch_indices`` range) are in the references only, or behind ``inspect_values``.
+synchronize with the device; the few that read tensor values (``cu_seqlens`` contents, the
+range of state indices: ``check_state_rows``) run only where the op reads those values anyway
+(its torch tier), or behind ``inspect_values``.
 
-The references accept float64 as well as the kernel dtypes so that they can be compared with
-each other in double precision; the op layer passes ``dtypes=KERNEL_FLOATS`` and
-``chunk_sizes=KERNEL_CHUNK_SIZES``.
+By default the checks accept float64 as well as the kernel dtypes (the torch tier computes it)
+and any power-of-two chunk size >= 16; ``dtypes=KERNEL_FLOATS`` and
+``chunk_sizes=KERNEL_CHUNK_SIZES`` narrow them to what the kernels take.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ __all__ = [
     "KERNEL_FLOATS",
     "MAX_DSTATE",
     "MAX_HEADDIM",
+    "MAX_SCAN_DSTATE",
     "REFERENCE_FLOATS",
     "ChunkScanDims",
+    "ScanDims",
     "StateUpdateDims",
     "check_chunk_scan_args",
     "check_chunk_scan_grads",
     "check_no_overlap",
     "check_rmsnorm_args",
+    "check_selective_scan_args",
     "check_state_rows",
     "check_state_update_args",
     "kernel_chunk_size",
@@ -421,3 +426,106 @@ def check_rmsnorm_args(
     if not (isinstance(eps, (int, float)) and eps >= 0):
         raise ValueError(f"eps must be a number >= 0, got {eps!r}")
     return hidden, group_size
+
+
+# Mamba1's selective scan (semantics: mamba2_rocm.reference.selective_scan)
+
+MAX_SCAN_DSTATE = 256
+
+
+COMPLEX_WEIGHTS = (torch.complex64, torch.complex128)
+
+
+@dataclass(frozen=True)
+class ScanDims:
+    batch: int
+    dim: int
+    seqlen: int
+    dstate: int
+    b_groups: int  # 0: fixed (dim, dstate); else groups of the variable B
+    c_groups: int
+    complex_a: bool = False
+
+
+def _check_tensor(name, t, device, dtypes=REFERENCE_FLOATS) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        names = ", ".join(_dtype_name(d) for d in dtypes)
+        raise TypeError(f"{name} must be one of {names}, got {_dtype_name(t.dtype)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (the device of u)")
+
+
+def _bc_groups(name, t, batch, dim, seqlen, dstate, complex_a=False) -> int:
+    """0 for a fixed (dim, dstate) B / C, else its number of groups (1 for (batch, dstate, L));
+    with complex A a variable one holds (real, imaginary) pairs: 2 * seqlen values a row."""
+    shape = tuple(t.shape)
+    if complex_a:
+        want = COMPLEX_WEIGHTS if t.dim() == 2 else REFERENCE_FLOATS
+        if t.dtype not in want:
+            kind = "fixed (complex)" if t.dim() == 2 else "variable (real pairs)"
+            raise TypeError(f"with complex A, {name} {kind} must be one of "
+                            f"{', '.join(_dtype_name(d) for d in want)}, got "
+                            f"{_dtype_name(t.dtype)}")  # fmt: skip
+    elif t.is_complex():
+        raise TypeError(f"{name} is complex ({_dtype_name(t.dtype)}) but A is real")
+    steps, what = (2 * seqlen, "2 * seqlen") if complex_a else (seqlen, "seqlen")
+    if t.dim() == 2:
+        if shape != (dim, dstate):
+            raise ValueError(f"{name} fixed must be (dim={dim}, dstate={dstate}), got {shape}")
+        return 0
+    if t.dim() == 3:
+        if shape != (batch, dstate, steps):
+            raise ValueError(
+                f"{name} variable must be (batch={batch}, dstate={dstate}, {what}={steps}), "
+                f"got {shape}"
+            )
+        return 1
+    if t.dim() == 4:
+        groups = shape[1]
+        if shape != (batch, groups, dstate, steps) or groups < 1 or dim % groups:
+            raise ValueError(
+                f"{name} grouped must be (batch={batch}, groups, dstate={dstate}, "
+                f"{what}={steps}) with groups dividing dim={dim}, got {shape}"
+            )
+        return groups
+    raise ValueError(
+        f"{name} must be (dim, dstate), (batch, dstate, seqlen) or (batch, groups, dstate, "
+        f"seqlen), got shape {shape}"
+    )
+
+
+def check_selective_scan_args(u, delta, A, B, C, D=None, z=None, delta_bias=None) -> ScanDims:
+    """Shapes, dtypes and devices of a selective-scan call; raises naming the argument."""
+    if not isinstance(u, torch.Tensor):
+        raise TypeError(f"u must be a torch.Tensor, got {type(u).__name__}")
+    if u.dim() != 3:
+        raise ValueError(f"u must be (batch, dim, seqlen), got shape {tuple(u.shape)}")
+    device = u.device
+    _check_tensor("u", u, device)
+    batch, dim, seqlen = u.shape
+    if dim == 0:
+        raise ValueError(f"u is empty along dim (shape {tuple(u.shape)}); dim must be >= 1")
+    _check_tensor("delta", delta, device)
+    if tuple(delta.shape) != tuple(u.shape):
+        raise ValueError(f"delta must have u's shape {tuple(u.shape)}, got {tuple(delta.shape)}")
+    _check_tensor("A", A, device, (*REFERENCE_FLOATS, *COMPLEX_WEIGHTS))
+    complex_a = A.is_complex()
+    if A.dim() != 2 or A.shape[0] != dim:
+        raise ValueError(f"A must be (dim={dim}, dstate), got shape {tuple(A.shape)}")
+    dstate = A.shape[1]
+    if not 1 <= dstate <= MAX_SCAN_DSTATE:
+        raise ValueError(f"dstate must be 1..{MAX_SCAN_DSTATE}, got {dstate}")
+    bc_types = (*REFERENCE_FLOATS, *COMPLEX_WEIGHTS)  # which of them: _bc_groups, by A's kind
+    _check_tensor("B", B, device, bc_types)
+    _check_tensor("C", C, device, bc_types)
+    b_groups = _bc_groups("B", B, batch, dim, seqlen, dstate, complex_a)
+    c_groups = _bc_groups("C", C, batch, dim, seqlen, dstate, complex_a)
+    for name, t, shape in (("D", D, (dim,)), ("delta_bias", delta_bias, (dim,)),
+                           ("z", z, tuple(u.shape))):  # fmt: skip
+        if t is not None:
+            _check_tensor(name, t, device)
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    return ScanDims(batch, dim, seqlen, dstate, b_groups, c_groups, complex_a)
