@@ -78,7 +78,14 @@ def lint(session: nox.Session) -> None:
     session.run("python", "-m", "mamba2_rocm.pipeline.hygiene")
 
 
-@nox.session(default=False)
+# The pipeline sessions reuse their virtualenv: two builds of one target at once would otherwise
+# both delete and recreate it (the second dies in nox's ensurepip step, saying nothing useful);
+# with it kept, the second reaches the pipeline, which refuses naming the build that holds the
+# output folder (mamba2_rocm.pipeline.guard). `nox -s build-X --reuse-venv=no` starts afresh.
+PIPELINE_SESSION = {"default": False, "reuse_venv": True}
+
+
+@nox.session(**PIPELINE_SESSION)
 def toolchain(session: nox.Session) -> None:
     """Build the toolchain images (pass --refresh to rebuild without cache)."""
     _pipeline(session, "toolchain", *session.posargs)
@@ -95,14 +102,14 @@ def _per_target(command: str, target: str, doc: str):
 
 
 for _target in RECIPES:
-    nox.session(name=f"build-{_target}", default=False)(
+    nox.session(name=f"build-{_target}", **PIPELINE_SESSION)(
         _per_target(
             "build",
             _target,
             f"Build, verify and package wheels/{_target}/ (mamba2-rocm-{_target}).",
         )
     )
-    nox.session(name=f"gpu-tests-{_target}", default=False)(
+    nox.session(name=f"gpu-tests-{_target}", **PIPELINE_SESSION)(
         _per_target(
             "gpu-tests",
             _target,
@@ -118,7 +125,7 @@ for _target in RECIPES:
     )
 
 
-@nox.session(name="build-all", default=False)
+@nox.session(name="build-all", **PIPELINE_SESSION)
 def build_all(session: nox.Session) -> None:
     """Build every recipe into wheels/."""
     _pipeline(session, "build", "all", *session.posargs)
@@ -141,7 +148,7 @@ def publish(session: nox.Session) -> None:
     session.run("python", "-m", "mamba2_rocm.pipeline", "publish", *session.posargs)
 
 
-@nox.session(default=False)
+@nox.session(**PIPELINE_SESSION)
 def reproducibility(session: nox.Session) -> None:
     """Build a target twice from scratch and compare the wheels (default gfx1030)."""
     _pipeline(session, "reproducibility", *(session.posargs or ["gfx1030"]))

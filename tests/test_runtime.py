@@ -863,3 +863,62 @@ def test_backend_invalid_value_names_the_choices(backend):
     with pytest.raises(ValueError) as err:
         _backend.choose(torch.device("cpu"))
     assert str(err.value) == "MAMBA2_ROCM_BACKEND='triton' is not one of auto, kernel, torch, eager"
+
+
+def _fake_jit(monkeypatch, tmp_path):
+    """A JIT cache under tmp_path whose compiler is a stand-in writing a good entry."""
+    from mamba2_rocm.build import driver as build_driver
+
+    monkeypatch.setenv("MAMBA2_ROCM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loader, "jit_compiler", lambda vendor, environ=None: "hipcc")
+    builds = []
+
+    def build(archs, out):
+        builds.append(Path(out))
+        write_kernel_dir(Path(out) / archs[0], archs[0])
+        return None
+
+    monkeypatch.setattr(build_driver, "build", build)
+    return discovery.jit_cache_root(), builds
+
+
+@pytest.mark.filterwarnings("ignore:mamba2-rocm. building kernels")
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_a_damaged_jit_cache_entry_is_rebuilt_not_used(tmp_path, monkeypatch, damage):
+    root, builds = _fake_jit(monkeypatch, tmp_path)
+    entry = write_kernel_dir(root / "gfx1100", "gfx1100")
+    victim = sorted(entry.glob("*.hsaco"))[0]
+    if damage == "truncated":
+        victim.write_bytes(victim.read_bytes()[:3])
+    else:
+        victim.unlink()
+    with pytest.warns(UserWarning, match=rf"cache entry .*gfx1100 is damaged \({victim.name}"):
+        kdir = loader._jit_build("gfx1100")
+    assert kdir is not None and kdir.path == root / "gfx1100"
+    assert loader.cache_entry_damage(kdir) is None
+    assert len(builds) == 1 and builds[0].name.startswith(".gfx1100.building-")
+    assert sorted(p.name for p in root.iterdir()) == ["gfx1100", "gfx1100.lock"]
+    # a good entry is used as it is
+    assert loader._jit_build("gfx1100").path == root / "gfx1100" and len(builds) == 1
+
+
+def test_an_interrupted_jit_build_leaves_no_entry(tmp_path, monkeypatch):
+    root, _ = _fake_jit(monkeypatch, tmp_path)
+    from mamba2_rocm.build import driver as build_driver
+
+    def killed(archs, out):
+        (Path(out) / archs[0]).mkdir(parents=True)
+        (Path(out) / archs[0] / "ssd.hsaco").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_driver, "build", killed)
+    with pytest.warns(UserWarning, match="building kernels for gfx1100"), \
+            pytest.raises(KeyboardInterrupt):  # fmt: skip
+        loader._jit_build("gfx1100")
+    assert sorted(p.name for p in root.iterdir()) == ["gfx1100.lock"]
+    # a killed process's staging folder (no cleanup ran) is removed by the next build
+    (root / ".gfx1100.building-999999" / "gfx1100").mkdir(parents=True)
+    _fake_jit(monkeypatch, tmp_path)
+    with pytest.warns(UserWarning, match="building kernels for gfx1100"):
+        assert loader._jit_build("gfx1100").path == root / "gfx1100"
+    assert sorted(p.name for p in root.iterdir()) == ["gfx1100", "gfx1100.lock"]

@@ -10,6 +10,7 @@ Commands: ``targets`` | ``toolchain [--refresh] [TARGET...]`` | ``build TARGET..
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -31,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("targets", nargs="+", help="targets, or 'all'")
     p.add_argument("--out", default="wheels")
     p.add_argument("--jobs", type=int, default=None)
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="wait this long for another build holding a target's output folder "
+                   "(default: refuse at once; 'inf' waits for good)")  # fmt: skip
     p = sub.add_parser("reproducibility", help="build twice from scratch and compare the wheels")
     p.add_argument("target")
     p = sub.add_parser("matrix", help="print the CI matrices (JSON) generated from recipes/")
@@ -75,79 +79,96 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("kernels", help="the folder build --out wrote (<arch>/manifest.json)")
     args = parser.parse_args(argv)
 
-    from mamba2_rocm.pipeline.stages import PipelineError, build_targets
+    from mamba2_rocm.pipeline import guard
+    from mamba2_rocm.pipeline.stages import PipelineError
 
+    # the long commands stop cleanly on SIGINT / SIGTERM / SIGHUP: their containers are killed,
+    # temporary folders removed, outputs left as they were; the exit says which stage it was
+    long = args.cmd in ("build", "reproducibility", "toolchain", "gpu-tests")
     try:
-        if args.cmd == "targets":
-            for recipe in load_recipes().values():
-                print(recipe.target)
-        elif args.cmd == "toolchain":
-            recipes = [get_recipe(t) for t in args.targets] or list(load_recipes().values())
-            log = (lambda *_: None) if args.print_tag else print
-            for tag in dict.fromkeys(
-                images.ensure_toolchain(r, refresh=args.refresh, log=log) for r in recipes
-            ):
-                print(tag)
-        elif args.cmd == "build":
-            names = list(load_recipes()) if args.targets == ["all"] else args.targets
-            recipes = [get_recipe(t) for t in names]  # every name checked before any work
-            start = time.monotonic()
-            build_targets(recipes, Path(args.out), jobs=args.jobs)
-            print(f"built {len(recipes)} target(s) in {time.monotonic() - start:.1f} s")
-        elif args.cmd == "reproducibility":
-            from mamba2_rocm.pipeline.repro import check_reproducible
-
-            diffs = check_reproducible(get_recipe(args.target))
-            if diffs:
-                print("NOT reproducible:\n  " + "\n  ".join(diffs), file=sys.stderr)
-                return 1
-            print(f"{args.target}: two builds from scratch gave byte-identical wheels")
-        elif args.cmd == "matrix":
-            from mamba2_rocm.pipeline.matrix import github_outputs, matrices
-
-            recipes = list(load_recipes().values())
-            print(json.dumps(matrices(recipes), indent=2))
-            if args.github_output:
-                github_outputs(recipes, Path(args.github_output))
-        elif args.cmd == "publish":
-            from mamba2_rocm.pipeline.publish import publish
-
-            names = args.targets or list(load_recipes())
-            publish([get_recipe(t) for t in names], Path(args.wheels),
-                    None if args.check_only else args.repository_url,
-                    [Path(g) for g in args.gates])  # fmt: skip
-        elif args.cmd == "pull":
-            from mamba2_rocm.pipeline.pull import pull
-
-            manifest = Path(args.manifest or Path("wheels", args.target, "build-manifest.json"))
-            pull(get_recipe(args.target), args.index_url, manifest, args.torch,
-                 args.torch_index_url, Path(args.venv) if args.venv else None)  # fmt: skip
-        elif args.cmd == "truth":
-            from mamba2_rocm.pipeline.truth import format_table, truth_table
-
-            rows = truth_table(list(load_recipes().values()), Path(args.records),
-                               [Path(g) for g in args.gates], Path(args.wheels))  # fmt: skip
-            print(format_table(rows))
-        elif args.cmd == "emulation-record":
-            from mamba2_rocm.pipeline.truth import emulation_record
-
-            rec = emulation_record(Path(args.junit), args.variant, args.commit, args.device,
-                                   args.date, args.suite)  # fmt: skip
-            Path(args.out).write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
-            print(f"{args.variant} {args.suite}: {rec['passed']} passed, {rec['failed']} failed "
-                  f"-> {args.out}")  # fmt: skip
-        elif args.cmd == "emulation-kernels":
-            from mamba2_rocm.pipeline.truth import check_emulation_kernels
-
-            print(check_emulation_kernels(Path(args.kernels), args.variant))
-        elif args.cmd == "gpu-tests":
-            from mamba2_rocm.pipeline.gputest import DEFAULT_BASE_IMAGE, run_gpu_tests
-
-            run_gpu_tests(get_recipe(args.target), Path(args.wheels),
-                          args.base_image or DEFAULT_BASE_IMAGE)  # fmt: skip
-    except (PipelineError, images.DockerError, ValueError, FileNotFoundError, RuntimeError) as exc:
+        with guard.cancellable() if long else contextlib.nullcontext():
+            return _run(args)
+    except guard.Cancelled as exc:
+        print(f"error: {exc.message('python -m mamba2_rocm.pipeline ' + ' '.join(argv or sys.argv[1:]))}; "
+              "its containers are stopped, its temporary folders removed and the outputs "
+              "left as they were", file=sys.stderr)  # fmt: skip
+        return exc.exit_code
+    except (PipelineError, guard.LockBusy, images.DockerError, ValueError, FileNotFoundError,
+            RuntimeError) as exc:  # fmt: skip
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from mamba2_rocm.pipeline.stages import build_targets
+
+    if args.cmd == "targets":
+        for recipe in load_recipes().values():
+            print(recipe.target)
+    elif args.cmd == "toolchain":
+        recipes = [get_recipe(t) for t in args.targets] or list(load_recipes().values())
+        log = (lambda *_: None) if args.print_tag else print
+        for tag in dict.fromkeys(
+            images.ensure_toolchain(r, refresh=args.refresh, log=log) for r in recipes
+        ):
+            print(tag)
+    elif args.cmd == "build":
+        names = list(load_recipes()) if args.targets == ["all"] else args.targets
+        recipes = [get_recipe(t) for t in names]  # every name checked before any work
+        start = time.monotonic()
+        build_targets(recipes, Path(args.out), jobs=args.jobs, wait=args.wait)
+        print(f"built {len(recipes)} target(s) in {time.monotonic() - start:.1f} s")
+    elif args.cmd == "reproducibility":
+        from mamba2_rocm.pipeline.repro import check_reproducible
+
+        diffs = check_reproducible(get_recipe(args.target))
+        if diffs:
+            print("NOT reproducible:\n  " + "\n  ".join(diffs), file=sys.stderr)
+            return 1
+        print(f"{args.target}: two builds from scratch gave byte-identical wheels")
+    elif args.cmd == "matrix":
+        from mamba2_rocm.pipeline.matrix import github_outputs, matrices
+
+        recipes = list(load_recipes().values())
+        print(json.dumps(matrices(recipes), indent=2))
+        if args.github_output:
+            github_outputs(recipes, Path(args.github_output))
+    elif args.cmd == "publish":
+        from mamba2_rocm.pipeline.publish import publish
+
+        names = args.targets or list(load_recipes())
+        publish([get_recipe(t) for t in names], Path(args.wheels),
+                None if args.check_only else args.repository_url,
+                [Path(g) for g in args.gates])  # fmt: skip
+    elif args.cmd == "pull":
+        from mamba2_rocm.pipeline.pull import pull
+
+        manifest = Path(args.manifest or Path("wheels", args.target, "build-manifest.json"))
+        pull(get_recipe(args.target), args.index_url, manifest, args.torch,
+             args.torch_index_url, Path(args.venv) if args.venv else None)  # fmt: skip
+    elif args.cmd == "truth":
+        from mamba2_rocm.pipeline.truth import format_table, truth_table
+
+        rows = truth_table(list(load_recipes().values()), Path(args.records),
+                           [Path(g) for g in args.gates], Path(args.wheels))  # fmt: skip
+        print(format_table(rows))
+    elif args.cmd == "emulation-record":
+        from mamba2_rocm.pipeline.truth import emulation_record
+
+        rec = emulation_record(Path(args.junit), args.variant, args.commit, args.device,
+                               args.date, args.suite)  # fmt: skip
+        Path(args.out).write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+        print(f"{args.variant} {args.suite}: {rec['passed']} passed, {rec['failed']} failed "
+              f"-> {args.out}")  # fmt: skip
+    elif args.cmd == "emulation-kernels":
+        from mamba2_rocm.pipeline.truth import check_emulation_kernels
+
+        print(check_emulation_kernels(Path(args.kernels), args.variant))
+    elif args.cmd == "gpu-tests":
+        from mamba2_rocm.pipeline.gputest import DEFAULT_BASE_IMAGE, run_gpu_tests
+
+        run_gpu_tests(get_recipe(args.target), Path(args.wheels),
+                      args.base_image or DEFAULT_BASE_IMAGE)  # fmt: skip
     return 0
 
 

@@ -33,14 +33,13 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mamba2_rocm.arch import generic_family
-from mamba2_rocm.pipeline import publish
+from mamba2_rocm.pipeline import guard, publish
 from mamba2_rocm.pipeline.recipes import Recipe
 
 __all__ = [
@@ -167,15 +166,23 @@ def gate_verdict(counts: dict[str, int]) -> str | None:
 
 def _docker(args: list[str], log) -> subprocess.CompletedProcess:
     log("+ " + " ".join(args))
-    return subprocess.run(args, capture_output=True, text=True)
+    if args[:2] != ["docker", "run"]:
+        return subprocess.run(args, capture_output=True, text=True)
+    # a named, labelled container, stopped if this call is interrupted (guard)
+    name = guard.container_name("gpu")
+    try:
+        return subprocess.run([*args[:2], *guard.container_args(name), *args[2:]],
+                              capture_output=True, text=True)  # fmt: skip
+    except BaseException:
+        guard.stop_container(name)
+        raise
 
 
 def _build_image(
     recipe: Recipe, wheels: dict[str, Path], version: str, base_image: str, log
 ) -> str:
     tag = f"mamba2-rocm-gpu-test:{recipe.target}-{version}"
-    with tempfile.TemporaryDirectory(prefix="m2r-gpu-ctx-") as tmp:
-        ctx = Path(tmp)
+    with guard.temporary_folder("gpu") as ctx:
         (ctx / "wheels").mkdir()
         for name, path in wheels.items():
             shutil.copy2(path, ctx / "wheels" / name)
@@ -223,8 +230,7 @@ def run_gpu_tests(recipe: Recipe, wheels_root: Path, base_image: str = DEFAULT_B
         )
     archs = health_check(recipe, proc.stdout)
     log(f"health check: {', '.join(archs)} can run {recipe.target}")
-    with tempfile.TemporaryDirectory(prefix="m2r-gpu-out-") as tmp:
-        out = Path(tmp)
+    with guard.temporary_folder("gpu") as out:
         out.chmod(0o777)  # the image's non-root user writes the reports
         proc = _docker(run_args(image, gid, out), log)
         log(proc.stdout[-8000:])

@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from mamba2_rocm.pipeline import guard
 from mamba2_rocm.pipeline.recipes import Recipe
 
 __all__ = [
@@ -28,6 +29,8 @@ __all__ = [
     "ensure_base",
     "ensure_toolchain",
     "image_id",
+    "require_image",
+    "run_container",
     "run_in_image",
     "toolchain_image",
 ]
@@ -144,12 +147,36 @@ def ensure_toolchain(
     return tag
 
 
+def require_image(image: str, recipe: Recipe, log=print) -> None:
+    """``image`` must still exist when a stage runs it (another process may have deleted it
+    since the build began: ``docker run`` would then try a registry and fail obscurely); a
+    missing toolchain image is built again from ``recipe``'s pins."""
+    if image_id(image) is not None:
+        return
+    log(f"toolchain image {image} is gone (deleted since this build began?): building it again")
+    rebuilt = ensure_toolchain(recipe, log=log)
+    if rebuilt != image:
+        raise DockerError(f"rebuilding {image} gave {rebuilt}: the recipe changed during the build")
+
+
+def run_container(args: Sequence[str], timeout: float | None = 3600) -> subprocess.CompletedProcess:
+    """``docker run --rm <args>`` as a named, labelled container with an init process; stopped
+    when the call is interrupted (a signal, a timeout), not left running (guard)."""
+    name = guard.container_name()
+    try:
+        return _docker("run", "--rm", *guard.container_args(name), *args, check=False,
+                       timeout=timeout)  # fmt: skip
+    except BaseException:
+        guard.stop_container(name)
+        raise
+
+
 def dpkg_versions(image: str, packages: Sequence[str]) -> dict[str, str]:
     """Installed versions of ``packages`` inside ``image`` (for the build manifest)."""
     fmt = "${Package} ${Version}\\n"
-    proc = _docker(
-        "run", "--rm", "--network", "none", image, "dpkg-query", "-W", f"-f={fmt}", *packages
-    )
+    proc = run_container(["--network", "none", image, "dpkg-query", "-W", f"-f={fmt}", *packages])
+    if proc.returncode != 0:
+        raise DockerError(f"dpkg-query in {image} failed: {(proc.stderr or '').strip()[-500:]}")
     return dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
 
 
@@ -157,9 +184,9 @@ def run_in_image(image: str, command: Sequence[str], source: Path, out: Path,
                  env: dict[str, str] | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:  # fmt: skip
     """Run ``command`` with no network, the source read-only at /src and ``out`` at /out."""
     out.mkdir(parents=True, exist_ok=True)
-    args = ["run", "--rm", "--network", "none", "--user", f"{os.getuid()}:{os.getgid()}",
+    args = ["--network", "none", "--user", f"{os.getuid()}:{os.getgid()}",
             "-v", f"{source.resolve()}:/src:ro", "-v", f"{out.resolve()}:/out", "-w", "/src",
             "-e", "HOME=/tmp"]  # fmt: skip
     for key, value in (env or {}).items():
         args += ["-e", f"{key}={value}"]
-    return _docker(*args, image, *command, check=False, timeout=timeout)
+    return run_container([*args, image, *command], timeout=timeout)

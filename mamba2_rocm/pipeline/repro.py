@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -45,9 +44,10 @@ def compare_wheel_dirs(a: Path, b: Path) -> list[str]:
 
 
 def check_reproducible(recipe: Recipe, log=print) -> list[str]:
+    from mamba2_rocm.pipeline.guard import temporary_folder
     from mamba2_rocm.pipeline.stages import build_target
 
-    with tempfile.TemporaryDirectory(prefix="m2r-repro-") as tmp:
-        first = build_target(recipe, Path(tmp) / "first", log=log)
-        second = build_target(recipe, Path(tmp) / "second", log=log)
+    with temporary_folder("repro") as tmp:
+        first = build_target(recipe, tmp / "first", log=log)
+        second = build_target(recipe, tmp / "second", log=log)
         return compare_wheel_dirs(first, second)

@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from typing import Any
 from mamba2_rocm.arch import arch_info
 from mamba2_rocm.build.codeobject import CodeObjectError, amd_code_object_version, amd_kernels
 from mamba2_rocm.kernels import SOURCES
-from mamba2_rocm.pipeline import images, package
+from mamba2_rocm.pipeline import guard, images, package
 from mamba2_rocm.pipeline.recipes import Recipe
 
 __all__ = [
@@ -55,7 +54,11 @@ class StageLog:
         self.log(f"[{target}] {name} ...")
         start = time.monotonic()
         try:
-            yield
+            with guard.enter_stage(name):
+                yield
+        except guard.Cancelled:
+            self.log(f"[{target}] {name} cancelled after {time.monotonic() - start:.1f} s")
+            raise
         except Exception as exc:
             self.log(f"[{target}] {name} FAILED after {time.monotonic() - start:.1f} s")
             if isinstance(exc, PipelineError):
@@ -208,6 +211,7 @@ def _audit(image: str, export: Path, scratch: Path) -> dict[str, Any]:
 def _compile(recipes: list[Recipe], image: str, export: Path, kernels: Path, jobs: int) -> None:
     """One container run compiles every arch of ``recipes`` (same image, version and flags)."""
     first = recipes[0]
+    images.require_image(image, first)
     cmd = ["python3", "-m", "mamba2_rocm", "build", "--out", "/out", "--jobs", str(jobs),
            "--code-object-version", str(first.code_object_version)]  # fmt: skip
     for arch in dict.fromkeys(a for r in recipes for a in r.archs):
@@ -332,19 +336,23 @@ def _smoke_test(
 
 
 def build_targets(recipes: list[Recipe], out_root: Path, jobs: int | None = None, log=print,
-                  mirror: str | None = None) -> list[Path]:  # fmt: skip
+                  mirror: str | None = None, wait: float = 0.0) -> list[Path]:  # fmt: skip
     """Run every stage for ``recipes``; returns ``out_root/<target>`` for each.
 
     Shared work is done once: the source export, the host wheel, one audit per toolchain image
     and one compile per group of recipes with the same image, code-object version and flags
     (the driver spreads all of that group's (arch, source) compiles over ``jobs`` cores).
+    One build per output folder: the targets' locks are held throughout (``wait`` seconds for
+    a held one, see :func:`guard.output_lock`); what killed runs left is removed first; the
+    outputs change only at the end, each target's set at once (:func:`guard.replace_dir`).
     """
     stages = StageLog(log=log)
     jobs = jobs or os.cpu_count() or 1
     t = ",".join(r.target for r in recipes) if len(recipes) <= 3 else f"{len(recipes)} targets"
     results = []
-    with tempfile.TemporaryDirectory(prefix="m2r-build-") as tmp:
-        tmp = Path(tmp)
+    with guard.output_lock(out_root, [r.target for r in recipes], wait, log), \
+            guard.temporary_folder("build") as tmp:  # fmt: skip
+        guard.clean_stale(out_root, log)
         with stages.stage("toolchain image", t):
             images.docker_check()
             image_of = {
@@ -403,11 +411,23 @@ def build_targets(recipes: list[Recipe], out_root: Path, jobs: int | None = None
 def _write(recipe: Recipe, out_root: Path, wheels: tuple[Path, ...], kernels: Path, version: str,
            commit: str, image: str, audit: dict, resources: dict, smoke: dict) -> Path:  # fmt: skip
     """``out_root/<target>/``: the release's wheels (host, drop-in, the target's kernels) and the
-    build manifest naming their sha256s."""
+    build manifest naming their sha256s. Written beside the old set (``.<target>.new-<pid>``)
+    and swapped in at once; a failure on the way (a full disk) leaves the old set as it was."""
     dest = out_root / recipe.target
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
+    staged = out_root / f".{recipe.target}.new-{os.getpid()}"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    try:
+        _write_set(staged, recipe, wheels, kernels, version, commit, image, audit, resources, smoke)
+        guard.replace_dir(staged, dest)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return dest
+
+
+def _write_set(dest: Path, recipe: Recipe, wheels: tuple[Path, ...], kernels: Path, version: str,
+               commit: str, image: str, audit: dict, resources: dict, smoke: dict) -> None:  # fmt: skip
     for whl in wheels:
         shutil.copy2(whl, dest / whl.name)
     code_objects = {
@@ -437,11 +457,15 @@ def _write(recipe: Recipe, out_root: Path, wheels: tuple[Path, ...], kernels: Pa
         "smoke_test": smoke,
     }
     (dest / "build-manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return dest
 
 
 def build_target(
-    recipe: Recipe, out_root: Path, jobs: int | None = None, log=print, mirror: str | None = None
+    recipe: Recipe,
+    out_root: Path,
+    jobs: int | None = None,
+    log=print,
+    mirror: str | None = None,
+    wait: float = 0.0,
 ) -> Path:
     """All stages for one recipe; returns ``out_root/<target>``."""
-    return build_targets([recipe], out_root, jobs, log, mirror)[0]
+    return build_targets([recipe], out_root, jobs, log, mirror, wait)[0]

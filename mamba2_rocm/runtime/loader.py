@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import hashlib
 import os
+import shutil
 import struct
 import threading
 import warnings
@@ -272,21 +273,51 @@ def _jit_build(arch: str) -> KernelDir | None:
 
     root = jit_cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"{info.name}.lock")):
+    with FileLock(str(root / f"{info.name}.lock")):  # (held: no other process builds it now)
         kdir = find_kernel_dir(arch, _cache_dirs(root))
-        if kdir is not None:
+        if kdir is not None and kdir.path.parent == root:
+            damage = cache_entry_damage(kdir)
+            if damage is None:
+                return kdir
+            warnings.warn(
+                f"mamba2-rocm: the just-in-time cache entry {kdir.path} is damaged ({damage}; "
+                "an interrupted write?): removing it and building again", stacklevel=4,
+            )  # fmt: skip
+            shutil.rmtree(kdir.path, ignore_errors=True)
+        elif kdir is not None:
             return kdir
+        for stale in root.glob(f".{info.name}.building-*"):  # a killed build's (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
         warnings.warn(
             f"mamba2-rocm: building kernels for {info.name} into {root} (once)", stacklevel=4
         )
+        # built beside the cache entry and renamed into place when complete: an interrupted
+        # build never leaves a half-written entry where the next process looks
+        staging = root / f".{info.name}.building-{os.getpid()}"
         try:
-            build([info.name], root)
+            build([info.name], staging)
+            shutil.rmtree(root / info.name, ignore_errors=True)  # (an older build's remains)
+            os.rename(staging / info.name, root / info.name)
         except BuildError as exc:
             warnings.warn(
                 f"mamba2-rocm: just-in-time build for {info.name} failed: {exc}", stacklevel=4
             )
             return None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return find_kernel_dir(arch, _cache_dirs(root))
+
+
+def cache_entry_damage(kdir: KernelDir) -> str | None:
+    """What is wrong with a cache entry's files (a code object its manifest names that is
+    missing, or whose sha256 differs: a truncated write), or None."""
+    for co in kdir.manifest.get("code_objects", []):
+        path = kdir.path / co["file"]
+        if not path.is_file():
+            return f"{co['file']} is missing"
+        if hashlib.sha256(path.read_bytes()).hexdigest() != co["sha256"]:
+            return f"{co['file']}'s sha256 differs from its manifest"
+    return None
 
 
 def _cache_dirs(root: Path) -> list[KernelDir]:
