@@ -1,4 +1,4 @@
-"""``python -m mamba2_rocm <command>``: build | info | bench | doctor | env.
+"""``python -m mamba2_rocm <command>``: build | info | bench | doctor | env | selftest.
 
 Each command lives in the module that owns its logic; this file only collects them. A module
 contributes commands through ``register(subparsers)``, which adds its parsers and sets
@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "mamba2_rocm.runtime.cli",
     "mamba2_rocm.bench.cli",
     "mamba2_rocm.env.cli",
+    "mamba2_rocm.selftest",
 )
 
 

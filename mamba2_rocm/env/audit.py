@@ -815,6 +815,10 @@ def render_text(rep: dict[str, Any]) -> str:
     for x in rep["findings"]:
         lines.append(f"  [{x['severity']}] {x['id']}: {x['message']}")
         lines.append(f"      fix: {x['fix']}")
+    if rep["rocm"] and any(d["arch"].startswith("gfx") for d in rep["devices"]):
+        lines += ["", "next: check this card's kernels (1-2 minutes): `python -m mamba2_rocm selftest "
+                  "--quick --report selftest.json`; please send the report (an issue on the "
+                  "project): it holds no host, user or path, and it is how AMD cards get verified"]  # fmt: skip
     errors = sum(x["severity"] == "error" for x in rep["findings"])
     lines += ["", f"{errors} error(s); " + ("OK" if rep["ok"] else "NOT OK: fix the errors above")]
     return "\n".join(lines) + "\n"

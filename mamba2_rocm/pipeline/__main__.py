@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gates", action="append", default=[],
                    help="folder of GPU gate records from the runners (repeatable)")  # fmt: skip
     p.add_argument("--wheels", default="wheels", help="folder of <target>/ build outputs")
+    p.add_argument("--reports", action="append", default=[],
+                   help="folder of users' selftest reports (repeatable): adds their column")  # fmt: skip
     p = sub.add_parser("emulation-record",
                        help="write the record of a GPU-suite run on an emulation build")  # fmt: skip
     p.add_argument("--variant", required=True)
@@ -150,8 +152,9 @@ def _run(args: argparse.Namespace) -> int:
         from mamba2_rocm.pipeline.truth import format_table, truth_table
 
         rows = truth_table(list(load_recipes().values()), Path(args.records),
-                           [Path(g) for g in args.gates], Path(args.wheels))  # fmt: skip
-        print(format_table(rows))
+                           [Path(g) for g in args.gates], Path(args.wheels),
+                           [Path(r) for r in args.reports])  # fmt: skip
+        print(format_table(rows, reports=bool(args.reports)))
     elif args.cmd == "emulation-record":
         from mamba2_rocm.pipeline.truth import emulation_record
 

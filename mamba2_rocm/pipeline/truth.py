@@ -18,6 +18,12 @@ Levels, each only from a record that says so (never written by hand into the tab
    target, a device arch the recipe does not have, a pass with failures, no commit, other wheels
    than the local build's) is shown as invalid and never counts.
 
+4. **reported by a user**: ``python -m mamba2_rocm selftest --report FILE`` run by someone on
+   their own card, passed with ``--reports DIR``. It counts only when it holds together
+   (``mamba2_rocm.selftest.report.report_problems``: every check passed on the kernels, the
+   GPU is one of the recipe's archs, and every code object's sha256 is the local build's);
+   the newest valid one per target is shown. A report never gates a publish.
+
 Emulation is never a GPU gate: publish takes only gate records, and refuses an emulation
 record presented as one (``publish.check_gate``).
 """
@@ -73,6 +79,7 @@ class TruthRow:
     static: str
     emulation: str
     hardware: str
+    reported: str = "no user report"
 
 
 def emulation_record(junit: Path, variant: str, commit: str, device: str, date: str,
@@ -150,8 +157,33 @@ def _read(path: Path) -> Any:
         return f"unreadable ({exc})"
 
 
+def _user_reports(roots: list[Path]) -> list[tuple[Path, Any]]:
+    return [(path, _read(path)) for root in roots for path in sorted(root.rglob("*.json"))]
+
+
+def _reported(recipe: Recipe, reports: list[tuple[Path, Any]], manifest: dict | None) -> str:
+    """The newest valid user report for ``recipe``, or why the ones for it were refused."""
+    from mamba2_rocm.selftest.report import report_problems, report_summary
+
+    mine = [(p, r) for p, r in reports if isinstance(r, dict)
+            and (r.get("kernels") or {}).get("target") in recipe.archs]  # fmt: skip
+    valid, refused = [], []
+    for path, rep in mine:
+        problems = report_problems(rep, recipe.archs, recipe.target, manifest)
+        if problems:
+            refused.append(f"{path.name}: {'; '.join(problems)}")
+        else:
+            valid.append(rep)
+    if valid:
+        best = max(valid, key=lambda r: str(r.get("date")))
+        return report_summary(best) + (f" ({len(refused)} refused)" if refused else "")
+    if refused:
+        return "refused " + "; ".join(refused)
+    return "no user report"
+
+
 def truth_table(recipes: list[Recipe], records: Path, gate_roots: list[Path],
-                wheels: Path) -> list[TruthRow]:  # fmt: skip
+                wheels: Path, report_roots: list[Path] | None = None) -> list[TruthRow]:  # fmt: skip
     emulations: dict[str, list[tuple[int, str, dict]]] = {}  # target -> (suite order, run, rec)
     invalid: dict[str, list[str]] = {}
     for path in sorted(records.glob("*.json")) if records.is_dir() else []:
@@ -169,6 +201,7 @@ def truth_table(recipes: list[Recipe], records: Path, gate_roots: list[Path],
             emulations.setdefault(target, []).append(
                 (list(EMULATION_SUITES).index(_SUITE_NAMES[rec["suite"]]), run, rec)
             )
+    reports = _user_reports(report_roots or [])
     gates: dict[str, list[tuple[Path, Any]]] = {}
     for root in gate_roots:
         for path in sorted(root.rglob(GATE_FILE)):
@@ -204,17 +237,18 @@ def truth_table(recipes: list[Recipe], records: Path, gate_roots: list[Path],
             hardware = (f"{tests['passed']} passed on {', '.join(gate['device_archs'])} "
                         f"({str(gate['commit'])[:12]}, run {gate.get('run_id')})")  # fmt: skip
             break
-        rows.append(TruthRow(recipe.target, tuple(recipe.archs), static, emulation, hardware))
+        reported = _reported(recipe, reports, manifest)
+        rows.append(TruthRow(recipe.target, tuple(recipe.archs), static, emulation, hardware,
+                             reported))  # fmt: skip
     return rows
 
 
-def format_table(rows: list[TruthRow]) -> str:
-    lines = [
-        "| target | archs | compiled + statically verified | executed in emulation | executed on the AMD GPU |",
-        "| --- | --- | --- | --- | --- |",
-    ]
+def format_table(rows: list[TruthRow], reports: bool = False) -> str:
+    """The table; with ``reports`` the column of user reports too (``truth --reports``)."""
+    head = ["target", "archs", "compiled + statically verified", "executed in emulation",
+            "executed on the AMD GPU"] + (["reported by a user"] if reports else [])  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
-        lines.append(
-            f"| {r.target} | {', '.join(r.archs)} | {r.static} | {r.emulation} | {r.hardware} |"
-        )
+        cells = [r.target, ", ".join(r.archs), r.static, r.emulation, r.hardware]
+        lines.append("| " + " | ".join(cells + ([r.reported] if reports else [])) + " |")
     return "\n".join(lines)

@@ -555,3 +555,9 @@ def test_skipped_kernel_dirs_are_findings(tmp_path):
     assert "manifest.json does not follow the schema" in found["kernel-dir-skipped"]["message"]
     assert "'code_objects' must be a non-empty list" in found["kernel-dir-skipped"]["message"]
     assert found["kernel-path-unusable"]["severity"] == "error"  # the path serves nothing
+
+
+def test_doctor_suggests_the_selftest_on_an_amd_gpu():
+    text = audit.render_text(report(facts()))
+    assert "next: check this card's kernels (1-2 minutes): `python -m mamba2_rocm selftest" in text
+    assert "selftest" not in audit.render_text(report(facts(torch=CPU, devices=(), amd=False)))

@@ -164,3 +164,45 @@ def test_the_readme_table_is_the_commands_output(tmp_path):
     rows = truth_table(list(load_recipes().values()), REPO / "records" / "emulation", [],
                        tmp_path / "no-wheels")  # fmt: skip
     assert format_table(rows) in (REPO / "README.md").read_text()
+
+
+def test_user_reports_in_the_truth_table(tmp_path):
+    """`truth --reports DIR`: a valid report counts for its target (the newest one shown); one
+    with a failed check, a GPU the recipe does not build for or other kernels is refused, saying
+    why; nothing changes the other columns."""
+    from mamba2_rocm.selftest.report import REPORT_FORMAT
+
+    wheels = tmp_path / "wheels"
+    for target, sha in (("gfx1100", "a"), ("gfx1030", "b")):
+        (wheels / target).mkdir(parents=True)
+        manifest = {"code_objects": {f"{target}/ssd.hsaco": sha * 64},
+                    "verification": {"static": "passed"}, "source_commit": SHA}  # fmt: skip
+        (wheels / target / "build-manifest.json").write_text(json.dumps(manifest))
+
+    def report(target, sha, date, arch=None, ok=True):
+        return {"format": REPORT_FORMAT, "tier": "kernel", "date": date, "mamba2_rocm": "1.0",
+                "device": {"name": "Radeon", "arch": arch or target, "runtime": "HIP 6.4.1"},
+                "kernels": {"target": target, "code_objects": {"ssd.hsaco": sha * 64}},
+                "checks": [{"name": "ssd fwd bfloat16", "ok": ok}]}  # fmt: skip
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    for name, rep in {
+        "old.json": report("gfx1100", "a", "2026-12-01T00:00:00Z"),
+        "new.json": report("gfx1100", "a", "2026-12-05T00:00:00Z"),
+        "failed.json": report("gfx1030", "b", "2026-12-05T00:00:00Z", ok=False),
+        "tampered.json": report("gfx1101", "c", "2026-12-05T00:00:00Z"),
+    }.items():
+        (reports / name).write_text(json.dumps(rep))
+    recipes = [get_recipe(t) for t in ("gfx1030", "gfx1100", "gfx1101", "gfx90a")]
+    rows = {r.target: r for r in truth_table(recipes, tmp_path / "none", [], wheels, [reports])}
+    assert rows["gfx1100"].reported == (
+        "1 checks passed on Radeon (gfx1100, HIP 6.4.1), 2026-12-05T00:00:00Z, mamba2-rocm 1.0"
+    )
+    assert rows["gfx1030"].reported == "refused failed.json: 1 check(s) failed: ssd fwd bfloat16"
+    assert rows["gfx1101"].reported.startswith("refused tampered.json: ")
+    assert "no build manifest of gfx1101" in rows["gfx1101"].reported
+    assert rows["gfx90a"].reported == "no user report"
+    table = format_table(list(rows.values()), reports=True)
+    assert table.splitlines()[0].endswith("| reported by a user |")
+    assert "reported by a user" not in format_table(list(rows.values()))
