@@ -55,20 +55,11 @@ def _timings(device, quick: bool, log) -> list[dict]:
     import torch
 
     import mamba2_rocm
+    from mamba2_rocm.bench.timing import time_calls
     from mamba2_rocm.selftest.checks import backend
 
     def timed(fn, reps):
-        fn()
-        torch.cuda.synchronize(device)
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(end) * 1000)
-        return sorted(times)[len(times) // 2]
+        return time_calls(fn, warmup=2, iters=reps).median_us
 
     g = torch.Generator(device=device).manual_seed(5)
     bf = torch.bfloat16

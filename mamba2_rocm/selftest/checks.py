@@ -15,12 +15,13 @@ result must fail and name its check).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from mamba2_rocm.bench.timing import backend  # (MAMBA2_ROCM_BACKEND inside a block)
 
 __all__ = ["FAMILIES", "FAULT_ENV", "Check", "CheckResult", "correctness_checks", "special_checks"]
 
@@ -57,19 +58,6 @@ class Check:
     run: Callable[[Any], CheckResult]
     quick: bool = True
     tags: set[str] = field(default_factory=set)
-
-
-@contextlib.contextmanager
-def backend(tier: str) -> Iterator[None]:
-    old = os.environ.get("MAMBA2_ROCM_BACKEND")
-    os.environ["MAMBA2_ROCM_BACKEND"] = tier
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("MAMBA2_ROCM_BACKEND", None)
-        else:
-            os.environ["MAMBA2_ROCM_BACKEND"] = old
 
 
 def _rel_error(ours, ref) -> float:
@@ -285,20 +273,28 @@ def _decode(dtype, b, h, p, n, ng, seed):
     return run
 
 
-def _norm(dtype, rows, hidden, group, seed, bwd=False):
+def _norm(dtype, rows, hidden, group, seed, bwd=False, fused=False):
+    """The gated norm (``group`` elements a group, gate first), or with ``fused`` the residual
+    add + RMSNorm (prenorm, an fp32 residual stream)."""
     import mamba2_rocm
+    from mamba2_rocm.ops.add_norm import rms_norm_fn
 
-    family = "gated norm bwd" if bwd else "gated norm fwd"
+    kind = "add+norm" if fused else "gated norm"
+    family = f"{kind} {'bwd' if bwd else 'fwd'}"
+    other = "residual" if fused else "z"  # the second row-shaped input
 
     def run(device):
         g = _gen(device, seed)
         inputs = {"x": _randn(g, device, rows, hidden), "weight": 1 + _randn(g, device, hidden, scale=0.1),
-                  "bias": None, "z": _randn(g, device, rows, hidden), "eps": 1e-5,
-                  "group_size": group, "norm_before_gate": False}  # fmt: skip
-        pairs = _run_both(family, mamba2_rocm.rmsnorm_fn, inputs, dtype,
-                          ("x", "weight", "z") if bwd else ())  # fmt: skip
-        return _compare(_name(family, dtype, f"rows{rows} d{hidden} group{group}"), family, dtype,
-                        pairs)  # fmt: skip
+                  "bias": None, other: _randn(g, device, rows, hidden), "eps": 1e-5}  # fmt: skip
+        if fused:
+            inputs.update(prenorm=True, residual_in_fp32=True)
+        else:
+            inputs.update(group_size=group, norm_before_gate=False)
+        fn = rms_norm_fn if fused else mamba2_rocm.rmsnorm_fn
+        pairs = _run_both(family, fn, inputs, dtype, ("x", "weight", other) if bwd else ())
+        shape = f"rows{rows} d{hidden}" + ("" if fused else f" group{group}")
+        return _compare(_name(family, dtype, shape), family, dtype, pairs)
 
     return run
 
@@ -320,23 +316,6 @@ def _scan(dtype, b, d, seqlen, n, seed, bwd=False):
         grads = ("u", "delta", "B", "C", "z") if bwd else ()
         pairs = _run_both(family, mamba2_rocm.selective_scan_fn, inputs, dtype, grads)
         return _compare(_name(family, dtype, f"b{b} d{d} l{seqlen} n{n}"), family, dtype, pairs)
-
-    return run
-
-
-def _add_norm(dtype, rows, hidden, seed, bwd=False):
-    from mamba2_rocm.ops.add_norm import rms_norm_fn
-
-    family = "add+norm bwd" if bwd else "add+norm fwd"
-
-    def run(device):
-        g = _gen(device, seed)
-        inputs = {"x": _randn(g, device, rows, hidden), "weight": 1 + _randn(g, device, hidden, scale=0.1),
-                  "bias": None, "residual": _randn(g, device, rows, hidden), "eps": 1e-5,
-                  "prenorm": True, "residual_in_fp32": True}  # fmt: skip
-        pairs = _run_both(family, rms_norm_fn, inputs, dtype,
-                          ("x", "weight", "residual") if bwd else ())  # fmt: skip
-        return _compare(_name(family, dtype, f"rows{rows} d{hidden}"), family, dtype, pairs)
 
     return run
 
@@ -364,8 +343,8 @@ def correctness_checks(quick: bool) -> list[Check]:
             ("gated norm bwd", _norm(dt, 37, 96, 48, s + 8, bwd=True)),
             ("selective scan fwd", _scan(dt, 2, 37, 129, 16, s + 9)),
             ("selective scan bwd", _scan(dt, 1, 21, 97, 16, s + 10, bwd=True)),
-            ("add+norm fwd", _add_norm(dt, 37, 136, s + 11)),
-            ("add+norm bwd", _add_norm(dt, 37, 136, s + 12, bwd=True)),
+            ("add+norm fwd", _norm(dt, 37, 136, None, s + 11, fused=True)),
+            ("add+norm bwd", _norm(dt, 37, 136, None, s + 12, bwd=True, fused=True)),
         ]
         if not quick:  # a second, larger shape per forward family
             cases += [
