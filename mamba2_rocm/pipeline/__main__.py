@@ -110,9 +110,11 @@ def _run(args: argparse.Namespace) -> int:
     elif args.cmd == "toolchain":
         recipes = [get_recipe(t) for t in args.targets] or list(load_recipes().values())
         log = (lambda *_: None) if args.print_tag else print
-        for tag in dict.fromkeys(
-            images.ensure_toolchain(r, refresh=args.refresh, log=log) for r in recipes
-        ):
+        from mamba2_rocm.pipeline.guard import enter_stage
+
+        with enter_stage("toolchain image"):  # (what a cancellation's message names)
+            tags = [images.ensure_toolchain(r, refresh=args.refresh, log=log) for r in recipes]
+        for tag in dict.fromkeys(tags):
             print(tag)
     elif args.cmd == "build":
         names = list(load_recipes()) if args.targets == ["all"] else args.targets

@@ -287,7 +287,8 @@ def output_lock(out_root: Path, targets: Iterable[str], wait: float = 0.0,
                         told = True
                     time.sleep(0.5)
             held.append(fd)
-            info = {"pid": os.getpid(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            argv = list(getattr(sys, "orig_argv", sys.argv))  # (python -m ... as typed)
+            info = {"pid": os.getpid(), "command": " ".join([Path(argv[0]).name, *argv[1:]]),
                     "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(info).encode(), 0)
