@@ -638,6 +638,27 @@ def test_emulation_spills_are_recorded_not_refused():
     assert verify_kernels(co, arch_info("sm_90"), allow_spills=True) == []
 
 
+def test_a_kernel_package_names_its_source_commit(tmp_path):
+    """The target wheel's module carries the commit its code objects were built from (a
+    selftest report quotes it; truth checks it against the build manifest)."""
+    import zipfile
+
+    from mamba2_rocm.pipeline.package import build_target_wheel
+    from mamba2_rocm.pipeline.recipes import get_recipe
+
+    recipe = get_recipe("gfx1030")
+    kdir = tmp_path / "kernels" / "gfx1030"
+    kdir.mkdir(parents=True)
+    (kdir / "manifest.json").write_text(json.dumps({"target": "gfx1030"}))
+    whl = build_target_wheel(recipe, tmp_path / "kernels", "1.0", tmp_path / "dist", "1700000000",
+                             "ab" * 20)  # fmt: skip
+    with zipfile.ZipFile(whl) as zf:
+        init = zf.read("mamba2_rocm_gfx1030/__init__.py").decode()
+    namespace: dict = {"__file__": "/x/mamba2_rocm_gfx1030/__init__.py"}
+    exec(compile(init, "__init__.py", "exec"), namespace)
+    assert namespace["SOURCE_COMMIT"] == "ab" * 20 and namespace["TARGET"] == "gfx1030"
+
+
 def test_an_emulation_build_never_goes_into_a_wheel(tmp_path):
     from mamba2_rocm.pipeline.package import PackageError, build_target_wheel
     from mamba2_rocm.pipeline.recipes import get_recipe

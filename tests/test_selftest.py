@@ -104,6 +104,9 @@ def _report(**edits):
     ({"tier": "torch"}, MANIFEST, "it ran the 'torch' tier, not the kernels"),
     ({}, None, "no build manifest of gfx1100 to compare its kernels with"),
     ({"format": 9}, MANIFEST, "format 9, expected 1"),
+    ({"kernels": {**KERNELS, "source_commit": "ab" * 20}}, {**MANIFEST, "source_commit": "cd" * 20},
+     "its kernels were built from abababababab, the build manifest says cdcdcdcdcdcd"),
+    ({"kernels": {**KERNELS, "source_commit": "cd" * 20}}, {**MANIFEST, "source_commit": "cd" * 20}, None),
 ])  # fmt: skip
 def test_report_validation(edits, manifest, reason):
     problems = report_problems(_report(**edits), ("gfx1100",), "gfx1100", manifest)

@@ -151,12 +151,16 @@ TARGET = "{target}"
 ARCHS = {archs_tuple!r}
 MIN_ROCM = "{min_rocm}"
 GPU_GATE = "{gpu_gate}"
+SOURCE_COMMIT = {commit!r}
 KERNEL_DIR = Path(__file__).parent / "kernels"
 '''
 
 
-def build_target_wheel(recipe: Recipe, kernels: Path, version: str, out: Path, epoch: str) -> Path:
-    """``mamba2_rocm_<target>-<ver>-py3-none-any.whl`` holding ``kernels/<arch>/`` for each arch."""
+def build_target_wheel(recipe: Recipe, kernels: Path, version: str, out: Path, epoch: str,
+                       commit: str | None = None) -> Path:  # fmt: skip
+    """``mamba2_rocm_<target>-<ver>-py3-none-any.whl`` holding ``kernels/<arch>/`` for each arch;
+    its module names the commit the code objects were built from (``SOURCE_COMMIT``: what a
+    user's selftest report quotes)."""
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp) / recipe.package_name
         pkg = project / recipe.module_name
@@ -173,7 +177,7 @@ def build_target_wheel(recipe: Recipe, kernels: Path, version: str, out: Path, e
         fmt = {
             "package": recipe.package_name, "version": version, "target": recipe.target,
             "archs": ", ".join(recipe.archs), "archs_tuple": tuple(recipe.archs), "module": recipe.module_name,
-            "min_rocm": recipe.min_rocm, "gpu_gate": recipe.gpu_gate,
+            "min_rocm": recipe.min_rocm, "gpu_gate": recipe.gpu_gate, "commit": commit,
         }  # fmt: skip
         # A compile-only target is published without a GPU test: its metadata says so.
         fmt["summary"] = kernel_summary(recipe)

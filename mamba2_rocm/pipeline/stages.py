@@ -391,7 +391,7 @@ def build_targets(recipes: list[Recipe], out_root: Path, jobs: int | None = None
             dropin = package.build_dropin_wheel(version, dist / "dropin", epoch)
             target_wheels = {
                 r.target: package.build_target_wheel(
-                    r, kernels_of[r.target], version, dist / r.target, epoch
+                    r, kernels_of[r.target], version, dist / r.target, epoch, commit
                 )
                 for r in recipes
             }

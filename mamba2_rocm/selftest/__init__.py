@@ -45,8 +45,22 @@ def _kernels(device) -> dict[str, Any]:
     if kset is None:
         return {}
     kdir = kset.kdir
-    return {"target": kdir.target, "origin": kdir.origin,
+    return {"target": kdir.target, "origin": kdir.origin, "source_commit": _source_commit(kdir),
             "code_objects": {co["file"]: co["sha256"] for co in kdir.manifest["code_objects"]}}  # fmt: skip
+
+
+def _source_commit(kdir) -> str | None:
+    """The commit a kernel package was built from (its module's ``SOURCE_COMMIT``, written by
+    the pipeline's package stage); None for kernel dirs that are not a package's."""
+    import importlib
+
+    if not kdir.origin.startswith("package "):
+        return None
+    try:  # <module>/kernels/<arch>
+        module = importlib.import_module(kdir.path.parent.parent.name)
+    except ImportError:
+        return None
+    return getattr(module, "SOURCE_COMMIT", None)
 
 
 def _timings(device, quick: bool, log) -> list[dict]:

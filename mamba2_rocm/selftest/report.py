@@ -59,6 +59,10 @@ def report_problems(report: Any, archs: tuple[str, ...] | list[str], target: str
     elif manifest is None:
         problems.append(f"no build manifest of {target} to compare its kernels with")
     else:
+        built, released_commit = kernels.get("source_commit"), manifest.get("source_commit")
+        if built and released_commit and built != released_commit:
+            problems.append(f"its kernels were built from {str(built)[:12]}, the build manifest "
+                            f"says {str(released_commit)[:12]}")  # fmt: skip
         released = manifest.get("code_objects") or {}
         for file, digest in sorted(objects.items()):
             key = f"{kernels.get('target')}/{file}"
@@ -75,9 +79,10 @@ def report_summary(report: dict) -> str:
     device = report.get("device") or {}
     checks = report.get("checks") or []
     passed = sum(1 for c in checks if c.get("ok") is True)
+    commit = (report.get("kernels") or {}).get("source_commit")
     return (f"{passed} checks passed on {device.get('name')} ({device.get('arch')}, "
             f"{device.get('runtime')}), {report.get('date')}, mamba2-rocm "
-            f"{report.get('mamba2_rocm')}")  # fmt: skip
+            f"{report.get('mamba2_rocm')}" + (f", kernels of {commit[:12]}" if commit else ""))  # fmt: skip
 
 
 def privacy_problems(text: str) -> list[str]:
