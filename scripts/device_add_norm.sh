@@ -6,9 +6,7 @@
 #      its Triton rms_norm_fn is the peer): `bench add-norm` forward and --backward.
 # Results under $OUT.
 set -uo pipefail
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-source "$(dirname "$0")/device_lib.sh"
+source "$(dirname "$0")/device_lib.sh"  # (sets $OUT)
 dropin_env
 run() {  # run NAME PYTEST-ARGS...: its summary and failures echoed
   local name=$1; shift

@@ -6,9 +6,7 @@
 # elsewhere instead (the gfx11 / gfx12 emulations need clang: build them in the toolchain image
 # and carry the folder here), with EMULATE naming its variant for the record.
 set -uo pipefail
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-source "$(dirname "$0")/device_lib.sh"
+source "$(dirname "$0")/device_lib.sh"  # (sets $OUT)
 check_commit
 work=$(mktemp -d)  # fresh per run: nothing left by an earlier run lands on PYTHONPATH
 if ls .whl/*.whl >/dev/null 2>&1; then

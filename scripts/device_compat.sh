@@ -7,9 +7,7 @@
 # EMULATE=<variant> runs all of it on an AMD target's code paths (gfx1030 is built here; the
 # clang variants come prebuilt: KERNELS=.dev/emu/<variant>, see build_emulations.sh).
 set -uo pipefail
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-source "$(dirname "$0")/device_lib.sh"
+source "$(dirname "$0")/device_lib.sh"  # (sets $OUT)
 check_commit
 dropin_env
 python3 -m mamba2_rocm doctor >"$OUT/doctor.txt" 2>&1

@@ -4,9 +4,7 @@
 # .dev/upstream-src, never committed) so that upstream's MambaLMHeadModel on its Triton path is
 # the peer. Results under $OUT.
 set -uo pipefail
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-source "$(dirname "$0")/device_lib.sh"
+source "$(dirname "$0")/device_lib.sh"  # (sets $OUT)
 dropin_env
 beside_upstream
 # one process per shape, each with its own time limit and JSON (a shape that runs out of time

@@ -1,5 +1,10 @@
-# Shared by device_check.sh and device_compat.sh (sourced): the emulation run's commit check, the
-# kernel folder a run uses, and the record an emulation run writes for records/emulation/.
+# Shared by the device_*.sh scripts (sourced): $OUT, the emulation run's commit check, the kernel
+# folder a run uses, the record an emulation run writes for records/emulation/, and the drop-in
+# installed alone or beside the real mamba_ssm.
+
+# Results go to $OUT (the device tool's, else ./device-out) for every script that sources this.
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
 
 # A run that writes records must name the full sha they will carry.
 check_commit() {

@@ -8,9 +8,7 @@
 #      scripts/model_parity.py (ours against upstream's modules with the same weights).
 # Upstream's tests come from .dev/upstream/mamba (a fetch). Results under $OUT.
 set -uo pipefail
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-source "$(dirname "$0")/device_lib.sh"
+source "$(dirname "$0")/device_lib.sh"  # (sets $OUT)
 dropin_env
 repo=$PWD
 run() {  # run NAME DIR PYTEST-ARGS...: pytest in DIR; its summary and failures echoed

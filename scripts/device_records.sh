@@ -6,9 +6,7 @@
 # as one archive, $OUT/records.tgz (unpack it at the repository root, then run
 # `python -m mamba2_rocm.bench.records` and commit both). BENCHES="op[:flags],..." limits the set.
 set -uo pipefail
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-source "$(dirname "$0")/device_lib.sh"
+source "$(dirname "$0")/device_lib.sh"  # (sets $OUT)
 dropin_env
 beside_upstream
 default="conv1d conv1d:--backward decode ssd ssd:--backward rmsnorm rmsnorm:--backward add-norm add-norm:--backward selective-scan selective-scan:--backward generate"

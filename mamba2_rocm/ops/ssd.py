@@ -1,8 +1,8 @@
 """``mamba_chunk_scan_combined``: the Mamba2 SSD chunked scan, as in mamba_ssm.
 
-Tiers (``MAMBA2_ROCM_BACKEND``): the five-stage kernel pipeline of ``csrc/ssd_*.hip`` (a source per stage); the
-vectorized chunked PyTorch form (``reference.ssd.ssd_chunked``, fp32); the plain recurrence
-(``reference.ssd.ssd_sequential`` in fp32). Registered as
+Tiers (``MAMBA2_ROCM_BACKEND``): the five-stage kernel pipeline of ``csrc/ssd_*.hip`` (a
+source per stage); the vectorized chunked PyTorch form (``reference.ssd.ssd_chunked``, fp32);
+the plain recurrence (``reference.ssd.ssd_sequential`` in fp32). Registered as
 ``torch.ops.mamba2_rocm.mamba_chunk_scan_combined``, which always returns
 ``(out, final_states, varlen_states)`` (varlen_states empty unless asked for); the Python
 function applies mamba_ssm's return convention.
@@ -318,9 +318,9 @@ def _scan_form(chunk_size: int, dt_name: str, matrix_cores: bool, headdim: int) 
 # the faster path at all 38 points. On an H200 (the sweep of 2026-11-29, commit 5c99e51) the
 # pick is within 0.5% at 35 of 38 and 1.9-3.0% slower than the separate path at the three of
 # 64 chains of 32-64 chunks (b1 l16384 h64 g8 769.0 vs 754.4 us, mamba2-1.3b b1 l8192 /
-# l16384), where the H100 had chained 2.6% ahead: the two disagree at that step by about as much either way, so it stays. Calibrated on
-# NVIDIA only; the AMD targets take the same rule untested (an AMD runner reruns the script to
-# check it).
+# l16384), where the H100 had chained 2.6% ahead: the two disagree at that step by about as
+# much either way, so it stays. Calibrated on NVIDIA only; the AMD targets take the same rule
+# untested (an AMD runner reruns the script to check it).
 CHAIN_CHAINS_PER_SM = ((2, 1.6), (16, 1.2), (math.inf, 0.48))
 
 

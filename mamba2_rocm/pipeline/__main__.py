@@ -95,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
               "its containers are stopped, its temporary folders removed and the outputs "
               "left as they were", file=sys.stderr)  # fmt: skip
         return exc.exit_code
-    except (PipelineError, guard.LockBusy, images.DockerError, ValueError, FileNotFoundError,
-            RuntimeError) as exc:  # fmt: skip
+    except (PipelineError, images.DockerError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -68,7 +68,7 @@ LABEL_HOST = "org.mamba2-rocm.host"
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: temporary folders: m2r-<kind>-<pid>-<random>; staged outputs: .<target>.new-<pid>
 _TEMP_RE = re.compile(r"^m2r-(?:build|repro|gpu)-(\d+)-")
-_STAGED_RE = re.compile(r"^\.(.+)\.(?:new|old)-(\d+)$")
+_STAGED_RE = re.compile(r"^\.(.+)\.new-(\d+)$")
 
 _stage: list[str] = []  # the stage now running (a stack: stages do not nest today, tests may)
 _names = itertools.count()

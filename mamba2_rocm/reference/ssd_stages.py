@@ -27,6 +27,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from mamba2_rocm.reference.ssd import _effective_dt
+
 __all__ = [
     "chunk_cumsum", "chunk_scan", "chunk_state", "chunk_state_varlen", "split_conv1d_scan_ref",
     "state_passing",
@@ -58,12 +60,7 @@ def chunk_cumsum(dt, A, chunk_size: int, dt_bias=None, dt_softplus: bool = False
     _, seqlen, nheads = dt.shape
     _expect(tuple(A.shape) == (nheads,), f"A must be (nheads,) = ({nheads},), got {tuple(A.shape)}")
     nchunks = max(1, math.ceil(seqlen / chunk_size))
-    d = dt.float()
-    if dt_bias is not None:
-        d = d + dt_bias.float()
-    if dt_softplus:
-        d = F.softplus(d)  # (linear above 20, as mamba_ssm's threshold)
-    d = d.clamp(min=dt_limit[0], max=dt_limit[1])
+    d = _effective_dt(dt, dt_bias, dt_softplus, dt_limit, torch.float32)
     d = _chunked(d, nchunks, chunk_size).permute(0, 3, 1, 2)  # (b, h, c, l), 0 past seqlen
     dA_cumsum = torch.cumsum(d * A.float()[None, :, None, None], dim=-1)
     return dA_cumsum, d.contiguous()

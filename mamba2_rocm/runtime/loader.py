@@ -275,7 +275,7 @@ def _jit_build(arch: str) -> KernelDir | None:
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f"{info.name}.lock")):  # (held: no other process builds it now)
         kdir = find_kernel_dir(arch, _cache_dirs(root))
-        if kdir is not None and kdir.path.parent == root:
+        if kdir is not None:  # (root/<arch>: what the build below writes)
             damage = cache_entry_damage(kdir)
             if damage is None:
                 return kdir
@@ -284,8 +284,6 @@ def _jit_build(arch: str) -> KernelDir | None:
                 "an interrupted write?): removing it and building again", stacklevel=4,
             )  # fmt: skip
             shutil.rmtree(kdir.path, ignore_errors=True)
-        elif kdir is not None:
-            return kdir
         for stale in root.glob(f".{info.name}.building-*"):  # a killed build's (we hold the lock)
             shutil.rmtree(stale, ignore_errors=True)
         warnings.warn(

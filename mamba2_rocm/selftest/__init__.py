@@ -23,18 +23,20 @@ __all__ = ["main", "run_selftest"]
 
 
 def _environment(device) -> dict[str, Any]:
+    """The device and software, as a bench record names them (``bench.records.environment``),
+    plus the ISA without features (what a recipe lists) and our version."""
     import torch
 
     from mamba2_rocm import __version__
-    from mamba2_rocm.bench.records import _driver_version
-    from mamba2_rocm.runtime.device import device_arch, device_arch_full
+    from mamba2_rocm.arch import split_arch_name
+    from mamba2_rocm.bench.records import environment
 
-    index = device.index or 0
+    with torch.cuda.device(device):
+        env = environment()
     return {
-        "name": torch.cuda.get_device_name(index), "arch": device_arch(index),
-        "arch_full": device_arch_full(index),
-        "runtime": f"HIP {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}",
-        "driver": _driver_version(), "torch": torch.__version__, "mamba2_rocm": __version__,
+        "name": env["device"], "arch": split_arch_name(env["arch"])[0], "arch_full": env["arch"],
+        "runtime": env["runtime"], "driver": env["driver"], "torch": env["torch"],
+        "mamba2_rocm": __version__,
     }  # fmt: skip
 
 

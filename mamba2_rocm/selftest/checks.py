@@ -162,21 +162,18 @@ def _rand(g, device, *shape):
 
 
 def _conv_ref(x, weight, bias, activation):
-    """The causal conv in float64 (the ops' torch tier computes in float32)."""
-    import torch.nn.functional as F
+    """The causal conv in float64: the torch tier's code at that precision (the op's torch tier
+    takes no float64 inputs)."""
+    from mamba2_rocm.reference.conv1d import causal_conv1d_torch
 
-    y = F.conv1d(F.pad(x, (weight.shape[1] - 1, 0)), weight[:, None, :], bias, groups=x.shape[1])
-    return F.silu(y) if activation == "silu" else y
+    return causal_conv1d_torch(x, weight, bias, silu=activation == "silu", compute_dtype=x.dtype)[0]
 
 
 def _conv_update_ref(x, conv_state, weight, bias, activation):
-    import torch
-    import torch.nn.functional as F
+    from mamba2_rocm.reference.conv1d import causal_conv1d_update_torch
 
-    window = torch.cat([conv_state, x[:, :, None]], dim=-1)  # (batch, dim, width)
-    conv_state.copy_(window[:, :, 1:])
-    y = (window * weight).sum(-1) + bias
-    return F.silu(y) if activation == "silu" else y
+    return causal_conv1d_update_torch(x[:, :, None], conv_state, weight, bias, silu=activation == "silu",
+                                      compute_dtype=x.dtype)[:, :, 0]  # fmt: skip
 
 
 def _conv_fwd(dtype, b, d, seqlen, w, seed, bwd=False):
