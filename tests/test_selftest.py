@@ -111,3 +111,14 @@ def _report(**edits):
 def test_report_validation(edits, manifest, reason):
     problems = report_problems(_report(**edits), ("gfx1100",), "gfx1100", manifest)
     assert problems == ([] if reason is None else [reason])
+
+
+def test_selftest_without_a_gpu_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError) as info:
+        selftest.run_selftest(quick=True)
+    assert str(info.value) == ("selftest needs a ROCm (or CUDA) GPU that torch can see; "
+                               "`python -m mamba2_rocm doctor` says why it cannot")  # fmt: skip
+    from mamba2_rocm import cli
+
+    assert cli.main(["selftest", "--quick"]) == 1

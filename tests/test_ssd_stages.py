@@ -125,3 +125,46 @@ def test_upstreams_ssd_test_module_imports_under_the_drop_in(monkeypatch):
         for name in [n for n in sys.modules if n == "mamba_ssm" or n.startswith("mamba_ssm.")]:
             del sys.modules[name]
         dropin.deactivate()
+
+
+def test_bad_shapes_are_refused_naming_them():
+    x, dt, A, B, _ = _inputs(7, batch=1, seqlen=40)
+    with pytest.raises(ValueError) as info:
+        st.chunk_cumsum(dt, A[:5], 16)
+    assert str(info.value) == "A must be (nheads,) = (6,), got (5,)"
+    dA, dto = st.chunk_cumsum(dt, A, 16)
+    with pytest.raises(ValueError) as info:
+        st.chunk_state(B[:, :, :, :], x[:, :, :5], dto, dA)
+    assert str(info.value) == ("B must be (batch, seqlen, ngroups, dstate) with ngroups dividing "
+                               "nheads, got (1, 40, 2, 5) for x (1, 40, 5, 8)")  # fmt: skip
+    with pytest.raises(ValueError) as info:
+        st.chunk_state(B, x, dto[..., :8], dA[..., :8])
+    assert str(info.value) == ("dt and dA_cumsum must be (batch, nheads, nchunks, chunk_size) "
+                               "covering seqlen 40, got (1, 6, 3, 8) / (1, 6, 3, 8)")  # fmt: skip
+    states = st.chunk_state(B, x, dto, dA).reshape(1, 3, 6, -1)
+    with pytest.raises(ValueError) as info:
+        st.state_passing(states, dA[:, :, :2, -1])
+    assert (
+        str(info.value)
+        == "dA_chunk_cumsum must be (batch, nheads, nchunks) = (1, 6, 3), got (1, 6, 2)"
+    )
+    with pytest.raises(ValueError, match="^seq_idx needs chunk_size$"):
+        st.state_passing(states, dA[..., -1], seq_idx=torch.zeros(1, 40, dtype=torch.int32))
+    with pytest.raises(ValueError) as info:
+        st.chunk_state_varlen(
+            B[0], x[0], dto[0], dA[0], torch.tensor([0, 40]), states[0, :2].reshape(2, 6, 8, 5)
+        )
+    assert (
+        str(info.value)
+        == "chunk_states must be (nchunks, nheads, headdim, dstate), got (2, 6, 8, 5)"
+    )
+    zxbcdt = torch.randn(1, 10, 2 * 32 + 2 * 2 * 6 + 4 + 1)
+    args = (zxbcdt, torch.randn(32 + 24, 4), None, None, -torch.rand(4), torch.randn(4), 16)
+    with pytest.raises(ValueError, match="^headdim must be given when D is \\(nheads,\\)$"):
+        st.split_conv1d_scan_ref(*args, ngroups=2)
+    with pytest.raises(ValueError) as info:
+        st.split_conv1d_scan_ref(*args, headdim=8, ngroups=2)
+    assert (
+        str(info.value)
+        == "zxbcdt's last dim must be 2 * dim + 2 * ngroups * dstate + nheads = 92, got 93"
+    )

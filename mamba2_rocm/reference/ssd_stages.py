@@ -201,8 +201,8 @@ def split_conv1d_scan_ref(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chu
     from mamba2_rocm.reference.ssd import rmsnorm_ref, ssd_chunked
 
     nheads = A.shape[0]
-    headdim = headdim if headdim is not None else D.shape[-1]
     _expect(D.dim() == 2 or headdim is not None, "headdim must be given when D is (nheads,)")
+    headdim = headdim if headdim is not None else D.shape[-1]
     dim = nheads * headdim
     conv_dim = conv1d_weight.shape[0]
     dstate = (conv_dim - dim) // (2 * ngroups)
