@@ -207,6 +207,20 @@ def test_selective_scan_cuda_peer_gets_its_own_argument_forms(monkeypatch):
     assert torch.equal(_mamba_ssm_cuda()(u, delta, A, B, C, D, None, bias, True)(), u * 2)
 
 
+def test_selective_scan_cuda_peer_is_never_the_drop_in(monkeypatch):
+    """Beside the real pure-Python mamba_ssm, ``selective_scan_cuda`` is the drop-in's facade
+    over our kernels: timing it as the peer would compare ours with ours."""
+    import types
+
+    from mamba2_rocm.bench.selective_scan import _mamba_ssm_cuda
+    from mamba2_rocm.ops import extension_abi
+
+    facade = types.ModuleType("selective_scan_cuda")
+    facade.fwd, facade.bwd = extension_abi.selective_scan_fwd, extension_abi.selective_scan_bwd
+    monkeypatch.setitem(sys.modules, "selective_scan_cuda", facade)
+    assert _mamba_ssm_cuda() is None
+
+
 def test_selective_scan_cuda_peer_is_absent_without_its_module(monkeypatch):
     from mamba2_rocm.bench.selective_scan import _mamba_ssm_cuda
 

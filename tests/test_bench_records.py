@@ -47,10 +47,18 @@ def test_the_newest_record_per_device_and_command_is_rendered(tmp_path):
            [_row("d768", "kernel", 50.0, 0.95), _row("d768", "mamba_ssm triton", 55.0)],
            day + dt.timedelta(hours=1))  # fmt: skip
     _write(tmp_path, "generate", [{"shape": "130m", "side": "ours", "prefill_ms": 10.7}], day)
+    _write(
+        tmp_path,
+        "add-norm",
+        [_row("d768 fwd+bwd", "kernel", 90.0, 0.9)],
+        day,
+        command="python -m mamba2_rocm bench add-norm --dtype bfloat16 --backward",
+    )
     _write(tmp_path, "add-norm", [_row("d768", "kernel", 70.0, 0.7)], day,
            env={**ENV, "device": "AMD Radeon RX 7900 XTX", "arch": "gfx1100"})  # fmt: skip
     text = records.render(records.load(tmp_path))
     assert text.count("## add-norm on ") == 2 and "## generate on NVIDIA H100" in text
+    assert text.count("## add-norm forward + backward on NVIDIA H100") == 1  # its own section
     assert "| d768 | 50.0 | 55.0 | 1.10x | 95.0% |" in text  # the newer H100 run only
     assert "60.0" not in text
     assert "| shape | side | prefill_ms |" in text and "| 130m | ours | 10.7 |" in text

@@ -189,7 +189,8 @@ def render(records: list[dict]) -> str:
         sha = (rec.get("commit") or "?")[:12] + (
             " (uncommitted changes)" if rec.get("dirty") else ""
         )
-        out += [f"## {rec['op']} on {env.get('device', 'CPU')}", "",
+        what = rec["op"] + (" forward + backward" if "--backward" in rec.get("command", "") else "")
+        out += [f"## {what} on {env.get('device', 'CPU')}", "",
                 f"`{rec.get('command', '')}` — {rec['date']}, commit {sha}; "
                 f"{env.get('arch', '-')}, {env.get('runtime', '-')}, driver {env.get('driver') or '-'}, "
                 f"torch {env.get('torch')}, Triton {env.get('triton') or '-'}; {env.get('kernels', '')}",

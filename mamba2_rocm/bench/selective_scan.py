@@ -84,6 +84,8 @@ def _mamba_ssm_cuda():
         import selective_scan_cuda
     except Exception:  # only NVIDIA builds of mamba_ssm have it
         return None
+    if getattr(selective_scan_cuda.fwd, "__module__", "").startswith("mamba2_rocm"):
+        return None  # the drop-in's facade (beside the real pure-Python mamba_ssm): ours
 
     def prepare(u, delta, A, B, C, D, z, delta_bias, softplus):
         B, C = (t.to(u.dtype).unsqueeze(1).contiguous() if t.dim() == 3 else t for t in (B, C))
@@ -177,7 +179,9 @@ def run(shapes=SHAPES, dtype="bfloat16", backward=False) -> list[dict]:
             ours = selective_scan_fn(*args)  # what the peer's output is checked against
         for impl, fn, calls, graph in impls:
             call = fn if impl == CUDA_PEER else functools.partial(fn, *args)
-            tier = "torch" if impl == REF else "kernel" if impl in FORMS else impl
+            tier = (
+                "torch" if impl == REF else "kernel" if impl in FORMS or impl == CUDA_PEER else impl
+            )
             form = FORMS.get(impl, ops.kernel_form)
             with backend(tier), kernel_form(form):
                 t = time_calls(call, **calls)
