@@ -122,3 +122,46 @@ def test_selftest_without_a_gpu_says_so(monkeypatch):
     from mamba2_rocm import cli
 
     assert cli.main(["selftest", "--quick"]) == 1
+
+
+@pytest.mark.parametrize("emulates", [None, "gfx11"])
+def test_the_kernels_section_names_an_emulation_build(monkeypatch, emulates):
+    """A report from an NVIDIA build of an AMD target's code paths says which target it stands
+    in for (the truth table then lists it under 'counted for no target', never as that GPU)."""
+    import types
+    from pathlib import Path
+
+    from mamba2_rocm.runtime import loader
+
+    manifest = {"code_objects": [{"file": "ssd.cubin", "sha256": "c" * 64}]}
+    if emulates:
+        manifest["emulates"] = emulates
+    kdir = types.SimpleNamespace(target="sm_90", origin="env MAMBA2_ROCM_KERNEL_PATH",
+                                 path=Path("/k/sm_90"), manifest=manifest)  # fmt: skip
+    monkeypatch.setattr(loader, "kernels_for_device", lambda i: types.SimpleNamespace(kdir=kdir))
+    section = selftest._kernels(torch.device("cpu"))
+    assert section["target"] == "sm_90" and section["code_objects"] == {"ssd.cubin": "c" * 64}
+    assert section.get("emulates") == emulates and section["source_commit"] is None
+
+
+def test_peers_are_upstreams_ops_never_the_drop_ins(monkeypatch):
+    """The timing's third column is upstream's op where the real package imports (its Triton
+    SSD here); a name the drop-in serves is ours and gets no column, nor does a missing one."""
+    import sys
+    import types
+
+    import mamba2_rocm
+
+    def upstream_ssd(*a, **kw):
+        return None
+
+    upstream_ssd.__module__ = "mamba_ssm.ops.triton.ssd_combined"
+    real = types.ModuleType("mamba_ssm.ops.triton.ssd_combined")
+    real.mamba_chunk_scan_combined = upstream_ssd
+    facade = types.ModuleType("mamba_ssm.ops.triton.layernorm_gated")
+    facade.rms_norm_fn = mamba2_rocm.rmsnorm_fn  # (what the drop-in's facade re-exports)
+    monkeypatch.setitem(sys.modules, "mamba_ssm.ops.triton.ssd_combined", real)
+    monkeypatch.setitem(sys.modules, "mamba_ssm.ops.triton.layernorm_gated", facade)
+    monkeypatch.setitem(sys.modules, "mamba_ssm.ops.triton.selective_state_update", None)
+    monkeypatch.setitem(sys.modules, "causal_conv1d", None)
+    assert selftest.peer_ops() == {"ssd": ("mamba_ssm Triton", upstream_ssd)}

@@ -182,6 +182,24 @@ def _reported(recipe: Recipe, reports: list[tuple[Path, Any]], manifest: dict | 
     return "no user report"
 
 
+def unplaced_reports(recipes: list[Recipe], report_roots: list[Path]) -> list[str]:
+    """The reports under ``report_roots`` that no recipe's row shows, each with why: unreadable,
+    not a selftest report, or from kernels no recipe builds (an NVIDIA run, an unknown arch).
+    ``truth --reports`` prints them under the table, so that none is dropped unsaid."""
+    archs = {a for r in recipes for a in r.archs}
+    out = []
+    for path, rep in _user_reports(report_roots):
+        if isinstance(rep, str):
+            out.append(f"{path.name}: {rep}")
+        elif not isinstance(rep, dict) or not isinstance(rep.get("kernels"), dict):
+            out.append(f"{path.name}: not a selftest report (no kernels section)")
+        elif rep["kernels"].get("target") not in archs:
+            dev = rep.get("device") if isinstance(rep.get("device"), dict) else {}
+            out.append(f"{path.name}: kernels for {rep['kernels'].get('target')!r} "
+                       f"({dev.get('name', 'unknown device')}), which no recipe builds")  # fmt: skip
+    return out
+
+
 def truth_table(recipes: list[Recipe], records: Path, gate_roots: list[Path],
                 wheels: Path, report_roots: list[Path] | None = None) -> list[TruthRow]:  # fmt: skip
     emulations: dict[str, list[tuple[int, str, dict]]] = {}  # target -> (suite order, run, rec)

@@ -12,6 +12,7 @@ counts in its hardware-truth table (:mod:`mamba2_rocm.selftest.report`): please 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 
 from mamba2_rocm.selftest.report import REPORT_FORMAT, privacy_problems
 
-__all__ = ["main", "run_selftest"]
+__all__ = ["PEERS", "main", "peer_ops", "run_selftest"]
 
 
 def _environment(device) -> dict[str, Any]:
@@ -47,8 +48,11 @@ def _kernels(device) -> dict[str, Any]:
     if kset is None:
         return {}
     kdir = kset.kdir
-    return {"target": kdir.target, "origin": kdir.origin, "source_commit": _source_commit(kdir),
-            "code_objects": {co["file"]: co["sha256"] for co in kdir.manifest["code_objects"]}}  # fmt: skip
+    out = {"target": kdir.target, "origin": kdir.origin, "source_commit": _source_commit(kdir),
+           "code_objects": {co["file"]: co["sha256"] for co in kdir.manifest["code_objects"]}}  # fmt: skip
+    if kdir.manifest.get("emulates"):  # an NVIDIA build of an AMD target's code paths
+        out["emulates"] = kdir.manifest["emulates"]
+    return out
 
 
 def _source_commit(kdir) -> str | None:
@@ -65,9 +69,37 @@ def _source_commit(kdir) -> str | None:
     return getattr(module, "SOURCE_COMMIT", None)
 
 
+#: op -> (module, function, label) of the peers timed beside ours when the real packages are
+#: importable (upstream's pure-Python mamba-ssm brings its Triton ops; causal-conv1d where it
+#: built); the drop-in's facades under those names are ours and are skipped
+PEERS = {
+    "ssd": ("mamba_ssm.ops.triton.ssd_combined", "mamba_chunk_scan_combined", "mamba_ssm Triton"),
+    "gated norm": ("mamba_ssm.ops.triton.layernorm_gated", "rms_norm_fn", "mamba_ssm Triton"),
+    "decode": ("mamba_ssm.ops.triton.selective_state_update", "selective_state_update",
+               "mamba_ssm Triton"),
+    "conv1d": ("causal_conv1d", "causal_conv1d_fn", "causal-conv1d"),
+}  # fmt: skip
+
+
+def peer_ops() -> dict[str, tuple[str, Any]]:
+    """op -> (label, function) for each peer in :data:`PEERS` that imports and is not ours."""
+    import importlib
+
+    out = {}
+    for op, (module, name, label) in PEERS.items():
+        try:
+            fn = getattr(importlib.import_module(module), name)
+        except Exception:  # not installed, or its compiled part missing: no column
+            continue
+        if not getattr(fn, "__module__", "mamba2_rocm").startswith("mamba2_rocm"):
+            out[op] = (label, fn)
+    return out
+
+
 def _timings(device, quick: bool, log) -> list[dict]:
-    """Each op at a model-like shape: the kernel tier against the torch tier (CUDA-graph-free
-    per-call medians; enough to spot a kernel that runs far off its expected speed)."""
+    """Each op at a model-like shape: the kernel tier against the torch tier, and against
+    upstream's op where it is importable (:func:`peer_ops`); CUDA-graph-free per-call medians,
+    enough to spot a kernel that runs far off its expected speed."""
     import torch
 
     import mamba2_rocm
@@ -103,22 +135,33 @@ def _timings(device, quick: bool, log) -> list[dict]:
         torch.rand(16, h, device=device, generator=g)[:, :, None].expand(16, h, p),
         r(16, 1, n),
     )
-    ops = {
-        "ssd b1 l2048 h24 p64 n128": lambda: mamba2_rocm.mamba_chunk_scan_combined(x, dt_, A, B, C, 256),
-        "conv1d b1 d1536 l2048": lambda: mamba2_rocm.causal_conv1d_fn(xc, wc, activation="silu"),
-        "gated norm rows8192 d1536": lambda: mamba2_rocm.rmsnorm_fn(xn, wn, None, zn),
-        "decode step b16 h24 p64 n128": lambda: mamba2_rocm.selective_state_update(st, xd, dtd, Ad, Bd, Bd),
-    }  # fmt: skip
+    args = {
+        "ssd b1 l2048 h24 p64 n128": ("ssd", (x, dt_, A, B, C, 256), {}),
+        "conv1d b1 d1536 l2048": ("conv1d", (xc, wc), {"activation": "silu"}),
+        "gated norm rows8192 d1536": ("gated norm", (xn, wn, None, zn), {}),
+        "decode step b16 h24 p64 n128": ("decode", (st, xd, dtd, Ad, Bd, Bd), {}),
+    }
+    ours_fns = {"ssd": mamba2_rocm.mamba_chunk_scan_combined, "conv1d": mamba2_rocm.causal_conv1d_fn,
+                "gated norm": mamba2_rocm.rmsnorm_fn, "decode": mamba2_rocm.selective_state_update}  # fmt: skip
+    peers = peer_ops()
     reps = 5 if quick else 20
     rows = []
-    for name, fn in ops.items():
+    for name, (op, a, kw) in args.items():
+        fn = functools.partial(ours_fns[op], *a, **kw)
         with backend("kernel"):
             ours = timed(fn, reps)
         with backend("torch"):
             theirs = timed(fn, max(2, reps // 4))
-        rows.append({"op": name, "kernel_us": round(ours, 1), "torch_us": round(theirs, 1)})
-        log(f"  time {name}: kernel {ours:.1f} µs, torch tier {theirs:.1f} µs "
-            f"({theirs / ours:.1f}x)")  # fmt: skip
+        row = {"op": name, "kernel_us": round(ours, 1), "torch_us": round(theirs, 1)}
+        line = f"  time {name}: kernel {ours:.1f} µs, torch tier {theirs:.1f} µs ({theirs / ours:.1f}x)"
+        if op in peers:
+            label, peer = peers[op]
+            with backend("kernel"):  # (the peer reads no backend; ours stays off the torch tier)
+                peer_us = timed(functools.partial(peer, *a, **kw), reps)
+            row.update(peer=label, peer_us=round(peer_us, 1))
+            line += f"; {label} {peer_us:.1f} µs ({peer_us / ours:.2f}x)"
+        rows.append(row)
+        log(line)
     return rows
 
 

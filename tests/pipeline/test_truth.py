@@ -15,6 +15,7 @@ from mamba2_rocm.pipeline.truth import (
     emulation_record,
     format_table,
     truth_table,
+    unplaced_reports,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -192,8 +193,10 @@ def test_user_reports_in_the_truth_table(tmp_path):
         "new.json": report("gfx1100", "a", "2026-12-05T00:00:00Z"),
         "failed.json": report("gfx1030", "b", "2026-12-05T00:00:00Z", ok=False),
         "tampered.json": report("gfx1101", "c", "2026-12-05T00:00:00Z"),
+        "nvidia.json": report("sm_90", "d", "2026-12-05T00:00:00Z"),
     }.items():
         (reports / name).write_text(json.dumps(rep))
+    (reports / "cut.json").write_text('{"format": ')
     recipes = [get_recipe(t) for t in ("gfx1030", "gfx1100", "gfx1101", "gfx90a")]
     rows = {r.target: r for r in truth_table(recipes, tmp_path / "none", [], wheels, [reports])}
     assert rows["gfx1100"].reported == (
@@ -206,3 +209,7 @@ def test_user_reports_in_the_truth_table(tmp_path):
     table = format_table(list(rows.values()), reports=True)
     assert table.splitlines()[0].endswith("| reported by a user |")
     assert "reported by a user" not in format_table(list(rows.values()))
+    assert unplaced_reports(recipes, [reports]) == [
+        "cut.json: unreadable (Expecting value: line 1 column 12 (char 11))",
+        "nvidia.json: kernels for 'sm_90' (Radeon), which no recipe builds",
+    ]
