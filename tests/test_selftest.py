@@ -159,7 +159,7 @@ def test_peers_are_upstreams_ops_never_the_drop_ins(monkeypatch):
     real = types.ModuleType("mamba_ssm.ops.triton.ssd_combined")
     real.mamba_chunk_scan_combined = upstream_ssd
     facade = types.ModuleType("mamba_ssm.ops.triton.layernorm_gated")
-    facade.rms_norm_fn = mamba2_rocm.rmsnorm_fn  # (what the drop-in's facade re-exports)
+    facade.rmsnorm_fn = mamba2_rocm.rmsnorm_fn  # (what the drop-in's facade re-exports)
     monkeypatch.setitem(sys.modules, "mamba_ssm.ops.triton.ssd_combined", real)
     monkeypatch.setitem(sys.modules, "mamba_ssm.ops.triton.layernorm_gated", facade)
     monkeypatch.setitem(sys.modules, "mamba_ssm.ops.triton.selective_state_update", None)

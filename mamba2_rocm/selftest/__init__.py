@@ -74,7 +74,7 @@ def _source_commit(kdir) -> str | None:
 #: built); the drop-in's facades under those names are ours and are skipped
 PEERS = {
     "ssd": ("mamba_ssm.ops.triton.ssd_combined", "mamba_chunk_scan_combined", "mamba_ssm Triton"),
-    "gated norm": ("mamba_ssm.ops.triton.layernorm_gated", "rms_norm_fn", "mamba_ssm Triton"),
+    "gated norm": ("mamba_ssm.ops.triton.layernorm_gated", "rmsnorm_fn", "mamba_ssm Triton"),
     "decode": ("mamba_ssm.ops.triton.selective_state_update", "selective_state_update",
                "mamba_ssm Triton"),
     "conv1d": ("causal_conv1d", "causal_conv1d_fn", "causal-conv1d"),
@@ -156,10 +156,15 @@ def _timings(device, quick: bool, log) -> list[dict]:
         line = f"  time {name}: kernel {ours:.1f} µs, torch tier {theirs:.1f} µs ({theirs / ours:.1f}x)"
         if op in peers:
             label, peer = peers[op]
-            with backend("kernel"):  # (the peer reads no backend; ours stays off the torch tier)
-                peer_us = timed(functools.partial(peer, *a, **kw), reps)
-            row.update(peer=label, peer_us=round(peer_us, 1))
-            line += f"; {label} {peer_us:.1f} µs ({peer_us / ours:.2f}x)"
+            try:  # (a peer that fails says so; it fails none of our checks)
+                with backend("kernel"):  # the peer reads no backend; ours stays off the torch tier
+                    peer_us = timed(functools.partial(peer, *a, **kw), reps)
+            except Exception as exc:
+                row.update(peer=label, peer_error=f"{type(exc).__name__}: {exc}"[:200])
+                line += f"; {label} failed ({type(exc).__name__})"
+            else:
+                row.update(peer=label, peer_us=round(peer_us, 1))
+                line += f"; {label} {peer_us:.1f} µs ({peer_us / ours:.2f}x)"
         rows.append(row)
         log(line)
     return rows
