@@ -9,7 +9,7 @@ set -uo pipefail
 source "$(dirname "$0")/device_lib.sh"  # (sets $OUT)
 dropin_env
 beside_upstream
-default="conv1d conv1d:--backward decode ssd ssd:--backward rmsnorm rmsnorm:--backward add-norm add-norm:--backward selective-scan selective-scan:--backward generate"
+default="conv1d conv1d:--backward decode ssd ssd:--backward ssd-error rmsnorm rmsnorm:--backward add-norm add-norm:--backward selective-scan selective-scan:--backward generate"
 for spec in ${BENCHES:-$default}; do
   op=${spec%%:*} flags=""
   [ "$op" != "$spec" ] && flags=${spec#*:}

@@ -707,3 +707,51 @@ def test_generate_shapes_are_upstream_checkpoint_configs():
     assert model.lm_head.out_features == 50288 and cfg.ssm_cfg["layer"] == "Mamba2"
     assert generate.config_kwargs("1.3b")["d_model"] == 2048
     assert generate.config_kwargs("130m")["ssm_cfg"] is not generate.COMMON["ssm_cfg"]
+
+
+def test_triton_without_wgmma_runs_in_processes_and_a_cache_of_its_own(monkeypatch):
+    """bench ssd's second Triton column (issue #72): its processes get DISABLE_MMA_V3=1 and a
+    Triton cache folder nobody else uses; the default processes get neither. The summary rates
+    ours against both, each against its own target."""
+    import json
+    import subprocess
+    import types
+
+    from mamba2_rocm.bench import timing
+
+    seen = []
+
+    def fake_run(cmd, capture_output, text, env):
+        seen.append(env)
+        slow = env is not None and env.get("DISABLE_MMA_V3") == "1"
+        us = 120.0 if slow else 90.0 + len(seen)  # the default's best: its first process
+        row = {"case": "a", "impl": timing.TRITON, "best_us": us, "us": us + 5}
+        return types.SimpleNamespace(returncode=0, stdout=json.dumps([row]) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    ours = {"case": "a", "impl": "kernel", "best_us": 100.0, "us": 110.0}
+    rows = timing.add_triton_best([ours], "ssd", 2, "bfloat16", 1.0, no_wgmma_target=1.0)
+    assert seen[0] is None and seen[1] is None  # the default Triton: this process's environment
+    for env in seen[2:]:
+        assert env["DISABLE_MMA_V3"] == "1" and "m2r-triton-cache-" in env["TRITON_CACHE_DIR"]
+    assert len(seen) == 4
+    table, summary = timing.split_summary(rows)
+    assert [r["impl"] for r in table] == [
+        "kernel",
+        f"{timing.TRITON} (best of 2)",
+        f"{timing.TRITON_NO_WGMMA} (best of 2)",
+    ]
+    assert summary[0].startswith("a: 100.0 us vs Triton's best 91.0 us: 0.91x  (below 1.0x)")
+    assert summary[2].startswith(
+        "a: 100.0 us vs Triton's best with DISABLE_MMA_V3=1 120.0 us: 1.20x;"
+    )
+    assert summary[3].startswith("worst ratio over the grid (Triton's best with DISABLE_MMA_V3=1")
+
+
+def test_no_wgmma_column_is_skipped_without_triton(monkeypatch):
+    from mamba2_rocm.bench import timing
+
+    monkeypatch.setattr(timing, "triton_best_of", lambda *a, **k: {})
+    ours = {"case": "a", "impl": "kernel", "best_us": 100.0, "us": 110.0}
+    rows = timing.add_triton_best([ours], "ssd", 2, "bfloat16", 1.0, no_wgmma_target=1.0)
+    assert rows == [ours, {"summary": []}]

@@ -1,5 +1,5 @@
-"""``python -m mamba2_rocm bench conv1d|decode|ssd|ssd-paths|rmsnorm|add-norm|selective-scan|host|
-model|generate``."""
+"""``python -m mamba2_rocm bench conv1d|decode|ssd|ssd-paths|ssd-error|rmsnorm|add-norm|
+selective-scan|host|model|generate``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 
+#: the benches that measure every dtype in one run (their records name no --dtype)
+ALL_DTYPES = ("ssd-error",)
 #: the op families whose benchmark has a training (forward + backward) mode
 BACKWARD_OPS = ("conv1d", "ssd", "selective-scan", "rmsnorm", "add-norm")
 
@@ -43,7 +45,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _command(args: argparse.Namespace) -> str:
     """The command line a record names (the options that change what is measured)."""
-    parts = ["python -m mamba2_rocm bench", args.op, "--dtype", args.dtype]
+    parts = ["python -m mamba2_rocm bench", args.op]
+    if args.op not in ALL_DTYPES:
+        parts += ["--dtype", args.dtype]
     if args.backward:
         parts.append("--backward")
     for shape in args.shape or ():
@@ -62,6 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "decode",
             "ssd",
             "ssd-paths",
+            "ssd-error",
             "rmsnorm",
             "add-norm",
             "selective-scan",
@@ -72,7 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="which op family, or model: a transformers Mamba2 end to end (mamba2_rocm.bench.model); "
         "generate: mamba_ssm's MambaLMHeadModel, ours vs upstream's (mamba2_rocm.bench.generate); "
         "ssd-paths: the SSD forward's per-shape choices against their alternatives on this GPU "
-        "(mamba2_rocm.bench.ssd_paths)",
+        "(mamba2_rocm.bench.ssd_paths); ssd-error: the SSD forward's output error vs float64, "
+        "ours vs Triton, every dtype (mamba2_rocm.bench.ssd_error)",
     )
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--json", action="store_true", help="machine-readable rows instead of the table")

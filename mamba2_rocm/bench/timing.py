@@ -163,35 +163,57 @@ def compare(case: str, ours: Callable, triton: Callable | None, args: tuple, kwa
     return rows
 
 
-def triton_best_of(op: str, processes: int, dtype: str, **run_kwargs) -> dict[str, dict]:
+def triton_best_of(op: str, processes: int, dtype: str, env: dict[str, str] | None = None,
+                   label: str = TRITON, **run_kwargs) -> dict[str, dict]:  # fmt: skip
     """mamba_ssm's Triton row per case, the fastest of ``processes`` fresh processes (its
     autotuner picks a configuration per process, and the pick changes the time): each runs
     ``mamba2_rocm.bench.<op>.run(dtype, impls=(TRITON,), **run_kwargs)``; empty where
-    mamba_ssm is absent."""
+    mamba_ssm is absent. ``env``: variables set in those processes (e.g. ``DISABLE_MMA_V3``),
+    which then get a Triton cache folder of their own, so that no kernel compiled without the
+    variable is reused; the rows are labelled ``label``."""
     import json
     import subprocess
     import sys
+    import tempfile
 
     extra = "".join(f", {k}={v!r}" for k, v in run_kwargs.items())
     code = (f"import json; from mamba2_rocm.bench import {op} as m; "
             f"print(json.dumps(m.run(dtype={dtype!r}, impls=({TRITON!r},){extra})))")  # fmt: skip
     best: dict[str, dict] = {}
-    for _ in range(processes):
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"bench {op}: a Triton process failed:\n{done.stderr[-2000:]}")
-        for row in json.loads(done.stdout.strip().splitlines()[-1]):
-            if row["case"] not in best or row["best_us"] < best[row["case"]]["best_us"]:
-                best[row["case"]] = {**row, "impl": f"{TRITON} (best of {processes})"}
+    with tempfile.TemporaryDirectory(prefix="m2r-triton-cache-") as cache:
+        proc_env = None if env is None else {**os.environ, **env, "TRITON_CACHE_DIR": cache}
+        for _ in range(processes):
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  env=proc_env)  # fmt: skip
+            if done.returncode != 0:
+                raise RuntimeError(f"bench {op}: a Triton process failed:\n{done.stderr[-2000:]}")
+            for row in json.loads(done.stdout.strip().splitlines()[-1]):
+                if row["case"] not in best or row["best_us"] < best[row["case"]]["best_us"]:
+                    best[row["case"]] = {**row, "impl": f"{label} (best of {processes})"}
     return best
 
 
-def add_triton_best(rows: list[dict], op: str, processes: int, dtype: str,
-                    target: float, **run_kwargs) -> list[dict]:  # fmt: skip
+#: mamba_ssm's Triton with Hopper's wgmma turned off (``DISABLE_MMA_V3=1``: mma.sync only, the
+#: instruction class of our NVIDIA build and the one AMD's per-wave MFMA / WMMA match)
+TRITON_NO_WGMMA = f"{TRITON}, DISABLE_MMA_V3=1"
+NO_WGMMA_ENV = {"DISABLE_MMA_V3": "1"}
+
+
+def add_triton_best(rows: list[dict], op: str, processes: int, dtype: str, target: float,
+                    no_wgmma_target: float | None = None, **run_kwargs) -> list[dict]:  # fmt: skip
     """``rows`` with Triton's best-of-``processes`` rows (:func:`triton_best_of`) and a summary
-    row (:func:`ratio_summary` against ``target``) appended; :func:`split_summary` undoes it."""
+    row (:func:`ratio_summary` against ``target``) appended; :func:`split_summary` undoes it.
+    With ``no_wgmma_target`` also Triton without wgmma (:data:`TRITON_NO_WGMMA`, processes of
+    its own) and its ratios against that target."""
     best = triton_best_of(op, processes, dtype, **run_kwargs)
-    return [*rows, *best.values(), {"summary": ratio_summary(rows, best, target)}]
+    summary = ratio_summary(rows, best, target)
+    extra: dict[str, dict] = {}
+    if no_wgmma_target is not None and best:
+        extra = triton_best_of(op, processes, dtype, env=NO_WGMMA_ENV, label=TRITON_NO_WGMMA,
+                               **run_kwargs)  # fmt: skip
+        summary += ratio_summary(rows, extra, no_wgmma_target,
+                                 peer="Triton's best with DISABLE_MMA_V3=1")  # fmt: skip
+    return [*rows, *best.values(), *extra.values(), {"summary": summary}]
 
 
 def split_summary(rows: list[dict]) -> tuple[list[dict], list[str]]:
@@ -200,11 +222,12 @@ def split_summary(rows: list[dict]) -> tuple[list[dict], list[str]]:
     return table, [line for r in rows if "summary" in r for line in r["summary"]]
 
 
-def ratio_summary(rows: list[dict], triton_best: dict[str, dict], target: float) -> list[str]:
+def ratio_summary(rows: list[dict], triton_best: dict[str, dict], target: float,
+                  peer: str = "Triton's best") -> list[str]:  # fmt: skip
     """Per case: our kernel's best time (the graph-timed one where there is one: device time)
-    against Triton's best of processes (``triton_best``) and against ``target`` x faster, and
-    the eager per-call medians' ratio (launch and host time included: what an eager caller
-    sees); then the worst of each over the grid."""
+    against Triton's best of processes (``triton_best``, named ``peer``) and against ``target``
+    x faster, and the eager per-call medians' ratio (launch and host time included: what an
+    eager caller sees); then the worst of each over the grid."""
     lines, worst, worst_eager = [], None, None
     for r in rows:
         if r["impl"] != "kernel" or r["case"] not in triton_best:
@@ -212,13 +235,14 @@ def ratio_summary(rows: list[dict], triton_best: dict[str, dict], target: float)
         t = triton_best[r["case"]]
         ratio, eager = t["best_us"] / r["best_us"], t["us"] / r["us"]
         mark = "" if ratio >= target else f"  (below {target:.1f}x)"
-        lines.append(f"{r['case']}: {r['best_us']:.1f} us vs Triton's best {t['best_us']:.1f} us: "
+        lines.append(f"{r['case']}: {r['best_us']:.1f} us vs {peer} {t['best_us']:.1f} us: "
                      f"{ratio:.2f}x{mark}; eager per call {r['us']:.1f} vs {t['us']:.1f} us: "
                      f"{eager:.2f}x")  # fmt: skip
         worst = ratio if worst is None else min(worst, ratio)
         worst_eager = eager if worst_eager is None else min(worst_eager, eager)
     if worst is not None:
-        lines.append(f"worst ratio over the grid (Triton best / ours): {worst:.2f}x device time, "
+        name = "Triton best" if peer == "Triton's best" else peer
+        lines.append(f"worst ratio over the grid ({name} / ours): {worst:.2f}x device time, "
                      f"{worst_eager:.2f}x eager per call")  # fmt: skip
     return lines
 
