@@ -57,3 +57,16 @@ dropin_env() {
 beside_upstream() {
   export PYTHONPATH=$PWD/.dev/upstream-src:$PYTHONPATH
 }
+
+# cuda_peer (after dropin_env, which makes $work): mamba_ssm's compiled selective scan built for
+# this GPU (scripts/build_cuda_peer.sh)
+# from a fetched tree's csrc/selective_scan (.dev/upstream-csrc, never committed) and put on
+# PYTHONPATH ahead of the drop-in's facade of that name: bench selective-scan's peer. Without
+# the sources, nothing (the bench then has no CUDA column).
+cuda_peer() {
+  local src=$PWD/.dev/upstream-csrc/csrc/selective_scan dir
+  [ -d "$src" ] || { echo "no $src: bench selective-scan runs without its CUDA peer"; return 0; }
+  dir=$(SRC=$src bash scripts/build_cuda_peer.sh "$work/cuda-peer" 2>"$OUT/cuda-peer-build.txt" | tail -1) \
+    || { echo "the CUDA peer did not build (see cuda-peer-build.txt)"; tail -5 "$OUT/cuda-peer-build.txt"; return 0; }
+  export PYTHONPATH=$PYTHONPATH:$dir
+}

@@ -2,13 +2,15 @@
 # Every benchmark as a record (records/bench/, docs/performance.md's source) on the NVIDIA machine
 # (through the device tool): kernels built for the local GPU, the drop-in installed, the real
 # mamba_ssm beside it (its source from .dev/upstream-src, never committed) so that its Triton ops
-# are the peers. Each bench runs with --record under its own time limit; the records come back
-# as one archive, $OUT/records.tgz (unpack it at the repository root, then run
-# `python -m mamba2_rocm.bench.records` and commit both). BENCHES="op[:flags],..." limits the set.
+# are the peers, and its compiled selective scan (built here from .dev/upstream-csrc when that
+# came along: scripts/build_cuda_peer.sh). Each bench runs with --record under its own time
+# limit; the records come back as one archive, $OUT/records.tgz (unpack it at the repository
+# root, then run `python -m mamba2_rocm.bench.records` and commit both). BENCHES="op[:flags],..." limits the set.
 set -uo pipefail
 source "$(dirname "$0")/device_lib.sh"  # (sets $OUT)
 dropin_env
 beside_upstream
+cuda_peer  # (mamba_ssm's compiled scan, where its sources came along: .dev/upstream-csrc)
 default="conv1d conv1d:--backward decode ssd ssd:--backward ssd-error rmsnorm rmsnorm:--backward add-norm add-norm:--backward selective-scan selective-scan:--backward generate"
 for spec in ${BENCHES:-$default}; do
   op=${spec%%:*} flags=""

@@ -755,3 +755,31 @@ def test_no_wgmma_column_is_skipped_without_triton(monkeypatch):
     ours = {"case": "a", "impl": "kernel", "best_us": 100.0, "us": 110.0}
     rows = timing.add_triton_best([ours], "ssd", 2, "bfloat16", 1.0, no_wgmma_target=1.0)
     assert rows == [ours, {"summary": []}]
+
+
+def test_selective_scan_cuda_training_peer_calls_forward_then_backward(monkeypatch):
+    """bench selective-scan --backward's CUDA peer (issue #72): mamba_ssm's forward, then its
+    backward with the forward's x and out, dz None, softplus, no recomputed out_z; the facade
+    of the drop-in is no peer."""
+    import types
+
+    from mamba2_rocm.bench.selective_scan import _mamba_ssm_cuda_train
+    from mamba2_rocm.ops import extension_abi
+
+    calls = []
+    fake = types.ModuleType("selective_scan_cuda")
+    fake.fwd = lambda *a: calls.append(("fwd", a)) or ["out", "x", "out_z"]
+    fake.bwd = lambda *a: calls.append(("bwd", a)) or ["du"]
+    monkeypatch.setitem(sys.modules, "selective_scan_cuda", fake)
+    u, delta, z, dout = (torch.randn(2, 3, 5, dtype=torch.bfloat16) for _ in range(4))
+    A, B, C = torch.randn(3, 4), torch.randn(2, 4, 5), torch.randn(2, 4, 5)
+    D, bias = torch.randn(3), torch.randn(3)
+    step = _mamba_ssm_cuda_train()(u, delta, A, B, C, D, z, bias, True, dout)
+    assert not calls and step() == ["du"]
+    (_, fa), (_, ba) = calls
+    assert fa[3].shape == (2, 1, 4, 5) and fa[3].dtype == torch.bfloat16
+    assert ba[:8] == fa[:8] and ba[8] is dout and ba[9:] == ("x", "out", None, True, False)
+    facade = types.ModuleType("selective_scan_cuda")
+    facade.fwd, facade.bwd = extension_abi.selective_scan_fwd, extension_abi.selective_scan_bwd
+    monkeypatch.setitem(sys.modules, "selective_scan_cuda", facade)
+    assert _mamba_ssm_cuda_train() is None

@@ -20,13 +20,16 @@ product and sum).
 
 ``--backward`` (:func:`run_backward`): training at the same shapes, forward + backward through
 autograd with every input's gradient (the backward kernel, csrc/selective_scan_bwd.hip) vs the
-PyTorch tier (and mamba_ssm's reference when importable), with the bytes that must move at least
-and the peak memory of one step.
+PyTorch tier, mamba_ssm's reference (when importable; at mamba-130m's shape only: it loops over
+the tokens under autograd) and mamba_ssm's CUDA forward + backward (``selective_scan_cuda``, where
+it is built: issue #72's peer), with the bytes that must move at least and the peak memory of
+one step. Each timing says on stderr what it starts, so that a cut run shows where it was.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from contextlib import contextmanager
 
 from mamba2_rocm._torch import require_torch
@@ -43,6 +46,9 @@ from mamba2_rocm.bench.timing import (
 #: (batch, dim, seqlen, dstate)
 #: the two of issue #16 (Mamba1 at training batch; one long sequence) and mamba-130m at batch 1
 SHAPES = ((8, 4096, 2048, 16), (1, 5120, 8192, 16), (1, 1536, 2048, 16))
+#: --backward times mamba_ssm's selective_scan_ref (a Python loop over the tokens, under
+#: autograd) only up to this many (batch x dim x token) elements: mamba-130m's shape
+REF_BACKWARD_MAX = 1 << 22
 REF = "mamba_ssm selective_scan_ref"
 CUDA_PEER = "mamba_ssm CUDA selective_scan"
 DEFERRED = "kernel, deferred sums"
@@ -74,23 +80,59 @@ def _mamba_ssm_ref():
     return selective_scan_ref
 
 
-def _mamba_ssm_cuda():
-    """mamba_ssm's CUDA forward (module ``selective_scan_cuda``) where it is importable: a
-    function of selective_scan_fn's positional arguments returning a call of the kernel, the
-    arguments converted as mamba_ssm's own wrapper converts them (variable B / C in the input
-    dtype, grouped (batch, 1, dstate, seqlen)) and its result picked as the wrapper picks it (the
-    gated output when z is given); None when it is not built here."""
+def _cuda_extension():
+    """mamba_ssm's compiled scan (module ``selective_scan_cuda``) where it is importable and is
+    not the drop-in's facade of the same name (ours, beside the real pure-Python mamba_ssm)."""
     try:
         import selective_scan_cuda
     except Exception:  # only NVIDIA builds of mamba_ssm have it
         return None
     if getattr(selective_scan_cuda.fwd, "__module__", "").startswith("mamba2_rocm"):
-        return None  # the drop-in's facade (beside the real pure-Python mamba_ssm): ours
+        return None
+    return selective_scan_cuda
+
+
+def _peer_bc(u, B, C):
+    """Variable B / C as mamba_ssm's wrapper passes them to its kernel: in the input dtype,
+    grouped (batch, 1, dstate, seqlen)."""
+    return tuple(t.to(u.dtype).unsqueeze(1).contiguous() if t.dim() == 3 else t for t in (B, C))
+
+
+def _mamba_ssm_cuda():
+    """mamba_ssm's CUDA forward where it is importable (:func:`_cuda_extension`): a function of
+    selective_scan_fn's positional arguments returning a call of the kernel, the arguments
+    converted as mamba_ssm's own wrapper converts them (:func:`_peer_bc`) and its result picked
+    as the wrapper picks it (the gated output when z is given); None when it is not built here."""
+    ext = _cuda_extension()
+    if ext is None:
+        return None
 
     def prepare(u, delta, A, B, C, D, z, delta_bias, softplus):
-        B, C = (t.to(u.dtype).unsqueeze(1).contiguous() if t.dim() == 3 else t for t in (B, C))
+        B, C = _peer_bc(u, B, C)
         pick = 0 if z is None else 2  # (out, states, out_z): with z the gated output is third
-        return lambda: selective_scan_cuda.fwd(u, delta, A, B, C, D, z, delta_bias, softplus)[pick]
+        return lambda: ext.fwd(u, delta, A, B, C, D, z, delta_bias, softplus)[pick]
+
+    return prepare
+
+
+def _mamba_ssm_cuda_train():
+    """mamba_ssm's CUDA training step where it is importable: a function of selective_scan_fn's
+    positional arguments and the output gradient returning a call of its forward then its
+    backward, as its autograd function makes them (``bwd(u, delta, A, B, C, D, z, delta_bias,
+    dout, x, out, dz=None, softplus, recompute_out_z=False)``, every gradient); None without it."""
+    ext = _cuda_extension()
+    if ext is None:
+        return None
+
+    def prepare(u, delta, A, B, C, D, z, delta_bias, softplus, dout):
+        B, C = _peer_bc(u, B, C)
+
+        def step():
+            out, x, *_ = ext.fwd(u, delta, A, B, C, D, z, delta_bias, softplus)
+            return ext.bwd(u, delta, A, B, C, D, z, delta_bias, dout, x, out, None, softplus,
+                           False)  # fmt: skip
+
+        return step
 
     return prepare
 
@@ -116,10 +158,13 @@ def run_backward(shapes=SHAPES, dtype="bfloat16") -> list[dict]:
 
     dt_ = getattr(torch, dtype)
     copy = copy_bandwidth_gbs()
-    peer = _mamba_ssm_ref()
+    peer, cuda_train = _mamba_ssm_ref(), _mamba_ssm_cuda_train()
     rows = []
     for b, d, L, n in shapes:
         u, delta, A, B, C, D, z, delta_bias, dout = _layer_inputs(b, d, L, n, dt_)
+        cuda_step = None
+        if cuda_train is not None:
+            cuda_step = cuda_train(u, delta, A, B, C, D, z, delta_bias, True, dout)
         leaves = [t.requires_grad_() for t in (u, delta, A, B, C, D, z, delta_bias)]
         act = u.numel() * u.element_size()
         bc = (B.numel() + C.numel()) * 4
@@ -129,18 +174,30 @@ def run_backward(shapes=SHAPES, dtype="bfloat16") -> list[dict]:
         case = f"sscan fwd+bwd b{b} d{d} l{L} n{n} {dtype}"
         impls = [("kernel", selective_scan_fn, dict(warmup=2, iters=10)),
                  ("torch", selective_scan_fn, dict(warmup=0, iters=2))]  # fmt: skip
-        if peer is not None:
+        if peer is not None and b * d * L <= REF_BACKWARD_MAX:
             impls.append((REF, peer, dict(warmup=0, iters=2)))
+        if cuda_step is not None:
+            impls.append((CUDA_PEER, None, dict(warmup=2, iters=10)))
         for impl, fn, calls in impls:
 
             def step(fn=fn, leaves=leaves, dout=dout):
                 out = fn(*leaves, True)
                 return torch.autograd.grad(out, leaves, dout)
 
-            with backend("torch" if impl == REF else impl):
+            if impl == CUDA_PEER:
+                step = cuda_step
+            print(f"  timing {case}: {impl}", file=sys.stderr, flush=True)  # (where a slow tier is)
+            with backend("torch" if impl == REF else "kernel" if impl == CUDA_PEER else impl):
                 row = bandwidth_row(case, impl, time_calls(step, **calls), None, nbytes, copy)
                 row["peak_mb"] = peak_mb(step)
             row["tflops"] = 0.0
+            if impl == CUDA_PEER:  # a peer that computes something else is no peer: its du
+                with backend("kernel"):
+                    (ours_du,) = torch.autograd.grad(selective_scan_fn(*leaves, True), leaves[0],
+                                                     dout)  # fmt: skip
+                diff = (step()[0].float() - ours_du.float()).abs().max().item()
+                row["max_diff_vs_kernel"] = diff
+                row["agrees"] = diff <= 0.05 * ours_du.float().abs().max().item()
             rows.append(row)
         del u, z, delta, B, C
     return rows
