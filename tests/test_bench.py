@@ -61,7 +61,8 @@ def test_model_table_prints_ratios_and_every_problem():
     rows = [
         {"side": "ours", "shape": "130m", "dtype": "bfloat16", "transformers": "5.17.0",
          "prefill_ms": 10.0, "decode_b1_tok_s": 200.0, "decode_b16_tok_s": 3000.0,
-         "decode_b1_gpu_busy": 0.5, "problems": []},
+         "decode_b1_gpu_busy": 0.5, "decode_b1_wall_us": 5000.0,
+         "decode_b1_host_us": {"mamba2-rocm": 2150.4}, "problems": []},
         {"side": "torch", "shape": "130m", "prefill_ms": 900.0, "decode_b1_tok_s": 50.0,
          "decode_b16_tok_s": 600.0, "problems": ["the torch side launched x"]},
         {"side": "triton", "shape": "130m", "skipped": "no real mamba_ssm importable"},
@@ -72,6 +73,8 @@ def test_model_table_prints_ratios_and_every_problem():
     decode = next(ln for ln in table.splitlines() if "decode b1 " in ln)
     assert "4.00x" in decode  # 200 / 50 tok/s: higher is better
     assert "ours decode b1: GPU busy 50% of wall time" in table
+    assert ("ours decode b1: 5000 µs a step (all layers); host µs a step inside the named ops: "
+            "mamba2-rocm 2150") in table  # fmt: skip
     assert "torch: NOT VALID: the torch side launched x" in table
     assert "triton: skipped (no real mamba_ssm importable)" in table
 

@@ -15,7 +15,10 @@ Each side proves what it ran: ours launched our scan, conv and decode kernels, t
 none of them, the Triton side our conv only and imported ``mamba_ssm`` from outside
 mamba2-rocm. Decode throughput is ``batch * n / (t(generate n + 1) - t(generate 1))`` (the
 prompt's prefill cancels out). Ours also reports the share of decode wall time the GPU is busy
-(torch.profiler): the rest is host time between kernels.
+(torch.profiler): the rest is host time between kernels. Every side reports a decode step's
+wall time (all layers, per token) and the host time spent inside the ops it reached through the
+``mamba_ssm`` / ``causal_conv1d`` names, per owner (:mod:`mamba2_rocm.bench.hosttime`): what of
+a host-bound step is ours, and what is the peer's launchers'.
 """
 
 from __future__ import annotations
@@ -121,6 +124,10 @@ def _gpu_busy_fraction(torch, fn) -> float:
 def run_side(side: str, shape: str, dtype: str, repeats: int) -> dict:
     """In this process: build the model, time prefill and decode, report what ran."""
     import torch
+
+    from mamba2_rocm.bench.hosttime import OpClock, owner_totals
+
+    clock = OpClock().install()  # before transformers binds the op names (its model modules)
     import transformers
 
     dt = getattr(torch, dtype)
@@ -146,6 +153,14 @@ def run_side(side: str, shape: str, dtype: str, repeats: int) -> dict:
             long = _median_ms(torch, lambda: generate(NEW_TOKENS + 1), repeats)
             short = _median_ms(torch, lambda: generate(1), repeats)
             result[f"decode_b{b}_tok_s"] = b * NEW_TOKENS / max(long - short, 1e-6) * 1e3
+            result[f"decode_b{b}_wall_us"] = 1e6 * b / result[f"decode_b{b}_tok_s"]
+            per_op = clock.per_token(
+                lambda: (generate(NEW_TOKENS + 1), torch.cuda.synchronize()),
+                lambda: (generate(1), torch.cuda.synchronize()),
+                NEW_TOKENS,
+            )
+            result[f"decode_b{b}_host_ops"] = per_op
+            result[f"decode_b{b}_host_us"] = owner_totals(per_op)
             if side == "ours":
                 result[f"decode_b{b}_gpu_busy"] = _gpu_busy_fraction(
                     torch, lambda: generate(NEW_TOKENS + 1)
@@ -241,6 +256,14 @@ def format_table(rows: list[dict]) -> str:
                     ratios.append(f"{'-':>13}")
             out.append(f"  {label:<26}" + "".join(cells) + "".join(ratios))
         for b in DECODE_BATCHES:
+            for side in SIDES:
+                r = by_side.get(side, {})
+                wall, host = r.get(f"decode_b{b}_wall_us"), r.get(f"decode_b{b}_host_us")
+                if not isinstance(wall, (int, float)):
+                    continue
+                split = ", ".join(f"{who} {us:.0f}" for who, us in (host or {}).items())
+                out.append(f"  {side} decode b{b}: {wall:.0f} µs a step (all layers); host µs a "
+                           f"step inside the named ops: {split or 'none called'}")  # fmt: skip
             busy = ours.get(f"decode_b{b}_gpu_busy")
             if isinstance(busy, float):
                 out.append(f"  ours decode b{b}: GPU busy {busy:.0%} of wall time "
