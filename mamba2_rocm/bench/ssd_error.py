@@ -61,7 +61,8 @@ def make_case(shape: tuple, dtype: str, device, seed: int = 0) -> tuple[tuple, d
         kw["initial_states"] = r(b, h, p, n, scale=0.5)
     if "seq_idx" in extras or "varlen" in extras:
         parts = 4 if "varlen" in extras else 3
-        cuts = sorted(torch.randperm(L - 2, generator=gen, device="cpu")[: parts - 1] + 1)
+        cut_gen = torch.Generator().manual_seed(seed + L)  # (on the host: randperm's cuts)
+        cuts = sorted(torch.randperm(L - 2, generator=cut_gen)[: parts - 1] + 1)
         bounds = [0, *(int(c) for c in cuts), L]
         seq_idx = torch.zeros(b, L, dtype=torch.int32, device=device)
         for i in range(parts):
