@@ -46,7 +46,20 @@ def test_the_newest_record_per_device_and_command_is_rendered(tmp_path):
     _write(tmp_path, "add-norm",
            [_row("d768", "kernel", 50.0, 0.95), _row("d768", "mamba_ssm triton", 55.0)],
            day + dt.timedelta(hours=1))  # fmt: skip
-    _write(tmp_path, "generate", [{"shape": "130m", "side": "ours", "prefill_ms": 10.7}], day)
+    _write(
+        tmp_path,
+        "generate",
+        [
+            {
+                "shape": "130m",
+                "side": "ours",
+                "prefill_ms": 10.7,
+                "launched": ["m2r_ssd"],
+                "host": {"mamba2-rocm": 1.0},
+            }
+        ],
+        day,
+    )
     _write(
         tmp_path,
         "add-norm",
@@ -62,6 +75,7 @@ def test_the_newest_record_per_device_and_command_is_rendered(tmp_path):
     assert "| d768 | 50.0 | 55.0 | 1.10x | 95.0% |" in text  # the newer H100 run only
     assert "60.0" not in text
     assert "| shape | side | prefill_ms |" in text and "| 130m | ours | 10.7 |" in text
+    assert "m2r_ssd" not in text  # (nested values stay in the record)
     assert "gfx1100" in text
 
 

@@ -168,7 +168,10 @@ def _bandwidth_table(rows: list[dict]) -> list[str]:
 
 
 def _plain_table(rows: list[dict]) -> list[str]:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
+    """A column per key with scalar values (nested lists / dicts, e.g. a side's kernel names or
+    per-op host times, stay in the record's JSON only)."""
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r)
+            if not any(isinstance(r.get(k), (dict, list, tuple)) for r in rows)]  # fmt: skip
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(_fmt(r.get(k)) for k in keys) + " |" for r in rows]
     return lines
