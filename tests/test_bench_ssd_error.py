@@ -86,3 +86,9 @@ def test_grid_cases_build(name):
     assert args[0].shape == (b, L, h, p) and args[3].shape == (b, L, g, n) and args[5] == cs
     assert ("seq_idx" in kw) == bool({"seq_idx", "varlen"} & set(extras))
     assert ("z" in kw) == ("z" in extras) and ("initial_states" in kw) == ("init" in extras)
+
+
+def test_without_a_gpu_it_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="bench ssd-error needs a GPU"):
+        ssd_error.run(cases=SMALL)

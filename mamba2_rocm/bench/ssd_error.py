@@ -115,6 +115,8 @@ def run(dtype: str | None = None, dtypes=DTYPES, cases=None, device="cuda", seed
     torch = require_torch()
     from mamba2_rocm import mamba_chunk_scan_combined
 
+    if device != "cpu" and not torch.cuda.is_available():
+        raise RuntimeError("bench ssd-error needs a GPU (ROCm or CUDA): none is visible here")
     triton = _triton_scan() if device != "cpu" else None
     rows = []
     for name, shape in (cases or GRID).items():
