@@ -178,14 +178,12 @@ def run_backward(shapes=SHAPES, dtype="bfloat16") -> list[dict]:
             impls.append((REF, peer, dict(warmup=0, iters=2)))
         if cuda_step is not None:
             impls.append((CUDA_PEER, None, dict(warmup=2, iters=10)))
+
+        def autograd_step(fn, leaves=leaves, dout=dout):
+            return torch.autograd.grad(fn(*leaves, True), leaves, dout)
+
         for impl, fn, calls in impls:
-
-            def step(fn=fn, leaves=leaves, dout=dout):
-                out = fn(*leaves, True)
-                return torch.autograd.grad(out, leaves, dout)
-
-            if impl == CUDA_PEER:
-                step = cuda_step
+            step = cuda_step if impl == CUDA_PEER else functools.partial(autograd_step, fn)
             print(f"  timing {case}: {impl}", file=sys.stderr, flush=True)  # (where a slow tier is)
             with backend("torch" if impl == REF else "kernel" if impl == CUDA_PEER else impl):
                 row = bandwidth_row(case, impl, time_calls(step, **calls), None, nbytes, copy)

@@ -103,9 +103,13 @@ def run_chunk(shape: tuple) -> int:
 
 
 def _triton_scan():
+    """mamba_ssm's Triton ``mamba_chunk_scan_combined``, or None where no real mamba_ssm imports
+    (under the drop-in alone that name is ours: no peer)."""
     try:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
     except Exception:  # not installed, or no Triton for this GPU
+        return None
+    if mamba_chunk_scan_combined.__module__.startswith("mamba2_rocm"):
         return None
     return mamba_chunk_scan_combined
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from mamba2_rocm._torch import require_torch
+from mamba2_rocm.bench import ssd as ssd_bench
 from mamba2_rocm.bench.timing import backend
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -96,16 +97,6 @@ def reference(args: tuple, kw: dict):
     return ssd_sequential(wide(x), wide(dt), wide(A), wide(B), wide(C), **kw64)
 
 
-def _triton_scan():
-    try:
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-    except Exception:  # not installed, or no Triton for this GPU
-        return None
-    if mamba_chunk_scan_combined.__module__.startswith("mamba2_rocm"):
-        return None  # the drop-in's name: ours, not a peer
-    return mamba_chunk_scan_combined
-
-
 def run(dtype: str | None = None, dtypes=DTYPES, cases=None, device="cuda", seed: int = 0,
         ours_tier: str = "kernel") -> list[dict]:  # fmt: skip
     """Rows (case, dtype, impl, rel_rms, max_rel, floor_rel_rms) for every case of ``cases``
@@ -117,7 +108,7 @@ def run(dtype: str | None = None, dtypes=DTYPES, cases=None, device="cuda", seed
 
     if device != "cpu" and not torch.cuda.is_available():
         raise RuntimeError("bench ssd-error needs a GPU (ROCm or CUDA): none is visible here")
-    triton = _triton_scan() if device != "cpu" else None
+    triton = ssd_bench._triton_scan() if device != "cpu" else None
     rows = []
     for name, shape in (cases or GRID).items():
         for dt_name in dtypes:

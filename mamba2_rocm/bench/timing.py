@@ -6,7 +6,7 @@ import functools
 import os
 import statistics
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from mamba2_rocm._torch import require_torch
@@ -180,7 +180,10 @@ def triton_best_of(op: str, processes: int, dtype: str, env: dict[str, str] | No
     code = (f"import json; from mamba2_rocm.bench import {op} as m; "
             f"print(json.dumps(m.run(dtype={dtype!r}, impls=({TRITON!r},){extra})))")  # fmt: skip
     best: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="m2r-triton-cache-") as cache:
+    cache_dir = (
+        nullcontext() if env is None else tempfile.TemporaryDirectory(prefix="m2r-triton-cache-")
+    )
+    with cache_dir as cache:
         proc_env = None if env is None else {**os.environ, **env, "TRITON_CACHE_DIR": cache}
         for _ in range(processes):
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

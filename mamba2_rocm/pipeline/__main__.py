@@ -150,13 +150,21 @@ def _run(args: argparse.Namespace) -> int:
         pull(get_recipe(args.target), args.index_url, manifest, args.torch,
              args.torch_index_url, Path(args.venv) if args.venv else None)  # fmt: skip
     elif args.cmd == "truth":
-        from mamba2_rocm.pipeline.truth import format_table, truth_table, unplaced_reports
+        from mamba2_rocm.pipeline.truth import (
+            format_table,
+            read_reports,
+            truth_table,
+            unplaced_reports,
+        )
 
-        recipes, report_roots = list(load_recipes().values()), [Path(r) for r in args.reports]
+        recipes, reports = (
+            list(load_recipes().values()),
+            read_reports([Path(r) for r in args.reports]),
+        )
         rows = truth_table(recipes, Path(args.records), [Path(g) for g in args.gates],
-                           Path(args.wheels), report_roots)  # fmt: skip
+                           Path(args.wheels), reports)  # fmt: skip
         print(format_table(rows, reports=bool(args.reports)))
-        unplaced = unplaced_reports(recipes, report_roots)
+        unplaced = unplaced_reports(recipes, reports)
         if unplaced:
             print(f"\n{len(unplaced)} report(s) counted for no target:")
             print("\n".join(f"- {line}" for line in unplaced))

@@ -157,7 +157,9 @@ def _read(path: Path) -> Any:
         return f"unreadable ({exc})"
 
 
-def _user_reports(roots: list[Path]) -> list[tuple[Path, Any]]:
+def read_reports(roots: list[Path]) -> list[tuple[Path, Any]]:
+    """Every ``*.json`` under ``roots`` with its parsed content (or why it is unreadable): the
+    users' selftest reports that :func:`truth_table` and :func:`unplaced_reports` read."""
     return [(path, _read(path)) for root in roots for path in sorted(root.rglob("*.json"))]
 
 
@@ -182,13 +184,13 @@ def _reported(recipe: Recipe, reports: list[tuple[Path, Any]], manifest: dict | 
     return "no user report"
 
 
-def unplaced_reports(recipes: list[Recipe], report_roots: list[Path]) -> list[str]:
-    """The reports under ``report_roots`` that no recipe's row shows, each with why: unreadable,
+def unplaced_reports(recipes: list[Recipe], reports: list[tuple[Path, Any]]) -> list[str]:
+    """The reports (:func:`read_reports`) that no recipe's row shows, each with why: unreadable,
     not a selftest report, or from kernels no recipe builds (an NVIDIA run, an unknown arch).
     ``truth --reports`` prints them under the table, so that none is dropped unsaid."""
     archs = {a for r in recipes for a in r.archs}
     out = []
-    for path, rep in _user_reports(report_roots):
+    for path, rep in reports:
         if isinstance(rep, str):
             out.append(f"{path.name}: {rep}")
         elif not isinstance(rep, dict) or not isinstance(rep.get("kernels"), dict):
@@ -201,7 +203,8 @@ def unplaced_reports(recipes: list[Recipe], report_roots: list[Path]) -> list[st
 
 
 def truth_table(recipes: list[Recipe], records: Path, gate_roots: list[Path],
-                wheels: Path, report_roots: list[Path] | None = None) -> list[TruthRow]:  # fmt: skip
+                wheels: Path, reports: list[tuple[Path, Any]] | None = None) -> list[TruthRow]:  # fmt: skip
+    """A row per recipe; ``reports`` (:func:`read_reports`) fill the users' column."""
     emulations: dict[str, list[tuple[int, str, dict]]] = {}  # target -> (suite order, run, rec)
     invalid: dict[str, list[str]] = {}
     for path in sorted(records.glob("*.json")) if records.is_dir() else []:
@@ -219,7 +222,7 @@ def truth_table(recipes: list[Recipe], records: Path, gate_roots: list[Path],
             emulations.setdefault(target, []).append(
                 (list(EMULATION_SUITES).index(_SUITE_NAMES[rec["suite"]]), run, rec)
             )
-    reports = _user_reports(report_roots or [])
+    reports = reports or []
     gates: dict[str, list[tuple[Path, Any]]] = {}
     for root in gate_roots:
         for path in sorted(root.rglob(GATE_FILE)):

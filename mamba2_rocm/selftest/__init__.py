@@ -157,8 +157,7 @@ def _timings(device, quick: bool, log) -> list[dict]:
         if op in peers:
             label, peer = peers[op]
             try:  # (a peer that fails says so; it fails none of our checks)
-                with backend("kernel"):  # the peer reads no backend; ours stays off the torch tier
-                    peer_us = timed(functools.partial(peer, *a, **kw), reps)
+                peer_us = timed(functools.partial(peer, *a, **kw), reps)
             except Exception as exc:
                 row.update(peer=label, peer_error=f"{type(exc).__name__}: {exc}"[:200])
                 line += f"; {label} failed ({type(exc).__name__})"

@@ -14,6 +14,7 @@ from mamba2_rocm.pipeline.truth import (
     check_emulation_kernels,
     emulation_record,
     format_table,
+    read_reports,
     truth_table,
     unplaced_reports,
 )
@@ -198,7 +199,8 @@ def test_user_reports_in_the_truth_table(tmp_path):
         (reports / name).write_text(json.dumps(rep))
     (reports / "cut.json").write_text('{"format": ')
     recipes = [get_recipe(t) for t in ("gfx1030", "gfx1100", "gfx1101", "gfx90a")]
-    rows = {r.target: r for r in truth_table(recipes, tmp_path / "none", [], wheels, [reports])}
+    read = read_reports([reports])
+    rows = {r.target: r for r in truth_table(recipes, tmp_path / "none", [], wheels, read)}
     assert rows["gfx1100"].reported == (
         "1 checks passed on Radeon (gfx1100, HIP 6.4.1), 2026-12-05T00:00:00Z, mamba2-rocm 1.0"
     )
@@ -209,7 +211,7 @@ def test_user_reports_in_the_truth_table(tmp_path):
     table = format_table(list(rows.values()), reports=True)
     assert table.splitlines()[0].endswith("| reported by a user |")
     assert "reported by a user" not in format_table(list(rows.values()))
-    assert unplaced_reports(recipes, [reports]) == [
+    assert unplaced_reports(recipes, read) == [
         "cut.json: unreadable (Expecting value: line 1 column 12 (char 11))",
         "nvidia.json: kernels for 'sm_90' (Radeon), which no recipe builds",
     ]
