@@ -32,6 +32,9 @@ def fake_ops(monkeypatch):
     ssu.selective_state_update = theirs
     conv = types.ModuleType("causal_conv1d")
     conv.causal_conv1d_update = ours
+    root = types.ModuleType("mamba_ssm")  # (re-exports the op, as mamba_ssm does)
+    root.selective_state_update = theirs
+    monkeypatch.setitem(sys.modules, "mamba_ssm", root)
     monkeypatch.setitem(sys.modules, ssu.__name__, ssu)
     monkeypatch.setitem(sys.modules, "causal_conv1d", conv)
     ops = (("causal_conv1d", "causal_conv1d_update"), (ssu.__name__, "selective_state_update"),
@@ -46,6 +49,7 @@ def test_calls_are_timed_per_op_and_owner(fake_ops):
         # what a model module binds now is the wrapper, with the op's signature
         bound = ssu.selective_state_update
         assert bound is not theirs and inspect.signature(bound) == inspect.signature(theirs)
+        assert sys.modules["mamba_ssm"].selective_state_update is bound  # the root's name too
         assert set(clock.accounts) == {"causal_conv1d.causal_conv1d_update",
                                        f"{ssu.__name__}.selective_state_update"}  # fmt: skip
 
@@ -71,6 +75,7 @@ def test_calls_are_timed_per_op_and_owner(fake_ops):
     finally:
         clock.uninstall()
     assert ssu.selective_state_update is theirs and conv.causal_conv1d_update is ours
+    assert sys.modules["mamba_ssm"].selective_state_update is theirs
 
 
 def test_an_op_that_raises_is_still_counted(fake_ops):
@@ -121,3 +126,7 @@ with torch.no_grad():
     per = json.loads(done.stdout.strip().splitlines()[-1])
     update = per["causal_conv1d.causal_conv1d_update"]
     assert update["owner"] == "mamba2-rocm" and update["calls_per_token"] == 3.0
+    # transformers finds the decode step as mamba_ssm.selective_state_update (the package's
+    # root) before the submodule: that binding is timed too
+    step = per["mamba_ssm.ops.triton.selective_state_update.selective_state_update"]
+    assert step["owner"] == "mamba2-rocm" and step["calls_per_token"] == 3.0

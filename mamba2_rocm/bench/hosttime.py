@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -67,8 +68,16 @@ class OpClock:
             self.accounts[name] = Account(
                 "mamba2-rocm" if owner.startswith("mamba2_rocm") else owner.split(".")[0]
             )
-            setattr(module, attr, self._wrap(fn, self.accounts[name]))
-            self._patched.append((module, attr, fn))
+            timed = self._wrap(fn, self.accounts[name])
+            # the op's home module and, where it re-exports the same function, the package's
+            # root: transformers looks there first (``mamba_ssm.selective_state_update``)
+            homes = [module]
+            root = sys.modules.get(module_name.partition(".")[0])
+            if root is not None and root is not module and getattr(root, attr, None) is fn:
+                homes.append(root)
+            for home in homes:
+                setattr(home, attr, timed)
+                self._patched.append((home, attr, fn))
         return self
 
     def _wrap(self, fn, account: Account):
