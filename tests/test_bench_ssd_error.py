@@ -18,7 +18,7 @@ SMALL = {
 
 def test_errors_are_measured_against_the_float64_recurrence():
     rows = ssd_error.run(dtypes=("float32", "bfloat16"), cases=SMALL, device="cpu",
-                         ours_tier="torch")  # fmt: skip
+                         ours_tier="torch", procs=1)  # fmt: skip
     table = [r for r in rows if "summary" not in r]
     assert len(table) == 6 and {r["impl"] for r in table} == {"torch"}
     for r in table:
@@ -26,6 +26,19 @@ def test_errors_are_measured_against_the_float64_recurrence():
         limit = 1e-5 if r["dtype"] == "float32" else 1e-2
         assert 0 < r["rel_rms"] < limit and 0 < r["max_rel"] < 10 * limit, r
     assert rows[-1]["summary"][0].startswith("float32: torch worst ")
+
+
+def test_cases_spread_over_processes_give_the_same_rows():
+    """Each case in a process of its own (how the GPU run keeps Triton's compiles side by
+    side): the same rows, in the grid's order, as one process gives."""
+    kw = dict(dtypes=("float32",), cases=SMALL, device="cpu", ours_tier="torch")
+    assert ssd_error.run(procs=3, **kw) == ssd_error.run(procs=1, **kw)
+
+
+def test_a_failing_case_process_names_the_case():
+    bad = {"odd": SMALL["odd"], "broken": (1, 10, 2, 8, 3, 8, 4, ())}  # 2 heads, 3 groups
+    with pytest.raises(RuntimeError, match="case 'broken' failed"):
+        ssd_error.run(dtypes=("float32",), cases=bad, device="cpu", ours_tier="torch", procs=2)
 
 
 def test_a_wrong_output_is_seen(monkeypatch):

@@ -16,7 +16,11 @@ cases where ours is above Triton's.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench import ssd as ssd_bench
@@ -98,19 +102,57 @@ def reference(args: tuple, kw: dict):
 
 
 def run(dtype: str | None = None, dtypes=DTYPES, cases=None, device="cuda", seed: int = 0,
-        ours_tier: str = "kernel") -> list[dict]:  # fmt: skip
+        ours_tier: str = "kernel", procs: int | None = None) -> list[dict]:  # fmt: skip
     """Rows (case, dtype, impl, rel_rms, max_rel, floor_rel_rms) for every case of ``cases``
     (default :data:`GRID`) and dtype of ``dtypes`` (every one: ``dtype``, the bench command's
     option, is not this bench's subject), then the summary row. ``ours_tier``: the backend ours
-    runs on, and its rows' impl (``torch`` for a CPU run of the harness)."""
+    runs on, and its rows' impl (``torch`` for a CPU run of the harness).
+
+    ``procs``: processes the cases are spread over (default: one per case, up to the CPU count;
+    1: all in this process). Triton compiles and autotunes its five kernels anew for every
+    dtype and (headdim, dstate, chunk) of the grid, one compile at a time in a process: serially
+    that took over 220 s on the H100 machine, while each case's own work is a second or two.
+    Errors do not depend on what else runs on the GPU, so the cases run side by side."""
+    torch = require_torch()
+    cases = cases or GRID
+    if device != "cpu" and not torch.cuda.is_available():
+        raise RuntimeError("bench ssd-error needs a GPU (ROCm or CUDA): none is visible here")
+    if procs is None:
+        procs = min(len(cases), os.cpu_count() or 1)
+    if procs > 1 and len(cases) > 1:
+        rows = _run_spread(dtypes, cases, device, seed, ours_tier, procs)
+    else:
+        rows = _measure(dtypes, cases, device, seed, ours_tier)
+    return [*rows, {"summary": summary(rows)}]
+
+
+def _run_spread(dtypes, cases: dict, device: str, seed: int, ours_tier: str,
+                procs: int) -> list[dict]:  # fmt: skip
+    """:func:`_measure` of each case in a process of its own (``procs`` at a time: threads that
+    each wait on one ``python -c``), rows in the grid's order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(name: str) -> list[dict]:
+        code = ("import json; from mamba2_rocm.bench import ssd_error as m; "
+                f"print(json.dumps(m._measure({tuple(dtypes)!r}, {{{name!r}: {cases[name]!r}}}, "
+                f"{device!r}, {seed!r}, {ours_tier!r})))")  # fmt: skip
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench ssd-error: case {name!r} failed:\n{done.stderr[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    with ThreadPoolExecutor(max_workers=procs) as pool:
+        return [row for rows in pool.map(one, list(cases)) for row in rows]
+
+
+def _measure(dtypes, cases: dict, device: str, seed: int, ours_tier: str) -> list[dict]:
+    """The rows of :func:`run` for ``cases``, in this process."""
     torch = require_torch()
     from mamba2_rocm import mamba_chunk_scan_combined
 
-    if device != "cpu" and not torch.cuda.is_available():
-        raise RuntimeError("bench ssd-error needs a GPU (ROCm or CUDA): none is visible here")
     triton = ssd_bench._triton_scan() if device != "cpu" else None
     rows = []
-    for name, shape in (cases or GRID).items():
+    for name, shape in cases.items():
         for dt_name in dtypes:
             args, kw = make_case(shape, dt_name, device, seed)
             ref = reference(args, kw)
@@ -127,7 +169,7 @@ def run(dtype: str | None = None, dtypes=DTYPES, cases=None, device="cuda", seed
                 rows.append({"case": name, "dtype": dt_name, "impl": impl,
                              "rel_rms": float(f"{rms:.3g}"), "max_rel": float(f"{worst:.3g}"),
                              "floor_rel_rms": float(f"{floor:.3g}")})  # fmt: skip
-    return [*rows, {"summary": summary(rows)}]
+    return rows
 
 
 def summary(rows: list[dict]) -> list[str]:
