@@ -785,3 +785,20 @@ def test_selective_scan_cuda_training_peer_calls_forward_then_backward(monkeypat
     facade.fwd, facade.bwd = extension_abi.selective_scan_fwd, extension_abi.selective_scan_bwd
     monkeypatch.setitem(sys.modules, "selective_scan_cuda", facade)
     assert _mamba_ssm_cuda_train() is None
+
+
+def test_a_decode_step_is_the_median_of_paired_differences():
+    """bench model / generate: one slow run of either side moves one pair, not the result."""
+    from mamba2_rocm.bench.model import per_token_ms
+
+    times = iter([130.0, 2.0, 131.0, 2.0, 129.0, 60.0, 400.0, 2.0, 130.0, 2.5])
+
+    def time_ms(fn):
+        fn()
+        return next(times)
+
+    calls = []
+    step = per_token_ms(time_ms, lambda: calls.append("long"), lambda: calls.append("short"),
+                        tokens=64, pairs=5)  # fmt: skip
+    assert calls == ["long", "short"] * 5  # back to back, long first
+    assert step == pytest.approx((130.0 - 2.0) / 64)

@@ -16,7 +16,8 @@ host time included):
   backward (no optimizer: its cost is the same on both sides);
 - decode: greedy ``generate`` at batch 1 and 16 from a 16-token prompt, with ``cg=True`` (the
   decode step captured once in a graph and replayed) and without; tokens per second are
-  ``batch * n / (t(generate n + 1) - t(generate 1))`` (the prefill cancels out).
+  ``batch * n / (t(generate n + 1) - t(generate 1))`` (the prefill cancels out), the median
+  of that difference over ``DECODE_PAIRS`` pairs timed back to back (``model.per_token_ms``).
 
 Goals (issue #70): prefill and training step ≥ 1.5x upstream, graph decode ≥ 1.2x, eager
 decode ≥ 1.5x.
@@ -27,7 +28,13 @@ from __future__ import annotations
 import sys
 import time
 
-from mamba2_rocm.bench.model import _median_ms, real_mamba_ssm_root
+from mamba2_rocm.bench.model import (
+    DECODE_PAIRS,
+    _median_ms,
+    _time_once_ms,
+    per_token_ms,
+    real_mamba_ssm_root,
+)
 
 SHAPES = {"130m": dict(d_model=768, n_layer=24), "1.3b": dict(d_model=2048, n_layer=48)}
 COMMON = dict(
@@ -126,9 +133,9 @@ def measure(torch, model, repeats: int) -> dict:
 
             def tok_s(gen=gen, b=b):
                 gen(NEW_TOKENS + 1)  # warm: graph capture, autotune
-                t_long = _median_ms(torch, lambda: gen(NEW_TOKENS + 1), repeats)
-                t_one = _median_ms(torch, lambda: gen(1), repeats)
-                return b * NEW_TOKENS / ((t_long - t_one) / 1e3)
+                step = per_token_ms(_time_once_ms(torch), lambda: gen(NEW_TOKENS + 1),
+                                    lambda: gen(1), NEW_TOKENS, max(repeats, DECODE_PAIRS))  # fmt: skip
+                return b / (step / 1e3)
 
             attempt(key, tok_s)
     return out

@@ -14,7 +14,8 @@ the ``mamba_ssm`` / ``causal_conv1d`` names when its model module is imported:
 Each side proves what it ran: ours launched our scan, conv and decode kernels, the torch side
 none of them, the Triton side our conv only and imported ``mamba_ssm`` from outside
 mamba2-rocm. Decode throughput is ``batch * n / (t(generate n + 1) - t(generate 1))`` (the
-prompt's prefill cancels out). Ours also reports the share of decode wall time the GPU is busy
+prompt's prefill cancels out; the median of that difference over pairs timed back to back,
+:func:`per_token_ms`). Ours also reports the share of decode wall time the GPU is busy
 (torch.profiler): the rest is host time between kernels. Every side reports a decode step's
 wall time (all layers, per token) and the host time spent inside the ops it reached through the
 ``mamba_ssm`` / ``causal_conv1d`` names, per owner (:mod:`mamba2_rocm.bench.hosttime`): what of
@@ -101,6 +102,24 @@ def _median_ms(torch, fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+#: decode timings take at least this many (long, short) pairs: a 1.3b graph decode's difference
+#: of medians over 3 runs each once came out 1.6x off the eager profile's device time
+DECODE_PAIRS = 7
+
+
+def per_token_ms(time_ms, run_long, run_short, tokens: int, pairs: int = DECODE_PAIRS) -> float:
+    """Milliseconds a decode step (``tokens`` of them: ``run_long`` decodes that many more than
+    ``run_short``, whose prompt prefill is the same) takes: the median over ``pairs`` of the
+    per-pair difference, long and short timed back to back (``time_ms(fn)``: one timed call),
+    so a slow run of either side, or a drift in clocks, moves one pair and not the result."""
+    diffs = [(time_ms(run_long) - time_ms(run_short)) / tokens for _ in range(pairs)]
+    return statistics.median(diffs)
+
+
+def _time_once_ms(torch):
+    return lambda fn: _median_ms(torch, fn, 1)
+
+
 def _gpu_busy_fraction(torch, fn) -> float:
     """Share of ``fn``'s wall time covered by GPU kernels (torch.profiler's device time)."""
     from torch.profiler import ProfilerActivity, profile
@@ -150,9 +169,9 @@ def run_side(side: str, shape: str, dtype: str, repeats: int) -> dict:
                                       do_sample=False, pad_token_id=0)  # fmt: skip
 
             generate(NEW_TOKENS + 1)  # warm-up
-            long = _median_ms(torch, lambda: generate(NEW_TOKENS + 1), repeats)
-            short = _median_ms(torch, lambda: generate(1), repeats)
-            result[f"decode_b{b}_tok_s"] = b * NEW_TOKENS / max(long - short, 1e-6) * 1e3
+            step = per_token_ms(_time_once_ms(torch), lambda: generate(NEW_TOKENS + 1),
+                                lambda: generate(1), NEW_TOKENS, max(repeats, DECODE_PAIRS))  # fmt: skip
+            result[f"decode_b{b}_tok_s"] = b / max(step, 1e-9) * 1e3
             per_op = clock.per_token(
                 lambda: (generate(NEW_TOKENS + 1), torch.cuda.synchronize()),
                 lambda: (generate(1), torch.cuda.synchronize()),
