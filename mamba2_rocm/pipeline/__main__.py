@@ -4,7 +4,8 @@ Commands: ``targets`` | ``toolchain [--refresh] [TARGET...]`` | ``build TARGET..
 | ``reproducibility TARGET`` | ``matrix [--github-output FILE]`` | ``publish [TARGET...]
 (--repository-url URL | --check-only)`` | ``pull TARGET --index-url URL`` | ``gpu-tests TARGET``
 | ``truth [--gates DIR]`` | ``emulation-record --variant V [--suite S] --junit FILE --commit SHA``
-| ``emulation-kernels --variant V DIR``.
+| ``emulation-kernels --variant V DIR`` | ``resources [--target T]... [--source S]... --out DIR
+[--against DIR]``.
 """
 
 from __future__ import annotations
@@ -79,6 +80,16 @@ def main(argv: list[str] | None = None) -> int:
                        help="check that a prebuilt kernel folder is the named emulation's build")  # fmt: skip
     p.add_argument("--variant", default="", help="the variant it must be ('' = no emulation)")
     p.add_argument("kernels", help="the folder build --out wrote (<arch>/manifest.json)")
+    p = sub.add_parser("resources",
+                       help="compile the work tree's kernels for the AMD targets and report "
+                       "their registers, LDS, spills and waves per SIMD")  # fmt: skip
+    p.add_argument("--target", action="append", default=[],
+                   help="a recipe (repeatable; default: every recipe)")  # fmt: skip
+    p.add_argument("--source", action="append", default=[],
+                   help="a csrc source without .hip (repeatable; default: every source)")  # fmt: skip
+    p.add_argument("--out", required=True, help="folder for the code objects and resources.json")
+    p.add_argument("--against", help="a folder an earlier run wrote: print what changed")
+    p.add_argument("--jobs", type=int, default=None)
     args = parser.parse_args(argv)
 
     from mamba2_rocm.pipeline import guard
@@ -86,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # the long commands stop cleanly on SIGINT / SIGTERM / SIGHUP: their containers are killed,
     # temporary folders removed, outputs left as they were; the exit says which stage it was
-    long = args.cmd in ("build", "reproducibility", "toolchain", "gpu-tests")
+    long = args.cmd in ("build", "reproducibility", "toolchain", "gpu-tests", "resources")
     try:
         with guard.cancellable() if long else contextlib.nullcontext():
             return _run(args)
@@ -121,6 +132,12 @@ def _run(args: argparse.Namespace) -> int:
         start = time.monotonic()
         build_targets(recipes, Path(args.out), jobs=args.jobs, wait=args.wait)
         print(f"built {len(recipes)} target(s) in {time.monotonic() - start:.1f} s")
+    elif args.cmd == "resources":
+        from mamba2_rocm.pipeline.resources import run
+
+        recipes = [get_recipe(t) for t in args.target] or list(load_recipes().values())
+        against = Path(args.against) if args.against else None
+        return run(recipes, args.source, Path(args.out), against, args.jobs)
     elif args.cmd == "reproducibility":
         from mamba2_rocm.pipeline.repro import check_reproducible
 
