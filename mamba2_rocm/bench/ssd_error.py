@@ -16,15 +16,12 @@ cases where ours is above Triton's.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
-import sys
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench import ssd as ssd_bench
-from mamba2_rocm.bench.timing import backend
+from mamba2_rocm.bench.timing import backend, python_json
 
 DTYPES = ("float32", "float16", "bfloat16")
 TRITON = "mamba_ssm triton"
@@ -136,10 +133,7 @@ def _run_spread(dtypes, cases: dict, device: str, seed: int, ours_tier: str,
         code = ("import json; from mamba2_rocm.bench import ssd_error as m; "
                 f"print(json.dumps(m._measure({tuple(dtypes)!r}, {{{name!r}: {cases[name]!r}}}, "
                 f"{device!r}, {seed!r}, {ours_tier!r})))")  # fmt: skip
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"bench ssd-error: case {name!r} failed:\n{done.stderr[-2000:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        return python_json(code, f"bench ssd-error: case {name!r} failed")
 
     with ThreadPoolExecutor(max_workers=procs) as pool:
         return [row for rows in pool.map(one, list(cases)) for row in rows]

@@ -163,6 +163,19 @@ def compare(case: str, ours: Callable, triton: Callable | None, args: tuple, kwa
     return rows
 
 
+def python_json(code: str, failure: str, env: dict[str, str] | None = None):
+    """What ``python -c code`` (this interpreter, in a fresh process) prints as JSON on its last
+    line; a nonzero exit raises RuntimeError with ``failure`` and the end of its stderr."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{failure}:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def triton_best_of(op: str, processes: int, dtype: str, env: dict[str, str] | None = None,
                    label: str = TRITON, **run_kwargs) -> dict[str, dict]:  # fmt: skip
     """mamba_ssm's Triton row per case, the fastest of ``processes`` fresh processes (its
@@ -171,9 +184,6 @@ def triton_best_of(op: str, processes: int, dtype: str, env: dict[str, str] | No
     mamba_ssm is absent. ``env``: variables set in those processes (e.g. ``DISABLE_MMA_V3``),
     which then get a Triton cache folder of their own, so that no kernel compiled without the
     variable is reused; the rows are labelled ``label``."""
-    import json
-    import subprocess
-    import sys
     import tempfile
 
     extra = "".join(f", {k}={v!r}" for k, v in run_kwargs.items())
@@ -186,11 +196,7 @@ def triton_best_of(op: str, processes: int, dtype: str, env: dict[str, str] | No
     with cache_dir as cache:
         proc_env = None if env is None else {**os.environ, **env, "TRITON_CACHE_DIR": cache}
         for _ in range(processes):
-            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                  env=proc_env)  # fmt: skip
-            if done.returncode != 0:
-                raise RuntimeError(f"bench {op}: a Triton process failed:\n{done.stderr[-2000:]}")
-            for row in json.loads(done.stdout.strip().splitlines()[-1]):
+            for row in python_json(code, f"bench {op}: a Triton process failed", proc_env):
                 if row["case"] not in best or row["best_us"] < best[row["case"]]["best_us"]:
                     best[row["case"]] = {**row, "impl": f"{label} (best of {processes})"}
     return best

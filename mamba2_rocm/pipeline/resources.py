@@ -5,7 +5,7 @@ Compiles csrc sources of the *work tree* (uncommitted edits included: the releas
 the commit) for every recipe's archs (or those of ``--target``), in the recipes' toolchain
 images with their code-object versions and flags, one container run per group, and reads every
 code object back (:func:`mamba2_rocm.build.codeobject.amd_kernels`): per kernel its VGPRs,
-SGPRs, AGPRs, LDS, spills and the waves per SIMD they leave (``stages.estimate_waves_per_simd``).
+SGPRs, AGPRs, LDS, spills, scratch and the waves per SIMD they leave (``stages.resource_row``).
 It prints a line per arch (kernels, the largest VGPR and SGPR counts and whose, spills) and,
 with ``--against`` a folder an earlier run wrote, every kernel whose counts changed. Exit 1 on
 any spill: the release build's verification refuses spilling code objects, and issue #72 asks
@@ -27,52 +27,39 @@ from pathlib import Path
 from mamba2_rocm.arch import arch_info
 from mamba2_rocm.build.codeobject import amd_kernels
 from mamba2_rocm.pipeline import images
+from mamba2_rocm.pipeline.package import REPO
 from mamba2_rocm.pipeline.recipes import Recipe
-from mamba2_rocm.pipeline.stages import PipelineError, estimate_waves_per_simd
+from mamba2_rocm.pipeline.stages import PipelineError, _compile, compile_groups, resource_row
 
-REPO = Path(__file__).resolve().parents[2]
 FIELDS = ("vgpr", "sgpr", "agpr", "lds_bytes", "spills", "waves_per_simd")
 
 
 def compile_work_tree(recipes: list[Recipe], sources: list[str], out: Path,
                       jobs: int | None = None, log=print) -> dict[str, Path]:  # fmt: skip
-    """Compile ``sources`` (all when empty) of this work tree for the recipes' archs; returns
-    arch -> the folder of its code objects."""
+    """Compile ``sources`` (all when empty) of this work tree for the recipes' archs, one
+    container run per :func:`stages.compile_groups` group; returns arch -> the folder of its
+    code objects."""
     images.docker_check()
-    groups: dict[tuple, list[Recipe]] = {}
-    for r in recipes:
-        key = (images.ensure_toolchain(r, log=log), r.code_object_version, r.compile_flags)
-        groups.setdefault(key, []).append(r)
+    image_of = {r.target: images.ensure_toolchain(r, log=log) for r in recipes}
     folders: dict[str, Path] = {}
-    for gi, ((image, cov, flags), members) in enumerate(groups.items()):
+    for gi, ((image, _cov, _flags), members) in enumerate(
+        compile_groups(recipes, image_of).items()
+    ):
         group_out = out / f".group{gi}"
-        cmd = ["python3", "-m", "mamba2_rocm", "build", "--out", "/out",
-               "--jobs", str(jobs or os.cpu_count() or 1), "--code-object-version", str(cov),
-               *(f"--extra-flag={f}" for f in flags)]  # fmt: skip
-        archs = list(dict.fromkeys(a for r in members for a in r.archs))
-        cmd += [x for a in archs for x in ("--arch", a)]
-        cmd += [x for s in sources for x in ("--source", s)]
-        proc = images.run_in_image(image, cmd, REPO, group_out)
-        if proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
-            raise PipelineError(f"compile in {image} failed:\n{tail}")
-        for arch in archs:
-            folders[arch] = group_out / arch
+        _compile(members, image, REPO, group_out, jobs or os.cpu_count() or 1, tuple(sources))
+        folders.update({a: group_out / a for r in members for a in r.archs})
     return folders
 
 
 def kernel_table(folders: dict[str, Path]) -> dict[str, dict[str, dict]]:
-    """arch -> kernel -> its :data:`FIELDS`, from the code objects in each folder."""
+    """arch -> kernel -> its :func:`stages.resource_row` (:data:`FIELDS` and its scratch), from
+    the code objects in each folder."""
     table: dict[str, dict[str, dict]] = {}
     for arch, folder in sorted(folders.items()):
         rows = table.setdefault(arch, {})
         for path in sorted(folder.glob("*.hsaco")):
             _target, kinfos = amd_kernels(path.read_bytes())
-            for k in kinfos:
-                rows[k.name] = {"vgpr": k.vgpr, "sgpr": k.sgpr, "agpr": k.agpr,
-                                "lds_bytes": k.lds_bytes, "spills": k.spills,
-                                "waves_per_simd": estimate_waves_per_simd(
-                                    arch, k.vgpr, k.agpr, k.lds_bytes)}  # fmt: skip
+            rows.update({k.name: resource_row(arch, k) for k in kinfos})
     return table
 
 

@@ -103,6 +103,24 @@ def estimate_waves_per_simd(
 # ---- verification -----------------------------------------------------------------------------
 
 
+def resource_row(arch: str, k) -> dict[str, Any]:
+    """A code object's kernel (``codeobject.KernelInfo``) as the resource tables list it: its
+    registers, LDS, spills, scratch and the waves per SIMD they leave on ``arch``."""
+    return {"vgpr": k.vgpr, "sgpr": k.sgpr, "agpr": k.agpr, "lds_bytes": k.lds_bytes,
+            "spills": k.spills, "scratch_bytes": k.scratch_bytes,
+            "waves_per_simd": estimate_waves_per_simd(arch, k.vgpr, k.agpr, k.lds_bytes)}  # fmt: skip
+
+
+def compile_groups(recipes: list[Recipe], image_of: dict[str, str]) -> dict[tuple, list[Recipe]]:
+    """The recipes that one container run compiles together: same toolchain image (``image_of``
+    maps a target to it), code-object version and flags."""
+    groups: dict[tuple, list[Recipe]] = {}
+    for r in recipes:
+        key = (image_of[r.target], r.code_object_version, r.compile_flags)
+        groups.setdefault(key, []).append(r)
+    return groups
+
+
 def verify_kernel_dir(recipe: Recipe, kernels: Path) -> dict[str, Any]:
     """Re-read every code object on the host and check it against the recipe and our structs.
 
@@ -167,11 +185,7 @@ def verify_kernel_dir(recipe: Recipe, kernels: Path) -> dict[str, Any]:
                     problems.append(
                         f"{arch}: {name} takes {k.arg_size} B of arguments, {src.params.__name__} is {want}"
                     )
-                rows.append({
-                    "kernel": name, "vgpr": k.vgpr, "sgpr": k.sgpr, "agpr": k.agpr, "lds_bytes": k.lds_bytes,
-                    "spills": k.spills, "scratch_bytes": k.scratch_bytes,
-                    "waves_per_simd": estimate_waves_per_simd(arch, k.vgpr, k.agpr, k.lds_bytes),
-                })  # fmt: skip
+                rows.append({"kernel": name, **resource_row(arch, k)})
         table[arch] = sorted(rows, key=lambda r: r["kernel"])
     if problems:
         raise PipelineError(
@@ -208,8 +222,10 @@ def _audit(image: str, export: Path, scratch: Path) -> dict[str, Any]:
     }
 
 
-def _compile(recipes: list[Recipe], image: str, export: Path, kernels: Path, jobs: int) -> None:
-    """One container run compiles every arch of ``recipes`` (same image, version and flags)."""
+def _compile(recipes: list[Recipe], image: str, export: Path, kernels: Path, jobs: int,
+             sources: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """One container run compiles every arch of ``recipes`` (same image, version and flags):
+    the sources of ``export`` (only ``sources`` when given) into ``kernels/<arch>/``."""
     first = recipes[0]
     images.require_image(image, first)
     cmd = ["python3", "-m", "mamba2_rocm", "build", "--out", "/out", "--jobs", str(jobs),
@@ -218,6 +234,8 @@ def _compile(recipes: list[Recipe], image: str, export: Path, kernels: Path, job
         cmd += ["--arch", arch]
     for flag in first.compile_flags:
         cmd.append(f"--extra-flag={flag}")
+    for source in sources:
+        cmd += ["--source", source]
     proc = images.run_in_image(image, cmd, export, kernels)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
@@ -371,11 +389,7 @@ def build_targets(recipes: list[Recipe], out_root: Path, jobs: int | None = None
                 img: _audit(img, export, tmp / f"audit-{i}")
                 for i, img in enumerate(dict.fromkeys(image_of.values()))
             }
-        groups: dict[tuple, list[Recipe]] = {}
-        for r in recipes:
-            groups.setdefault(
-                (image_of[r.target], r.code_object_version, r.compile_flags), []
-            ).append(r)
+        groups = compile_groups(recipes, image_of)
         kernels_of: dict[str, Path] = {}
         with stages.stage("compile", t):
             for gi, ((image, _cov, _flags), members) in enumerate(groups.items()):
