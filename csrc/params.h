@@ -109,8 +109,11 @@ struct ConvUpdateParams {
 // head with headdim = dim. dt' = softplus?(dt + dt_bias); state = exp(A dt') state + dt' B x;
 // out = sum_n state C + D x, times silu(z). Strides may be 0 ("tied" A/dt/dt_bias/D broadcast
 // over headdim and dstate): the kernel reads them as given, nothing is copied.
-// state_indices: -1 = padded row (out zeros, state untouched); any other index outside
-// [0, num_states): out NaN, state untouched. Passed through m2r_state_rows first.
+// state_indices (batch,), int32 or int64 (indices_int64), stride indices_stride, or null: -1 = a
+// padded row (out zeros, state untouched); an index outside [0, num_states), or a row two
+// entries name: out NaN, state untouched. The contiguous-layout kernels check them themselves
+// (state_rows.h) unless indices_checked says m2r_state_rows did (int32 rows, stride 1, -2 for a
+// bad one: read as they are); the general kernels always read m2r_state_rows' checked rows.
 struct SsuParams {
   void* state;                   // (num_states, nheads, headdim, dstate), dtype of the kernel
   const void* x;                 // (batch, nheads, headdim), input dtype of the kernel
@@ -122,7 +125,7 @@ struct SsuParams {
   const void* z;                 // (batch, nheads, headdim), input dtype, or null
   const void* dt_bias;           // (nheads, headdim), dtype dt_bias_dtype, or null
   void* out;                     // (batch, nheads, headdim), input dtype
-  const int32_t* state_indices;  // (batch,) or null
+  const void* state_indices;     // (batch,) int32 or int64, or null
   int64_t state_batch_stride, state_h_stride, state_p_stride, state_n_stride;
   int64_t x_batch_stride, x_h_stride, x_p_stride;
   int64_t dt_batch_stride, dt_h_stride, dt_p_stride;
@@ -133,11 +136,13 @@ struct SsuParams {
   int64_t z_batch_stride, z_h_stride, z_p_stride;
   int64_t dt_bias_h_stride, dt_bias_p_stride;
   int64_t out_batch_stride, out_h_stride, out_p_stride;
+  int64_t indices_stride;
   int32_t batch, nheads, headdim, dstate;
   int32_t heads_per_group, num_states;
   int32_t dt_softplus;
   int32_t dt_dtype, a_dtype, d_dtype, dt_bias_dtype;
-  int32_t reserved;
+  int32_t indices_int64, indices_checked;
+  int32_t reserved;  // explicit tail padding: the size is a multiple of 8 on every ABI
 };
 
 // The state rows of a decode step (causal_conv1d_update's conv_state_indices,

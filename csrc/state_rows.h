@@ -1,7 +1,9 @@
-// The state row of a decode step's batch entry (causal_conv1d_update's conv_state_indices),
-// checked inside the update kernel that reads it: no separate launch, no host sync.
-// (selective_state_update keeps m2r_state_rows, csrc/state_rows.hip: inside its kernels the
-// scan pushed AMD's scalar registers into spills.) -1 (a padded row) stays -1; an index outside
+// The state row of a decode step's batch entry (causal_conv1d_update's conv_state_indices;
+// selective_state_update's state_batch_indices in its contiguous-layout kernels at batches up to
+// SSU_CHECK_IN_KERNEL_MAX_BATCH), checked inside the update kernel that reads it: no separate
+// launch, no host sync. (selective_state_update's general kernel, and larger batches, read rows
+// m2r_state_rows checked, csrc/state_rows.hip: inside the general kernel the search spilled
+// AMD's scalar registers.) -1 (a padded row) stays -1; an index outside
 // [0, num_states), or a row that another entry also names, is -2, for which the update writes
 // NaN and leaves every state alone, so two entries never race on one state row. int64 indices
 // are read as int64: never truncated into another row.

@@ -4,6 +4,7 @@
 // dstate / kVec lanes of 16 bytes each; in any other (update_row) 32 lanes, lane l owning
 // elements l, l + 32, ...
 #include "platform.h"
+#include "state_rows.h"
 
 namespace m2r {
 namespace ssu {
@@ -137,8 +138,12 @@ M2R_DEVICE void update_lanes(const SsuParams& p) {
   const I h = blockIdx.y, b = blockIdx.z;
   const I pr0 = static_cast<I>(blockIdx.x) * (kPass * kRowsPer) + static_cast<int>(threadIdx.x) / kRL;
   SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * static_cast<I>(p.out_h_stride);
-  const int64_t row = p.state_indices ? p.state_indices[b] : b;
-  if (row < 0 || row >= p.num_states) {  // -1: padding, zeros; beyond the pool: NaN, loudly
+  // every lane of the block reaches this with the same b (state_rows.h's rule); the host has
+  // m2r_state_rows check large batches first (each wave's search grows with the batch)
+  const int64_t row = p.indices_checked
+      ? static_cast<const int32_t*>(p.state_indices)[b]
+      : checked_state_row(p.state_indices, p.indices_stride, p.indices_int64, p.batch, p.num_states, static_cast<int>(b));
+  if (row < 0) {  // -1: padding, zeros; out of the pool or named twice (-2): NaN, loudly
     const float fill = row == -1 ? 0.f : __int_as_float(0x7fc00000);
 #pragma unroll
     for (int j = 0; j < kRowsPer; ++j) {
@@ -234,8 +239,10 @@ M2R_DEVICE void update_row(const SsuParams& p, int64_t b, int64_t h, int64_t pr,
   typedef typename TB::storage SB;
   constexpr int kPer = kN >= kLanes ? kN / kLanes : 1;
   SI* out = static_cast<SI*>(p.out) + b * p.out_batch_stride + h * p.out_h_stride + pr * p.out_p_stride;
-  const int64_t row = p.state_indices ? p.state_indices[b] : b;
-  if (row < 0 || row >= p.num_states) {
+  // The general kernels read rows m2r_state_rows checked (int32, -2 for a bad one): the check
+  // inside them spilled 16-56 scalar registers on every CDNA and RDNA2 target (hipcc 7.0.2).
+  const int64_t row = p.state_indices ? static_cast<const int32_t*>(p.state_indices)[b] : b;
+  if (row < 0 || row >= p.num_states) {  // -1: padding, zeros; -2: NaN
     if (lane == 0) *out = TI::from_float(row == -1 ? 0.f : __int_as_float(0x7fc00000));
     return;
   }

@@ -84,9 +84,9 @@ class SsuParams(ctypes.Structure):
         "A_h_stride A_p_stride A_n_stride B_batch_stride B_g_stride B_n_stride "
         "C_batch_stride C_g_stride C_n_stride D_h_stride D_p_stride "
         "z_batch_stride z_h_stride z_p_stride dt_bias_h_stride dt_bias_p_stride "
-        "out_batch_stride out_h_stride out_p_stride",
+        "out_batch_stride out_h_stride out_p_stride indices_stride",
         "batch nheads headdim dstate heads_per_group num_states dt_softplus "
-        "dt_dtype a_dtype d_dtype dt_bias_dtype reserved",
+        "dt_dtype a_dtype d_dtype dt_bias_dtype indices_int64 indices_checked reserved",
     )
 
 

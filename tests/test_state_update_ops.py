@@ -95,8 +95,9 @@ def fresh_plans():
 @pytest.fixture
 def fake_kernels(monkeypatch, fresh_plans):
     kset = stand_in_kernels(monkeypatch, ops)
-    # the device-side index check (m2r_state_rows) is a separate launch with its own tests;
-    # here the indices pass through as they are, so the expected struct holds their address
+    # the general kernels' index check (m2r_state_rows) is a separate launch with its own
+    # tests; here the indices pass through as they are, so the expected struct holds their
+    # address (the contiguous-layout kernels read the caller's indices and check them)
     monkeypatch.setattr(ops, "checked_state_rows", lambda kset, idx, pool: idx)
     return kset
 
@@ -121,12 +122,32 @@ def _expected_launch(state, x, dt, A, B, C, D, z, dt_bias, softplus, idx, out):
 
     params = (
         *(ptr(t) for t in (state, x, dt, A, B, C, D, z, dt_bias, out, idx)),
-        *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *C.stride(),
-        *st(D, 2), *st(z, 3), *st(dt_bias, 2), *out.stride(),
-        b, h, p, n, h // g, state.shape[0], int(softplus), DTYPE_CODE[dt.dtype], DTYPE_CODE[A.dtype],
+        *state.stride(),
+        *x.stride(),
+        *dt.stride(),
+        *A.stride(),
+        *B.stride(),
+        *C.stride(),
+        *st(D, 2),
+        *st(z, 3),
+        *st(dt_bias, 2),
+        *out.stride(),
+        0 if idx is None else idx.stride(0),
+        b,
+        h,
+        p,
+        n,
+        h // g,
+        state.shape[0],
+        int(softplus),
+        DTYPE_CODE[dt.dtype],
+        DTYPE_CODE[A.dtype],
         DTYPE_CODE[D.dtype] if D is not None else 0,
-        DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0, 0,
-    )  # fmt: skip
+        DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0,
+        int(idx is not None and idx.dtype == torch.int64),
+        0,
+        0,
+    )  # fmt: skip  (the caller's indices, read and checked by the kernel: a small batch)
     tier = next(t for t in (32, 64, 128, 256) if n <= t)
     vec = 16 // state.element_size()  # a lane's 16 bytes of state
     b_align = 16 if vec * B.element_size() == 16 else 8
@@ -224,6 +245,51 @@ def test_cached_launch_matches_uncached_formula(layout, blocks, fake_kernels, mo
         assert expected[0].endswith("_contig") == (blocks == 0 and _CONTIGUOUS[layout])
         assert ("_rows" in expected[0]) == (blocks != 0 and _CONTIGUOUS[layout])
     assert len(fake_kernels.launches) == 3
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("form", ["wide", "rows", "general", "large batch"])
+def test_pool_indices_cost_one_launch_where_the_kernel_checks_them(form, index_dtype,
+                                                                   fresh_plans, monkeypatch):  # fmt: skip
+    """Issue #72's "one launch per op where two run now": at small batches the contiguous-layout
+    kernels read the caller's int32 / int64 indices (strided: every other element here) and
+    check range and duplicates themselves (csrc/state_rows.h), one launch a call; the general
+    kernel (inside it, the check spilled on AMD) and batches above
+    SSU_CHECK_IN_KERNEL_MAX_BATCH read the int32 copy m2r_state_rows checks first."""
+    from mamba2_rocm.ops import _launch
+
+    kset = stand_in_kernels(monkeypatch, ops)
+    monkeypatch.setattr(_launch, "launch", lambda launcher, x, p, grid, threads:
+                        launcher(p, grid, (threads, 1, 1), 0))  # fmt: skip
+    for name in ("WIDE_KERNEL_MIN_BLOCKS", "STD_WIDE_KERNEL_MIN_BLOCKS"):
+        monkeypatch.setattr(ops, name, 0 if form == "wide" else 1 << 40)
+    batch = ops.SSU_CHECK_IN_KERNEL_MAX_BATCH + 1 if form == "large batch" else 3
+    args = _inputs(seeded("pool launches", form), b=batch, pool=batch + 2, n=32)
+    if form == "general":  # B with a non-unit dstate stride: only the general kernel reads it
+        args["B"] = torch.stack([args["B"], args["B"]], -1)[..., 0]
+    rows = torch.randperm(batch + 2, generator=seeded("pool rows", form))[:batch]
+    idx = torch.stack([rows, rows + 100]).T.flatten().to(index_dtype)[::2]  # a strided view
+    ops.selective_state_update(**args, dt_softplus=True, state_batch_indices=idx)
+    names = [name for name, _, _ in kset.launches]
+    fields = dict(zip((f for f, _ in SsuParams._fields_), kset.launches[-1][1], strict=True))
+    if form in ("general", "large batch"):
+        assert names[0] == "m2r_state_rows" and len(names) == 2
+        assert (form == "general") == ("_rows" not in names[1] and "_contig" not in names[1])
+        rows_params = kset.launches[0][1]  # (in, out, in_stride, batch, num_states, in_int64)
+        assert rows_params[0] == idx.data_ptr() and rows_params[2] == 2
+        assert rows_params[5] == int(index_dtype == torch.int64)
+        assert fields["state_indices"] == rows_params[1]  # the checked int32 copy
+        assert (fields["indices_stride"], fields["indices_int64"], fields["indices_checked"]) == (
+            1,
+            0,
+            1,
+        )
+    else:
+        assert len(names) == 1 and names[0].endswith("_contig" if form == "wide" else "_rows")
+        assert fields["state_indices"] == idx.data_ptr()
+        assert (fields["indices_stride"], fields["indices_checked"]) == (2, 0)
+        assert fields["indices_int64"] == int(index_dtype == torch.int64)
+    assert fields["batch"] == batch and fields["num_states"] == batch + 2
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16, torch.float32])

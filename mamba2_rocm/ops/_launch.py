@@ -49,11 +49,11 @@ _STATE_ROWS_THREADS = 256  # csrc/state_rows.hip: kThreads
 
 
 def checked_state_rows(kset, indices, num_states: int):
-    """The state-row indices of a decode step as the update kernels read them: an int32 copy
-    made on the device by ``m2r_state_rows`` (csrc/state_rows.hip), in which -1 (padding) stays
-    and every index that is out of the pool, or names a row another entry also names, is -2
-    (NaN out, state untouched). int64 indices are read as int64: never truncated to another
-    row. No device sync; one small launch per call that passes indices."""
+    """The state-row indices of a decode step as the kernels that do not check them read them:
+    an int32 copy made on the device by ``m2r_state_rows`` (csrc/state_rows.hip), in which -1
+    (padding) stays and every index that is out of the pool, or names a row another entry also
+    names, is -2 (NaN out, state untouched). int64 indices are read as int64: never truncated
+    to another row. No device sync; one small launch per call that passes indices."""
     rows = torch.empty(indices.shape[0], dtype=torch.int32, device=indices.device)
     params = (
         indices.data_ptr(),

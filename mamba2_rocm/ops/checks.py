@@ -101,7 +101,7 @@ def check_no_overlap(name: str, t) -> None:
 
 def check_state_rows(name: str, indices, pool: int, batch: int) -> list[int]:
     """The state row of each batch entry (``indices`` read on the host: the torch tiers only;
-    the kernels check on the device, see csrc/state_rows.hip). -1 is a padded row; an index
+    the kernels check on the device, see csrc/state_rows.h and .hip). -1 is a padded row; an index
     outside the pool raises IndexError, a row that two entries name raises ValueError."""
     if indices is None:
         return list(range(batch))

@@ -56,12 +56,20 @@ WIDE_KERNEL_MIN_BLOCKS = 8192
 #: every batch (H100, graph-timed, 64 heads: batch 16 12.9 / 15.0 us, batch 64 50.0 / 54.6,
 #: batch 256 190.9 / 208.2; 128 heads batch 256 379.5 / 414.2).
 STD_WIDE_KERNEL_MIN_BLOCKS = 1 << 62
+#: The largest batch whose pool indices the contiguous-layout kernels check themselves (one
+#: launch a call, csrc/state_rows.h: each wave searches the batch for duplicates); larger batches
+#: have m2r_state_rows check them first (two launches). Inside the kernels at every batch
+#: (9ba0b2c, H100, graph-timed) batch 1 took 2.68 instead of 3.63 us but batch 256 277.3
+#: instead of 186.5: the search grows with the batch in every block. Provisional until `bench
+#: decode`'s pool cases place the crossover (issue #72).
+SSU_CHECK_IN_KERNEL_MAX_BATCH = 16
 
 
 class _KernelPlan(NamedTuple):
     """What a kernel launch needs that does not change while the layouts stay the same."""
 
     tail: tuple  # SsuParams after the 11 pointers: strides, sizes, flags, dtype codes
+    tail_checked: tuple  # the same for rows m2r_state_rows checked (int32, stride 1)
     general: tuple[str, tuple[int, int, int]]  # kernel name and grid, one block per 8 rows
     contig: tuple[str, tuple[int, int, int]] | None  # rows per thread: SSU_ROWS_PER_WIDE
     rows: tuple[str, tuple[int, int, int]] | None  # one row per thread, _rows[_std] (or contig)
@@ -111,15 +119,18 @@ def _run_alignment(nbytes: int) -> int:
     return 16 if nbytes == 16 else 8
 
 
-def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -> _KernelPlan:
-    """The static part of a launch, from one call's tensors (multi-head views; out as passed)."""
+def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out,
+                 idx=None) -> _KernelPlan:  # fmt: skip
+    """The static part of a launch, from one call's tensors (multi-head views; out as passed;
+    ``idx`` the state rows as the caller passed them, read and checked by the contiguous-layout
+    kernels themselves)."""
     batch, nheads, headdim, dstate = dims.batch, dims.nheads, dims.headdim, dims.dstate
     tier = next(n for n in SSU_DSTATE_TIERS if dstate <= n)
     if batch > GRID_YZ_MAX or nheads > GRID_YZ_MAX:
         raise ValueError(
             f"selective_state_update kernels take batch and nheads <= {GRID_YZ_MAX}, got {batch}, {nheads}"
         )
-    tail = (
+    head = (
         *state.stride(),
         *x.stride(),
         *dt.stride(),
@@ -130,6 +141,8 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
         *strides(z, 3),
         *strides(dt_bias, 2),
         *out.stride(),
+    )  # fmt: skip  (SsuParams after the pointers, field order: indices_stride comes next)
+    sizes = (
         batch,
         nheads,
         headdim,
@@ -141,8 +154,10 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
         DTYPE_CODE[A.dtype],
         DTYPE_CODE[D.dtype] if D is not None else 0,
         DTYPE_CODE[dt_bias.dtype] if dt_bias is not None else 0,
-        0,
-    )  # fmt: skip  (SsuParams after the pointers, field order)
+    )  # fmt: skip
+    int64 = int(idx is not None and idx.dtype == torch.int64)
+    tail = (*head, 0 if idx is None else idx.stride(0), *sizes, int64, 0, 0)
+    tail_checked = (*head, 1, *sizes, 0, 1, 0)
     vec = 16 // state.element_size()  # state elements per lane in the contiguous kernels
     b_align = _run_alignment(vec * B.element_size())  # (B and C share a dtype: bcz_operands)
     contig_layout = (
@@ -164,6 +179,7 @@ def _kernel_plan(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dims, out) -
         rows = (name + ("_rows_std" if std else "_rows"), (-(-headdim // rows_pass), nheads, batch))
     return _KernelPlan(
         tail=tail,
+        tail_checked=tail_checked,
         general=(name, (-(-headdim // (_THREADS // 32)), nheads, batch)),
         contig=contig,
         rows=rows,
@@ -298,17 +314,15 @@ def _impl(
     if not plan.as_is:
         B, C, z = bcz_operands(x, B, C, z)
         dt, A, D, dt_bias = (as_kernel_float(t) for t in (dt, A, D, dt_bias))
-    if idx is not None:  # int32 or int64, duplicates and range checked on the device
-        idx = checked_state_rows(kset, idx, plan.dims.pool)
     kp = plan.kernel
     if kp is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if plan.dims.has_heads:
             views = (state, x, dt, A, B, C, D, z, dt_bias)
-            kp = _kernel_plan(*views, dt_softplus, plan.dims, out)
+            kp = _kernel_plan(*views, dt_softplus, plan.dims, out, idx)
         else:  # dims already describe the Mamba1 form as one head and one group
             views = _as_heads(state, x, dt, A, B, C, D, z, dt_bias)
-            kp = _kernel_plan(*views, dt_softplus, plan.dims, out.unsqueeze(1))
+            kp = _kernel_plan(*views, dt_softplus, plan.dims, out.unsqueeze(1), idx)
         plan.kernel = kp
     elif kp.contiguous_out:  # same strides as torch.empty(x.shape), cheaper to ask for
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -316,11 +330,16 @@ def _impl(
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     sp, bp, cp = state.data_ptr(), B.data_ptr(), C.data_ptr()
     a_s, a_b, a_c = kp.align
+    tail = kp.tail
     if kp.contig is None or sp % a_s or bp % a_b or cp % a_c:
         name, grid = kp.general
+        in_kernel = False  # (the general kernels read rows m2r_state_rows checked)
     else:
         wide_from = STD_WIDE_KERNEL_MIN_BLOCKS if kp.std else WIDE_KERNEL_MIN_BLOCKS
         name, grid = kp.contig if kp.blocks >= wide_from else kp.rows
+        in_kernel = plan.dims.batch <= SSU_CHECK_IN_KERNEL_MAX_BATCH
+    if idx is not None and not in_kernel:  # int32 rows, range and duplicates checked
+        idx, tail = checked_state_rows(kset, idx, plan.dims.pool), kp.tail_checked
     ptrs = (
         sp,
         x.data_ptr(),
@@ -334,7 +353,7 @@ def _impl(
         out.data_ptr(),
         0 if idx is None else idx.data_ptr(),
     )  # the SsuParams pointers, in field order
-    launch(kset.launcher(name), x, ptrs + kp.tail, grid, _THREADS)
+    launch(kset.launcher(name), x, ptrs + tail, grid, _THREADS)
     return out
 
 

@@ -1,6 +1,7 @@
-"""Decode-state row indices on the kernel tier, checked on the device (causal_conv1d_update:
-inside its kernel, csrc/state_rows.h; selective_state_update: by m2r_state_rows before the
-update, csrc/state_rows.hip, for each of its kernel forms): int64 is never truncated, a
+"""Decode-state row indices on the kernel tier, checked on the device (causal_conv1d_update and
+selective_state_update's contiguous-layout kernels: inside the kernel, csrc/state_rows.h;
+selective_state_update's general kernel: by m2r_state_rows before the update,
+csrc/state_rows.hip; each kernel form pinned in turn): int64 is never truncated, a
 duplicated or out-of-range row gives NaN and leaves every state alone, -1 padding gives zeros,
 strided index views are read as views. Each case is compared with the same call on int32
 indices and with the float64 reference on the valid rows."""
@@ -27,11 +28,14 @@ def _ssu(pool=5, b=3, h=4, p=8, n=32, g=2, dtype=torch.float32, seed=0):
     )  # fmt: skip
 
 
-#: The kernels each pinned form launches per call with pool indices: m2r_state_rows' checked
-#: copy, then the update reading it.
+#: The kernels each pinned form launches per call with pool indices: one (the contiguous
+#: layout's, which checks the caller's indices itself: pinned here at every batch), or
+#: m2r_state_rows' checked copy and then the kernel reading it (the general kernel always; the
+#: contiguous layout's above SSU_CHECK_IN_KERNEL_MAX_BATCH, pinned by "rows checked first").
 _LAUNCHES = {
-    "wide": lambda name: ["m2r_state_rows", name + "_contig"],
-    "rows": lambda name: ["m2r_state_rows", name + "_rows"],
+    "wide": lambda name: [name + "_contig"],
+    "rows": lambda name: [name + "_rows"],
+    "rows checked first": lambda name: ["m2r_state_rows", name + "_rows"],
     "general": lambda name: ["m2r_state_rows", name],
 }
 
@@ -45,6 +49,8 @@ def _force(kernel, args, monkeypatch):
 
     for name in ("WIDE_KERNEL_MIN_BLOCKS", "STD_WIDE_KERNEL_MIN_BLOCKS"):
         monkeypatch.setattr(ops, name, 0 if kernel == "wide" else 1 << 40)
+    in_kernel = 0 if kernel == "rows checked first" else 1 << 40  # (the batch limit pinned)
+    monkeypatch.setattr(ops, "SSU_CHECK_IN_KERNEL_MAX_BATCH", in_kernel)
     if kernel == "general":  # B with a non-unit dstate stride: only the general kernel reads it
         args = {**args, "B": torch.stack([args["B"], args["B"]], -1)[..., 0]}
     launched = []
@@ -64,7 +70,7 @@ def _expect_launches(kernel, launched, calls):
     assert launched == _LAUNCHES[kernel]("m2r_ssu_f32_f32_n32") * calls
 
 
-KERNELS = ["wide", "rows", "general"]
+KERNELS = ["wide", "rows", "rows checked first", "general"]
 
 
 def _run_ssu(args, idx):
