@@ -802,3 +802,32 @@ def test_a_decode_step_is_the_median_of_paired_differences():
                         tokens=64, pairs=5)  # fmt: skip
     assert calls == ["long", "short"] * 5  # back to back, long first
     assert step == pytest.approx((130.0 - 2.0) / 64)
+
+
+def test_decode_pool_cases_time_both_index_checks(monkeypatch):
+    """bench decode's state-pool cases: the op as it chooses, then each way of checking the
+    indices with SSU_CHECK_IN_KERNEL_MAX_BATCH pinned for that call only (the crossover the
+    constant is set from); a Triton-only process runs the op's row alone."""
+    from mamba2_rocm.bench import decode
+    from mamba2_rocm.ops import state_update as ssu_ops
+
+    seen = []
+
+    def fake_compare(case, fn, triton, args, kw, nbytes, copy, impls):
+        idx = kw["state_batch_indices"]
+        assert idx.dtype == torch.int32 and len(set(idx.tolist())) == idx.numel()
+        assert args[0].shape[0] == idx.numel() + decode.POOL_EXTRA  # the pool's rows
+        seen.append((case, impls, triton is not None, ssu_ops.SSU_CHECK_IN_KERNEL_MAX_BATCH))
+        return [{"case": case, "impl": impls[0]}]
+
+    monkeypatch.setattr(decode, "compare", fake_compare)
+    monkeypatch.setattr(decode, "POOL_GRID", (("pool", (1, 3), 2, 4, 8, 1),))
+    real = ssu_ops.SSU_CHECK_IN_KERNEL_MAX_BATCH
+    rows = decode._pool_rows("float32", None, object(), 1.0, device="cpu")
+    assert [r["impl"] for r in rows] == ["kernel", *(i for i, _ in decode.INDEX_CHECKS)] * 2
+    assert [s[3] for s in seen] == [real, *(lim for _, lim in decode.INDEX_CHECKS)] * 2
+    assert [s[2] for s in seen] == [True, False, False] * 2  # Triton only beside the op's row
+    assert real == ssu_ops.SSU_CHECK_IN_KERNEL_MAX_BATCH  # restored
+    seen.clear()
+    only = decode._pool_rows("float32", ("mamba_ssm triton",), object(), 1.0, device="cpu")
+    assert [r["impl"] for r in only] == ["mamba_ssm triton"] * 2 and len(seen) == 2
