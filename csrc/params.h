@@ -442,3 +442,17 @@ struct SelectiveScanBwdParams {
   int32_t ld;   // row length of variable B / C and their partials: seqlen rounded up to 256
   int32_t nck;  // chunks per channel in ckpt and the per-chunk partials: seqlen / 128 rounded up
 };
+
+// Small-batch linear layer of a decode step (csrc/linear.hip): y[m, n] = sum_k x[m, k] *
+// weight[n, k] (+ bias[n]), float32 sums of the kernel's dtype; x, weight, bias, y of that
+// dtype. x rows of x_row_stride elements (unit stride inside a row), weight (out_features,
+// in_features) contiguous, y rows of y_row_stride. in_features, x_row_stride and every pointer
+// 16-byte aligned (the host checks). group_threads: threads a feature group (64, 128 or 256).
+struct LinearParams {
+  const void* x;
+  const void* weight;
+  const void* bias;  // or null
+  void* y;
+  int64_t x_row_stride, y_row_stride;
+  int32_t rows, out_features, in_features, group_threads;
+};

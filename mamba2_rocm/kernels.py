@@ -14,6 +14,7 @@ from mamba2_rocm.params import (
     ConvBwdParams,
     ConvFwdParams,
     ConvUpdateParams,
+    LinearParams,
     MmaProbeParams,
     RmsNormBwdParams,
     RmsNormParams,
@@ -56,6 +57,10 @@ RMSNORM_BWD_ROW_MAX_THREADS = 512
 #: csrc/add_norm.hip: 4-element runs a thread of the register-resident forward / backward
 ADD_NORM_FWD_RUNS = (1, 2, 4, 8)
 ADD_NORM_BWD_RUNS = (1, 2, 3, 4)
+#: csrc/linear.hip: a decode step's linear layers, by row tier (the most rows a kernel takes) ->
+#: (output features a thread group walks together, 16-byte weight loads a feature in flight
+#: per thread). Measured on the H100 (mamba2_rocm/ops/linear.py).
+LINEAR_FORMS = {1: (4, 2), 2: (2, 4)}
 SELECTIVE_SCAN_DSTATE_TIERS = (16, 32, 64, 128, 256)  # csrc/selective_scan.hip: 16 lanes each
 SELECTIVE_SCAN_SEGMENT_TIERS = (16, 32, 64)  # the segment (_sp) and channel (_ch) forms
 
@@ -129,6 +134,15 @@ SOURCES: dict[str, KernelSource] = {
             ),
         ),
         KernelSource("state_rows", StateRowsParams, ("m2r_state_rows",)),
+        KernelSource(
+            "linear",
+            LinearParams,
+            tuple(
+                f"m2r_linear_{dt}_m{m}_r{r}_u{u}"
+                for m, (r, u) in LINEAR_FORMS.items()
+                for dt in KERNEL_DTYPES
+            ),
+        ),
         # the matrix-core interface's self-test (tests/gpu/test_mma_probe_gpu.py)
         KernelSource(
             "mma_probe", MmaProbeParams, tuple(f"m2r_mma_probe_{dt}" for dt in ("f16", "bf16"))

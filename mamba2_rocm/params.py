@@ -16,6 +16,7 @@ __all__ = [
     "ConvBwdParams",
     "ConvFwdParams",
     "ConvUpdateParams",
+    "LinearParams",
     "MmaProbeParams",
     "RmsNormBwdParams",
     "RmsNormParams",
@@ -92,6 +93,14 @@ class SsuParams(ctypes.Structure):
 
 class MmaProbeParams(ctypes.Structure):
     _fields_ = _fields("a b c d hits info", "", "mode reserved")
+
+
+class LinearParams(ctypes.Structure):
+    _fields_ = _fields(
+        "x weight bias y",
+        "x_row_stride y_row_stride",
+        "rows out_features in_features group_threads",
+    )
 
 
 class StateRowsParams(ctypes.Structure):

@@ -24,6 +24,7 @@ from mamba2_rocm.models.mamba2 import Mamba2
 from mamba2_rocm.models.mha import MHA
 from mamba2_rocm.models.mlp import GatedMLP
 from mamba2_rocm.ops.add_norm import RMSNorm, layer_norm_fn
+from mamba2_rocm.ops.linear import step_linear
 
 __all__ = [
     "MIXERS",
@@ -185,7 +186,7 @@ class MambaLMHeadModel(nn.Module, GenerationMixin):
         hidden = self.backbone(input_ids, inference_params=inference_params, **mixer_kwargs)
         if num_last_tokens > 0:
             hidden = hidden[:, -num_last_tokens:]
-        return CausalLMOutput(logits=self.lm_head(hidden))
+        return CausalLMOutput(logits=step_linear(self.lm_head, hidden))
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name: str, device=None, dtype=None, **kwargs):

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from mamba2_rocm.models._init import decay_rates, dt_bias_init, layer_states, no_weight_decay
 from mamba2_rocm.ops.conv1d import causal_conv1d_fn, causal_conv1d_update
+from mamba2_rocm.ops.linear import decode_linear, step_linear
 from mamba2_rocm.ops.mamba1 import mamba_inner_fn
 from mamba2_rocm.ops.selective_scan import selective_scan_fn
 from mamba2_rocm.ops.state_update import selective_state_update
@@ -113,15 +114,16 @@ class Mamba(nn.Module):
         """One token (batch, 1, d_model): ``(out, conv_state, ssm_state)``, states in place."""
         if hidden_states.shape[1] != 1:
             raise ValueError(f"step decodes one token at a time, got {hidden_states.shape[1]}")
-        x, z = self.in_proj(hidden_states.squeeze(1)).chunk(2, dim=-1)
+        x, z = step_linear(self.in_proj, hidden_states.squeeze(1)).chunk(2, dim=-1)
         x = causal_conv1d_update(x, conv_state, self._conv_weight(), self.conv1d.bias,
                                  self.activation)  # fmt: skip
-        dt, B, C = torch.split(self.x_proj(x), [self.dt_rank, self.d_state, self.d_state], dim=-1)
-        dt = F.linear(dt, self.dt_proj.weight)  # the bias goes in as dt_bias
+        dt, B, C = torch.split(step_linear(self.x_proj, x), [self.dt_rank, self.d_state, self.d_state],
+                               dim=-1)  # fmt: skip
+        dt = decode_linear(dt, self.dt_proj.weight)  # the bias goes in as dt_bias
         A = decay_rates(self)
         y = selective_state_update(ssm_state, x, dt, A, B, C, self.D, z=z,
                                    dt_bias=self.dt_proj.bias, dt_softplus=True)  # fmt: skip
-        return self.out_proj(y).unsqueeze(1), conv_state, ssm_state
+        return step_linear(self.out_proj, y).unsqueeze(1), conv_state, ssm_state
 
     def _new_states(self, batch_size: int, conv_dtype, ssm_dtype, device):
         conv_state = torch.zeros(batch_size, self.d_inner, self.d_conv, device=device,

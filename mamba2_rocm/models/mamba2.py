@@ -28,6 +28,7 @@ from mamba2_rocm.ops.conv1d import (
     causal_conv1d_update,
     causal_conv1d_varlen_states,
 )
+from mamba2_rocm.ops.linear import step_linear
 from mamba2_rocm.ops.mamba2 import mamba_split_conv1d_scan_combined
 from mamba2_rocm.ops.rmsnorm import RMSNorm as RMSNormGated
 from mamba2_rocm.ops.ssd import mamba_chunk_scan_combined
@@ -232,7 +233,7 @@ class Mamba2(nn.Module):
         the states advanced in place."""
         if hidden_states.shape[1] != 1:
             raise ValueError(f"step decodes one token at a time, got {hidden_states.shape[1]}")
-        z0, x0, z, xbc, dt = self._split(self.in_proj(hidden_states.squeeze(1)))
+        z0, x0, z, xbc, dt = self._split(step_linear(self.in_proj, hidden_states.squeeze(1)))
         xbc = causal_conv1d_update(xbc, conv_state, self._conv_weight(), self.conv1d.bias,
                                    self.activation)  # fmt: skip
         x, B, C = self._xbc_split(xbc)
@@ -246,7 +247,7 @@ class Mamba2(nn.Module):
             dt_bias=self.dt_bias[:, None].expand(h, p), dt_softplus=True,
         )  # fmt: skip
         y = self._finish(y.reshape(y.shape[0], -1), z, z0, x0)
-        return self.out_proj(y).unsqueeze(1), conv_state, ssm_state
+        return step_linear(self.out_proj, y).unsqueeze(1), conv_state, ssm_state
 
     # ---- decode state ------------------------------------------------------------------------
 

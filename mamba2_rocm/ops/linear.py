@@ -1,0 +1,174 @@
+"""The linear layers of a decode step, on a few rows: ``y = x W^T + b`` as one streaming read
+of the weight (csrc/linear.hip), where that beats the BLAS library; ``F.linear`` everywhere else.
+
+A decode step multiplies each layer's weights by one row per sequence of the batch. That is a
+read of the weight and little arithmetic, and the BLAS libraries' kernels for it leave
+bandwidth unused at a decode step's shapes (numbers in :data:`MAX_ROWS`' comment). The models
+of :mod:`mamba2_rocm.models` call :func:`step_linear` for their decode projections.
+
+:func:`decode_linear` has ``torch.nn.functional.linear``'s semantics; it *is* ``F.linear``
+(with its errors) wherever the kernel does not take the call: off the kernel tier, while
+traced (torch.compile, export), under autocast, when autograd records the call, and for
+layouts the kernel does not read (more than :data:`MAX_ROWS` rows, float64, mixed dtypes, an
+input width that is not a whole number of 16-byte vectors, unaligned or non-unit-stride rows,
+a non-contiguous weight, empty operands). Results equal ``F.linear``'s up to the order of the
+float32 sums (the kernel adds in a fixed order: bit-identical runs).
+"""
+
+from __future__ import annotations
+
+from mamba2_rocm._torch import require_torch
+from mamba2_rocm.kernels import LINEAR_FORMS
+from mamba2_rocm.ops._backend import choose
+from mamba2_rocm.ops._launch import KERNEL_DTYPE, launch, layout, remember, sm_count, traced
+
+torch = require_torch()
+F = torch.nn.functional
+Tensor = torch.Tensor
+
+#: The most rows (a decode batch) the kernel takes, and its row tiers (kernels.LINEAR_FORMS).
+MAX_ROWS = max(LINEAR_FORMS)
+ROW_TIERS = tuple(sorted(LINEAR_FORMS))
+THREADS = 256  # csrc/linear.hip: kThreads
+GROUP_THREADS = (64, 128, 256)  # threads a feature group: whole 64-thread steps on every target
+#: Threads a multiprocessor the grid should give before a feature gets more threads (a group
+#: walks its weight rows alone; too few groups leave the memory system idle).
+FILL_THREADS_PER_SM = 400
+PLAN_CACHE_SIZE = 64
+
+
+def row_tier(rows: int) -> int:
+    """The smallest kernel row tier that holds ``rows``."""
+    return next(t for t in ROW_TIERS if t >= rows)
+
+
+def group_threads(out_features: int, features_per_group: int, sms: int) -> int:
+    """Threads a feature group: the fewest that give every multiprocessor
+    :data:`FILL_THREADS_PER_SM` threads, at most a block."""
+    groups = -(-out_features // features_per_group)
+    for tpg in GROUP_THREADS:
+        if groups * tpg >= sms * FILL_THREADS_PER_SM:
+            return tpg
+    return GROUP_THREADS[-1]
+
+
+def _kernel_layout(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple | None:
+    """``(rows, x2d)`` when the kernel reads these operands as they are, else None."""
+    if x.dtype not in KERNEL_DTYPE or weight.dtype != x.dtype:
+        return None
+    if bias is not None and (bias.dtype != x.dtype or bias.dim() != 1 or bias.device != x.device):
+        return None
+    if weight.dim() != 2 or x.dim() < 1 or weight.device != x.device:
+        return None
+    out_f, in_f = weight.shape
+    if x.shape[-1] != in_f or (bias is not None and bias.shape[0] != out_f):
+        return None
+    per_vec = 16 // x.element_size()
+    if in_f == 0 or out_f == 0 or in_f % per_vec or not weight.is_contiguous():
+        return None
+    rows = x.numel() // in_f
+    if not 1 <= rows <= MAX_ROWS:
+        return None
+    try:
+        x2 = x.view(rows, in_f)  # rows evenly strided, unit stride inside a row
+    except RuntimeError:
+        return None
+    if x2.stride(1) != 1 and in_f > 1:
+        return None
+    if rows > 1 and x2.stride(0) % per_vec:
+        return None
+    if bias is not None and bias.stride(0) != 1:
+        return None
+    return rows, x2
+
+
+class _Plan:
+    __slots__ = (
+        "blocks",
+        "group_threads",
+        "in_features",
+        "name",
+        "out_features",
+        "rows",
+        "x_row_stride",
+    )  # fmt: skip
+
+    def __init__(self, x: Tensor, weight: Tensor, rows: int, x2: Tensor) -> None:
+        tier = row_tier(rows)
+        per_group, unroll = LINEAR_FORMS[tier]
+        self.name = f"m2r_linear_{KERNEL_DTYPE[x.dtype]}_m{tier}_r{per_group}_u{unroll}"
+        self.out_features, self.in_features = weight.shape
+        self.group_threads = group_threads(self.out_features, per_group, sm_count(x.device))
+        groups = -(-self.out_features // per_group)
+        self.blocks = -(-groups // (THREADS // self.group_threads))
+        self.rows = rows
+        self.x_row_stride = x2.stride(0) if rows > 1 else self.in_features
+
+
+_PLANS: dict = {}
+
+
+def _aligned(*tensors) -> bool:
+    return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``; our kernel for a few rows on the kernel tier."""
+    if (
+        traced(x, weight, bias)
+        or torch.is_autocast_enabled(x.device.type)
+        or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                         or (bias is not None and bias.requires_grad)))
+    ):  # fmt: skip
+        return F.linear(x, weight, bias)
+    tier, kset = choose(x.device)
+    if tier != "kernel":
+        return F.linear(x, weight, bias)
+    try:
+        key = (layout(x), layout(weight), layout(bias))
+    except AttributeError:  # not tensors: F.linear names the argument
+        return F.linear(x, weight, bias)
+    plan = _PLANS.get(key)
+    if plan is None:
+        found = _kernel_layout(x, weight, bias)
+        plan = False if found is None else _Plan(x, weight, *found)
+        remember(_PLANS, key, plan, PLAN_CACHE_SIZE)
+    if not plan or not _aligned(x, weight, bias):
+        return F.linear(x, weight, bias)
+    y = torch.empty((*x.shape[:-1], plan.out_features), dtype=x.dtype, device=x.device)
+    params = (
+        x.data_ptr(),
+        weight.data_ptr(),
+        0 if bias is None else bias.data_ptr(),
+        y.data_ptr(),
+        plan.x_row_stride,
+        plan.out_features,
+        plan.rows,
+        plan.out_features,
+        plan.in_features,
+        plan.group_threads,
+    )  # fmt: skip  (LinearParams, field order)
+    launch(kset.launcher(plan.name), x, params, (plan.blocks, 1, 1), THREADS)
+    return y
+
+
+def _hooked(module) -> bool:
+    """Whether calling ``module`` runs forward hooks (its own or global ones)."""
+    from torch.nn.modules import module as mod
+
+    return bool(module._forward_hooks or module._forward_pre_hooks
+                or mod._global_forward_hooks or mod._global_forward_pre_hooks)  # fmt: skip
+
+
+def step_linear(module, x: Tensor) -> Tensor:
+    """``module(x)`` for a decode step: :func:`decode_linear` for a plain ``nn.Linear`` without
+    forward hooks; any other module (tensor-parallel linears, LoRA wrappers, quantized layers)
+    or a hooked one is called as it is."""
+    if type(module) is torch.nn.Linear and not _hooked(module):
+        return decode_linear(x, module.weight, module.bias)
+    return module(x)
+
+
+def clear_plan_cache() -> None:
+    """Forget every planned layout (tests; the cache never needs it for correctness)."""
+    _PLANS.clear()

@@ -1,0 +1,113 @@
+"""decode_linear's kernel (csrc/linear.hip) against float64 on fresh random inputs at odd sizes:
+every row tier, every dtype, with and without bias, strided rows, each group size; outputs
+poisoned before the call; the same bits on every run; never the F.linear fallback."""
+
+import pytest
+import torch
+from helpers import assert_bit_identical_runs, gpu_available
+
+from mamba2_rocm.ops import linear as ops
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a GPU")]
+DEV = "cuda"
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+class _NoFallback:
+    """ops.F while the test runs: F.linear refuses (the call must run the kernel)."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"decode_linear fell back to F.{name}")
+
+
+@pytest.fixture
+def kernel_only(monkeypatch):
+    launched = []
+    real = ops.launch
+    monkeypatch.setattr(ops, "F", _NoFallback())
+    monkeypatch.setattr(ops, "launch", lambda *a: launched.append(a[0]) or real(*a))
+    ops.clear_plan_cache()
+    yield launched
+    ops.clear_plan_cache()
+
+
+def _poison_allocator(nbytes: int) -> None:
+    """Leave NaN in the caching allocator's free blocks: an output the kernel does not write
+    keeps NaN."""
+    t = torch.full((nbytes // 4 + 1024,), float("nan"), device=DEV)
+    del t
+
+
+def _check(x, w, b, y):
+    ref = x.double() @ w.double().T + (0 if b is None else b.double())
+    assert y.shape == ref.shape and y.dtype == x.dtype
+    assert not y.isnan().any(), "unwritten (NaN) outputs"
+    scale = (x.double().abs() @ w.double().abs().T).max().item() + 1e-6
+    err = (y.double() - ref).abs().max().item()
+    assert err <= TOL[x.dtype] * scale, f"max error {err:.3g} > {TOL[x.dtype]} * {scale:.3g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", range(1, ops.MAX_ROWS + 1))
+@pytest.mark.parametrize("in_f,out_f", [(8, 1), (136, 97), (1544, 771), (2048, 4099)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_float64(dtype, rows, in_f, out_f, bias, kernel_only):
+    if dtype == torch.float32 and in_f % 4:
+        pytest.skip("float32 rows of whole 16-byte vectors")
+    gen = torch.Generator(device=DEV).manual_seed(rows * 1000 + in_f + out_f)
+    x = torch.randn(rows, in_f, device=DEV, generator=gen).to(dtype)
+    w = (torch.randn(out_f, in_f, device=DEV, generator=gen) / in_f**0.5).to(dtype)
+    b = torch.randn(out_f, device=DEV, generator=gen).to(dtype) if bias else None
+    _poison_allocator(rows * out_f * 4)
+    y = ops.decode_linear(x, w, b)
+    torch.cuda.synchronize()
+    assert len(kernel_only) == 1
+    _check(x, w, b, y)
+
+
+@pytest.mark.parametrize("tpg", [64, 128, 256])
+@pytest.mark.parametrize("rows", range(1, ops.MAX_ROWS + 1))
+def test_every_group_size(tpg, rows, kernel_only, monkeypatch):
+    monkeypatch.setattr(ops, "group_threads", lambda out_f, per_group, sms: tpg)
+    gen = torch.Generator(device=DEV).manual_seed(tpg + rows)
+    x = torch.randn(rows, 776, device=DEV, generator=gen).bfloat16()
+    w = (torch.randn(333, 776, device=DEV, generator=gen) / 28).bfloat16()
+    b = torch.randn(333, device=DEV, generator=gen).bfloat16()
+    _poison_allocator(rows * 333 * 4)
+    _check(x, w, b, ops.decode_linear(x, w, b))
+
+
+def test_strided_rows_and_leading_dims(kernel_only):
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    base = torch.randn(ops.MAX_ROWS, 1, 400, device=DEV, generator=gen).half()
+    x = base[..., 64:320]  # rows 400 apart, 256 wide: a split of a wider projection
+    w = (torch.randn(130, 256, device=DEV, generator=gen) / 16).half()
+    y = ops.decode_linear(x, w)
+    assert y.shape == (ops.MAX_ROWS, 1, 130)
+    _check(x.reshape(-1, 256), w, None, y.reshape(-1, 130))
+
+
+def test_bit_identical_runs(kernel_only):
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    x = torch.randn(ops.MAX_ROWS, 2048, device=DEV, generator=gen).bfloat16()
+    w = (torch.randn(3001, 2048, device=DEV, generator=gen) / 45).bfloat16()
+    assert_bit_identical_runs(lambda: (ops.decode_linear(x, w),))
+
+
+def test_graph_replay_equals_eager(kernel_only):
+    gen = torch.Generator(device=DEV).manual_seed(4)
+    x = torch.randn(2, 1024, device=DEV, generator=gen).bfloat16()
+    w = (torch.randn(700, 1024, device=DEV, generator=gen) / 32).bfloat16()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.decode_linear(x, w)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = ops.decode_linear(x, w)
+    x.copy_(torch.randn(2, 1024, device=DEV, generator=gen).bfloat16())
+    want = ops.decode_linear(x, w)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)

@@ -1,0 +1,171 @@
+"""decode_linear (mamba2_rocm/ops/linear.py): which calls the kernel takes and what it is told.
+
+The kernel tier is stood in for on the CPU (launches recorded); tests/gpu/test_linear_gpu.py
+runs the kernel."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from helpers import stand_in_kernels  # noqa: E402
+
+from mamba2_rocm.kernels import LINEAR_FORMS, SOURCES  # noqa: E402
+from mamba2_rocm.ops import linear as ops  # noqa: E402
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch):
+    ops.clear_plan_cache()
+    kset = stand_in_kernels(monkeypatch, ops)
+    yield kset
+    ops.clear_plan_cache()
+
+
+def _operands(rows, in_f=64, out_f=24, dtype=torch.bfloat16, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_f, generator=g).to(dtype)
+    w = torch.randn(out_f, in_f, generator=g).to(dtype)
+    b = torch.randn(out_f, generator=g).to(dtype) if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_off_the_kernel_tier_it_is_f_linear(dtype):
+    x, w, b = _operands(3, dtype=dtype)
+    assert torch.equal(ops.decode_linear(x, w, b), F.linear(x, w, b))
+    assert torch.equal(ops.decode_linear(x, w), F.linear(x, w))
+
+
+@pytest.mark.parametrize("rows", range(1, ops.MAX_ROWS + 1))
+@pytest.mark.parametrize("dtype,name", [(torch.float32, "f32"), (torch.float16, "f16"),
+                                        (torch.bfloat16, "bf16")])  # fmt: skip
+def test_launch_names_the_row_tier_and_passes_the_operands(rows, dtype, name, fake_kernels):
+    x, w, b = _operands(rows, in_f=96, out_f=37, dtype=dtype)
+    y = ops.decode_linear(x, w, b)
+    assert y.shape == (rows, 37) and y.dtype == dtype
+    ((kname, params, grid),) = fake_kernels.launches
+    tier = ops.row_tier(rows)
+    assert tier >= rows and (tier == 1 or tier // 2 < rows)
+    per_group, unroll = LINEAR_FORMS[tier]
+    assert kname == f"m2r_linear_{name}_m{tier}_r{per_group}_u{unroll}"
+    assert kname in SOURCES["linear"].kernels
+    tpg = params[-1]
+    assert tpg in ops.GROUP_THREADS
+    assert params == (x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), 96, 37, rows, 37,
+                      96, tpg)  # fmt: skip
+    groups = -(-37 // per_group)
+    assert grid == (-(-groups // (ops.THREADS // tpg)), 1, 1)
+    assert fake_kernels.blocks == [(ops.THREADS, 1, 1)]
+
+
+def test_leading_dims_and_strided_rows(fake_kernels):
+    base = torch.randn(2, 1, 160).bfloat16()
+    x = base[..., 32:96]  # rows 160 apart, 64 wide
+    w = torch.randn(24, 64).bfloat16()
+    y = ops.decode_linear(x, w)
+    assert y.shape == (2, 1, 24)
+    ((_, params, _),) = fake_kernels.launches
+    assert params[0] == x.data_ptr() and params[2] == 0
+    assert params[4] == 160 and params[6] == 2  # x_row_stride, rows
+
+
+def _fallback_cases():
+    x, w, b = _operands(2)
+    wide = torch.randn(3, 80).bfloat16()
+    return {
+        "too many rows": (torch.randn(ops.MAX_ROWS + 1, 64).bfloat16(), w, b),
+        "float64": (x.double(), w.double(), b.double()),
+        "width not whole vectors": (
+            torch.randn(3, 60).bfloat16(),
+            torch.randn(24, 60).bfloat16(),
+            b,
+        ),
+        "row stride not whole vectors": (wide[:2, 4:68], w, b),
+        "transposed weight": (x, torch.randn(64, 24).bfloat16().t(), b),
+        "strided bias": (x, w, torch.randn(48).bfloat16()[::2]),
+        "misaligned x": (torch.randn(2 * 64 + 1).bfloat16()[1:].view(2, 64), w, b),
+        "no rows": (torch.randn(0, 64).bfloat16(), w, b),
+        "no outputs": (x, torch.randn(0, 64).bfloat16(), None),
+        "columns not unit stride": (torch.randn(64, 3).bfloat16().t(), w, b),
+    }
+
+
+@pytest.mark.parametrize("case", list(_fallback_cases()))
+def test_layouts_the_kernel_does_not_read_go_to_f_linear(case, fake_kernels):
+    x, w, b = _fallback_cases()[case]
+    y = ops.decode_linear(x, w, b)
+    assert fake_kernels.launches == []
+    torch.testing.assert_close(y, F.linear(x, w, b), rtol=0, atol=0)
+
+
+def test_autograd_autocast_and_tracing_go_to_f_linear(fake_kernels):
+    x, w, b = _operands(2)
+    wg = w.float().requires_grad_()
+    y = ops.decode_linear(x.float(), wg, b.float())
+    y.sum().backward()
+    assert wg.grad is not None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ops.decode_linear(x.float(), w.float(), b.float())
+    compiled = torch.compile(ops.decode_linear, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, w, b), F.linear(x, w, b))
+    assert fake_kernels.launches == []
+
+
+@pytest.mark.parametrize("bad", ["width", "bias length", "weight dims", "mixed dtypes",
+                                 "bias dtype"])  # fmt: skip
+def test_bad_shapes_raise_torch_errors_without_a_launch(bad, fake_kernels):
+    x, w, b = _operands(2)
+    args = {
+        "width": (x, torch.randn(24, 72).bfloat16(), b),
+        "bias length": (x, w, torch.randn(23).bfloat16()),
+        "weight dims": (x, torch.randn(2, 24, 64).bfloat16(), None),
+        "mixed dtypes": (x, w.float(), b),
+        "bias dtype": (x, w, b.float()),
+    }[bad]
+    with pytest.raises((RuntimeError, ValueError, NotImplementedError)):
+        ops.decode_linear(*args)
+    assert fake_kernels.launches == []
+
+
+def test_plans_are_cached_per_layout(fake_kernels, monkeypatch):
+    calls = []
+    real = ops._kernel_layout
+    monkeypatch.setattr(ops, "_kernel_layout", lambda *a: calls.append(1) or real(*a))
+    x, w, b = _operands(2)
+    for _ in range(3):
+        ops.decode_linear(x, w, b)
+    ops.decode_linear(torch.randn(2, 64).double(), w.double())  # a refused layout, cached too
+    ops.decode_linear(torch.randn(2, 64).double(), w.double())
+    assert len(calls) == 2 and len(fake_kernels.launches) == 3
+
+
+def test_group_threads_fill_the_gpu():
+    # many features: the fewest threads a group; few features: more threads each
+    assert ops.group_threads(8512, 4, 132) == 64  # mamba2-1.3b's in_proj on the H100
+    assert ops.group_threads(2048, 4, 132) == 128  # its out_proj
+    assert ops.group_threads(768, 4, 132) == 256  # mamba2-130m's out_proj
+    assert ops.group_threads(1, 1, 132) == 256
+    assert ops.group_threads(5, 1, 0) == 64  # no GPU (CPU stand-in): the smallest
+
+
+def test_step_linear_keeps_other_modules():
+    plain = torch.nn.Linear(64, 8)
+    x = torch.randn(2, 64)
+    torch.testing.assert_close(ops.step_linear(plain, x), plain(x))
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, inp):
+            return 2 * super().forward(inp)
+
+    sub = Scaled(64, 8)
+    torch.testing.assert_close(ops.step_linear(sub, x), sub(x))
+
+
+def test_every_row_tier_has_a_kernel_per_dtype():
+    names = set(SOURCES["linear"].kernels)
+    for tier, (r, u) in LINEAR_FORMS.items():
+        for dt in ("f32", "f16", "bf16"):
+            assert f"m2r_linear_{dt}_m{tier}_r{r}_u{u}" in names
+    assert tuple(sorted(LINEAR_FORMS)) == ops.ROW_TIERS and max(LINEAR_FORMS) == ops.MAX_ROWS
