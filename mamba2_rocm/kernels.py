@@ -58,8 +58,10 @@ RMSNORM_BWD_ROW_MAX_THREADS = 512
 ADD_NORM_FWD_RUNS = (1, 2, 4, 8)
 ADD_NORM_BWD_RUNS = (1, 2, 3, 4)
 #: csrc/linear.hip: a decode step's linear layers, by row tier (the most rows a kernel takes) ->
-#: (output features a thread group walks together, 16-byte weight loads a feature in flight
-#: per thread). Measured on the H100 (mamba2_rocm/ops/linear.py).
+#: (output features a thread group walks together, 16-byte weight loads a feature in flight per
+#: thread). Swept on the H100 (2026-12-06, weights rotated past L2) over (1, 2, 4) features x
+#: (2, 4, 8) loads: one row (4, 2) was the best or within 2% at every projection; two rows
+#: (4, 2) was up to 7% faster than (2, 4), which is what the GPU suite has run so far.
 LINEAR_FORMS = {1: (4, 2), 2: (2, 4)}
 SELECTIVE_SCAN_DSTATE_TIERS = (16, 32, 64, 128, 256)  # csrc/selective_scan.hip: 16 lanes each
 SELECTIVE_SCAN_SEGMENT_TIERS = (16, 32, 64)  # the segment (_sp) and channel (_ch) forms

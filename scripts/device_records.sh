@@ -11,7 +11,7 @@ source "$(dirname "$0")/device_lib.sh"  # (sets $OUT)
 dropin_env
 beside_upstream
 cuda_peer  # (mamba_ssm's compiled scan, where its sources came along: .dev/upstream-csrc)
-default="conv1d conv1d:--backward decode ssd ssd:--backward ssd-error rmsnorm rmsnorm:--backward add-norm add-norm:--backward selective-scan selective-scan:--backward generate model"
+default="conv1d conv1d:--backward decode ssd ssd:--backward ssd-error rmsnorm rmsnorm:--backward add-norm add-norm:--backward selective-scan selective-scan:--backward linear generate model"
 for spec in ${BENCHES:-$default}; do
   op=${spec%%:*} flags=""
   [ "$op" != "$spec" ] && flags=${spec#*:}

@@ -831,3 +831,47 @@ def test_decode_pool_cases_time_both_index_checks(monkeypatch):
     seen.clear()
     only = decode._pool_rows("float32", ("mamba_ssm triton",), object(), 1.0, device="cpu")
     assert [r["impl"] for r in only] == ["mamba_ssm triton"] * 2 and len(seen) == 2
+
+
+# --- bench linear ----------------------------------------------------------------------
+
+
+def test_linear_cases_are_the_mamba2_projections():
+    from mamba2_rocm.bench.linear import LAYERS
+
+    for label, k, n in LAYERS:
+        d_model = {"130m": 768, "1.3b": 2048, "2.7b": 2560}[label.split()[0].split("-")[1]]
+        d_inner = 2 * d_model
+        if label.endswith("in_proj"):
+            assert (k, n) == (d_model, 2 * d_inner + 2 * 128 + d_inner // 64)
+        elif label.endswith("out_proj"):
+            assert (k, n) == (d_inner, d_model)
+        else:
+            assert (k, n) == (d_model, 50288)
+
+
+def test_linear_weights_rotate_past_the_cache():
+    from mamba2_rocm.bench.linear import MIN_ROTATION_BYTES, rotation
+
+    l2 = 50 << 20
+    for wbytes in (1 << 20, 35 << 20, 206 << 20, 1 << 30):
+        n = rotation(wbytes, l2)
+        assert n >= 2 and n * wbytes >= max(4 * l2, MIN_ROTATION_BYTES)
+        assert (n - 1) * wbytes < max(4 * l2, MIN_ROTATION_BYTES) or n == 2
+
+
+def test_linear_table_prints_ratios_and_the_worst(monkeypatch):
+    from mamba2_rocm.bench import linear
+
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda *a: "GPU")
+    row = dict(mbytes=1.0, us=5.0, graph_us=4.0, gbs=1.0, copy_frac=0.5, copy_gbs=2.0,
+               weight_copies=8)  # fmt: skip
+    rows = [
+        {**row, "case": "a rows1", "impl": "kernel", "best_us": 4.0},
+        {**row, "case": "a rows1", "impl": linear.BLAS, "best_us": 6.0},
+        {**row, "case": "b rows2", "impl": "kernel", "best_us": 5.0},
+        {**row, "case": "b rows2", "impl": linear.BLAS, "best_us": 4.5},
+    ]
+    text = linear.format_table(rows)
+    assert "a rows1: BLAS / ours 1.50x" in text and "b rows2: BLAS / ours 0.90x" in text
+    assert "worst: 0.90x (b rows2)" in text

@@ -1,5 +1,5 @@
 """``python -m mamba2_rocm bench conv1d|decode|ssd|ssd-paths|ssd-error|rmsnorm|add-norm|
-selective-scan|host|model|generate``."""
+selective-scan|host|linear|model|generate``."""
 
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "add-norm",
             "selective-scan",
             "host",
+            "linear",
             "model",
             "generate",
         ],
@@ -78,7 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "generate: mamba_ssm's MambaLMHeadModel, ours vs upstream's (mamba2_rocm.bench.generate); "
         "ssd-paths: the SSD forward's per-shape choices against their alternatives on this GPU "
         "(mamba2_rocm.bench.ssd_paths); ssd-error: the SSD forward's output error vs float64, "
-        "ours vs Triton, every dtype (mamba2_rocm.bench.ssd_error)",
+        "ours vs Triton, every dtype (mamba2_rocm.bench.ssd_error); linear: a decode step's "
+        "projections, our kernel vs the BLAS library (mamba2_rocm.bench.linear)",
     )
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--json", action="store_true", help="machine-readable rows instead of the table")
