@@ -169,3 +169,55 @@ def test_every_row_tier_has_a_kernel_per_dtype():
         for dt in ("f32", "f16", "bf16"):
             assert f"m2r_linear_{dt}_m{tier}_r{r}_u{u}" in names
     assert tuple(sorted(LINEAR_FORMS)) == ops.ROW_TIERS and max(LINEAR_FORMS) == ops.MAX_ROWS
+
+
+def test_step_linear_runs_a_hooked_module_as_it_is(fake_kernels):
+    lin = torch.nn.Linear(64, 8, dtype=torch.bfloat16)
+    seen = []
+    handle = lin.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    with torch.no_grad():
+        ops.step_linear(lin, torch.randn(1, 64).bfloat16())
+    assert seen == [(1, 8)] and fake_kernels.launches == []
+    handle.remove()
+    with torch.no_grad():
+        ops.step_linear(lin, torch.randn(1, 64).bfloat16())
+    assert [name for name, _, _ in fake_kernels.launches] == ["m2r_linear_bf16_m1_r4_u2"]
+
+
+def _routed(monkeypatch, module):
+    """The (module or weight) each decode projection of ``module``'s step went through."""
+    seen = []
+    if hasattr(module, "step_linear"):
+        real = module.step_linear
+        monkeypatch.setattr(module, "step_linear", lambda m, x: seen.append(m) or real(m, x))
+    if hasattr(module, "decode_linear"):
+        real_d = module.decode_linear
+        monkeypatch.setattr(module, "decode_linear",
+                            lambda x, w, b=None: seen.append(w) or real_d(x, w, b))  # fmt: skip
+    return seen
+
+
+def test_models_decode_steps_take_their_projections_through_step_linear(monkeypatch):
+    from mamba2_rocm.models import lm, mamba1, mamba2
+
+    torch.manual_seed(0)
+    m2 = mamba2.Mamba2(64, d_state=16, headdim=16)
+    seen = _routed(monkeypatch, mamba2)
+    conv, ssm = m2.allocate_inference_cache(2, 1)
+    with torch.no_grad():
+        m2.step(torch.randn(2, 1, 64), conv, ssm)
+    assert seen == [m2.in_proj, m2.out_proj]
+
+    m1 = mamba1.Mamba(32, d_state=8)
+    seen = _routed(monkeypatch, mamba1)
+    conv, ssm = m1.allocate_inference_cache(2, 1)
+    with torch.no_grad():
+        m1.step(torch.randn(2, 1, 32), conv, ssm)
+    assert seen == [m1.in_proj, m1.x_proj, m1.dt_proj.weight, m1.out_proj]
+
+    model = lm.MambaLMHeadModel(lm.MambaConfig(d_model=32, n_layer=1, vocab_size=64,
+                                               ssm_cfg={"layer": "Mamba2", "headdim": 16}))  # fmt: skip
+    seen = _routed(monkeypatch, lm)
+    with torch.no_grad():
+        model(torch.randint(0, 64, (1, 3)), num_last_tokens=1)
+    assert seen == [model.lm_head]
