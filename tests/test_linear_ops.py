@@ -110,6 +110,11 @@ def test_autograd_autocast_and_tracing_go_to_f_linear(fake_kernels):
         ops.decode_linear(x.float(), w.float(), b.float())
     compiled = torch.compile(ops.decode_linear, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x, w, b), F.linear(x, w, b))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fx, fw = mode.from_tensor(x), mode.from_tensor(w)
+        assert ops.decode_linear(fx, fw).shape == (2, 24)
     assert fake_kernels.launches == []
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.kernels import LINEAR_FORMS
 from mamba2_rocm.ops._backend import choose
-from mamba2_rocm.ops._launch import KERNEL_DTYPE, launch, layout, remember, sm_count, traced
+from mamba2_rocm.ops._launch import KERNEL_DTYPE, launch, layout, remember, sm_count
 
 torch = require_torch()
 F = torch.nn.functional
@@ -114,17 +114,18 @@ class _Plan:
 _PLANS: dict = {}
 
 
-def _aligned(*tensors) -> bool:
-    return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
-
-
 def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``; our kernel for a few rows on the kernel tier."""
+    """``F.linear(x, weight, bias)``; our kernel for a few rows on the kernel tier.
+
+    Every check on the way to the launch is a cheap one (a decode step calls this three times a
+    layer, host-bound when not in a graph): plain tensors only (fake / functional tensors of a
+    trace are subclasses, so they take ``F.linear``), then the layout's cached plan."""
     if (
-        traced(x, weight, bias)
-        or torch.is_autocast_enabled(x.device.type)
+        type(x) is not Tensor
+        or torch.compiler.is_compiling()
         or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                          or (bias is not None and bias.requires_grad)))
+        or torch.is_autocast_enabled(x.device.type)
     ):  # fmt: skip
         return F.linear(x, weight, bias)
     tier, kset = choose(x.device)
@@ -139,7 +140,8 @@ def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
         found = _kernel_layout(x, weight, bias)
         plan = False if found is None else _Plan(x, weight, *found)
         remember(_PLANS, key, plan, PLAN_CACHE_SIZE)
-    if not plan or not _aligned(x, weight, bias):
+    if (not plan or x.data_ptr() % 16 or weight.data_ptr() % 16
+            or (bias is not None and bias.data_ptr() % 16)):  # fmt: skip
         return F.linear(x, weight, bias)
     y = torch.empty((*x.shape[:-1], plan.out_features), dtype=x.dtype, device=x.device)
     params = (
