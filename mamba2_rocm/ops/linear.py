@@ -26,6 +26,7 @@ from mamba2_rocm.ops._launch import KERNEL_DTYPE, launch, layout, remember, sm_c
 torch = require_torch()
 F = torch.nn.functional
 Tensor = torch.Tensor
+from torch.nn.modules import module as _nn_module  # noqa: E402  (after the torch check)
 
 #: The most rows (a decode batch) the kernel takes, and its row tiers (kernels.LINEAR_FORMS).
 #: H100, bf16, CUDA graphs, each weight read from memory (copies rotated past L2), BLAS time /
@@ -79,7 +80,7 @@ def _kernel_layout(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple | No
         x2 = x.view(rows, in_f)  # rows evenly strided, unit stride inside a row
     except RuntimeError:
         return None
-    if x2.stride(1) != 1 and in_f > 1:
+    if x2.stride(1) != 1:
         return None
     if rows > 1 and x2.stride(0) % per_vec:
         return None
@@ -162,10 +163,8 @@ def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
 
 def _hooked(module) -> bool:
     """Whether calling ``module`` runs forward hooks (its own or global ones)."""
-    from torch.nn.modules import module as mod
-
     return bool(module._forward_hooks or module._forward_pre_hooks
-                or mod._global_forward_hooks or mod._global_forward_pre_hooks)  # fmt: skip
+                or _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks)  # fmt: skip
 
 
 def step_linear(module, x: Tensor) -> Tensor:
