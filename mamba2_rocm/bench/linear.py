@@ -15,6 +15,7 @@ import itertools
 
 from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench.timing import (
+    backend,
     bandwidth_row,
     copy_bandwidth_gbs,
     format_rows,
@@ -66,7 +67,9 @@ def run(dtype: str = "bfloat16", layers=LAYERS, rows=None) -> list[dict]:
                 def call(fn=fn, cycle=cycle, x=x):
                     return fn(x, next(cycle))
 
-                with torch.no_grad():
+                # (the kernel tier required: without kernels for this GPU decode_linear would be
+                # F.linear, and its row would time the BLAS library under our name)
+                with torch.no_grad(), backend("kernel"):
                     t = time_calls(call, warmup=copies, iters=max(100, copies))
                     gr = time_graph(call, replays=10, per_graph=copies * max(1, 20 // copies))
                 out.append(bandwidth_row(case, impl, t, gr, nbytes, copy, weight_copies=copies))
