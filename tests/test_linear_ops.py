@@ -5,6 +5,8 @@ runs the kernel."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -226,3 +228,20 @@ def test_models_decode_steps_take_their_projections_through_step_linear(monkeypa
     with torch.no_grad():
         model(torch.randint(0, 64, (1, 3)), num_last_tokens=1)
     assert seen == [model.lm_head]
+
+
+@pytest.mark.parametrize("bad", ["width", "bias length", "weight dims", "mixed dtypes"])
+def test_bad_inputs_raise_exactly_what_f_linear_raises(bad, fake_kernels):
+    """decode_linear's errors are F.linear's own: the same type and the same message."""
+    x, w, b = _operands(2)
+    args = {
+        "width": (x, torch.randn(24, 72).bfloat16(), b),
+        "bias length": (x, w, torch.randn(23).bfloat16()),
+        "weight dims": (x, torch.randn(2, 24, 64).bfloat16(), None),
+        "mixed dtypes": (x, w.float(), b),
+    }[bad]
+    with pytest.raises(Exception) as want:
+        F.linear(*args)
+    with pytest.raises(want.type, match=f"^{re.escape(str(want.value))}$"):
+        ops.decode_linear(*args)
+    assert fake_kernels.launches == []
