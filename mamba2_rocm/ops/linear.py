@@ -22,6 +22,7 @@ from mamba2_rocm._torch import require_torch
 from mamba2_rocm.kernels import LINEAR_FORMS
 from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import KERNEL_DTYPE, launch, layout, remember, sm_count
+from mamba2_rocm.ops.conv1d import causal_conv1d_update
 
 torch = require_torch()
 F = torch.nn.functional
@@ -184,10 +185,9 @@ def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
 _SILU = {None: 0, "silu": 1, "swish": 1}
 
 
-def _conv_fields(x, plan, conv_state, conv_weight, conv_bias, start, channels, activation):
-    """LinearParams' conv fields when the _conv kernel takes this conv step, else None."""
-    if not (type(conv_state) is Tensor and type(conv_weight) is Tensor) or activation not in _SILU:
-        return None
+def _conv_static(x, plan, conv_state, conv_weight, conv_bias, start, channels, activation):
+    """LinearParams' conv strides and sizes when the _conv kernel takes this conv step's
+    layout, else None (checked once per layout: :func:`_conv_fields` caches it)."""
     if conv_state.dim() != 3 or conv_weight.dim() != 2 or x.dim() != 2:
         return None
     rows, c, length = conv_state.shape
@@ -201,13 +201,30 @@ def _conv_fields(x, plan, conv_state, conv_weight, conv_bias, start, channels, a
             return None
     if conv_bias is not None and (conv_bias.shape != (channels,) or conv_bias.stride(0) != 1):
         return None
-    if conv_state.requires_grad and torch.is_grad_enabled():
+    return (*conv_state.stride(), conv_weight.stride(0),
+            start, channels, width, length, _SILU[activation], 0)  # fmt: skip
+
+
+_CONV_PLANS: dict = {}
+
+
+def _conv_fields(x, plan, conv_state, conv_weight, conv_bias, start, channels, activation):
+    """LinearParams' conv fields when the _conv kernel takes this conv step, else None."""
+    if (type(conv_state) is not Tensor or type(conv_weight) is not Tensor
+            or activation not in _SILU
+            or (conv_state.requires_grad and torch.is_grad_enabled())):  # fmt: skip
         return None
-    return (
-        conv_state.data_ptr(), conv_weight.data_ptr(), 0 if conv_bias is None else conv_bias.data_ptr(),
-        *conv_state.stride(), conv_weight.stride(0),
-        start, channels, width, length, _SILU[activation], 0,
-    )  # fmt: skip
+    key = (plan.rows, plan.out_features, x.dim(), layout(conv_state), layout(conv_weight),
+           layout(conv_bias), start, channels, activation)  # fmt: skip
+    static = _CONV_PLANS.get(key)
+    if static is None:
+        static = _conv_static(x, plan, conv_state, conv_weight, conv_bias, start, channels,
+                              activation) or False  # fmt: skip
+        remember(_CONV_PLANS, key, static, PLAN_CACHE_SIZE)
+    if not static:
+        return None
+    bias_ptr = 0 if conv_bias is None else conv_bias.data_ptr()
+    return (conv_state.data_ptr(), conv_weight.data_ptr(), bias_ptr, *static)
 
 
 def in_proj_conv_step(
@@ -230,8 +247,6 @@ def in_proj_conv_step(
         if conv is not None:
             y = _launch(*found, x, weight, bias, conv, "_conv")
             return y, y[:, start : start + channels]
-    from mamba2_rocm.ops.conv1d import causal_conv1d_update
-
     y = decode_linear(x, weight, bias)
     xbc = causal_conv1d_update(y[..., start:start + channels], conv_state, conv_weight, conv_bias,
                                activation)  # fmt: skip
@@ -261,3 +276,4 @@ def step_linear(module, x: Tensor) -> Tensor:
 def clear_plan_cache() -> None:
     """Forget every planned layout (tests; the cache never needs it for correctness)."""
     _PLANS.clear()
+    _CONV_PLANS.clear()
