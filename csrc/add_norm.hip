@@ -43,17 +43,30 @@ M2R_DEVICE void row_sums(float (&v)[N], float* partial) {
   __syncthreads();
 }
 
-// p[i .. i + 4) as floats, p of run-time dtype; 16 bytes (fp32) or 8 bytes aligned
-M2R_DEVICE void load4_as_float(const void* p, int dtype, int64_t i, float (&v)[4]) {
+// p[i .. i + 4), p of run-time dtype, as raw bits: 16 bytes (fp32), or 8 bytes in .x / .y
+// (16-bit types); 16 or 8 bytes aligned. The load is only requested here: nothing waits for it
+// until raw4_as_float reads the registers.
+M2R_DEVICE uint4 load4_raw(const void* p, int dtype, int64_t i) {
+  if (dtype == M2R_DTYPE_F32) return *reinterpret_cast<const uint4*>(static_cast<const float*>(p) + i);
+  const uint2 q = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p) + i);
+  return make_uint4(q.x, q.y, 0u, 0u);
+}
+
+// load4_raw's bits of run-time dtype as floats
+M2R_DEVICE void raw4_as_float(const uint4& q, int dtype, float (&v)[4]) {
   if (dtype == M2R_DTYPE_F32) {
-    const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[0] = __uint_as_float(q.x), v[1] = __uint_as_float(q.y);
+    v[2] = __uint_as_float(q.z), v[3] = __uint_as_float(q.w);
     return;
   }
-  const uint2 q = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p) + i);
   const Packed4 w{q.x, q.y};
   if (dtype == M2R_DTYPE_F16) unpack4<F16>(w, v);
   else unpack4<BF16>(w, v);
+}
+
+// p[i .. i + 4) as floats, p of run-time dtype; 16 bytes (fp32) or 8 bytes aligned
+M2R_DEVICE void load4_as_float(const void* p, int dtype, int64_t i, float (&v)[4]) {
+  raw4_as_float(load4_raw(p, dtype, i), dtype, v);
 }
 
 // v into p[i .. i + 4), rounded to p's run-time dtype (nearest even)
@@ -131,12 +144,41 @@ M2R_DEVICE void forward(const AddNormParams& p) {
 // The 4 mask bytes of elements at .. at + 3 (4-byte aligned), one per byte of the result
 M2R_DEVICE uint32_t load_mask4(const uint8_t* m, int64_t at) { return *reinterpret_cast<const uint32_t*>(m + at); }
 
+// Runs a thread up to which the forward requests the weight with the row's inputs (16-byte
+// registers a run held through the reduction) instead of after it; a build-time knob for
+// measuring (0: always after).
+#ifndef M2R_ADD_NORM_EARLY_WEIGHT_RUNS
+#define M2R_ADD_NORM_EARLY_WEIGHT_RUNS 0
+#endif
+
 template <typename T, int kRuns>
 M2R_DEVICE void forward_rows(const AddNormParams& p) {
   __shared__ float partial[kMaxWaves];
+  constexpr bool kEarlyWeight = kRuns <= M2R_ADD_NORM_EARLY_WEIGHT_RUNS;
+  // (eight runs a thread keep their loads with their run: all first took 74 -> 87 registers
+  // on sm_90, a block fewer a multiprocessor, at widths where many rows hide the latency)
+  constexpr bool kLoadsFirst = kRuns <= 4;
   const int n = p.hidden, nt = blockDim.x;
   const int64_t row = blockIdx.x, base = row * n;
   const float rs = p.rowscale ? p.rowscale[row] : 1.f;
+  // x and the residual of every run are requested before any value is used or any store is
+  // made: a store to the stream may alias an input as far as the compiler knows, so loads
+  // written after a run's store waited for it, and the runs' loads went out one round trip
+  // after another (at a decode step's single row, most of the kernel's time). x1 and the
+  // dropout masks (rare: a parallel residual, training with dropout) load with their run, as
+  // before, to keep their registers out of every call's budget.
+  uint4 xq[kRuns], rq[kRuns], wq[kEarlyWeight ? kRuns : 1];
+#pragma unroll
+  for (int k = 0; k < kRuns; ++k) {
+    const int c = 4 * (static_cast<int>(threadIdx.x) + k * nt);
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    xq[k] = rq[k] = zero;
+    if constexpr (kEarlyWeight) wq[k] = zero;
+    if (!kLoadsFirst || c >= n) continue;
+    xq[k] = load4_raw(p.x, T::kDType, base + c);
+    if (p.residual) rq[k] = load4_raw(p.residual, p.stream_dtype, base + c);
+    if constexpr (kEarlyWeight) wq[k] = load4_raw(p.weight, p.weight_dtype, c);
+  }
   float s[kRuns][4];
   float sum[1] = {0.f};
 #pragma unroll
@@ -146,11 +188,15 @@ M2R_DEVICE void forward_rows(const AddNormParams& p) {
     for (int e = 0; e < 4; ++e) s[k][e] = 0.f;
     if (c >= n) continue;
     float u[4], r[4];
-    load4_as_float(p.x, T::kDType, base + c, s[k]);
+    if constexpr (!kLoadsFirst) {
+      xq[k] = load4_raw(p.x, T::kDType, base + c);
+      if (p.residual) rq[k] = load4_raw(p.residual, p.stream_dtype, base + c);
+    }
     if (p.x1) load4_as_float(p.x1, T::kDType, base + c, u);
-    if (p.residual) load4_as_float(p.residual, p.stream_dtype, base + c, r);
     const uint32_t m = p.mask ? load_mask4(p.mask, base + c) : 0u;
     const uint32_t m1 = p.mask1 ? load_mask4(p.mask1, base + c) : 0u;
+    raw4_as_float(xq[k], T::kDType, s[k]);
+    if (p.residual) raw4_as_float(rq[k], p.stream_dtype, r);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float v = s[k][e] * rs;
@@ -188,7 +234,8 @@ M2R_DEVICE void forward_rows(const AddNormParams& p) {
     const int c = 4 * (static_cast<int>(threadIdx.x) + k * nt);
     if (c >= n) continue;
     float w[4], y[4];
-    load4_as_float(p.weight, p.weight_dtype, c, w);
+    if constexpr (kEarlyWeight) raw4_as_float(wq[k], p.weight_dtype, w);
+    else load4_as_float(p.weight, p.weight_dtype, c, w);
 #pragma unroll
     for (int e = 0; e < 4; ++e) y[e] = s[k][e] * rstd * w[e];
     if (p.bias) {

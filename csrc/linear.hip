@@ -36,7 +36,40 @@ M2R_DEVICE void unpack_vec(const uint4& q, float (&v)[16 / sizeof(typename T::st
   }
 }
 
-template <typename T, int kM, int kR, int kU>
+constexpr int kMaxConv = 4;  // the _conv kernels' largest conv_width and state_len
+
+// Feature n's output s (as float, already rounded to T) as channel c's new token of a causal
+// conv1d decode step on row m's conv state (params.h): the state shifted in place, the conv
+// output returned. One thread owns the channel: no other thread touches its state.
+template <typename T>
+M2R_DEVICE float conv_step(const LinearParams& p, int m, int c, float s) {
+  typedef typename T::storage S;
+  S* st = static_cast<S*>(p.conv_state) + m * p.state_batch_stride + c * p.state_c_stride;
+  const int len = p.state_len, width = p.conv_width;
+  float old[kMaxConv];  // the whole state first: its reads come before any of its writes
+#pragma unroll
+  for (int k = 0; k < kMaxConv; ++k) old[k] = k < len ? T::to_float(st[k * p.state_l_stride]) : 0.f;
+  const S* w = static_cast<const S*>(p.conv_weight) + c * p.conv_weight_c_stride;
+  float acc = p.conv_bias ? T::to_float(static_cast<const S*>(p.conv_bias)[c]) : 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxConv; ++k) {  // window[k]: old[len - width + 1 + k], the token last
+    if (k >= width) break;
+    const int j = len - width + 1 + k;  // (selected, not indexed: old stays in registers)
+    float v = s;
+#pragma unroll
+    for (int q = 0; q < kMaxConv; ++q)
+      if (k < width - 1 && q == j) v = old[q];
+    acc = fmaf(T::to_float(w[k]), v, acc);
+  }
+#pragma unroll
+  for (int k = 0; k < kMaxConv; ++k) {
+    if (k >= len) break;
+    st[k * p.state_l_stride] = T::from_float(k == len - 1 ? s : old[k + 1]);
+  }
+  return p.conv_silu ? silu(acc) : acc;
+}
+
+template <typename T, int kM, int kR, int kU, bool kConv = false>
 M2R_DEVICE void linear(const LinearParams& p) {
   typedef typename T::storage S;
   constexpr int kPer = 16 / sizeof(S);  // elements a vector
@@ -103,15 +136,23 @@ M2R_DEVICE void linear(const LinearParams& p) {
   float s = 0.f;
   for (int k = 0; k < waves; ++k) s += partial[first + k][i];
   if (p.bias) s += T::to_float(static_cast<const S*>(p.bias)[n]);
+  if constexpr (kConv) {
+    const int c = n - p.conv_start;
+    if (c >= 0 && c < p.conv_channels) s = conv_step<T>(p, m, c, T::to_float(T::from_float(s)));
+  }
   static_cast<S*>(p.y)[m * p.y_row_stride + n] = T::from_float(s);
 }
 
 }  // namespace linear
 }  // namespace m2r
 
-#define M2R_LINEAR(DT, T, M, R, U)                                                     \
-  M2R_KERNEL(m2r::linear::kThreads) m2r_linear_##DT##_m##M##_r##R##_u##U(LinearParams p) { \
-    m2r::linear::linear<m2r::T, M, R, U>(p);                                          \
+// each form plain and with the conv step (_conv)
+#define M2R_LINEAR(DT, T, M, R, U)                                                          \
+  M2R_KERNEL(m2r::linear::kThreads) m2r_linear_##DT##_m##M##_r##R##_u##U(LinearParams p) {      \
+    m2r::linear::linear<m2r::T, M, R, U>(p);                                               \
+  }                                                                                        \
+  M2R_KERNEL(m2r::linear::kThreads) m2r_linear_##DT##_m##M##_r##R##_u##U##_conv(LinearParams p) { \
+    m2r::linear::linear<m2r::T, M, R, U, true>(p);                                         \
   }
 #define M2R_LINEAR_ALL(M, R, U) M2R_LINEAR(f32, F32, M, R, U) M2R_LINEAR(f16, F16, M, R, U) M2R_LINEAR(bf16, BF16, M, R, U)
 // the forms of mamba2_rocm/kernels.py: LINEAR_FORMS

@@ -448,11 +448,24 @@ struct SelectiveScanBwdParams {
 // dtype. x rows of x_row_stride elements (unit stride inside a row), weight (out_features,
 // in_features) contiguous, y rows of y_row_stride. in_features, x_row_stride and every pointer
 // 16-byte aligned (the host checks). group_threads: threads a feature group (64, 128 or 256).
+// The _conv kernels also run a causal conv1d decode step on the features [conv_start,
+// conv_start + conv_channels) (Mamba2's xBC, straight out of in_proj): feature n's output,
+// rounded to the dtype as a stored projection would be, is the new token of channel
+// c = n - conv_start of conv_state (rows, channels, state_len; row m of x is batch row m),
+// which is shifted in place; y there is bias_c + sum_k conv_weight[c, k] window[k] (window:
+// the state's last conv_width - 1 entries, then the token), silu'd when conv_silu. conv_state,
+// conv_weight (channels, conv_width), conv_bias of the kernel's dtype; state_len and
+// conv_width at most 4, state_len >= conv_width - 1.
 struct LinearParams {
   const void* x;
   const void* weight;
   const void* bias;  // or null
   void* y;
+  void* conv_state;         // null: no conv (the plain kernels ignore the conv fields)
+  const void* conv_weight;  // (conv_channels, conv_width), row stride conv_weight_c_stride
+  const void* conv_bias;    // (conv_channels,), or null
   int64_t x_row_stride, y_row_stride;
+  int64_t state_batch_stride, state_c_stride, state_l_stride, conv_weight_c_stride;
   int32_t rows, out_features, in_features, group_threads;
+  int32_t conv_start, conv_channels, conv_width, state_len, conv_silu, reserved;
 };

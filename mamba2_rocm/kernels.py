@@ -140,9 +140,10 @@ SOURCES: dict[str, KernelSource] = {
             "linear",
             LinearParams,
             tuple(
-                f"m2r_linear_{dt}_m{m}_r{r}_u{u}"
+                f"m2r_linear_{dt}_m{m}_r{r}_u{u}{conv}"
                 for m, (r, u) in LINEAR_FORMS.items()
                 for dt in KERNEL_DTYPES
+                for conv in ("", "_conv")
             ),
         ),
         # the matrix-core interface's self-test (tests/gpu/test_mma_probe_gpu.py)

@@ -97,9 +97,11 @@ class MmaProbeParams(ctypes.Structure):
 
 class LinearParams(ctypes.Structure):
     _fields_ = _fields(
-        "x weight bias y",
-        "x_row_stride y_row_stride",
-        "rows out_features in_features group_threads",
+        "x weight bias y conv_state conv_weight conv_bias",
+        "x_row_stride y_row_stride state_batch_stride state_c_stride state_l_stride "
+        "conv_weight_c_stride",
+        "rows out_features in_features group_threads "
+        "conv_start conv_channels conv_width state_len conv_silu reserved",
     )
 
 

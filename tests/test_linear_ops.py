@@ -5,6 +5,7 @@ runs the kernel."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -15,6 +16,14 @@ from helpers import stand_in_kernels  # noqa: E402
 
 from mamba2_rocm.kernels import LINEAR_FORMS, SOURCES  # noqa: E402
 from mamba2_rocm.ops import linear as ops  # noqa: E402
+from mamba2_rocm.params import LinearParams  # noqa: E402
+
+
+def _fields(params) -> dict:
+    """A recorded launch's parameter tuple by LinearParams' field names."""
+    names = [name for name, _ in LinearParams._fields_]
+    assert len(params) == len(names)
+    return dict(zip(names, params, strict=True))
 
 
 @pytest.fixture
@@ -53,10 +62,14 @@ def test_launch_names_the_row_tier_and_passes_the_operands(rows, dtype, name, fa
     per_group, unroll = LINEAR_FORMS[tier]
     assert kname == f"m2r_linear_{name}_m{tier}_r{per_group}_u{unroll}"
     assert kname in SOURCES["linear"].kernels
-    tpg = params[-1]
+    f = _fields(params)
+    tpg = f["group_threads"]
     assert tpg in ops.GROUP_THREADS
-    assert params == (x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), 96, 37, rows, 37,
-                      96, tpg)  # fmt: skip
+    assert (f["x"], f["weight"], f["bias"], f["y"]) == (x.data_ptr(), w.data_ptr(), b.data_ptr(),
+                                                        y.data_ptr())  # fmt: skip
+    assert (f["x_row_stride"], f["y_row_stride"], f["rows"], f["out_features"],
+            f["in_features"]) == (96, 37, rows, 37, 96)  # fmt: skip
+    assert f["conv_state"] == 0 and f["conv_channels"] == 0
     groups = -(-37 // per_group)
     assert grid == (-(-groups // (ops.THREADS // tpg)), 1, 1)
     assert fake_kernels.blocks == [(ops.THREADS, 1, 1)]
@@ -69,8 +82,9 @@ def test_leading_dims_and_strided_rows(fake_kernels):
     y = ops.decode_linear(x, w)
     assert y.shape == (2, 1, 24)
     ((_, params, _),) = fake_kernels.launches
-    assert params[0] == x.data_ptr() and params[2] == 0
-    assert params[4] == 160 and params[6] == 2  # x_row_stride, rows
+    f = _fields(params)
+    assert f["x"] == x.data_ptr() and f["bias"] == 0
+    assert f["x_row_stride"] == 160 and f["rows"] == 2
 
 
 def _fallback_cases():
@@ -197,6 +211,10 @@ def _routed(monkeypatch, module):
     if hasattr(module, "step_linear"):
         real = module.step_linear
         monkeypatch.setattr(module, "step_linear", lambda m, x: seen.append(m) or real(m, x))
+    if hasattr(module, "in_proj_conv_step"):
+        real_c = module.in_proj_conv_step
+        monkeypatch.setattr(module, "in_proj_conv_step",
+                            lambda x, w, *a: seen.append(w) or real_c(x, w, *a))  # fmt: skip
     if hasattr(module, "decode_linear"):
         real_d = module.decode_linear
         monkeypatch.setattr(module, "decode_linear",
@@ -204,7 +222,7 @@ def _routed(monkeypatch, module):
     return seen
 
 
-def test_models_decode_steps_take_their_projections_through_step_linear(monkeypatch):
+def test_models_decode_steps_take_their_projections_through_the_kernels(monkeypatch):
     from mamba2_rocm.models import lm, mamba1, mamba2
 
     torch.manual_seed(0)
@@ -213,7 +231,7 @@ def test_models_decode_steps_take_their_projections_through_step_linear(monkeypa
     conv, ssm = m2.allocate_inference_cache(2, 1)
     with torch.no_grad():
         m2.step(torch.randn(2, 1, 64), conv, ssm)
-    assert seen == [m2.in_proj, m2.out_proj]
+    assert seen == [m2.in_proj.weight, m2.out_proj]  # (in_proj with the conv: one launch)
 
     m1 = mamba1.Mamba(32, d_state=8)
     seen = _routed(monkeypatch, mamba1)
@@ -245,3 +263,91 @@ def test_bad_inputs_raise_exactly_what_f_linear_raises(bad, fake_kernels):
     with pytest.raises(want.type, match=f"^{re.escape(str(want.value))}$"):
         ops.decode_linear(*args)
     assert fake_kernels.launches == []
+
+
+def _conv_operands(rows=2, in_f=64, channels=40, start=16, extra=8, width=4, length=4,
+                   dtype=torch.bfloat16, seed=1):  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    out_f = start + channels + extra
+    x = torch.randn(rows, in_f, generator=g).to(dtype)
+    w = (torch.randn(out_f, in_f, generator=g) / 8).to(dtype)
+    b = torch.randn(out_f, generator=g).to(dtype)
+    # channel-last state, as the models allocate it
+    state = torch.randn(rows, length, channels, generator=g).to(dtype).transpose(1, 2)
+    cw = torch.randn(channels, 1, width, generator=g).to(dtype).squeeze(1)
+    cb = torch.randn(channels, generator=g).to(dtype)
+    return x, w, b, state, cw, cb, start, channels
+
+
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_in_proj_conv_step_is_the_two_ops_off_the_kernel_tier(activation):
+    from mamba2_rocm.ops.conv1d import causal_conv1d_update
+
+    x, w, b, state, cw, cb, start, ch = _conv_operands()
+    want_state = state.clone()
+    y_ref = F.linear(x, w, b)
+    xbc_ref = causal_conv1d_update(y_ref[:, start : start + ch], want_state, cw, cb, activation)
+    y, xbc = ops.in_proj_conv_step(x, w, b, state, cw, cb, start, ch, activation)
+    assert torch.equal(y[:, :start], y_ref[:, :start]) and torch.equal(
+        y[:, start + ch :], y_ref[:, start + ch :]
+    )
+    assert torch.equal(xbc, xbc_ref) and torch.equal(state, want_state)
+
+
+@pytest.mark.parametrize("width,length", [(4, 4), (4, 3), (2, 2), (3, 4)])
+@pytest.mark.parametrize("activation,silu", [(None, 0), ("silu", 1), ("swish", 1)])
+def test_in_proj_conv_step_launches_one_conv_kernel(width, length, activation, silu, fake_kernels):
+    x, w, b, state, cw, cb, start, ch = _conv_operands(width=width, length=length)
+    y, xbc = ops.in_proj_conv_step(x, w, b, state, cw, cb, start, ch, activation)
+    ((name, params, _),) = fake_kernels.launches
+    assert name == f"m2r_linear_bf16_m2_r{ops.LINEAR_FORMS[2][0]}_u{ops.LINEAR_FORMS[2][1]}_conv"
+    assert name in SOURCES["linear"].kernels
+    f = _fields(params)
+    assert (f["conv_state"], f["conv_weight"], f["conv_bias"], f["y"]) == (
+        state.data_ptr(),
+        cw.data_ptr(),
+        cb.data_ptr(),
+        y.data_ptr(),
+    )
+    assert (f["state_batch_stride"], f["state_c_stride"], f["state_l_stride"]) == state.stride()
+    assert f["conv_weight_c_stride"] == width
+    assert (
+        f["conv_start"],
+        f["conv_channels"],
+        f["conv_width"],
+        f["state_len"],
+        f["conv_silu"],
+    ) == (start, ch, width, length, silu)
+    assert xbc.data_ptr() == y[:, start:].data_ptr() and xbc.shape == (2, ch)
+
+
+def _refused_conv_cases():
+    x, w, b, state, cw, cb, start, ch = _conv_operands()
+    return {
+        "state longer than 4": (x, w, b, torch.zeros(2, ch, 5).bfloat16(), cw, cb, start, ch),
+        "state shorter than the window": (x, w, b, state[..., :2], cw, cb, start, ch),
+        "width 5": (x, w, b, torch.zeros(2, ch, 4).bfloat16(), torch.zeros(ch, 5).bfloat16(), cb,
+                    start, ch),
+        "state dtype": (x, w, b, state.float(), cw, cb, start, ch),
+        "weight dtype": (x, w, b, state, cw.float(), cb, start, ch),
+        "bias dtype": (x, w, b, state, cw, cb.float(), start, ch),
+        "state rows": (x, w, b, state[:1], cw, cb, start, ch),
+        "columns past the end": (x, w, b, state, cw, cb, w.shape[0] - ch + 1, ch),
+        "taps not unit stride": (x, w, b, state, torch.zeros(4, ch).bfloat16().t(), cb, start, ch),
+        "x not 2-D": (x[:, None], w, b, state, cw, cb, start, ch),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(_refused_conv_cases()))
+def test_in_proj_conv_step_runs_the_two_ops_where_the_kernel_cannot(case, fake_kernels):
+    args = _refused_conv_cases()[case]
+    # (the separate conv op may refuse what the kernel cannot take either, with its own error)
+    with contextlib.suppress(RuntimeError, ValueError, TypeError):
+        ops.in_proj_conv_step(*args, "silu")
+    assert all(not name.endswith("_conv") for name, _, _ in fake_kernels.launches)
+
+
+def test_in_proj_conv_step_refuses_an_unknown_activation():
+    x, w, b, state, cw, cb, start, ch = _conv_operands()
+    with pytest.raises(ValueError, match="activation"):
+        ops.in_proj_conv_step(x, w, b, state, cw, cb, start, ch, "relu")

@@ -4,7 +4,8 @@ torch tier, and mamba_ssm's Triton ``ops.triton.layer_norm.rms_norm_fn`` when th
 mamba_ssm is importable (never our drop-in's facade of it).
 
 Shapes: 16384 tokens at the widths of Mamba / Mamba2 checkpoints (d_model 768 for 130m, 1024
-for 370m, 1536 for 780m, 2048 for 1.3b, 2560 for 2.7b, and 4096), bf16 activations, the fp32
+for 370m, 1536 for 780m, 2048 for 1.3b, 2560 for 2.7b, and 4096), and for the forward also a
+decode step's 1 and 16 rows (latency, not bandwidth, bounds these), bf16 activations, the fp32
 residual stream, an fp32 weight. Bytes that must move: forward, x (2 B) and the residual (4 B)
 read, y (2 B) and the stream (4 B) written; ``--backward`` (the training step: forward and
 ``autograd.grad`` of x, the residual and the weight), the forward's and then the stream, dy and
@@ -18,6 +19,8 @@ from mamba2_rocm._torch import require_torch
 from mamba2_rocm.bench.timing import compare, copy_bandwidth_gbs, format_rows
 
 CASES = tuple((16384, d) for d in (768, 1024, 1536, 2048, 2560, 4096))  # (rows, d_model)
+#: the forward at a decode step's rows (batch 1 and 16; latency-bound, graph time is the figure)
+DECODE_CASES = ((1, 768), (1, 2048), (1, 2560), (1, 4096), (16, 2048))
 
 
 def _triton_norm():
@@ -29,8 +32,10 @@ def _triton_norm():
     return None if rms_norm_fn.__module__.startswith("mamba2_rocm") else rms_norm_fn
 
 
-def run(cases=CASES, dtype="bfloat16", backward=False) -> list[dict]:
+def run(cases=None, dtype="bfloat16", backward=False) -> list[dict]:
     torch = require_torch()
+    if cases is None:
+        cases = CASES if backward else CASES + DECODE_CASES
     from mamba2_rocm.ops.add_norm import rms_norm_fn
 
     dt_ = getattr(torch, dtype)

@@ -28,7 +28,7 @@ from mamba2_rocm.ops.conv1d import (
     causal_conv1d_update,
     causal_conv1d_varlen_states,
 )
-from mamba2_rocm.ops.linear import step_linear
+from mamba2_rocm.ops.linear import in_proj_conv_step, plain_linear, step_linear
 from mamba2_rocm.ops.mamba2 import mamba_split_conv1d_scan_combined
 from mamba2_rocm.ops.rmsnorm import RMSNorm as RMSNormGated
 from mamba2_rocm.ops.ssd import mamba_chunk_scan_combined
@@ -233,9 +233,18 @@ class Mamba2(nn.Module):
         the states advanced in place."""
         if hidden_states.shape[1] != 1:
             raise ValueError(f"step decodes one token at a time, got {hidden_states.shape[1]}")
-        z0, x0, z, xbc, dt = self._split(step_linear(self.in_proj, hidden_states.squeeze(1)))
-        xbc = causal_conv1d_update(xbc, conv_state, self._conv_weight(), self.conv1d.bias,
-                                   self.activation)  # fmt: skip
+        h_in = hidden_states.squeeze(1)
+        if plain_linear(self.in_proj):  # the projection and the conv in one launch where it can
+            channels = self.d_ssm + 2 * self.ngroups * self.d_state
+            start = self.in_proj.out_features - channels - self.nheads
+            zxbcdt, xbc = in_proj_conv_step(h_in, self.in_proj.weight, self.in_proj.bias,
+                                            conv_state, self._conv_weight(), self.conv1d.bias,
+                                            start, channels, self.activation)  # fmt: skip
+            z0, x0, z, _, dt = self._split(zxbcdt)  # (xBC's columns: use xbc)
+        else:
+            z0, x0, z, xbc, dt = self._split(self.in_proj(h_in))
+            xbc = causal_conv1d_update(xbc, conv_state, self._conv_weight(), self.conv1d.bias,
+                                       self.activation)  # fmt: skip
         x, B, C = self._xbc_split(xbc)
         h, p, n = self.nheads, self.headdim, self.d_state
         A = decay_rates(self)[:, None, None].expand(h, p, n)

@@ -22,6 +22,7 @@ from mamba2_rocm._torch import require_torch
 from mamba2_rocm.kernels import LINEAR_FORMS
 from mamba2_rocm.ops._backend import choose
 from mamba2_rocm.ops._launch import KERNEL_DTYPE, launch, layout, remember, sm_count
+from mamba2_rocm.ops.conv1d import causal_conv1d_update
 
 torch = require_torch()
 F = torch.nn.functional
@@ -115,8 +116,8 @@ class _Plan:
 _PLANS: dict = {}
 
 
-def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``; our kernel for a few rows on the kernel tier.
+def _kernel_plan(x, weight, bias):
+    """``(kernel set, plan)`` when the kernel takes ``F.linear(x, weight, bias)``, else None.
 
     Every check on the way to the launch is a cheap one (a decode step calls this three times a
     layer, host-bound when not in a graph): plain tensors only (fake / functional tensors of a
@@ -128,14 +129,14 @@ def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
                                          or (bias is not None and bias.requires_grad)))
         or torch.is_autocast_enabled(x.device.type)
     ):  # fmt: skip
-        return F.linear(x, weight, bias)
+        return None
     tier, kset = choose(x.device)
     if tier != "kernel":
-        return F.linear(x, weight, bias)
+        return None
     try:
         key = (layout(x), layout(weight), layout(bias))
     except AttributeError:  # not tensors: F.linear names the argument
-        return F.linear(x, weight, bias)
+        return None
     plan = _PLANS.get(key)
     if plan is None:
         found = _kernel_layout(x, weight, bias)
@@ -143,22 +144,113 @@ def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
         remember(_PLANS, key, plan, PLAN_CACHE_SIZE)
     if (not plan or x.data_ptr() % 16 or weight.data_ptr() % 16
             or (bias is not None and bias.data_ptr() % 16)):  # fmt: skip
-        return F.linear(x, weight, bias)
+        return None
+    return kset, plan
+
+
+#: LinearParams' conv fields when there is no conv step
+_NO_CONV = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+
+def _launch(kset, plan, x, weight, bias, conv=_NO_CONV, suffix: str = "") -> Tensor:
     y = torch.empty((*x.shape[:-1], plan.out_features), dtype=x.dtype, device=x.device)
+    ptrs, strides, ints = conv[:3], conv[3:7], conv[7:]
     params = (
         x.data_ptr(),
         weight.data_ptr(),
         0 if bias is None else bias.data_ptr(),
         y.data_ptr(),
+        *ptrs,
         plan.x_row_stride,
         plan.out_features,
+        *strides,
         plan.rows,
         plan.out_features,
         plan.in_features,
         plan.group_threads,
+        *ints,
     )  # fmt: skip  (LinearParams, field order)
-    launch(kset.launcher(plan.name), x, params, (plan.blocks, 1, 1), THREADS)
+    launch(kset.launcher(plan.name + suffix), x, params, (plan.blocks, 1, 1), THREADS)
     return y
+
+
+def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``; our kernel for a few rows on the kernel tier."""
+    found = _kernel_plan(x, weight, bias)
+    if found is None:
+        return F.linear(x, weight, bias)
+    return _launch(*found, x, weight, bias)
+
+
+_SILU = {None: 0, "silu": 1, "swish": 1}
+
+
+def _conv_static(x, plan, conv_state, conv_weight, conv_bias, start, channels, activation):
+    """LinearParams' conv strides and sizes when the _conv kernel takes this conv step's
+    layout, else None (checked once per layout: :func:`_conv_fields` caches it)."""
+    if conv_state.dim() != 3 or conv_weight.dim() != 2 or x.dim() != 2:
+        return None
+    rows, c, length = conv_state.shape
+    width = conv_weight.shape[1]
+    if (rows != plan.rows or c != channels or conv_weight.shape[0] != channels
+            or not 1 <= width <= 4 or not width - 1 <= length <= 4
+            or not 0 <= start <= plan.out_features - channels or conv_weight.stride(1) != 1):  # fmt: skip
+        return None
+    for t in (conv_state, conv_weight, conv_bias):
+        if t is not None and (t.dtype != x.dtype or t.device != x.device):
+            return None
+    if conv_bias is not None and (conv_bias.shape != (channels,) or conv_bias.stride(0) != 1):
+        return None
+    return (*conv_state.stride(), conv_weight.stride(0),
+            start, channels, width, length, _SILU[activation], 0)  # fmt: skip
+
+
+_CONV_PLANS: dict = {}
+
+
+def _conv_fields(x, plan, conv_state, conv_weight, conv_bias, start, channels, activation):
+    """LinearParams' conv fields when the _conv kernel takes this conv step, else None."""
+    if (type(conv_state) is not Tensor or type(conv_weight) is not Tensor
+            or activation not in _SILU
+            or (conv_state.requires_grad and torch.is_grad_enabled())):  # fmt: skip
+        return None
+    key = (plan.rows, plan.out_features, x.dim(), layout(conv_state), layout(conv_weight),
+           layout(conv_bias), start, channels, activation)  # fmt: skip
+    static = _CONV_PLANS.get(key)
+    if static is None:
+        static = _conv_static(x, plan, conv_state, conv_weight, conv_bias, start, channels,
+                              activation) or False  # fmt: skip
+        remember(_CONV_PLANS, key, static, PLAN_CACHE_SIZE)
+    if not static:
+        return None
+    bias_ptr = 0 if conv_bias is None else conv_bias.data_ptr()
+    return (conv_state.data_ptr(), conv_weight.data_ptr(), bias_ptr, *static)
+
+
+def in_proj_conv_step(
+    x: Tensor, weight: Tensor, bias: Tensor | None, conv_state: Tensor, conv_weight: Tensor,
+    conv_bias: Tensor | None, start: int, channels: int, activation: str | None = "silu",
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """A Mamba2 decode step's input projection and conv in one: ``(y, xbc)`` with
+    ``y = F.linear(x, weight, bias)`` (x: (batch, in)) and ``xbc = causal_conv1d_update(
+    y[:, start:start + channels], conv_state, conv_weight, conv_bias, activation)``,
+    ``conv_state`` (batch, channels, state_len) advanced in place.
+
+    Where the kernel takes the call (one launch: :func:`decode_linear`'s cases, state_len and
+    conv_width at most 4, every conv tensor of x's dtype and device) the conv's outputs are
+    written over the projection's in ``y``'s conv columns and ``xbc`` is a view of them; use
+    ``xbc`` for those columns, never ``y``. Elsewhere the two ops run one after the other."""
+    found = _kernel_plan(x, weight, bias)
+    if found is not None:
+        conv = _conv_fields(x, found[1], conv_state, conv_weight, conv_bias, start, channels,
+                            activation)  # fmt: skip
+        if conv is not None:
+            y = _launch(*found, x, weight, bias, conv, "_conv")
+            return y, y[:, start : start + channels]
+    y = decode_linear(x, weight, bias)
+    xbc = causal_conv1d_update(y[..., start:start + channels], conv_state, conv_weight, conv_bias,
+                               activation)  # fmt: skip
+    return y, xbc
 
 
 def _hooked(module) -> bool:
@@ -167,11 +259,16 @@ def _hooked(module) -> bool:
                 or _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks)  # fmt: skip
 
 
+def plain_linear(module) -> bool:
+    """Whether ``module(x)`` is ``F.linear(x, module.weight, module.bias)``: a plain
+    ``nn.Linear`` without forward hooks (not a tensor-parallel linear, a LoRA wrapper, a
+    quantized layer, nor a hooked one, which must be called as they are)."""
+    return type(module) is torch.nn.Linear and not _hooked(module)
+
+
 def step_linear(module, x: Tensor) -> Tensor:
-    """``module(x)`` for a decode step: :func:`decode_linear` for a plain ``nn.Linear`` without
-    forward hooks; any other module (tensor-parallel linears, LoRA wrappers, quantized layers)
-    or a hooked one is called as it is."""
-    if type(module) is torch.nn.Linear and not _hooked(module):
+    """``module(x)`` for a decode step: :func:`decode_linear` where :func:`plain_linear`."""
+    if plain_linear(module):
         return decode_linear(x, module.weight, module.bias)
     return module(x)
 
@@ -179,3 +276,4 @@ def step_linear(module, x: Tensor) -> Tensor:
 def clear_plan_cache() -> None:
     """Forget every planned layout (tests; the cache never needs it for correctness)."""
     _PLANS.clear()
+    _CONV_PLANS.clear()
