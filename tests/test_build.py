@@ -765,6 +765,22 @@ def test_fingerprints_cover_every_kernel_and_find_changes(sm90, tmp_path):
     assert "sm_90 m2r_add_norm_bwd_reduce: missing" in problems
 
 
+def test_fingerprint_summary_counts_new_kernels_apart(monkeypatch, capsys, tmp_path):
+    """The summary line: a kernel only the second folder has is counted as new, not taken out
+    of the identical ones; any difference fails the command."""
+    from mamba2_rocm.build import fingerprint
+
+    before, after = tmp_path / "before", tmp_path / "after"
+    prints = {before: {("sm_90", "a"): "1", ("sm_90", "b"): "2", ("sm_90", "c"): "3"},
+              after: {("sm_90", "a"): "1", ("sm_90", "b"): "9", ("sm_90", "c"): "3",
+                      ("sm_90", "d"): "4"}}  # fmt: skip
+    monkeypatch.setattr(fingerprint, "folder_fingerprints", lambda folder: prints[folder])
+    assert fingerprint.main([str(before), str(after)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["sm_90 b: machine code differs", f"sm_90 d: new (not in {before})",
+                   "3 kernels over 1 targets: 2 identical, 1 differing or missing, 1 new"]  # fmt: skip
+
+
 @pytest.mark.docker
 @pytest.mark.slow
 def test_fingerprints_of_amd_code_objects(amd_build):

@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in problems:
         print(p)
     targets = len({t for t, _ in folder_fingerprints(args.before)})
-    print(f"{n} kernels over {targets} targets: {n - len(problems)} identical, "
-          f"{len(problems)} differing or missing")  # fmt: skip
+    new = sum(p.endswith(f"new (not in {args.before})") for p in problems)
+    print(f"{n} kernels over {targets} targets: {n - len(problems) + new} identical, "
+          f"{len(problems) - new} differing or missing, {new} new")  # fmt: skip
     return 1 if problems or n == 0 else 0
 
 
