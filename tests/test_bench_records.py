@@ -38,6 +38,38 @@ def test_a_record_names_everything_its_numbers_depend_on(tmp_path):
     assert records.load(tmp_path)[0]["rows"] == rec["rows"]
 
 
+def test_the_source_tree_names_uncommitted_changes_exactly(tmp_path):
+    """records.tree(): the git tree of the tracked files as on disk -- HEAD's tree when clean,
+    the tree a commit of the changes would have when dirty (untracked files left out) -- with
+    the checkout's own index untouched; the rendered line names it for a dirty record."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
+                              capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.invalid")
+    git("config", "user.name", "t")
+    (tmp_path / "a.hip").write_text("one\n")
+    git("add", "a.hip")
+    git("commit", "-q", "-m", "one")
+    assert records.tree(tmp_path) == git("rev-parse", "HEAD^{tree}")
+    (tmp_path / "a.hip").write_text("two\n")
+    (tmp_path / "untracked.txt").write_text("x\n")
+    dirty = records.tree(tmp_path)
+    assert dirty != git("rev-parse", "HEAD^{tree}")
+    assert "?? untracked.txt" in git("status", "--porcelain")  # (left out of the tree)
+    git("commit", "-q", "-am", "two")
+    assert dirty == git("rev-parse", "HEAD^{tree}")
+    assert records.tree(tmp_path / "nowhere") is None
+    rec = {"op": "ssd", "date": "2026-12-06T06:00:00Z", "rows": [], "environment": ENV,
+           "commit": "a" * 40, "dirty": True, "tree": "b" * 40, "command": "c"}  # fmt: skip
+    assert f"commit {'a' * 12} with uncommitted changes (source tree {'b' * 12})" in (
+        records.render([rec])
+    )
+
+
 def test_the_newest_record_per_device_and_command_is_rendered(tmp_path):
     day = dt.datetime(2026, 12, 6, tzinfo=dt.timezone.utc)
     _write(

@@ -45,13 +45,30 @@ def _is_floor(impl: str) -> bool:
     return impl.startswith("copy")
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, env: dict | None = None, repo: Path | None = None) -> str | None:
     try:
-        proc = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
-                              timeout=30)  # fmt: skip
+        proc = subprocess.run(["git", "-C", str(repo or REPO), *args], capture_output=True,
+                              text=True, timeout=30, env=env)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def tree(repo: Path | None = None) -> str | None:
+    """The git tree id of the checkout's tracked files as they are on disk, uncommitted changes
+    included: equal to the tree of any commit with the same content (``git log --format='%h
+    %T'`` finds it), so a record made from a dirty checkout still names exactly what ran.
+    Computed through a scratch index; the checkout's own index is untouched."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        if _git("read-tree", "HEAD", env=env, repo=repo) is None:
+            return None
+        if _git("add", "-u", ".", env=env, repo=repo) is None:
+            return None
+        return _git("write-tree", env=env, repo=repo)
 
 
 def commit() -> tuple[str | None, bool]:
@@ -112,7 +129,7 @@ def write(op: str, command: str, rows: list[dict], out_dir: Path = RECORDS,
     sha, dirty = commit()
     record = {"format": FORMAT, "op": op, "command": command,
               "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": sha, "dirty": dirty,
-              "environment": env, "rows": rows}  # fmt: skip
+              "tree": tree(), "environment": env, "rows": rows}  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = now.strftime("%Y%m%dT%H%M%SZ")
     path = out_dir / f"{stamp}-{_slug(env.get('device') or 'cpu')}-{_slug(op)}.json"
@@ -189,9 +206,10 @@ def render(records: list[dict]) -> str:
         out += ["No records yet: nothing here has been measured into a record.", ""]
     for rec in chosen:
         env = rec["environment"]
-        sha = (rec.get("commit") or "?")[:12] + (
-            " (uncommitted changes)" if rec.get("dirty") else ""
-        )
+        sha = (rec.get("commit") or "?")[:12]
+        if rec.get("dirty"):
+            sha += (f" with uncommitted changes (source tree {rec['tree'][:12]})"
+                    if rec.get("tree") else " (uncommitted changes)")  # fmt: skip
         what = rec["op"] + (" forward + backward" if "--backward" in rec.get("command", "") else "")
         out += [f"## {what} on {env.get('device', 'CPU')}", "",
                 f"`{rec.get('command', '')}` — {rec['date']}, commit {sha}; "
