@@ -284,6 +284,20 @@ def test_decay_rates_are_cached_for_decoding_only():
     assert trained.requires_grad and trained is not b
 
 
+def test_decay_rates_inside_a_graph_capture_are_computed_in_the_graph(monkeypatch):
+    """While a graph is captured, decay_rates keeps nothing: the graph computes the rates from
+    A_log at every replay (a kept tensor would be replayed stale after an in-place update)."""
+    from mamba2_rocm.models import _init
+    from mamba2_rocm.models.mamba2 import Mamba2
+
+    m = Mamba2(64, d_state=16, headdim=16)
+    monkeypatch.setattr(_init, "_capturing", lambda t: True)
+    with torch.no_grad():
+        a, b = _init.decay_rates(m), _init.decay_rates(m)
+    assert a is not b and "_decay_rates" not in m.__dict__
+    torch.testing.assert_close(a, -torch.exp(m.A_log.float()))
+
+
 def test_amp_decorators_and_determinism_switch(monkeypatch):
     """mamba_ssm.utils.torch's decorators, bare and with keywords, on an autograd.Function;
     mamba_ssm.utils.determinism's switch: override, then MAMBA_DETERMINISTIC, then torch's."""

@@ -50,14 +50,24 @@ def layer_states(module, inference_params, make, initialize_states: bool = False
     return cache[module.layer_idx]
 
 
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether a CUDA / HIP graph is being captured on ``t``'s device's current stream."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def decay_rates(module) -> torch.Tensor:
     """``-exp(A_log)`` in fp32 (an fp16 A_log would overflow to -inf). Where no gradient can flow
     to A_log (decoding under no_grad / inference_mode) the result is kept on the module and
     reused while A_log is the same tensor at the same version (an in-place update, as
     ``load_state_dict`` makes, recomputes it): a decode step otherwise launches the two small
-    kernels of this line in every layer for every token."""
+    kernels of this line in every layer for every token.
+
+    Not while a CUDA / HIP graph is captured: the graph would read the kept tensor on every
+    replay, also after A_log is updated in place (an optimizer step, ``load_state_dict``; the
+    decode graphs outlive ``generate`` calls), and decode with stale rates. There the rates are
+    computed inside the graph, from A_log as it is at each replay."""
     a_log = module.A_log
-    if torch.is_grad_enabled() and a_log.requires_grad:
+    if (torch.is_grad_enabled() and a_log.requires_grad) or _capturing(a_log):
         return -torch.exp(a_log.float())
     key = (a_log.data_ptr(), a_log._version, a_log.device, torch.is_inference_mode_enabled())
     cached = module.__dict__.get("_decay_rates")

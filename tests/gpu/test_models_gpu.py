@@ -122,3 +122,28 @@ def test_varlen_prefill_equals_one_prompt_at_a_time():
     got = torch.cat(scores, dim=1)
     want = torch.cat([a[:, :6] for a in alone], dim=0)
     assert (got - want).abs().max() <= 1e-3 * want.abs().max()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_replayed_graph_reads_weights_updated_in_place(name):
+    """The decode graph outlives a generate call; weights updated in place afterwards (an
+    optimizer step, load_state_dict) are what the next replay reads -- A_log's decay rates
+    included -- so graph decode still equals eager decode of the new weights."""
+    model = _model(name)
+    prompt = _tokens(2, 9, seed=5)
+    model.generate(prompt, max_length=30, cg=True)  # captures the step
+    callables = dict(model._decoding_cache.callables)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("A_log"):
+                p.add_(0.7)
+            elif n.endswith("dt_bias") or n.endswith("D"):
+                p.mul_(1.5)
+    graph = model.generate(prompt, max_length=30, cg=True, output_scores=True,
+                           return_dict_in_generate=True)  # fmt: skip
+    assert model._decoding_cache.callables == callables  # replayed, not captured again
+    eager = model.generate(prompt, max_length=30, cg=False, output_scores=True,
+                           return_dict_in_generate=True)  # fmt: skip
+    assert torch.equal(graph.sequences, eager.sequences)
+    for g, e in zip(graph.scores, eager.scores, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-3, atol=1e-3)
