@@ -134,17 +134,22 @@ def test_autograd_autocast_and_tracing_go_to_f_linear(fake_kernels):
     assert fake_kernels.launches == []
 
 
-@pytest.mark.parametrize("bad", ["width", "bias length", "weight dims", "mixed dtypes",
-                                 "bias dtype"])  # fmt: skip
-def test_bad_shapes_raise_torch_errors_without_a_launch(bad, fake_kernels):
+def _bad_args(bad: str) -> tuple:
+    """F.linear arguments that are wrong in one way (``bad``)."""
     x, w, b = _operands(2)
-    args = {
+    return {
         "width": (x, torch.randn(24, 72).bfloat16(), b),
         "bias length": (x, w, torch.randn(23).bfloat16()),
         "weight dims": (x, torch.randn(2, 24, 64).bfloat16(), None),
         "mixed dtypes": (x, w.float(), b),
         "bias dtype": (x, w, b.float()),
     }[bad]
+
+
+@pytest.mark.parametrize("bad", ["width", "bias length", "weight dims", "mixed dtypes",
+                                 "bias dtype"])  # fmt: skip
+def test_bad_shapes_raise_torch_errors_without_a_launch(bad, fake_kernels):
+    args = _bad_args(bad)
     with pytest.raises((RuntimeError, ValueError, NotImplementedError)):
         ops.decode_linear(*args)
     assert fake_kernels.launches == []
@@ -251,13 +256,7 @@ def test_models_decode_steps_take_their_projections_through_the_kernels(monkeypa
 @pytest.mark.parametrize("bad", ["width", "bias length", "weight dims", "mixed dtypes"])
 def test_bad_inputs_raise_exactly_what_f_linear_raises(bad, fake_kernels):
     """decode_linear's errors are F.linear's own: the same type and the same message."""
-    x, w, b = _operands(2)
-    args = {
-        "width": (x, torch.randn(24, 72).bfloat16(), b),
-        "bias length": (x, w, torch.randn(23).bfloat16()),
-        "weight dims": (x, torch.randn(2, 24, 64).bfloat16(), None),
-        "mixed dtypes": (x, w.float(), b),
-    }[bad]
+    args = _bad_args(bad)
     with pytest.raises(Exception) as want:
         F.linear(*args)
     with pytest.raises(want.type, match=f"^{re.escape(str(want.value))}$"):

@@ -103,14 +103,18 @@ def folder_fingerprints(folder: Path) -> dict[tuple[str, str], str]:
     return out
 
 
+def _problems(a: dict, b: dict, before: Path) -> list[str]:
+    """Kernels of fingerprints ``a`` missing from or differing in ``b``, then ``b``'s new ones."""
+    problems = [f"{t} {k}: {'missing' if (t, k) not in b else 'machine code differs'}"
+                for (t, k), d in sorted(a.items()) if b.get((t, k)) != d]  # fmt: skip
+    return problems + [f"{t} {k}: new (not in {before})" for (t, k) in sorted(set(b) - set(a))]
+
+
 def compare(before: Path, after: Path) -> tuple[int, list[str]]:
     """``(kernels compared, problems)``: every kernel of ``before`` must be in ``after`` with
     the same fingerprint."""
-    a, b = folder_fingerprints(before), folder_fingerprints(after)
-    problems = [f"{t} {k}: {'missing' if (t, k) not in b else 'machine code differs'}"
-                for (t, k), d in sorted(a.items()) if b.get((t, k)) != d]  # fmt: skip
-    problems += [f"{t} {k}: new (not in {before})" for (t, k) in sorted(set(b) - set(a))]
-    return len(a), problems
+    a = folder_fingerprints(before)
+    return len(a), _problems(a, folder_fingerprints(after), before)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
     args = parser.parse_args(argv)
-    n, problems = compare(args.before, args.after)
+    a, b = folder_fingerprints(args.before), folder_fingerprints(args.after)  # (each read once)
+    problems = _problems(a, b, args.before)
     for p in problems:
         print(p)
-    targets = len({t for t, _ in folder_fingerprints(args.before)})
-    new = sum(p.endswith(f"new (not in {args.before})") for p in problems)
+    n, new = len(a), len(set(b) - set(a))
+    targets = len({t for t, _ in a})
     print(f"{n} kernels over {targets} targets: {n - len(problems) + new} identical, "
           f"{len(problems) - new} differing or missing, {new} new")  # fmt: skip
     return 1 if problems or n == 0 else 0

@@ -241,13 +241,15 @@ def in_proj_conv_step(
     written over the projection's in ``y``'s conv columns and ``xbc`` is a view of them; use
     ``xbc`` for those columns, never ``y``. Elsewhere the two ops run one after the other."""
     found = _kernel_plan(x, weight, bias)
-    if found is not None:
+    if found is None:
+        y = F.linear(x, weight, bias)
+    else:
         conv = _conv_fields(x, found[1], conv_state, conv_weight, conv_bias, start, channels,
                             activation)  # fmt: skip
         if conv is not None:
             y = _launch(*found, x, weight, bias, conv, "_conv")
             return y, y[:, start : start + channels]
-    y = decode_linear(x, weight, bias)
+        y = _launch(*found, x, weight, bias)  # (the plan in hand: not looked up again)
     xbc = causal_conv1d_update(y[..., start:start + channels], conv_state, conv_weight, conv_bias,
                                activation)  # fmt: skip
     return y, xbc
