@@ -354,9 +354,20 @@ M2R_DEVICE int grad_dtype(const AddNormParams& p, int64_t q) {
 // The register form takes the calls of a pre-norm block (no x1 / weight1, dropout or rowscale:
 // the host sends those to the generic form): with those eight pointers too, the wave64 targets
 // spilled up to 11 scalar registers (gfx9-4-generic, hipcc 7.0.2).
+// The register forms (bit R - 1: the R-run form) whose blocks request the next row's stream,
+// dy and dstream before the current row's reduction and stores, so that a row's round trip to
+// memory overlaps the row before it (a build-time knob for measuring; 0: each row loads after
+// the last one's stores, which a possible alias makes it wait for). Its registers, sm_90 bf16:
+// 1 run 55 -> 72, 2 runs 71 -> 96, 3 runs 89 -> 122; the 4-run form (125) has no room.
+#ifndef M2R_ADD_NORM_BWD_PREFETCH
+#define M2R_ADD_NORM_BWD_PREFETCH 0
+#endif
+
 template <typename T, int kRuns>
 M2R_DEVICE void backward_rows(const AddNormParams& p) {
   __shared__ float partial[2 * kMaxWaves];
+  constexpr bool kPrefetch = kRuns < 4 && ((M2R_ADD_NORM_BWD_PREFETCH >> (kRuns - 1)) & 1);
+  constexpr int kHeld = kPrefetch ? kRuns : 1;
   const int n = p.hidden, nt = blockDim.x;
   const float inv_n = 1.f / static_cast<float>(n);
   float acc[2][kRuns][4];
@@ -368,9 +379,34 @@ M2R_DEVICE void backward_rows(const AddNormParams& p) {
       for (int e = 0; e < 4; ++e) acc[q][k][e] = 0.f;
   int64_t r0, r1;
   block_rows(p, r0, r1);
+  // kPrefetch: the next row's raw bits (stream, dy, dstream) and statistics, requested early
+  uint4 qs[kHeld], qd[kHeld], qg[kHeld];
+  float next_mean = 0.f, next_rstd = 0.f;
+  auto fetch = [&](int64_t row) {
+    const int64_t base = row * n;
+    next_mean = p.mean ? p.mean[row] : 0.f;
+    next_rstd = p.rstd[row];
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int col = 4 * (static_cast<int>(threadIdx.x) + k * nt);
+      qs[k] = qd[k] = qg[k] = make_uint4(0u, 0u, 0u, 0u);
+      if (col >= n) continue;
+      qs[k] = load4_raw(p.stream, p.stream_dtype, base + col);
+      qd[k] = load4_raw(p.dy, T::kDType, base + col);
+      if (p.dstream) qg[k] = load4_raw(p.dstream, p.stream_dtype, base + col);
+    }
+  };
+  if constexpr (kPrefetch) {
+    if (r0 < r1) fetch(r0);
+  }
   for (int64_t row = r0; row < r1; ++row) {
     const int64_t base = row * n;
-    const float mean = p.mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
+    float mean, rstd;
+    if constexpr (kPrefetch) {
+      mean = next_mean, rstd = next_rstd;
+    } else {
+      mean = p.mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
+    }
     // h = g * rstd + dstream, so that ds = h - (xhat * c1 + c2) * rstd once the row's sums are
     // known: dstream is read with the rest of the row, before the reduction (read after it, a
     // second round trip to memory in every row's life), and held in g's registers.
@@ -383,10 +419,17 @@ M2R_DEVICE void backward_rows(const AddNormParams& p) {
       for (int e = 0; e < 4; ++e) xh[k][e] = h[k][e] = 0.f;
       if (col >= n) continue;
       float dy[4], w[4], d[4];
-      load4_as_float(p.stream, p.stream_dtype, base + col, xh[k]);
-      load4_as_float(p.dy, T::kDType, base + col, dy);
-      load4_as_float(p.weight, p.weight_dtype, col, w);
-      if (p.dstream) load4_as_float(p.dstream, p.stream_dtype, base + col, d);
+      if constexpr (kPrefetch) {
+        raw4_as_float(qs[k], p.stream_dtype, xh[k]);
+        raw4_as_float(qd[k], T::kDType, dy);
+        load4_as_float(p.weight, p.weight_dtype, col, w);
+        if (p.dstream) raw4_as_float(qg[k], p.stream_dtype, d);
+      } else {
+        load4_as_float(p.stream, p.stream_dtype, base + col, xh[k]);
+        load4_as_float(p.dy, T::kDType, base + col, dy);
+        load4_as_float(p.weight, p.weight_dtype, col, w);
+        if (p.dstream) load4_as_float(p.dstream, p.stream_dtype, base + col, d);
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         xh[k][e] = (xh[k][e] - mean) * rstd;
@@ -397,6 +440,9 @@ M2R_DEVICE void backward_rows(const AddNormParams& p) {
         c[1] += g;
         h[k][e] = p.dstream ? fmaf(g, rstd, d[e]) : g * rstd;
       }
+    }
+    if constexpr (kPrefetch) {
+      if (row + 1 < r1) fetch(row + 1);
     }
     row_sums(c, partial);
     const float c1 = c[0] * inv_n, c2 = p.mean ? c[1] * inv_n : 0.f;
