@@ -358,7 +358,8 @@ M2R_DEVICE int grad_dtype(const AddNormParams& p, int64_t q) {
 // dy and dstream before the current row's reduction and stores, so that a row's round trip to
 // memory overlaps the row before it (a build-time knob for measuring; 0: each row loads after
 // the last one's stores, which a possible alias makes it wait for). Its registers, sm_90 bf16:
-// 1 run 55 -> 72, 2 runs 71 -> 96, 3 runs 89 -> 122; the 4-run form (125) has no room.
+// 1 run 55 -> 72, 2 runs 71 -> 96, 3 runs 89 -> 122, 4 runs 125 -> 128 (not in f32: 16 bytes
+// spilled at 128).
 #ifndef M2R_ADD_NORM_BWD_PREFETCH
 #define M2R_ADD_NORM_BWD_PREFETCH 0
 #endif
@@ -366,7 +367,8 @@ M2R_DEVICE int grad_dtype(const AddNormParams& p, int64_t q) {
 template <typename T, int kRuns>
 M2R_DEVICE void backward_rows(const AddNormParams& p) {
   __shared__ float partial[2 * kMaxWaves];
-  constexpr bool kPrefetch = kRuns < 4 && ((M2R_ADD_NORM_BWD_PREFETCH >> (kRuns - 1)) & 1);
+  constexpr bool kPrefetch = ((M2R_ADD_NORM_BWD_PREFETCH >> (kRuns - 1)) & 1) != 0 &&
+                            (kRuns < 4 || T::kDType != M2R_DTYPE_F32);
   constexpr int kHeld = kPrefetch ? kRuns : 1;
   const int n = p.hidden, nt = blockDim.x;
   const float inv_n = 1.f / static_cast<float>(n);
