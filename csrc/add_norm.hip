@@ -158,6 +158,7 @@ M2R_DEVICE void forward_rows(const AddNormParams& p) {
   // (eight runs a thread keep their loads with their run: all first took 74 -> 87 registers
   // on sm_90, a block fewer a multiprocessor, at widths where many rows hide the latency)
   constexpr bool kLoadsFirst = kRuns <= 4;
+  constexpr bool kWeightsFirst = kLoadsFirst && !kEarlyWeight;
   const int n = p.hidden, nt = blockDim.x;
   const int64_t row = blockIdx.x, base = row * n;
   const float rs = p.rowscale ? p.rowscale[row] : 1.f;
@@ -223,6 +224,21 @@ M2R_DEVICE void forward_rows(const AddNormParams& p) {
       ss[0] = fmaf(s[k][e], s[k][e], ss[0]);
     }
   }
+  // The weight of every run is requested before the reduction, so that it arrives during it:
+  // loaded run by run after it, each run's load waited for the store of the run before (a
+  // possible alias again), one round trip to memory per run at a single row. (The bias, rare in
+  // these models, stays with its run: held too, it took the 4-run form from 58 to 71 registers
+  // on sm_90, a block fewer a multiprocessor.)
+  uint4 lw[kWeightsFirst ? kRuns : 1];
+  if constexpr (kWeightsFirst) {
+#pragma unroll
+    for (int k = 0; k < kRuns; ++k) {
+      const int c = 4 * (static_cast<int>(threadIdx.x) + k * nt);
+      lw[k] = make_uint4(0u, 0u, 0u, 0u);
+      if (c >= n) continue;
+      lw[k] = load4_raw(p.weight, p.weight_dtype, c);
+    }
+  }
   row_sums(ss, partial);
   const float rstd = rsqrtf(ss[0] / static_cast<float>(n) + p.eps);
   if (threadIdx.x == 0) {
@@ -235,6 +251,7 @@ M2R_DEVICE void forward_rows(const AddNormParams& p) {
     if (c >= n) continue;
     float w[4], y[4];
     if constexpr (kEarlyWeight) raw4_as_float(wq[k], p.weight_dtype, w);
+    else if constexpr (kWeightsFirst) raw4_as_float(lw[k], p.weight_dtype, w);
     else load4_as_float(p.weight, p.weight_dtype, c, w);
 #pragma unroll
     for (int e = 0; e < 4; ++e) y[e] = s[k][e] * rstd * w[e];
@@ -337,9 +354,25 @@ M2R_DEVICE int grad_dtype(const AddNormParams& p, int64_t q) {
 // The register form takes the calls of a pre-norm block (no x1 / weight1, dropout or rowscale:
 // the host sends those to the generic form): with those eight pointers too, the wave64 targets
 // spilled up to 11 scalar registers (gfx9-4-generic, hipcc 7.0.2).
+// The register forms (bit R - 1: the R-run form) whose blocks request the next row's stream,
+// dy and dstream before the current row's reduction and stores, so that a row's round trip to
+// memory overlaps the row before it; without it each row loads after the last one's stores,
+// which a possible alias makes it wait for. On by default in every form (bits 0-3; the 4-run
+// form in 16-bit types only: in f32 it spilled 16 bytes at 128 registers). H100, bf16, 16384
+// rows, forward + backward, alternating builds in one run: d768 143.9 -> 130.4 us (81.6 -> 90.0%
+// of copy), d2048 385.9 -> 331.0 (81.1 -> 94.6%), d2560 584.3 -> 412.9 (67.0 -> 94.7%), d4096
+// 847.4 -> 657.5 (73.9 -> 95.2%). Registers, sm_90 bf16: 1 run 55 -> 72, 2 runs 71 -> 96,
+// 3 runs 89 -> 122, 4 runs 125 -> 128. The knob stays for measuring (0: off).
+#ifndef M2R_ADD_NORM_BWD_PREFETCH
+#define M2R_ADD_NORM_BWD_PREFETCH 15
+#endif
+
 template <typename T, int kRuns>
 M2R_DEVICE void backward_rows(const AddNormParams& p) {
   __shared__ float partial[2 * kMaxWaves];
+  constexpr bool kPrefetch = ((M2R_ADD_NORM_BWD_PREFETCH >> (kRuns - 1)) & 1) != 0 &&
+                            (kRuns < 4 || T::kDType != M2R_DTYPE_F32);
+  constexpr int kHeld = kPrefetch ? kRuns : 1;
   const int n = p.hidden, nt = blockDim.x;
   const float inv_n = 1.f / static_cast<float>(n);
   float acc[2][kRuns][4];
@@ -351,9 +384,34 @@ M2R_DEVICE void backward_rows(const AddNormParams& p) {
       for (int e = 0; e < 4; ++e) acc[q][k][e] = 0.f;
   int64_t r0, r1;
   block_rows(p, r0, r1);
+  // kPrefetch: the next row's raw bits (stream, dy, dstream) and statistics, requested early
+  uint4 qs[kHeld], qd[kHeld], qg[kHeld];
+  float next_mean = 0.f, next_rstd = 0.f;
+  auto fetch = [&](int64_t row) {
+    const int64_t base = row * n;
+    next_mean = p.mean ? p.mean[row] : 0.f;
+    next_rstd = p.rstd[row];
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int col = 4 * (static_cast<int>(threadIdx.x) + k * nt);
+      qs[k] = qd[k] = qg[k] = make_uint4(0u, 0u, 0u, 0u);
+      if (col >= n) continue;
+      qs[k] = load4_raw(p.stream, p.stream_dtype, base + col);
+      qd[k] = load4_raw(p.dy, T::kDType, base + col);
+      if (p.dstream) qg[k] = load4_raw(p.dstream, p.stream_dtype, base + col);
+    }
+  };
+  if constexpr (kPrefetch) {
+    if (r0 < r1) fetch(r0);
+  }
   for (int64_t row = r0; row < r1; ++row) {
     const int64_t base = row * n;
-    const float mean = p.mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
+    float mean, rstd;
+    if constexpr (kPrefetch) {
+      mean = next_mean, rstd = next_rstd;
+    } else {
+      mean = p.mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
+    }
     // h = g * rstd + dstream, so that ds = h - (xhat * c1 + c2) * rstd once the row's sums are
     // known: dstream is read with the rest of the row, before the reduction (read after it, a
     // second round trip to memory in every row's life), and held in g's registers.
@@ -366,10 +424,17 @@ M2R_DEVICE void backward_rows(const AddNormParams& p) {
       for (int e = 0; e < 4; ++e) xh[k][e] = h[k][e] = 0.f;
       if (col >= n) continue;
       float dy[4], w[4], d[4];
-      load4_as_float(p.stream, p.stream_dtype, base + col, xh[k]);
-      load4_as_float(p.dy, T::kDType, base + col, dy);
-      load4_as_float(p.weight, p.weight_dtype, col, w);
-      if (p.dstream) load4_as_float(p.dstream, p.stream_dtype, base + col, d);
+      if constexpr (kPrefetch) {
+        raw4_as_float(qs[k], p.stream_dtype, xh[k]);
+        raw4_as_float(qd[k], T::kDType, dy);
+        load4_as_float(p.weight, p.weight_dtype, col, w);
+        if (p.dstream) raw4_as_float(qg[k], p.stream_dtype, d);
+      } else {
+        load4_as_float(p.stream, p.stream_dtype, base + col, xh[k]);
+        load4_as_float(p.dy, T::kDType, base + col, dy);
+        load4_as_float(p.weight, p.weight_dtype, col, w);
+        if (p.dstream) load4_as_float(p.dstream, p.stream_dtype, base + col, d);
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         xh[k][e] = (xh[k][e] - mean) * rstd;
@@ -380,6 +445,9 @@ M2R_DEVICE void backward_rows(const AddNormParams& p) {
         c[1] += g;
         h[k][e] = p.dstream ? fmaf(g, rstd, d[e]) : g * rstd;
       }
+    }
+    if constexpr (kPrefetch) {
+      if (row + 1 < r1) fetch(row + 1);
     }
     row_sums(c, partial);
     const float c1 = c[0] * inv_n, c2 = p.mean ? c[1] * inv_n : 0.f;

@@ -159,6 +159,16 @@ struct StateRowsParams {
   int32_t reserved;  // explicit tail padding: the size is a multiple of 8 on every ABI
 };
 
+// Decay rates of a model's Mamba layers (csrc/decay.hip): out[table[l][2] + i] =
+// -exp(A_log_l[i]) for i < table[l][1], A_log_l at address table[l][0] (contiguous, dtype
+// a_dtype, the same for every layer); one block per layer. table: (layers, 3) int64 on the
+// device; out: float32.
+struct DecayParams {
+  const int64_t* table;
+  float* out;
+  int32_t layers, a_dtype;
+};
+
 // The matrix-core self-test (csrc/mma_probe.hip): one 16x16x16 step D = C + A B^T through
 // mma.h on one wave. a, b: (16, 16) 16-bit values of the kernel's dtype, rows of 16 k (A is
 // M x K, B is N x K); c, d: (16, 16) fp32; hits: (16, 16) int32, zeros in, +1 per accumulator

@@ -14,6 +14,7 @@ from mamba2_rocm.params import (
     ConvBwdParams,
     ConvFwdParams,
     ConvUpdateParams,
+    DecayParams,
     LinearParams,
     MmaProbeParams,
     RmsNormBwdParams,
@@ -136,6 +137,7 @@ SOURCES: dict[str, KernelSource] = {
             ),
         ),
         KernelSource("state_rows", StateRowsParams, ("m2r_state_rows",)),
+        KernelSource("decay", DecayParams, ("m2r_decay_rates",)),
         KernelSource(
             "linear",
             LinearParams,

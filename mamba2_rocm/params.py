@@ -16,6 +16,7 @@ __all__ = [
     "ConvBwdParams",
     "ConvFwdParams",
     "ConvUpdateParams",
+    "DecayParams",
     "LinearParams",
     "MmaProbeParams",
     "RmsNormBwdParams",
@@ -103,6 +104,10 @@ class LinearParams(ctypes.Structure):
         "rows out_features in_features group_threads "
         "conv_start conv_channels conv_width state_len conv_silu reserved",
     )
+
+
+class DecayParams(ctypes.Structure):
+    _fields_ = _fields("table out", "", "layers a_dtype")
 
 
 class StateRowsParams(ctypes.Structure):

@@ -4,6 +4,8 @@ so a seed gives the same weights as upstream's modules)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -67,11 +69,46 @@ def decay_rates(module) -> torch.Tensor:
     decode graphs outlive ``generate`` calls), and decode with stale rates. There the rates are
     computed inside the graph, from A_log as it is at each replay."""
     a_log = module.A_log
-    if (torch.is_grad_enabled() and a_log.requires_grad) or _capturing(a_log):
+    if torch.is_grad_enabled() and a_log.requires_grad:
         return -torch.exp(a_log.float())
+    if _capturing(a_log):  # (the whole model's, from one launch: step_decay_rates)
+        step = module.__dict__.get("_step_decay_rates")
+        return step if step is not None else -torch.exp(a_log.float())
     key = (a_log.data_ptr(), a_log._version, a_log.device, torch.is_inference_mode_enabled())
     cached = module.__dict__.get("_decay_rates")
     if cached is None or cached[0] != key:
         cached = (key, -torch.exp(a_log.float()))
         module.__dict__["_decay_rates"] = cached
     return cached[1]
+
+
+@contextmanager
+def step_decay_rates(layers, inference_params) -> Iterator[None]:
+    """Around one decode step of a whole model (``layers``: its blocks). Inside a graph capture
+    every mixer's decay rates come from one launch (:mod:`mamba2_rocm.ops.decay`), handed out by
+    :func:`decay_rates` for this step, where per layer they are two small kernels each; outside
+    a capture (a graph's warm-up) the launch's table is prepared. Anything the launch does not
+    take is left to :func:`decay_rates`."""
+    if inference_params is None or inference_params.seqlen_offset <= 0:
+        yield
+        return
+    mixers = [b.mixer for b in layers if isinstance(getattr(b.mixer, "A_log", None), torch.Tensor)]
+    rates = None
+    if mixers:
+        from mamba2_rocm.ops import decay as decay_ops
+
+        a_logs = [m.A_log for m in mixers]
+        if not _capturing(a_logs[0]):
+            decay_ops.prepare(a_logs)
+        else:
+            rates = decay_ops.decay_rates_of(a_logs)
+    if rates is None:
+        yield
+        return
+    for m, r in zip(mixers, rates, strict=True):
+        m.__dict__["_step_decay_rates"] = r
+    try:
+        yield
+    finally:
+        for m in mixers:
+            m.__dict__.pop("_step_decay_rates", None)

@@ -15,6 +15,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
+from mamba2_rocm.models._init import step_decay_rates
 from mamba2_rocm.models.block import Block
 from mamba2_rocm.models.config import MambaConfig
 from mamba2_rocm.models.generation import GenerationMixin
@@ -138,9 +139,10 @@ class MixerModel(nn.Module):
 
     def forward(self, input_ids: Tensor, inference_params=None, **mixer_kwargs) -> Tensor:
         hidden, residual = self.embedding(input_ids), None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, inference_params=inference_params,
-                                     **mixer_kwargs)  # fmt: skip
+        with step_decay_rates(self.layers, inference_params):
+            for layer in self.layers:
+                hidden, residual = layer(hidden, residual, inference_params=inference_params,
+                                         **mixer_kwargs)  # fmt: skip
         return _final_norm(self.norm_f, hidden, residual, self.fused_add_norm,
                            self.residual_in_fp32)  # fmt: skip
 
