@@ -426,6 +426,14 @@ constexpr int kChT = M2R_SSCAN_CHT;
 #ifndef M2R_SSCAN_UNROLL
 #define M2R_SSCAN_UNROLL 2
 #endif
+// 1: the channel form requests the next chunk's tiles (u, step, B, C, z) before the current
+// chunk's recurrence, and the current chunk's z with its other tiles, so that a block's round
+// trip to memory overlaps its own exps (few blocks a multiprocessor, the narrow widths, leave
+// nothing else to overlap it with). A build-time knob for measuring; 0: each chunk loads after
+// the last one's stores, and z after the recurrence (the code is then as without the knob).
+#ifndef M2R_SSCAN_PIPE
+#define M2R_SSCAN_PIPE 0
+#endif
 #define M2R_STR_(x) #x
 #define M2R_PRAGMA_UNROLL(n) _Pragma(M2R_STR_(unroll n))
 
@@ -569,6 +577,31 @@ M2R_DEVICE void scan_channels(const SelectiveScanParams& p) {
     return make_float4(v[0], v[1], v[2], v[3]);
   };
 
+  // kPipe: the next chunk's raw tiles (z too, without kStates), requested one chunk ahead
+  constexpr bool kPipe = M2R_SSCAN_PIPE != 0;
+  constexpr int kNJ = kPipe ? kJ : 1, kNQ = kPipe ? kQ : 1;
+  uint4 nu[kNJ], nd[kNJ], nz[kNJ];
+  float4 nb[kNQ], nc[kNQ];
+  auto fetch_next = [&, u_blk, dl_blk, z_blk, bp, cp](int t0) {  // pointers by value
+    const bool full = t0 + kChT <= t_end;  // uniform
+    const bool whole_x = full && vec_x, whole_bc = full && vec_bc;
+#pragma unroll
+    for (int j = 0; j < kNJ; ++j) {
+      if (!x_slot(j)) continue;
+      const int t = t0 + (tid + j * kChThreads) % kRowVec * kE;
+      nu[j] = load_x(u_blk + x_off[j] + t0, t, whole_x);
+      nd[j] = load_x(dl_blk + x_off[j] + t0, t, whole_x);
+      if (!kStates && z_blk) nz[j] = load_x(z_blk + x_off[j] + t0, t, whole_x);
+    }
+#pragma unroll
+    for (int j = 0; j < kNQ; ++j) {
+      const int t = t0 + (tid + j * kChThreads) / kN * 4;
+      nb[j] = load_q(bp + bc_off[j] + t0, t, whole_bc);
+      if (!kStates) nc[j] = load_q(cp + bc_off[j] + t0, t, whole_bc);
+    }
+  };
+  if constexpr (kPipe) fetch_next(t_begin);
+
 #pragma unroll 1
   for (int t0 = t_begin; t0 < t_end; t0 += kChT) {
     const bool full = t0 + kChT <= t_end;  // uniform
@@ -576,20 +609,28 @@ M2R_DEVICE void scan_channels(const SelectiveScanParams& p) {
     __syncthreads();  // the previous chunk's tiles are consumed
     // stage u and the step (bias, softplus; 0 past the end: the identity), B / C transposed;
     // every load issued before any is used
-    uint4 wu[kJ], wd[kJ];
+    uint4 wu[kJ], wd[kJ], zc[kNJ];
     float4 wb[kQ], wc[kQ];
+    if constexpr (kPipe) {
 #pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      if (!x_slot(j)) continue;
-      const int t = t0 + (tid + j * kChThreads) % kRowVec * kE;
-      wu[j] = load_x(u_blk + x_off[j] + t0, t, whole_x);
-      wd[j] = load_x(dl_blk + x_off[j] + t0, t, whole_x);
-    }
+      for (int j = 0; j < kJ; ++j) wu[j] = nu[j], wd[j] = nd[j], zc[j] = nz[j];
 #pragma unroll
-    for (int j = 0; j < kQ; ++j) {
-      const int t = t0 + (tid + j * kChThreads) / kN * 4;
-      wb[j] = load_q(bp + bc_off[j] + t0, t, whole_bc);
-      if (!kStates) wc[j] = load_q(cp + bc_off[j] + t0, t, whole_bc);
+      for (int j = 0; j < kQ; ++j) wb[j] = nb[j], wc[j] = nc[j];
+      if (t0 + kChT < t_end) fetch_next(t0 + kChT);  // in flight through this chunk
+    } else {
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+        if (!x_slot(j)) continue;
+        const int t = t0 + (tid + j * kChThreads) % kRowVec * kE;
+        wu[j] = load_x(u_blk + x_off[j] + t0, t, whole_x);
+        wd[j] = load_x(dl_blk + x_off[j] + t0, t, whole_x);
+      }
+#pragma unroll
+      for (int j = 0; j < kQ; ++j) {
+        const int t = t0 + (tid + j * kChThreads) / kN * 4;
+        wb[j] = load_q(bp + bc_off[j] + t0, t, whole_bc);
+        if (!kStates) wc[j] = load_q(cp + bc_off[j] + t0, t, whole_bc);
+      }
     }
 #pragma unroll
     for (int j = 0; j < kJ; ++j) {
@@ -652,6 +693,10 @@ M2R_DEVICE void scan_channels(const SelectiveScanParams& p) {
     uint4 wz[kJ];
 #pragma unroll
     for (int j = 0; j < kJ; ++j) {
+      if constexpr (kPipe) {  // z came with the chunk
+        wz[j] = zc[j];
+        continue;
+      }
       if (!x_slot(j) || !z_blk) continue;
       const int t = t0 + (tid + j * kChThreads) % kRowVec * kE;
       wz[j] = load_x(z_blk + x_off[j] + t0, t, whole_x);

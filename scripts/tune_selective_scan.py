@@ -22,13 +22,23 @@ SHAPES = ((8, 4096, 2048, 16), (1, 5120, 8192, 16), (1, 1536, 2048, 16), (4, 204
 SEGMENTS = (None, 1, 8, 12, 16, 24)  # None: the heuristic
 
 
+def _env_shapes(name: str, default):
+    """``SHAPES="b,d,L,n b,d,L,n"`` / ``SEGMENTS="auto 1 8"`` override the defaults."""
+    text = os.environ.get(name)
+    if not text:
+        return default
+    if name == "SEGMENTS":
+        return tuple(None if s == "auto" else int(s) for s in text.split())
+    return tuple(tuple(int(v) for v in s.split(",")) for s in text.split())
+
+
 def main() -> None:
     os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")  # read on every call
     ops._CH_PER = int(os.environ.get("PER", "16"))
     ops.kernel_form = "channels"
     copy = copy_bandwidth_gbs()
     print(f"copy {copy:.0f} GB/s  kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')}")
-    for b, d, L, n in SHAPES:
+    for b, d, L, n in _env_shapes("SHAPES", SHAPES):
         g = torch.Generator(device="cuda").manual_seed(d + L)
         r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
         u, z = r(b, d, L).bfloat16(), r(b, d, L).bfloat16()
@@ -39,7 +49,7 @@ def main() -> None:
         nbytes = 4 * u.numel() * 2 + (B.numel() + C.numel()) * 4
         call = functools.partial(selective_scan_fn, u, delta, A, B, C, D, z, db, True)
         cells = []
-        for segs in SEGMENTS:
+        for segs in _env_shapes("SEGMENTS", SEGMENTS):
             ops.channel_segments = segs
             t = time_graph(call, replays=5, per_graph=5)
             us = t.median_us
