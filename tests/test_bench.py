@@ -166,6 +166,41 @@ def test_selective_scan_table_prints_ratios_and_the_worst(monkeypatch):
     assert table.endswith("worst ratio over all cases: 3.0x")
 
 
+def test_selective_scan_table_gives_the_cuda_peer_ratio_over_the_narrow_grid(monkeypatch):
+    """Issue #72's narrow grid (d 768-2048, batch 1-8): the CUDA peer's worst ratio there, from
+    the forward cases inside it only (not the wide ones, not a backward table)."""
+    import mamba2_rocm.bench.timing as timing
+    from mamba2_rocm.bench.selective_scan import (
+        CUDA_PEER,
+        NARROW,
+        SHAPES,
+        _narrow_case,
+        format_table,
+    )
+
+    monkeypatch.setattr(timing, "require_torch", lambda: type("T", (), {"cuda": type(
+        "C", (), {"get_device_name": staticmethod(lambda: "GPU")})}))  # fmt: skip
+    row = dict(mbytes=1.0, us=1.0, graph_us=None, gbs=1.0, copy_frac=0.5, copy_gbs=2.0, tflops=1.0)
+    times = {
+        "sscan b1 d1536 l2048 n16 bfloat16": (79.0, 57.0),  # inside: 0.72x
+        "sscan b8 d2048 l2048 n16 bfloat16": (400.0, 600.0),  # inside: 1.5x
+        "sscan b8 d4096 l2048 n16 bfloat16": (500.0, 100.0),
+    }  # outside (wide): 0.2x
+    rows = [{**row, "case": c, "impl": impl, "best_us": t}
+            for c, (ours, peer) in times.items()
+            for impl, t in (("kernel", ours), (CUDA_PEER, peer))]  # fmt: skip
+    assert format_table(rows).endswith(
+        f"narrow grid (d 768-2048, batch 1-8; goal >= 1.0x): {CUDA_PEER} / kernel 0.72x at worst "
+        "over 2 cases"
+    )
+    assert "narrow grid" not in format_table(rows[4:])  # the wide case alone
+    assert [_narrow_case(f"sscan b{b} d{d} l{L} n{n} bfloat16") for b, d, L, n in NARROW] == [
+        True] * len(NARROW)  # fmt: skip
+    assert [_narrow_case(f"sscan b{b} d{d} l{L} n{n} bfloat16") for b, d, L, n in SHAPES] == [
+        False, False, True]  # fmt: skip
+    assert not _narrow_case("sscan fwd+bwd b1 d1536 l2048 n16 bfloat16")
+
+
 def test_selective_scan_peer_is_never_the_drop_in():
     """Under the drop-in, mamba_ssm's selective_scan_ref is ours: no peer column then."""
     import mamba2_rocm.dropin as dropin

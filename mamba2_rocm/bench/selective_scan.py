@@ -10,7 +10,9 @@ thread per channel, the sequence cut into segments only where too few channels f
 the segment form (parallel along the sequence), the per-token butterfly and the deferred
 per-chunk sums. Shapes:
 issue #16's (batch 8 x d_inner 4096 x 2048 tokens; one 8192-token sequence at d_inner 5120, as
-mamba-2.8b) and mamba-130m's d_inner 1536 at batch 1, dstate 16,
+mamba-2.8b) and mamba-130m's d_inner 1536 at batch 1, and (the forward only) the corners of
+issue #72's narrow grid, d_inner 768 / 2048 at batch 1 / 8 (NARROW; a line of the table gives
+the CUDA peer's worst ratio there), dstate 16,
 variable B / C (b, 16, l) as the models pass them, D, z and
 delta_bias with softplus: the call a Mamba1 layer makes in prefill. Reports the per-call
 device-event median, the CUDA-graph time, the bytes that must move at least (u, delta, z read
@@ -46,6 +48,9 @@ from mamba2_rocm.bench.timing import (
 #: (batch, dim, seqlen, dstate)
 #: the two of issue #16 (Mamba1 at training batch; one long sequence) and mamba-130m at batch 1
 SHAPES = ((8, 4096, 2048, 16), (1, 5120, 8192, 16), (1, 1536, 2048, 16))
+#: the forward only: the corners of issue #72's narrow grid (d 768-2048, batch 1-8, 2048 tokens;
+#: its goal, >= 1.0x mamba_ssm's CUDA scan there), mamba-130m's width above at its middle
+NARROW = ((1, 768, 2048, 16), (8, 768, 2048, 16), (1, 2048, 2048, 16), (8, 2048, 2048, 16))
 #: --backward times mamba_ssm's selective_scan_ref (a Python loop over the tokens, under
 #: autograd) only up to this many (batch x dim x token) elements: mamba-130m's shape
 REF_BACKWARD_MAX = 1 << 22
@@ -201,10 +206,11 @@ def run_backward(shapes=SHAPES, dtype="bfloat16") -> list[dict]:
     return rows
 
 
-def run(shapes=SHAPES, dtype="bfloat16", backward=False) -> list[dict]:
-    """Forward rows (``backward``: :func:`run_backward`)."""
+def run(shapes=None, dtype="bfloat16", backward=False) -> list[dict]:
+    """Forward rows at SHAPES and NARROW (``backward``: :func:`run_backward`, at SHAPES)."""
     if backward:
-        return run_backward(shapes, dtype)
+        return run_backward(SHAPES if shapes is None else shapes, dtype)
+    shapes = SHAPES + NARROW if shapes is None else shapes
     torch = require_torch()
     from mamba2_rocm import selective_scan_fn
     from mamba2_rocm.ops import selective_scan as ops
@@ -251,6 +257,16 @@ def run(shapes=SHAPES, dtype="bfloat16", backward=False) -> list[dict]:
     return rows
 
 
+def _narrow_case(case: str) -> bool:
+    """Whether a case (``sscan b<B> d<D> ...``, forward) lies in issue #72's narrow grid."""
+    fields = dict((f[0], f[1:]) for f in case.split()[1:3])
+    try:
+        b, d = int(fields["b"]), int(fields["d"])
+    except (KeyError, ValueError):
+        return False
+    return "fwd+bwd" not in case and 1 <= b <= 8 and 768 <= d <= 2048
+
+
 def format_table(rows: list[dict]) -> str:
     extra = [("TFLOP/s", "tflops", ".2f")]
     if any("peak_mb" in r for r in rows):  # --backward
@@ -276,6 +292,11 @@ def format_table(rows: list[dict]) -> str:
             worst = low if worst is None else min(worst, low)
     if worst is not None:
         lines.append(f"worst ratio over all cases: {worst:.1f}x")
+    peer = [impls[CUDA_PEER] / impls["kernel"] for case, impls in by_case.items()
+            if _narrow_case(case) and CUDA_PEER in impls and "kernel" in impls]  # fmt: skip
+    if peer:
+        lines.append(f"narrow grid (d 768-2048, batch 1-8; goal >= 1.0x): {CUDA_PEER} / kernel "
+                     f"{min(peer):.2f}x at worst over {len(peer)} cases")  # fmt: skip
     for r in rows:
         if "agrees" in r and not r["agrees"]:
             lines.append(f"{r['case']}: {CUDA_PEER} DISAGREES with the kernel (max |diff| "
