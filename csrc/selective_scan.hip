@@ -617,7 +617,7 @@ M2R_DEVICE void scan_channels(const SelectiveScanParams& p) {
 #pragma unroll
       for (int j = 0; j < kQ; ++j) wb[j] = nb[j], wc[j] = nc[j];
       if (t0 + kChT < t_end) fetch_next(t0 + kChT);  // in flight through this chunk
-    } else {
+    } else {  // fetch_next's loads, written out: through the lambda the sm_90 code changed
 #pragma unroll
       for (int j = 0; j < kJ; ++j) {
         if (!x_slot(j)) continue;

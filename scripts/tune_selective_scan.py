@@ -22,14 +22,11 @@ SHAPES = ((8, 4096, 2048, 16), (1, 5120, 8192, 16), (1, 1536, 2048, 16), (4, 204
 SEGMENTS = (None, 1, 8, 12, 16, 24)  # None: the heuristic
 
 
-def _env_shapes(name: str, default):
-    """``SHAPES="b,d,L,n b,d,L,n"`` / ``SEGMENTS="auto 1 8"`` override the defaults."""
+def _env(name: str, default: tuple, item) -> tuple:
+    """The environment's ``name`` (space-separated items, each read by ``item``) over the
+    default: ``SHAPES="b,d,L,n b,d,L,n"``, ``SEGMENTS="auto 1 8"``."""
     text = os.environ.get(name)
-    if not text:
-        return default
-    if name == "SEGMENTS":
-        return tuple(None if s == "auto" else int(s) for s in text.split())
-    return tuple(tuple(int(v) for v in s.split(",")) for s in text.split())
+    return tuple(item(s) for s in text.split()) if text else default
 
 
 def main() -> None:
@@ -38,7 +35,7 @@ def main() -> None:
     ops.kernel_form = "channels"
     copy = copy_bandwidth_gbs()
     print(f"copy {copy:.0f} GB/s  kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')}")
-    for b, d, L, n in _env_shapes("SHAPES", SHAPES):
+    for b, d, L, n in _env("SHAPES", SHAPES, lambda s: tuple(int(v) for v in s.split(","))):
         g = torch.Generator(device="cuda").manual_seed(d + L)
         r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
         u, z = r(b, d, L).bfloat16(), r(b, d, L).bfloat16()
@@ -49,7 +46,7 @@ def main() -> None:
         nbytes = 4 * u.numel() * 2 + (B.numel() + C.numel()) * 4
         call = functools.partial(selective_scan_fn, u, delta, A, B, C, D, z, db, True)
         cells = []
-        for segs in _env_shapes("SEGMENTS", SEGMENTS):
+        for segs in _env("SEGMENTS", SEGMENTS, lambda s: None if s == "auto" else int(s)):
             ops.channel_segments = segs
             t = time_graph(call, replays=5, per_graph=5)
             us = t.median_us
