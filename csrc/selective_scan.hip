@@ -403,7 +403,12 @@ M2R_DEVICE void scan_segments(const SelectiveScanParams& p) {
 // (h -> exp2(A log2e sum(dt)) h + h_end), done once per thread before its first token. That
 // costs the segments' exps twice; the host cuts only when the GPU would otherwise idle.
 // Tokens past the segment's end (the last chunk's tail) take step 0 and input 0: the identity.
-constexpr int kChThreads = 64;
+// threads per block of the channel form (a build-time knob for measuring; the host's _CH_THREADS
+// must match): fewer make more blocks at the narrow widths
+#ifndef M2R_SSCAN_CH_THREADS
+#define M2R_SSCAN_CH_THREADS 64
+#endif
+constexpr int kChThreads = M2R_SSCAN_CH_THREADS;
 // tokens per chunk (a build-time knob for measuring). 32 on NVIDIA, the measured best (H100,
 // b8 d4096 l2048 n16 bf16: 536 us vs 563 at 16). 16 on AMD, unmeasured there: the LDS per block
 // (u and step tiles, B / C columns) is 11 KB at 16 and 21 KB at 32, and a CDNA CU's 64 KB then

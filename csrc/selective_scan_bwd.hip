@@ -71,6 +71,13 @@ constexpr int kChunk = kSeg * kTok;  // 256 (NVIDIA) or 128 (AMD): the host size
 #define M2R_SSCAN_BWD_INTER 1
 #endif
 constexpr int kInter = M2R_SSCAN_BWD_INTER;
+// state elements of the forward walk (step 1 below) unrolled together, their chains of
+// shuffles interleaved (a build-time knob for measuring; 1: one element after the other)
+#ifndef M2R_SSCAN_BWD_UNROLL1
+#define M2R_SSCAN_BWD_UNROLL1 1
+#endif
+#define M2R_BWD_STR_(x) #x
+#define M2R_BWD_PRAGMA_UNROLL(n) _Pragma(M2R_BWD_STR_(unroll n))
 static_assert(kInter == 1 || kInter == 2, "one or two elements a step");
 // NVIDIA: blocks per multiprocessor the registers are capped for (3: 168 registers, no spills)
 #ifndef M2R_SSCAN_BWD_MIN_BLOCKS
@@ -244,7 +251,7 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
       load_seg<T, kTok>(in(p.u), t0, L, vec_x, u);
       load_seg<T, kTok>(in(p.delta), t0, L, vec_x, dt);
       steps(dt, dbias, sp_m, t0, L, dt);
-#pragma unroll 1
+      M2R_BWD_PRAGMA_UNROLL(M2R_SSCAN_BWD_UNROLL1)
       for (int n = 0; n < nst; ++n) {
         const int j = j0;
         const int t = t0;

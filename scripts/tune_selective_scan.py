@@ -4,7 +4,7 @@ Usage (on the GPU machine, kernels built): python scripts/tune_selective_scan.py
 To measure the build-time knobs of csrc/selective_scan.hip, build with them, e.g.
 ``build(['native'], DIR, sources=['selective_scan'], extra_flags=['-DM2R_SSCAN_PER=8'])``,
 and run with ``MAMBA2_ROCM_KERNEL_PATH=DIR PER=8`` (the host's lanes per channel must follow
-M2R_SSCAN_PER). The defaults of ``CH_FULL_PER_SM`` / ``CH_SEG_PER_SM`` and the knobs came from
+M2R_SSCAN_PER; ``CH_THREADS`` follows M2R_SSCAN_CH_THREADS). The defaults of ``CH_FULL_PER_SM`` / ``CH_SEG_PER_SM`` and the knobs came from
 this sweep (H100; numbers in mamba2_rocm/ops/selective_scan.py and the commit messages).
 """
 
@@ -32,6 +32,7 @@ def _env(name: str, default: tuple, item) -> tuple:
 def main() -> None:
     os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")  # read on every call
     ops._CH_PER = int(os.environ.get("PER", "16"))
+    ops._CH_THREADS = int(os.environ.get("CH_THREADS", "64"))  # M2R_SSCAN_CH_THREADS
     ops.kernel_form = "channels"
     copy = copy_bandwidth_gbs()
     print(f"copy {copy:.0f} GB/s  kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')}")

@@ -74,9 +74,9 @@ def test_off_the_kernel_tier_nothing_is_prepared_or_launched():
 
 
 def test_a_captured_decode_step_hands_each_mixer_its_rates(monkeypatch, fake_kernels):
-    """MixerModel's decode step: outside a capture the table is prepared and decay_rates
-    keeps its own; inside one, one launch serves every mixer, and the step's views are gone
-    afterwards."""
+    """MixerModel's decode step: a plain eager step does nothing; a graph's warm-up prepares the
+    table and decay_rates keeps its own; inside a capture one launch serves every mixer, and
+    the step's views are gone afterwards."""
     from mamba2_rocm.models import MambaConfig, MambaLMHeadModel, _init
     from mamba2_rocm.models.generation import InferenceParams
 
@@ -87,9 +87,15 @@ def test_a_captured_decode_step_hands_each_mixer_its_rates(monkeypatch, fake_ker
     params = InferenceParams(max_seqlen=8, max_batch_size=1)
     params.seqlen_offset = 3
     with torch.no_grad(), _init.step_decay_rates(model.backbone.layers, params):
-        pass  # eager: the table is made, nothing launched
+        pass  # a plain eager step: no table, nothing launched
+    assert ops._TABLES == {} and fake_kernels.launches == []
+    with torch.no_grad(), _init.graph_warmup(), _init.step_decay_rates(model.backbone.layers,
+                                                                          params):  # fmt: skip
+        pass  # a graph's warm-up: the table is made, nothing launched
     assert len(ops._TABLES) == 1 and fake_kernels.launches == []
+    assert not _init._GRAPH_WARMUP.get()
     monkeypatch.setattr(_init, "_capturing", lambda t: True)
+    monkeypatch.setattr(_init, "_stream_capturing", lambda: True)
     seen = []
     with torch.no_grad(), _init.step_decay_rates(model.backbone.layers, params):
         seen = [_init.decay_rates(m) for m in mixers]

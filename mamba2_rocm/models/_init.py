@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
@@ -52,6 +53,27 @@ def layer_states(module, inference_params, make, initialize_states: bool = False
     return cache[module.layer_idx]
 
 
+#: set by :func:`graph_warmup` (a decode graph's warm-up steps, before its capture)
+_GRAPH_WARMUP: ContextVar[bool] = ContextVar("m2r_graph_warmup", default=False)
+
+
+@contextmanager
+def graph_warmup() -> Iterator[None]:
+    """Around the eager steps that warm a decode graph up before its capture (see
+    ``generation.capture_graph``): what the captured step will need prepared outside the
+    capture is prepared then, and only then, so that a plain eager step pays nothing for it."""
+    token = _GRAPH_WARMUP.set(True)
+    try:
+        yield
+    finally:
+        _GRAPH_WARMUP.reset(token)
+
+
+def _stream_capturing() -> bool:
+    """Whether a CUDA / HIP graph is being captured on the current device's current stream."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _capturing(t: torch.Tensor) -> bool:
     """Whether a CUDA / HIP graph is being captured on ``t``'s device's current stream."""
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
@@ -87,19 +109,24 @@ def step_decay_rates(layers, inference_params) -> Iterator[None]:
     """Around one decode step of a whole model (``layers``: its blocks). Inside a graph capture
     every mixer's decay rates come from one launch (:mod:`mamba2_rocm.ops.decay`), handed out by
     :func:`decay_rates` for this step, where per layer they are two small kernels each; outside
-    a capture (a graph's warm-up) the launch's table is prepared. Anything the launch does not
-    take is left to :func:`decay_rates`."""
+    a capture the launch's table is prepared during a graph's warm-up (:func:`graph_warmup`), and
+    a plain eager step does nothing here. Anything the launch does not take is left to
+    :func:`decay_rates`."""
     if inference_params is None or inference_params.seqlen_offset <= 0:
         yield
         return
-    mixers = [b.mixer for b in layers if isinstance(getattr(b.mixer, "A_log", None), torch.Tensor)]
+    warming = _GRAPH_WARMUP.get()
+    mixers = []
+    if warming or _stream_capturing():
+        mixers = [b.mixer for b in layers
+                  if isinstance(getattr(b.mixer, "A_log", None), torch.Tensor)]  # fmt: skip
     rates = None
     if mixers:
         from mamba2_rocm.ops import decay as decay_ops
 
         a_logs = [m.A_log for m in mixers]
         if not _capturing(a_logs[0]):
-            decay_ops.prepare(a_logs)
+            decay_ops.prepare(a_logs)  # (warming: the capture follows)
         else:
             rates = decay_ops.decay_rates_of(a_logs)
     if rates is None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from mamba2_rocm.models import _init
+
 __all__ = [
     "DecodingCGCache",
     "GenerationMixin",
@@ -329,7 +331,8 @@ def capture_graph(model, inference_params: InferenceParams, batch_size: int, max
 
     side = torch.cuda.Stream(device=device)
     side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):  # warm-up outside the capture: plans, workspaces, autotuning
+    # warm-up outside the capture: plans, workspaces, autotuning, the decay launch's table
+    with torch.cuda.stream(side), _init.graph_warmup():
         for _ in range(n_warmups):
             step()
         side.synchronize()

@@ -1,0 +1,77 @@
+"""Sweep of the selective-scan backward's grid over its host knobs, per shape.
+
+Usage (on the GPU machine, kernels built): python scripts/tune_selective_scan_bwd.py
+
+The backward (csrc/selective_scan_bwd.hip) gives each block a slice of a group's channels; the
+host sizes the slices from ``BWD_BLOCKS_PER_SM`` and caps them so that the variable dB / dC
+partials (one per slice, summed by the host) stay under ``BWD_PARTIAL_FACTOR`` times u's bytes
+or ``BWD_PARTIAL_MIN_BYTES``. At the narrow widths the cap leaves fewer blocks than channel
+tiles (mamba-130m, b1 d1536 l2048: 192 blocks of 4 channels for 384 tiles). This times forward
++ backward (autograd, every input's gradient, device events around each call) and the forward
+alone (graph replays), so the backward is their difference, for every pair of
+``BLOCKS="8 16"`` and ``PARTIAL_MB="64 1024"`` over ``SHAPES="b,d,L,n ..."``.
+"""
+
+import functools
+import os
+
+import torch
+
+from mamba2_rocm import selective_scan_fn
+from mamba2_rocm.bench.timing import time_calls, time_graph
+from mamba2_rocm.ops import selective_scan as ops
+
+SHAPES = ((1, 768, 2048, 16), (1, 1536, 2048, 16), (8, 2048, 2048, 16), (8, 4096, 2048, 16),
+          (1, 5120, 8192, 16))  # fmt: skip
+BLOCKS = (8, 16)
+PARTIAL_MB = (64, 1024)
+
+
+def _env(name: str, default: tuple, item) -> tuple:
+    """The environment's ``name`` (space-separated items, each read by ``item``) over the
+    default."""
+    text = os.environ.get(name)
+    return tuple(item(s) for s in text.split()) if text else default
+
+
+def _inputs(b: int, d: int, L: int, n: int):
+    g = torch.Generator(device="cuda").manual_seed(d + L)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+    u, z, dout = (r(b, d, L).bfloat16() for _ in range(3))
+    delta = (torch.rand(b, d, L, device="cuda", generator=g) * 0.5).bfloat16()
+    A = -torch.rand(d, n, device="cuda", generator=g) - 0.1
+    B, C = r(b, n, L), r(b, n, L)
+    D, db = r(d), torch.rand(d, device="cuda", generator=g) * 0.5
+    return [u, delta, A, B, C, D, z, db], dout
+
+
+def main() -> None:
+    os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")  # read on every call
+    print(f"kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')}")
+    saved = ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES
+    for b, d, L, n in _env("SHAPES", SHAPES, lambda s: tuple(int(v) for v in s.split(","))):
+        inputs, dout = _inputs(b, d, L, n)
+        fwd = time_graph(functools.partial(selective_scan_fn, *inputs, True), 5, 5).median_us
+        leaves = [t.requires_grad_() for t in inputs]
+        ref = None
+        cells = []
+        for blocks in _env("BLOCKS", BLOCKS, int):
+            for mb in _env("PARTIAL_MB", PARTIAL_MB, int):
+                ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES = blocks, mb << 20
+
+                def step(leaves=leaves, dout=dout):
+                    return torch.autograd.grad(selective_scan_fn(*leaves, True), leaves, dout)
+
+                grads = step()
+                if ref is None:
+                    ref = grads
+                same = all(torch.equal(a, r) for a, r in zip(grads, ref, strict=True))
+                us = time_calls(step, warmup=2, iters=10).median_us
+                cells.append(f"{blocks}/{mb}MB={us:.0f}us(bwd {us - fwd:.0f}){'' if same else '!'}")
+        ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES = saved
+        print(f"b{b} d{d} l{L} n{n}: fwd {fwd:.0f}us " + " ".join(cells), flush=True)
+    print("('!': gradients differ in bits from the first setting's: slices sum in another order)")
+
+
+if __name__ == "__main__":
+    main()
