@@ -319,17 +319,18 @@ def prefetch_beside(weight: Tensor, start: int = 0, nbytes: int | None = None):
     launch more would cost more than it saves), off the kernel tier, when traced, or when
     ``PREFETCH`` is off."""
     if (not PREFETCH or type(weight) is not Tensor or weight.device.type != "cuda"
-            or torch.compiler.is_compiling() or not torch.cuda.is_current_stream_capturing()):  # fmt: skip
+            or torch.compiler.is_compiling()):  # fmt: skip
+        return None
+    side = _SIDE_STREAMS.get(weight.device)
+    if side is None:  # made on an eager call (the warm-up before a capture), not inside one
+        side = _SIDE_STREAMS[weight.device] = torch.cuda.Stream(weight.device)
+    if not torch.cuda.is_current_stream_capturing():
         return None
     tier, kset = choose(weight.device)
     params = _prefetch_params(weight, start, nbytes) if tier == "kernel" else None
     if params is None:
         return None
-    main = torch.cuda.current_stream(weight.device)
-    side = _SIDE_STREAMS.get(weight.device)
-    if side is None:
-        side = _SIDE_STREAMS[weight.device] = torch.cuda.Stream(weight.device)
-    side.wait_stream(main)
+    side.wait_stream(torch.cuda.current_stream(weight.device))
     blocks = max(1, int(sm_count(weight.device) * PREFETCH_BLOCKS_PER_SM))
     blocks = min(blocks, -(-params[_SECTORS_FIELD] // THREADS))  # no more than the sectors need
     with torch.cuda.stream(side):

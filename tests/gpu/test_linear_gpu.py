@@ -202,14 +202,15 @@ def test_prefetch_in_a_graph_reads_and_writes_nothing(start, nbytes, kernel_only
     assert torch.equal(got, ops.decode_linear(x, w))
 
 
-def test_mamba2_graph_decode_with_the_prefetch_equals_without(monkeypatch):
-    """A Mamba2 LM's cg decode gives the same tokens and scores with out_proj's weight
-    prefetched beside the step (the default) and without (PREFETCH off), bit for bit."""
+@pytest.mark.parametrize("ssm_cfg", [{"layer": "Mamba2", "headdim": 32, "d_state": 64},
+                                     {"layer": "Mamba1", "d_state": 16}])  # fmt: skip
+def test_graph_decode_with_the_prefetch_equals_without(ssm_cfg, monkeypatch):
+    """A Mamba2 / Mamba1 LM's cg decode gives the same tokens and scores with the projections'
+    weights prefetched beside the step (the default) and without (PREFETCH off), bit for bit."""
     from mamba2_rocm.models import MambaConfig, MambaLMHeadModel
 
     torch.manual_seed(0)
-    cfg = MambaConfig(d_model=256, n_layer=3, vocab_size=512,
-                      ssm_cfg={"layer": "Mamba2", "headdim": 32, "d_state": 64})  # fmt: skip
+    cfg = MambaConfig(d_model=256, n_layer=3, vocab_size=512, ssm_cfg=dict(ssm_cfg))
     model = MambaLMHeadModel(cfg, device=DEV, dtype=torch.bfloat16).eval()
     ids = torch.randint(0, 512, (2, 7), device=DEV)
     launched = []
