@@ -367,6 +367,14 @@ def test_prefetch_params_cover_whole_sectors_of_the_weight():
     assert ops._prefetch_params(w, 0, 31) is None  # no whole sector
     assert ops._prefetch_params(w.t(), 0, None) is None  # not contiguous
     assert ops._prefetch_params(w.view(-1)[8:], 0, None) is None  # not sector-aligned
+    # a model's weight is a Parameter: taken as the tensor it wraps; other subclasses are not
+    p = torch.nn.Parameter(w, requires_grad=False)
+    assert _fields(ops._prefetch_params(p, 0, None))["in_features"] == 96
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert ops._prefetch_params(w.as_subclass(Sub), 0, None) is None
     from mamba2_rocm.build.driver import csrc_dir
 
     text = (csrc_dir() / "linear.hip").read_text()

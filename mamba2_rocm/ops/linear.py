@@ -27,6 +27,9 @@ from mamba2_rocm.ops.conv1d import causal_conv1d_update
 torch = require_torch()
 F = torch.nn.functional
 Tensor = torch.Tensor
+#: What the prefetch takes: plain tensors and parameters (every model weight is one), not the
+#: other subclasses (a trace's fake or functional tensors)
+_WEIGHT_TYPES = (Tensor, torch.nn.Parameter)
 from torch.nn.modules import module as _nn_module  # noqa: E402  (after the torch check)
 
 #: The most rows (a decode batch) the kernel takes, and its row tiers (kernels.LINEAR_FORMS).
@@ -295,7 +298,7 @@ def _prefetch_params(weight: Tensor, start: int, nbytes: int | None) -> tuple | 
     """LinearParams of m2r_linear_prefetch over weight's bytes [start, start + nbytes) (to the
     end when nbytes is None), or None when there is nothing to read: no whole sector, an
     unaligned or non-contiguous weight."""
-    if type(weight) is not Tensor or not weight.is_contiguous():
+    if type(weight) not in _WEIGHT_TYPES or not weight.is_contiguous():
         return None
     total = weight.numel() * weight.element_size()
     start = max(0, min(start, total)) // _SECTOR * _SECTOR
@@ -318,7 +321,7 @@ def prefetch_beside(weight: Tensor, start: int = 0, nbytes: int | None = None):
     Returns None (nothing launched) outside a capture (an eager decode step is host-bound: a
     launch more would cost more than it saves), off the kernel tier, when traced, or when
     ``PREFETCH`` is off."""
-    if (not PREFETCH or type(weight) is not Tensor or weight.device.type != "cuda"
+    if (not PREFETCH or type(weight) not in _WEIGHT_TYPES or weight.device.type != "cuda"
             or torch.compiler.is_compiling()):  # fmt: skip
         return None
     side = _SIDE_STREAMS.get(weight.device)
