@@ -698,6 +698,73 @@ def test_generate_table_ratios_goals_and_failures():
     assert "  upstream: skipped (no real mamba_ssm importable)" in lines
 
 
+def test_generate_sides_take_turns_and_keep_their_own_medians():
+    """bench generate times ours and upstream alternately (a drift reaches both), each side's
+    median of its own timings; decode pairs stay long-then-short within a side."""
+    from mamba2_rocm.bench import generate
+
+    calls = []
+    times = {"a": iter([5.0, 1.0, 6.0]), "b": iter([9.0, 100.0, 8.0])}
+
+    def time_ms(fn):
+        return next(times[fn()])
+
+    def tag(name):
+        return lambda: calls.append(name) or name
+
+    got = generate.interleaved(time_ms, {"a": tag("a"), "b": tag("b")}, repeats=3)
+    assert calls == ["a", "b"] * 3 and got == {"a": 5.0, "b": 9.0}
+
+    calls.clear()
+    times = {"al": iter([70.0, 71.0, 500.0]), "as": iter([6.0, 7.0, 6.0]),
+             "bl": iter([140.0, 139.0, 141.0]), "bs": iter([12.0, 11.0, 13.0])}  # fmt: skip
+    got = generate.interleaved_per_token(
+        time_ms, {"a": (tag("al"), tag("as")), "b": (tag("bl"), tag("bs"))}, tokens=64, pairs=3
+    )
+    assert calls == ["al", "as", "bl", "bs"] * 3
+    assert got["a"] == pytest.approx(64.0 / 64) and got["b"] == pytest.approx(128.0 / 64)
+
+
+def test_generate_measure_runs_metric_by_metric_and_records_a_sides_failure(monkeypatch):
+    """A side whose warm-up of a metric fails records that error and sits the metric out; the
+    other side is still measured, and the next metric has both again. Decode rows become
+    tokens per second (batch / step); gradients are dropped after each metric."""
+    from mamba2_rocm.bench import generate
+
+    order = []
+
+    class Model:
+        def __init__(self, name):
+            self.name, self.zeroed = name, 0
+
+        def zero_grad(self, set_to_none=True):
+            self.zeroed += 1
+
+    def workloads(torch_, model, repeats):
+        def op(key, ms):
+            return lambda: order.append((model.name, key)) or ms
+
+        def broken():
+            raise RuntimeError("no graphs here")
+
+        work = {"prefill_ms": (op("warm", 0), op("prefill", 2.0 if model.name == "ours" else 4.0))}
+        warm = broken if model.name == "upstream" else op("warm", 0)
+        work["decode_b16_cg_tok_s"] = (warm, (op("long", 66.0), op("short", 2.0)))
+        return work
+
+    monkeypatch.setattr(generate, "_workloads", workloads)
+    monkeypatch.setattr(generate, "_time_once_ms", lambda torch_: lambda fn: fn())
+    models = {"ours": Model("ours"), "upstream": Model("upstream")}
+    out = generate.measure(torch, models, repeats=3)
+    assert out["ours"]["prefill_ms"] == 2.0 and out["upstream"]["prefill_ms"] == 4.0
+    assert out["ours"]["decode_b16_cg_tok_s"] == pytest.approx(16 / (1.0 / 1e3))
+    assert out["upstream"]["decode_b16_cg_tok_s_error"] == "RuntimeError: no graphs here"
+    assert "decode_b16_cg_tok_s" not in out["upstream"]
+    timed = [c for c in order if c[1] == "prefill"]
+    assert timed == [("ours", "prefill"), ("upstream", "prefill")] * 3
+    assert models["ours"].zeroed == models["upstream"].zeroed == 2
+
+
 def test_generate_shapes_are_upstream_checkpoint_configs():
     """The configs build our model (and upstream's constructor takes the same keywords: the
     names are MambaConfig's); d_model / n_layer of mamba2-130m and mamba2-1.3b."""
