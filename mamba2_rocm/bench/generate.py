@@ -23,7 +23,9 @@ apart on an H100: records/bench/20261206T202158Z-*-model.json and its commit's m
   of that difference over ``DECODE_PAIRS`` pairs timed back to back (``model.per_token_ms``).
 
 Goals (issue #70): prefill and training step ≥ 1.5x upstream, graph decode ≥ 1.2x, eager
-decode ≥ 1.5x.
+decode ≥ 1.5x. ``--breakdown`` adds each side's prefill and training-step device time by
+kernel family (ours, GEMM, Triton, PyTorch's own) and the ratio our kernels could reach at
+best, against the goal (:mod:`mamba2_rocm.bench.breakdown`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import statistics
 import sys
 import time
 
+from mamba2_rocm.bench.breakdown import format_rows
 from mamba2_rocm.bench.model import DECODE_PAIRS, _time_once_ms, real_mamba_ssm_root
 
 SHAPES = {"130m": dict(d_model=768, n_layer=24), "1.3b": dict(d_model=2048, n_layer=48)}
@@ -185,7 +188,33 @@ def measure(torch, models: dict, repeats: int) -> dict:
     return out
 
 
-def run(dtype: str = "bfloat16", shapes=tuple(SHAPES), repeats: int = 3) -> list[dict]:
+#: the metrics ``--breakdown`` profiles (device time by kernel family)
+BREAKDOWN_KEYS = ("prefill_ms", "train_ms")
+
+
+def breakdowns(torch, models: dict, repeats: int) -> dict:
+    """``{side: {key_breakdown: {family: device µs}}}`` for :data:`BREAKDOWN_KEYS`: one
+    profiled call of each side's workload after its warm-up (see
+    :mod:`mamba2_rocm.bench.breakdown`)."""
+    from mamba2_rocm.bench.breakdown import by_family, profile_kernels
+
+    out: dict = {side: {} for side in models}
+    for side, model in models.items():
+        work = _workloads(torch, model, repeats)
+        for key in BREAKDOWN_KEYS:
+            warm, timed = work[key]
+            try:
+                warm()
+                out[side][f"{key}_breakdown"] = by_family(profile_kernels(torch, timed))
+            except Exception as exc:  # recorded; the timed metrics stand
+                out[side][f"{key}_breakdown_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+    return out
+
+
+def run(dtype: str = "bfloat16", shapes=tuple(SHAPES), repeats: int = 3,
+        breakdown: bool = False) -> list[dict]:  # fmt: skip
     import torch
 
     dt = getattr(torch, dtype)
@@ -194,6 +223,9 @@ def run(dtype: str = "bfloat16", shapes=tuple(SHAPES), repeats: int = 3) -> list
         ours, theirs = _models(torch, shape, dt)
         models = {side: m for side, m in zip(SIDES, (ours, theirs), strict=True) if m is not None}
         results = measure(torch, models, repeats)
+        if breakdown:
+            for side, extra in breakdowns(torch, models, repeats).items():
+                results[side].update(extra)
         for side, model in zip(SIDES, (ours, theirs), strict=True):
             row = {"shape": shape, "side": side, "dtype": dtype}
             if model is None:
@@ -223,6 +255,10 @@ def format_table(rows: list[dict]) -> str:
             if isinstance(a, float) and isinstance(b, float) and a > 0 and b > 0:
                 ratio = f"{(a / b if higher else b / a):.2f}x"
             out.append(f"  {label:<30}{cells}{ratio:>9}{goal:>6.1f}x")
+        for key, label, _higher, goal in METRICS:
+            a, b = ours.get(f"{key}_breakdown"), up.get(f"{key}_breakdown")
+            if isinstance(a, dict) and isinstance(b, dict):
+                out.extend(format_rows(label, a, b, goal))
         for side, r in (("ours", ours), ("upstream", up)):
             if "skipped" in r:
                 out.append(f"  {side}: skipped ({r['skipped']})")
