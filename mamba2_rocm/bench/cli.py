@@ -24,7 +24,7 @@ def _run(args: argparse.Namespace) -> int:
         extra["shapes"] = tuple(args.shape)
     if args.op in ("ssd", "decode"):
         extra["triton_procs"] = args.triton_procs
-    if args.breakdown:
+    if getattr(args, "breakdown", False):
         if args.op != "generate":
             raise ValueError("--breakdown applies to `bench generate` only")
         extra["breakdown"] = True
@@ -56,7 +56,7 @@ def _command(args: argparse.Namespace) -> str:
         parts.append("--backward")
     for shape in args.shape or ():
         parts += ["--shape", shape]
-    if args.breakdown:
+    if getattr(args, "breakdown", False):  # (a namespace made without the option: off)
         parts.append("--breakdown")
     if args.op in ("ssd", "decode"):
         parts += ["--triton-procs", str(args.triton_procs)]
