@@ -143,8 +143,41 @@ M2R_DEVICE void linear(const LinearParams& p) {
   static_cast<S*>(p.y)[m * p.y_row_stride + n] = T::from_float(s);
 }
 
+// ---- prefetch ------------------------------------------------------------------------------
+// m2r_linear_prefetch: one 4-byte word of each 32-byte sector of `weight`'s first in_features
+// sectors is read, so that the sectors sit in the GPU's cache (NVIDIA's L2; AMD's L2 and
+// Infinity Cache) when the layer's own kernel reads them. A decode step's small kernels (the
+// scan step, the norms) leave the memory bus idle for microseconds; a prefetch running beside
+// them on another stream fills that time with the next projection's weight. The loads' values
+// are folded into one word that is stored to y only when rows < 0, which the host never sets:
+// the loads cannot be dropped, and nothing is written. A grid-stride walk, kPrefetchLoads
+// sectors a thread in flight.
+constexpr int kPrefetchLoads = 16;
+constexpr int kSectorBytes = 32;  // ops/linear.py: _SECTOR
+
+M2R_DEVICE void prefetch(const LinearParams& p) {
+  const uint32_t* words = static_cast<const uint32_t*>(p.weight);
+  const int64_t sectors = p.in_features;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  uint32_t acc = 0u;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < sectors;
+       i += kPrefetchLoads * stride) {
+    uint32_t v[kPrefetchLoads];
+#pragma unroll
+    for (int k = 0; k < kPrefetchLoads; ++k) {
+      const int64_t j = i + k * stride;
+      v[k] = j < sectors ? words[j * (kSectorBytes / 4)] : 0u;
+    }
+#pragma unroll
+    for (int k = 0; k < kPrefetchLoads; ++k) acc ^= v[k];
+  }
+  if (p.rows < 0) static_cast<uint32_t*>(p.y)[0] = acc;
+}
+
 }  // namespace linear
 }  // namespace m2r
+
+M2R_KERNEL(m2r::linear::kThreads) m2r_linear_prefetch(LinearParams p) { m2r::linear::prefetch(p); }
 
 // each form plain and with the conv step (_conv)
 #define M2R_LINEAR(DT, T, M, R, U)                                                          \

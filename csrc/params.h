@@ -466,6 +466,8 @@ struct SelectiveScanBwdParams {
 // the state's last conv_width - 1 entries, then the token), silu'd when conv_silu. conv_state,
 // conv_weight (channels, conv_width), conv_bias of the kernel's dtype; state_len and
 // conv_width at most 4, state_len >= conv_width - 1.
+// m2r_linear_prefetch reads weight's first in_features 32-byte sectors (weight 32-byte
+// aligned) and writes nothing; rows is 1 (see the kernel).
 struct LinearParams {
   const void* x;
   const void* weight;

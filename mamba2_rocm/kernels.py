@@ -141,11 +141,14 @@ SOURCES: dict[str, KernelSource] = {
         KernelSource(
             "linear",
             LinearParams,
-            tuple(
-                f"m2r_linear_{dt}_m{m}_r{r}_u{u}{conv}"
-                for m, (r, u) in LINEAR_FORMS.items()
-                for dt in KERNEL_DTYPES
-                for conv in ("", "_conv")
+            (
+                *(
+                    f"m2r_linear_{dt}_m{m}_r{r}_u{u}{conv}"
+                    for m, (r, u) in LINEAR_FORMS.items()
+                    for dt in KERNEL_DTYPES
+                    for conv in ("", "_conv")
+                ),
+                "m2r_linear_prefetch",
             ),
         ),
         # the matrix-core interface's self-test (tests/gpu/test_mma_probe_gpu.py)

@@ -733,6 +733,133 @@ def test_generate_table_ratios_goals_and_failures():
     assert "  upstream: skipped (no real mamba_ssm importable)" in lines
 
 
+def test_generate_sides_take_turns_and_keep_their_own_medians():
+    """bench generate times ours and upstream alternately (a drift reaches both), each side's
+    median of its own timings; decode pairs stay long-then-short within a side."""
+    from mamba2_rocm.bench import generate
+
+    calls = []
+    times = {"a": iter([5.0, 1.0, 6.0]), "b": iter([9.0, 100.0, 8.0])}
+
+    def time_ms(fn):
+        return next(times[fn()])
+
+    def tag(name):
+        return lambda: calls.append(name) or name
+
+    got = generate.interleaved(time_ms, {"a": tag("a"), "b": tag("b")}, repeats=3)
+    assert calls == ["a", "b"] * 3 and got == {"a": 5.0, "b": 9.0}
+
+    calls.clear()
+    times = {"al": iter([70.0, 71.0, 500.0]), "as": iter([6.0, 7.0, 6.0]),
+             "bl": iter([140.0, 139.0, 141.0]), "bs": iter([12.0, 11.0, 13.0])}  # fmt: skip
+    got = generate.interleaved_per_token(
+        time_ms, {"a": (tag("al"), tag("as")), "b": (tag("bl"), tag("bs"))}, tokens=64, pairs=3
+    )
+    assert calls == ["al", "as", "bl", "bs"] * 3
+    assert got["a"] == pytest.approx(64.0 / 64) and got["b"] == pytest.approx(128.0 / 64)
+
+
+def test_generate_measure_runs_metric_by_metric_and_records_a_sides_failure(monkeypatch):
+    """A side whose warm-up of a metric fails records that error and sits the metric out; the
+    other side is still measured, and the next metric has both again. Decode rows become
+    tokens per second (batch / step); gradients are dropped after each metric."""
+    from mamba2_rocm.bench import generate
+
+    order = []
+
+    class Model:
+        def __init__(self, name):
+            self.name, self.zeroed = name, 0
+
+        def zero_grad(self, set_to_none=True):
+            self.zeroed += 1
+
+    def workloads(torch_, model, repeats):
+        def op(key, ms):
+            return lambda: order.append((model.name, key)) or ms
+
+        def broken():
+            raise RuntimeError("no graphs here")
+
+        work = {"prefill_ms": (op("warm", 0), op("prefill", 2.0 if model.name == "ours" else 4.0))}
+        warm = broken if model.name == "upstream" else op("warm", 0)
+        work["decode_b16_cg_tok_s"] = (warm, (op("long", 66.0), op("short", 2.0)))
+        return work
+
+    monkeypatch.setattr(generate, "_workloads", workloads)
+    monkeypatch.setattr(generate, "_time_once_ms", lambda torch_: lambda fn: fn())
+    models = {"ours": Model("ours"), "upstream": Model("upstream")}
+    out = generate.measure(torch, models, repeats=3)
+    assert out["ours"]["prefill_ms"] == 2.0 and out["upstream"]["prefill_ms"] == 4.0
+    assert out["ours"]["decode_b16_cg_tok_s"] == pytest.approx(16 / (1.0 / 1e3))
+    assert out["upstream"]["decode_b16_cg_tok_s_error"] == "RuntimeError: no graphs here"
+    assert "decode_b16_cg_tok_s" not in out["upstream"]
+    timed = [c for c in order if c[1] == "prefill"]
+    assert timed == [("ours", "prefill"), ("upstream", "prefill")] * 3
+    assert models["ours"].zeroed == models["upstream"].zeroed == 2
+
+
+def test_breakdown_families_of_real_kernel_names():
+    """Kernel names as torch.profiler shows them on both vendors, each in its family."""
+    from mamba2_rocm.bench.breakdown import by_family, family
+
+    names = {
+        "m2r_ssd_chunk_scan_bf16_t64b128": "ours",
+        "m2r_conv1d_fwd_bf16_w4": "ours",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1": "gemm",
+        "nvjet_tst_128x192_64x4_1x2_h_bz_coopA_NTN": "gemm",
+        "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn>("
+        "Params)": "gemm",
+        "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>(int)": "gemm",
+        "void gemv2T_kernel_val<int, int, __nv_bfloat16, float, 128, 16, 4, 4, false>(x)": "gemm",
+        "Cijk_Alik_Bljk_BBS_BH_MT128x128x32_MI32x32x8x1_SN_1LDSB0": "gemm",
+        "_chunk_scan_fwd_kernel": "triton",
+        "_layer_norm_fwd_1pass_kernel": "triton",
+        "triton_poi_fused_add_0": "triton",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+        "at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>)": "torch",
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>(x)": "torch",
+        "Memcpy DtoD (Device -> Device)": "torch",
+    }  # fmt: skip
+    assert {n: family(n) for n in names} == names
+    got = by_family([("m2r_a", 3.0), ("_x_kernel", 2.0), ("Memset (Device)", 1.0)])
+    assert got == {"ours": 3.0, "gemm": 0.0, "triton": 2.0, "torch": 1.0}
+
+
+def test_breakdown_bound_and_table():
+    """The bound: upstream's total over ours without our kernels; the table says whether the
+    goal is within it."""
+    from mamba2_rocm.bench.breakdown import bound, format_rows
+
+    ours = {"ours": 40.0e3, "gemm": 150.0e3, "triton": 0.0, "torch": 20.0e3}
+    up = {"ours": 5.0e3, "gemm": 150.0e3, "triton": 90.0e3, "torch": 25.0e3}
+    assert bound(ours, up) == pytest.approx(270.0 / 170.0)
+    lines = format_rows("train step b4 l2048 (ms)", ours, up, goal=1.5)
+    assert lines[2].split() == ["ours", "40.00", "5.00"]
+    assert lines[-2].split() == ["total", "210.00", "270.00"]
+    assert lines[-1].strip() == ("upstream / ours 1.29x; with our kernels at zero at most 1.59x "
+                                 "(goal 1.5x: within the kernels' reach)")  # fmt: skip
+    assert "out of the kernels' reach" in format_rows("x", ours, up, goal=2.0)[-1]
+    assert bound({"ours": 1.0, "gemm": 0.0, "triton": 0.0, "torch": 0.0}, up) is None
+
+
+def test_generate_table_shows_breakdowns_and_the_flag_is_generate_only(capsys):
+    from mamba2_rocm import cli
+    from mamba2_rocm.bench import generate
+
+    fams = {"ours": 1.0e3, "gemm": 2.0e3, "triton": 0.0, "torch": 1.0e3}
+    rows = [{"shape": "130m", "side": "ours", "dtype": "bfloat16", "train_ms": 4.0,
+             "train_ms_breakdown": fams},
+            {"shape": "130m", "side": "upstream", "dtype": "bfloat16", "train_ms": 6.0,
+             "train_ms_breakdown": {**fams, "triton": 2.0e3}}]  # fmt: skip
+    text = generate.format_table(rows)
+    assert "train step b4 l2048 (ms): device ms by kernel family" in text
+    assert "with our kernels at zero at most 2.00x (goal 1.5x: within" in text
+    assert cli.main(["bench", "ssd", "--breakdown"]) != 0
+    assert "--breakdown applies to `bench generate` only" in capsys.readouterr().err
+
+
 def test_generate_shapes_are_upstream_checkpoint_configs():
     """The configs build our model (and upstream's constructor takes the same keywords: the
     names are MambaConfig's); d_model / n_layer of mamba2-130m and mamba2-1.3b."""

@@ -350,3 +350,42 @@ def test_in_proj_conv_step_refuses_an_unknown_activation():
     x, w, b, state, cw, cb, start, ch = _conv_operands()
     with pytest.raises(ValueError, match="activation"):
         ops.in_proj_conv_step(x, w, b, state, cw, cb, start, ch, "relu")
+
+
+def test_prefetch_params_cover_whole_sectors_of_the_weight():
+    """m2r_linear_prefetch's fields: the weight's bytes [start, start + nbytes) as whole 32-byte
+    sectors from a sector boundary, rows 1 (its guarded store stays off), no output."""
+    w = torch.zeros(24, 64, dtype=torch.bfloat16)  # 3072 bytes: 96 sectors
+    f = _fields(ops._prefetch_params(w, 0, None))
+    assert f["weight"] == w.data_ptr() and f["in_features"] == 96 and f["rows"] == 1
+    assert f["y"] == f["x"] == f["bias"] == f["conv_state"] == 0
+    assert list(f).index("in_features") == ops._SECTORS_FIELD
+    f = _fields(ops._prefetch_params(w, 1000, 512))  # from byte 992: 16 sectors
+    assert f["weight"] == w.data_ptr() + 992 and f["in_features"] == 16
+    assert _fields(ops._prefetch_params(w, 3000, None))["in_features"] == 3  # from byte 2976
+    assert ops._prefetch_params(w, 3072, None) is None  # nothing left
+    assert ops._prefetch_params(w, 0, 31) is None  # no whole sector
+    assert ops._prefetch_params(w.t(), 0, None) is None  # not contiguous
+    assert ops._prefetch_params(w.view(-1)[8:], 0, None) is None  # not sector-aligned
+    # a model's weight is a Parameter: taken as the tensor it wraps; other subclasses are not
+    p = torch.nn.Parameter(w, requires_grad=False)
+    assert _fields(ops._prefetch_params(p, 0, None))["in_features"] == 96
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert ops._prefetch_params(w.as_subclass(Sub), 0, None) is None
+    from mamba2_rocm.build.driver import csrc_dir
+
+    text = (csrc_dir() / "linear.hip").read_text()
+    assert int(re.search(r"kSectorBytes = (\d+);", text).group(1)) == ops._SECTOR
+    assert "m2r_linear_prefetch" in SOURCES["linear"].kernels
+
+
+def test_prefetch_beside_launches_nothing_outside_a_graph_capture(fake_kernels):
+    """An eager step (host-bound) and CPU tensors get no prefetch: None, no launch; so does
+    a capture with PREFETCH off."""
+    w = torch.zeros(24, 64, dtype=torch.bfloat16)
+    assert ops.prefetch_beside(w) is None
+    ops.join_prefetch(None)  # (nothing to join)
+    assert fake_kernels.launches == []

@@ -24,6 +24,10 @@ def _run(args: argparse.Namespace) -> int:
         extra["shapes"] = tuple(args.shape)
     if args.op in ("ssd", "decode"):
         extra["triton_procs"] = args.triton_procs
+    if getattr(args, "breakdown", False):
+        if args.op != "generate":
+            raise ValueError("--breakdown applies to `bench generate` only")
+        extra["breakdown"] = True
     if args.backward:
         if args.op not in BACKWARD_OPS:
             raise ValueError(f"--backward applies to bench {' / '.join(BACKWARD_OPS)}")
@@ -52,6 +56,8 @@ def _command(args: argparse.Namespace) -> str:
         parts.append("--backward")
     for shape in args.shape or ():
         parts += ["--shape", shape]
+    if getattr(args, "breakdown", False):  # (a namespace made without the option: off)
+        parts.append("--breakdown")
     if args.op in ("ssd", "decode"):
         parts += ["--triton-procs", str(args.triton_procs)]
     return " ".join(parts)
@@ -96,4 +102,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shape", action="append", choices=["130m", "1.3b"],
                    help="bench model / generate: only these checkpoint shapes (repeatable; "
                         "default: all)")  # fmt: skip
+    p.add_argument("--breakdown", action="store_true",
+                   help="bench generate: also each side's prefill and training-step device time "
+                        "by kernel family, and the ratio our kernels could reach at best "
+                        "(mamba2_rocm.bench.breakdown)")  # fmt: skip
     p.set_defaults(func=_run)

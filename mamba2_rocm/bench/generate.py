@@ -9,7 +9,10 @@ and mamba2-1.3b (2048, 48): Mamba2 mixers with headdim 64, d_state 128, RMSNorm,
 residual stream, fused add + norm, tied embeddings.
 
 Measured in one process, each the median of a few repeats (CUDA events around the whole call,
-host time included):
+host time included), metric by metric with the two sides taking turns (ours, upstream, ours,
+...): a drift of the GPU's clocks or memory rate over a run of several minutes reaches both
+sides alike. (Host-bound decode figures of one tree moved by 40% between two runs 15 minutes
+apart on an H100: records/bench/20261206T202158Z-*-model.json and its commit's message.)
 
 - prefill: batch 1, 4096 tokens, the last token's logits (as ``generate`` prefills);
 - training step: batch 4, 2048 tokens, forward, the cross-entropy of every position and
@@ -20,21 +23,19 @@ host time included):
   of that difference over ``DECODE_PAIRS`` pairs timed back to back (``model.per_token_ms``).
 
 Goals (issue #70): prefill and training step ≥ 1.5x upstream, graph decode ≥ 1.2x, eager
-decode ≥ 1.5x.
+decode ≥ 1.5x. ``--breakdown`` adds each side's prefill and training-step device time by
+kernel family (ours, GEMM, Triton, PyTorch's own) and the ratio our kernels could reach at
+best, against the goal (:mod:`mamba2_rocm.bench.breakdown`).
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 
-from mamba2_rocm.bench.model import (
-    DECODE_PAIRS,
-    _median_ms,
-    _time_once_ms,
-    per_token_ms,
-    real_mamba_ssm_root,
-)
+from mamba2_rocm.bench.breakdown import format_rows
+from mamba2_rocm.bench.model import DECODE_PAIRS, _time_once_ms, real_mamba_ssm_root
 
 SHAPES = {"130m": dict(d_model=768, n_layer=24), "1.3b": dict(d_model=2048, n_layer=48)}
 COMMON = dict(
@@ -80,30 +81,40 @@ def _models(torch, shape: str, dtype):
     return ours, theirs
 
 
-def measure(torch, model, repeats: int) -> dict:
-    """The side's numbers; a measurement that fails is recorded as its error, the rest run."""
-    out: dict = {}
+def interleaved(time_ms, sides: dict, repeats: int) -> dict:
+    """Each side's median of ``repeats`` timings (``time_ms(fn)``: one timed call), the sides
+    taking turns: a clock or thermal drift over the run moves every side alike, not only the
+    one that happened to run later."""
+    times: dict = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, fn in sides.items():
+            times[name].append(time_ms(fn))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def interleaved_per_token(time_ms, sides: dict, tokens: int, pairs: int) -> dict:
+    """:func:`mamba2_rocm.bench.model.per_token_ms` of every side, the sides taking turns pair
+    by pair (``sides``: name -> (run_long, run_short))."""
+    diffs: dict = {name: [] for name in sides}
+    for _ in range(pairs):
+        for name, (run_long, run_short) in sides.items():
+            diffs[name].append((time_ms(run_long) - time_ms(run_short)) / tokens)
+    return {name: statistics.median(d) for name, d in diffs.items()}
+
+
+def _workloads(torch, model, repeats: int) -> dict:
+    """The side's callables: key -> (warm-up, timed calls); decode keys time (long, short)."""
     g = torch.Generator(device="cuda").manual_seed(1)
     vocab = model.config.vocab_size
 
     def ids(b, n):
         return torch.randint(0, vocab, (b, n), device="cuda", generator=g)
 
-    def attempt(key, fn):
-        try:
-            out[key] = fn()
-        except Exception as exc:  # a side that cannot run one measurement still runs the others
-            out[f"{key}_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        torch.cuda.empty_cache()
-
     prompt = ids(*PREFILL)
 
     def prefill():
         with torch.no_grad():
             model(prompt, num_last_tokens=1)
-
-    prefill()  # (compiles / autotunes on first use)
-    attempt("prefill_ms", lambda: _median_ms(torch, prefill, repeats))
 
     tokens = ids(TRAIN[0], TRAIN[1] + 1)
 
@@ -115,50 +126,114 @@ def measure(torch, model, repeats: int) -> dict:
         )
         loss.backward()
 
-    def timed_train():
+    def train_done():  # the gradients freed before the other side runs
         train()
-        return _median_ms(torch, train, repeats)
+        model.zero_grad(set_to_none=True)
 
-    attempt("train_ms", timed_train)
-    model.zero_grad(set_to_none=True)
-
+    work = {"prefill_ms": (prefill, prefill), "train_ms": (train, train_done)}
     for b in DECODE_BATCHES:
         start = ids(b, PROMPT_TOKENS)
         for cg in (True, False):
-            key = f"decode_b{b}{'_cg' if cg else ''}_tok_s"
 
             def gen(n, start=start, cg=cg):
                 with torch.no_grad():
                     model.generate(start, max_length=PROMPT_TOKENS + n, cg=cg, top_k=1)
 
-            def tok_s(gen=gen, b=b):
-                gen(NEW_TOKENS + 1)  # warm: graph capture, autotune
-                step = per_token_ms(_time_once_ms(torch), lambda: gen(NEW_TOKENS + 1),
-                                    lambda: gen(1), NEW_TOKENS, max(repeats, DECODE_PAIRS))  # fmt: skip
-                return b / (step / 1e3)
+            # warm: graph capture, autotune
+            work[f"decode_b{b}{'_cg' if cg else ''}_tok_s"] = (
+                lambda gen=gen: gen(NEW_TOKENS + 1),
+                (lambda gen=gen: gen(NEW_TOKENS + 1), lambda gen=gen: gen(1)),
+            )
+    return work
 
-            attempt(key, tok_s)
+
+def measure(torch, models: dict, repeats: int) -> dict:
+    """Every side's numbers (``models``: side -> model), measured metric by metric with the
+    sides taking turns. A side whose warm-up of a metric fails records the error there and
+    sits that metric out; the others run."""
+    out: dict = {side: {} for side in models}
+    works = {side: _workloads(torch, model, repeats) for side, model in models.items()}
+    time_ms = _time_once_ms(torch)
+    for key in works[next(iter(works))]:
+        ready = {}
+        for side, work in works.items():
+            warm, timed = work[key]
+            try:
+                warm()
+                ready[side] = timed
+            except Exception as exc:  # this side cannot run this measurement
+                out[side][f"{key}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            torch.cuda.empty_cache()
+        if not ready:
+            continue
+        t0 = time.perf_counter()
+        try:
+            if key.endswith("_tok_s"):
+                steps = interleaved_per_token(time_ms, ready, NEW_TOKENS,
+                                              max(repeats, DECODE_PAIRS))  # fmt: skip
+                batch = int(key.split("_")[1][1:])
+                for side, step in steps.items():
+                    out[side][key] = batch / (step / 1e3)
+            else:
+                for side, ms in interleaved(time_ms, ready, repeats).items():
+                    out[side][key] = ms
+        except Exception as exc:  # a failure mid-run: every side that took part records it
+            for side in ready:
+                out[side][f"{key}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        for model in models.values():  # (the training step's gradients)
+            model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        print(f"bench generate: {key} ({', '.join(ready)}) in {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
     return out
 
 
-def run(dtype: str = "bfloat16", shapes=tuple(SHAPES), repeats: int = 3) -> list[dict]:
+#: the metrics ``--breakdown`` profiles (device time by kernel family)
+BREAKDOWN_KEYS = ("prefill_ms", "train_ms")
+
+
+def breakdowns(torch, models: dict, repeats: int) -> dict:
+    """``{side: {key_breakdown: {family: device µs}}}`` for :data:`BREAKDOWN_KEYS`: one
+    profiled call of each side's workload after its warm-up (see
+    :mod:`mamba2_rocm.bench.breakdown`)."""
+    from mamba2_rocm.bench.breakdown import by_family, profile_kernels
+
+    out: dict = {side: {} for side in models}
+    for side, model in models.items():
+        work = _workloads(torch, model, repeats)
+        for key in BREAKDOWN_KEYS:
+            warm, timed = work[key]
+            try:
+                warm()
+                out[side][f"{key}_breakdown"] = by_family(profile_kernels(torch, timed))
+            except Exception as exc:  # recorded; the timed metrics stand
+                out[side][f"{key}_breakdown_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+    return out
+
+
+def run(dtype: str = "bfloat16", shapes=tuple(SHAPES), repeats: int = 3,
+        breakdown: bool = False) -> list[dict]:  # fmt: skip
     import torch
 
     dt = getattr(torch, dtype)
     rows = []
     for shape in shapes:
         ours, theirs = _models(torch, shape, dt)
+        models = {side: m for side, m in zip(SIDES, (ours, theirs), strict=True) if m is not None}
+        results = measure(torch, models, repeats)
+        if breakdown:
+            for side, extra in breakdowns(torch, models, repeats).items():
+                results[side].update(extra)
         for side, model in zip(SIDES, (ours, theirs), strict=True):
             row = {"shape": shape, "side": side, "dtype": dtype}
             if model is None:
                 row["skipped"] = "no real mamba_ssm importable (run it beside upstream)"
             else:
-                t0 = time.perf_counter()
-                row.update(measure(torch, model, repeats))
-                print(f"bench generate: {shape} {side} in {time.perf_counter() - t0:.0f} s",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                row.update(results[side])
             rows.append(row)
-        del ours, theirs
+        del ours, theirs, models
         torch.cuda.empty_cache()
     return rows
 
@@ -180,6 +255,10 @@ def format_table(rows: list[dict]) -> str:
             if isinstance(a, float) and isinstance(b, float) and a > 0 and b > 0:
                 ratio = f"{(a / b if higher else b / a):.2f}x"
             out.append(f"  {label:<30}{cells}{ratio:>9}{goal:>6.1f}x")
+        for key, label, _higher, goal in METRICS:
+            a, b = ours.get(f"{key}_breakdown"), up.get(f"{key}_breakdown")
+            if isinstance(a, dict) and isinstance(b, dict):
+                out.extend(format_rows(label, a, b, goal))
         for side, r in (("ours", ours), ("upstream", up)):
             if "skipped" in r:
                 out.append(f"  {side}: skipped ({r['skipped']})")

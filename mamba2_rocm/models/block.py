@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from mamba2_rocm.ops import linear as linear_ops
 from mamba2_rocm.ops.add_norm import RMSNorm, layer_norm_fn
 
 __all__ = ["Block"]
@@ -51,10 +52,19 @@ class Block(nn.Module):
 
     def forward(self, hidden_states: Tensor, residual: Tensor | None = None,
                 inference_params=None, **mixer_kwargs) -> tuple[Tensor, Tensor]:  # fmt: skip
+        side = None
+        if inference_params is not None and inference_params.seqlen_offset > 0:
+            # a decode step in a graph: the tail of the mixer's in_proj weight read into the
+            # cache beside the add + norm, which leaves the memory bus idle
+            in_proj = getattr(self.mixer, "in_proj", None)
+            if isinstance(in_proj, nn.Linear) and linear_ops.plain_linear(in_proj):
+                w, nbytes = in_proj.weight, linear_ops.IN_PROJ_PREFETCH_BYTES
+                side = linear_ops.prefetch_beside(w, w.numel() * w.element_size() - nbytes, nbytes)
         hidden_states, residual = add_then_norm(self.norm, hidden_states, residual,
                                                 self.fused_add_norm, self.residual_in_fp32)  # fmt: skip
         hidden_states = self.mixer(hidden_states, inference_params=inference_params,
                                    **mixer_kwargs)  # fmt: skip
+        linear_ops.join_prefetch(side)
         if self.mlp is not None:
             hidden_states, residual = add_then_norm(self.norm2, hidden_states, residual,
                                                     self.fused_add_norm, self.residual_in_fp32)  # fmt: skip

@@ -17,7 +17,13 @@ from torch import Tensor, nn
 
 from mamba2_rocm.models._init import decay_rates, dt_bias_init, layer_states, no_weight_decay
 from mamba2_rocm.ops.conv1d import causal_conv1d_fn, causal_conv1d_update
-from mamba2_rocm.ops.linear import decode_linear, step_linear
+from mamba2_rocm.ops.linear import (
+    decode_linear,
+    join_prefetch,
+    plain_linear,
+    prefetch_beside,
+    step_linear,
+)
 from mamba2_rocm.ops.mamba1 import mamba_inner_fn
 from mamba2_rocm.ops.selective_scan import selective_scan_fn
 from mamba2_rocm.ops.state_update import selective_state_update
@@ -115,6 +121,8 @@ class Mamba(nn.Module):
         if hidden_states.shape[1] != 1:
             raise ValueError(f"step decodes one token at a time, got {hidden_states.shape[1]}")
         x, z = step_linear(self.in_proj, hidden_states.squeeze(1)).chunk(2, dim=-1)
+        # in a graph: out_proj's weight read into the cache beside the small steps below
+        side = prefetch_beside(self.out_proj.weight) if plain_linear(self.out_proj) else None
         x = causal_conv1d_update(x, conv_state, self._conv_weight(), self.conv1d.bias,
                                  self.activation)  # fmt: skip
         dt, B, C = torch.split(step_linear(self.x_proj, x), [self.dt_rank, self.d_state, self.d_state],
@@ -123,7 +131,9 @@ class Mamba(nn.Module):
         A = decay_rates(self)
         y = selective_state_update(ssm_state, x, dt, A, B, C, self.D, z=z,
                                    dt_bias=self.dt_proj.bias, dt_softplus=True)  # fmt: skip
-        return step_linear(self.out_proj, y).unsqueeze(1), conv_state, ssm_state
+        out = step_linear(self.out_proj, y).unsqueeze(1)
+        join_prefetch(side)
+        return out, conv_state, ssm_state
 
     def _new_states(self, batch_size: int, conv_dtype, ssm_dtype, device):
         conv_state = torch.zeros(batch_size, self.d_inner, self.d_conv, device=device,

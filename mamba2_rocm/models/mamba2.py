@@ -28,7 +28,13 @@ from mamba2_rocm.ops.conv1d import (
     causal_conv1d_update,
     causal_conv1d_varlen_states,
 )
-from mamba2_rocm.ops.linear import in_proj_conv_step, plain_linear, step_linear
+from mamba2_rocm.ops.linear import (
+    in_proj_conv_step,
+    join_prefetch,
+    plain_linear,
+    prefetch_beside,
+    step_linear,
+)
 from mamba2_rocm.ops.mamba2 import mamba_split_conv1d_scan_combined
 from mamba2_rocm.ops.rmsnorm import RMSNorm as RMSNormGated
 from mamba2_rocm.ops.ssd import mamba_chunk_scan_combined
@@ -245,6 +251,9 @@ class Mamba2(nn.Module):
             z0, x0, z, xbc, dt = self._split(self.in_proj(h_in))
             xbc = causal_conv1d_update(xbc, conv_state, self._conv_weight(), self.conv1d.bias,
                                        self.activation)  # fmt: skip
+        # in a graph: out_proj's weight read into the cache beside the scan step and the norm,
+        # which leave the memory bus idle (ops.linear.prefetch_beside)
+        side = prefetch_beside(self.out_proj.weight) if plain_linear(self.out_proj) else None
         x, B, C = self._xbc_split(xbc)
         h, p, n = self.nheads, self.headdim, self.d_state
         A = decay_rates(self)[:, None, None].expand(h, p, n)
@@ -256,7 +265,9 @@ class Mamba2(nn.Module):
             dt_bias=self.dt_bias[:, None].expand(h, p), dt_softplus=True,
         )  # fmt: skip
         y = self._finish(y.reshape(y.shape[0], -1), z, z0, x0)
-        return step_linear(self.out_proj, y).unsqueeze(1), conv_state, ssm_state
+        out = step_linear(self.out_proj, y).unsqueeze(1)
+        join_prefetch(side)
+        return out, conv_state, ssm_state
 
     # ---- decode state ------------------------------------------------------------------------
 

@@ -27,6 +27,9 @@ from mamba2_rocm.ops.conv1d import causal_conv1d_update
 torch = require_torch()
 F = torch.nn.functional
 Tensor = torch.Tensor
+#: What the prefetch takes: plain tensors and parameters (every model weight is one), not the
+#: other subclasses (a trace's fake or functional tensors)
+_WEIGHT_TYPES = (Tensor, torch.nn.Parameter)
 from torch.nn.modules import module as _nn_module  # noqa: E402  (after the torch check)
 
 #: The most rows (a decode batch) the kernel takes, and its row tiers (kernels.LINEAR_FORMS).
@@ -273,6 +276,75 @@ def step_linear(module, x: Tensor) -> Tensor:
     if plain_linear(module):
         return decode_linear(x, module.weight, module.bias)
     return module(x)
+
+
+# ---- weight prefetch -------------------------------------------------------------------------
+
+#: Whether :func:`prefetch_beside` launches anything (a switch for measuring it against none).
+PREFETCH = True
+_SECTOR = 32  # csrc/linear.hip: kSectorBytes, m2r_linear_prefetch reads a word of each sector
+#: blocks of the prefetch grid per multiprocessor: half the GPU, so the step's own small kernels
+#: find room beside it
+PREFETCH_BLOCKS_PER_SM = 0.5
+#: bytes of a mixer's in_proj weight (its tail: the features its kernel reads last) that a
+#: decode step's Block prefetches beside its add + norm: about what the memory bus moves in the
+#: few microseconds the norm and the launch gaps around it take
+IN_PROJ_PREFETCH_BYTES = 8 << 20
+_SIDE_STREAMS: dict = {}
+_SECTORS_FIELD = 15  # LinearParams' in_features, the prefetch's sector count
+
+
+def _prefetch_params(weight: Tensor, start: int, nbytes: int | None) -> tuple | None:
+    """LinearParams of m2r_linear_prefetch over weight's bytes [start, start + nbytes) (to the
+    end when nbytes is None), or None when there is nothing to read: no whole sector, an
+    unaligned or non-contiguous weight."""
+    if type(weight) not in _WEIGHT_TYPES or not weight.is_contiguous():
+        return None
+    total = weight.numel() * weight.element_size()
+    start = max(0, min(start, total)) // _SECTOR * _SECTOR
+    end = total if nbytes is None else min(total, start + max(0, nbytes))
+    sectors = (end - start) // _SECTOR
+    base = weight.data_ptr() + start
+    if sectors <= 0 or sectors >= 2**31 or base % _SECTOR:
+        return None
+    # (LinearParams, field order: rows 1 keeps the kernel's guarded store off)
+    return (0, base, 0, 0, *_NO_CONV[:3], 0, 0, *_NO_CONV[3:7], 1, 0, sectors, 0, *_NO_CONV[7:])
+
+
+def prefetch_beside(weight: Tensor, start: int = 0, nbytes: int | None = None):
+    """While a CUDA / HIP graph is being captured on the kernel tier: fork a side stream from
+    the current one, launch ``m2r_linear_prefetch`` over ``weight``'s bytes ``[start, start +
+    nbytes)`` there, and return the side stream, which :func:`join_prefetch` must join back
+    before the capture ends. The prefetch starts once the work queued so far is done and runs
+    beside what is queued after it; it writes nothing, so results are unchanged.
+
+    Returns None (nothing launched) outside a capture (an eager decode step is host-bound: a
+    launch more would cost more than it saves), off the kernel tier, when traced, or when
+    ``PREFETCH`` is off."""
+    if (not PREFETCH or type(weight) not in _WEIGHT_TYPES or weight.device.type != "cuda"
+            or torch.compiler.is_compiling()):  # fmt: skip
+        return None
+    side = _SIDE_STREAMS.get(weight.device)
+    if side is None:  # made on an eager call (the warm-up before a capture), not inside one
+        side = _SIDE_STREAMS[weight.device] = torch.cuda.Stream(weight.device)
+    if not torch.cuda.is_current_stream_capturing():
+        return None
+    tier, kset = choose(weight.device)
+    params = _prefetch_params(weight, start, nbytes) if tier == "kernel" else None
+    if params is None:
+        return None
+    side.wait_stream(torch.cuda.current_stream(weight.device))
+    blocks = max(1, int(sm_count(weight.device) * PREFETCH_BLOCKS_PER_SM))
+    blocks = min(blocks, -(-params[_SECTORS_FIELD] // THREADS))  # no more than the sectors need
+    with torch.cuda.stream(side):
+        launch(kset.launcher("m2r_linear_prefetch"), weight, params, (blocks, 1, 1), THREADS)
+    return side
+
+
+def join_prefetch(side) -> None:
+    """The current stream waits for a :func:`prefetch_beside` side stream (None: nothing)."""
+    if side is not None:
+        torch.cuda.current_stream(side.device).wait_stream(side)
 
 
 def clear_plan_cache() -> None:

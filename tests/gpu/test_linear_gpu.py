@@ -94,18 +94,25 @@ def test_bit_identical_runs(kernel_only):
     assert_bit_identical_runs(lambda: (ops.decode_linear(x, w),))
 
 
+def _captured(fn, before_capture=lambda: None):
+    """``(graph, output)``: fn warmed up once on a side stream (eager), then captured."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    before_capture()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
 def test_graph_replay_equals_eager(kernel_only):
     gen = torch.Generator(device=DEV).manual_seed(4)
     x = torch.randn(2, 1024, device=DEV, generator=gen).bfloat16()
     w = (torch.randn(700, 1024, device=DEV, generator=gen) / 32).bfloat16()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        ops.decode_linear(x, w)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        got = ops.decode_linear(x, w)
+    g, got = _captured(lambda: ops.decode_linear(x, w))
     x.copy_(torch.randn(2, 1024, device=DEV, generator=gen).bfloat16())
     want = ops.decode_linear(x, w)
     g.replay()
@@ -165,3 +172,61 @@ def test_mamba2_graph_decode_with_the_fused_conv_equals_the_forward():
         full = model(out.sequences[:, :-1]).logits[:, ids.shape[1] - 1 :]
     got = torch.stack(out.scores, dim=1)
     torch.testing.assert_close(got, full, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("start,nbytes", [(0, None), (992, 4096), (4128, None), (0, 32)])
+def test_prefetch_in_a_graph_reads_and_writes_nothing(start, nbytes, kernel_only):
+    """m2r_linear_prefetch forked into a captured graph: it launches on a side stream that is
+    joined back, the weight and every other buffer keep their bits, and the replay's result
+    of the work around it is unchanged."""
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    w = torch.randn(1031, 1024, device=DEV, generator=gen).bfloat16()
+    w0 = w.clone()
+    x = torch.randn(1, 1024, device=DEV, generator=gen).bfloat16()
+    sentinel = torch.full((4096,), float("nan"), device=DEV)
+    assert ops.prefetch_beside(w) is None  # eager: no prefetch
+    sides = []
+
+    def step():
+        sides.append(ops.prefetch_beside(w, start, nbytes))
+        y = ops.decode_linear(x, w)
+        ops.join_prefetch(sides[-1])
+        return y
+
+    g, got = _captured(step, before_capture=kernel_only.clear)
+    assert sides[0] is None and sides[1] is not None and len(kernel_only) == 2
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(w, w0) and sentinel.isnan().all()
+    assert torch.equal(got, ops.decode_linear(x, w))
+
+
+@pytest.mark.parametrize("ssm_cfg", [{"layer": "Mamba2", "headdim": 32, "d_state": 64},
+                                     {"layer": "Mamba1", "d_state": 16}])  # fmt: skip
+def test_graph_decode_with_the_prefetch_equals_without(ssm_cfg, monkeypatch):
+    """A Mamba2 / Mamba1 LM's cg decode gives the same tokens and scores with the projections'
+    weights prefetched beside the step (the default) and without (PREFETCH off), bit for bit."""
+    from mamba2_rocm.models import MambaConfig, MambaLMHeadModel
+
+    torch.manual_seed(0)
+    cfg = MambaConfig(d_model=256, n_layer=3, vocab_size=512, ssm_cfg=dict(ssm_cfg))
+    model = MambaLMHeadModel(cfg, device=DEV, dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, 512, (2, 7), device=DEV)
+    launched = []
+    real = ops.launch
+    monkeypatch.setattr(ops, "launch", lambda *a: launched.append(a[0]) or real(*a))
+
+    def decode():
+        model._decoding_cache = None
+        return model.generate(ids, max_length=15, cg=True, top_k=1, output_scores=True,
+                              return_dict_in_generate=True)  # fmt: skip
+
+    with_prefetch = decode()
+    prefetches = sum(getattr(f, "name", "") == "m2r_linear_prefetch" for f in launched)
+    monkeypatch.setattr(ops, "PREFETCH", False)
+    without = decode()
+    assert torch.equal(with_prefetch.sequences, without.sequences)
+    for a, b in zip(with_prefetch.scores, without.scores, strict=True):
+        assert torch.equal(a, b)
+    assert prefetches >= cfg.n_layer  # one per layer in the captured step at least
