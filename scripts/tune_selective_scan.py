@@ -34,6 +34,8 @@ def main() -> None:
     ops._CH_PER = int(os.environ.get("PER", "16"))
     ops._CH_THREADS = int(os.environ.get("CH_THREADS", "64"))  # M2R_SSCAN_CH_THREADS
     ops.kernel_form = "channels"
+    # HALF=1 / 0 forces the _ch2 (half the state a lane) / whole-lane kernels; unset: the rule
+    ops.channel_half_lanes = {"1": True, "0": False}.get(os.environ.get("HALF", ""))
     copy = copy_bandwidth_gbs()
     print(f"copy {copy:.0f} GB/s  kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')}")
     for b, d, L, n in _env("SHAPES", SHAPES, lambda s: tuple(int(v) for v in s.split(","))):
