@@ -1037,3 +1037,24 @@ def test_linear_table_prints_ratios_and_the_worst(monkeypatch):
     text = linear.format_table(rows)
     assert "a rows1: BLAS / ours 1.50x" in text and "b rows2: BLAS / ours 0.90x" in text
     assert "worst: 0.90x (b rows2)" in text
+
+
+def test_env_items_reads_space_separated_items_over_the_default(monkeypatch):
+    """The sweep scripts' knobs: each item through the reader; unset or blank gives the
+    default."""
+    from mamba2_rocm.bench.timing import env_items
+
+    monkeypatch.delenv("M2R_TEST_ITEMS", raising=False)
+    assert env_items("M2R_TEST_ITEMS", (1, 2), int) == (1, 2)
+    monkeypatch.setenv("M2R_TEST_ITEMS", "  ")
+    assert env_items("M2R_TEST_ITEMS", (1, 2), int) == (1, 2)
+    monkeypatch.setenv("M2R_TEST_ITEMS", "8 16  4")
+    assert env_items("M2R_TEST_ITEMS", (), int) == (8, 16, 4)
+    monkeypatch.setenv("M2R_TEST_ITEMS", "1,2 3,4")
+    assert env_items("M2R_TEST_ITEMS", (), lambda s: tuple(map(int, s.split(",")))) == (
+        (1, 2),
+        (3, 4),
+    )
+    monkeypatch.setenv("M2R_TEST_ITEMS", "x")
+    with pytest.raises(ValueError):
+        env_items("M2R_TEST_ITEMS", (), int)
