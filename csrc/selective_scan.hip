@@ -442,9 +442,12 @@ constexpr int kChT = M2R_SSCAN_CHT;
 #define M2R_STR_(x) #x
 #define M2R_PRAGMA_UNROLL(n) _Pragma(M2R_STR_(unroll n))
 
-template <typename T, int kN, bool kStates>
+// kMaxPer: state elements per lane at most; the _ch2 kernels take half of M2R_SSCAN_PER, so
+// twice the lanes a channel and half the channels a block: twice the blocks where few channels
+// leave the GPU idle (the host chooses, ops/selective_scan.py channel_halves_lanes)
+template <typename T, int kN, bool kStates, int kMaxPer = M2R_SSCAN_PER>
 M2R_DEVICE void scan_channels(const SelectiveScanParams& p) {
-  constexpr int kPer = kN < M2R_SSCAN_PER ? kN : M2R_SSCAN_PER;  // state elements per lane
+  constexpr int kPer = kN < kMaxPer ? kN : kMaxPer;  // state elements per lane
   constexpr int kLanes = kN / kPer;        // lanes per channel
   constexpr int kCh = kChThreads / kLanes;
   typedef typename T::storage S;
@@ -774,7 +777,8 @@ M2R_DEVICE void scan_channels(const SelectiveScanParams& p) {
   M2R_KERNEL(m2r::sscan::kThreads) m2r_selective_scan_##DT##_n##N##_sp(SelectiveScanParams p) {  \
     m2r::sscan::scan_segments<m2r::T, N>(p);                                                     \
   }
-// the channel form (variable B / C) for the same tiers: outputs (_ch) and segment states (_chs)
+// the channel form (variable B / C) for the same tiers: outputs (_ch) and segment states (_chs),
+// and the same with half the state elements a lane (_ch2, _ch2s)
 #define M2R_SSCAN_CH(DT, T, N)                                                                   \
   M2R_KERNEL(m2r::sscan::kChThreads) m2r_selective_scan_##DT##_n##N##_ch(SelectiveScanParams p) { \
     m2r::sscan::scan_channels<m2r::T, N, false>(p);                                              \
@@ -782,6 +786,14 @@ M2R_DEVICE void scan_channels(const SelectiveScanParams& p) {
   M2R_KERNEL(m2r::sscan::kChThreads)                                                             \
   m2r_selective_scan_##DT##_n##N##_chs(SelectiveScanParams p) {                                  \
     m2r::sscan::scan_channels<m2r::T, N, true>(p);                                               \
+  }                                                                                              \
+  M2R_KERNEL(m2r::sscan::kChThreads)                                                             \
+  m2r_selective_scan_##DT##_n##N##_ch2(SelectiveScanParams p) {                                  \
+    m2r::sscan::scan_channels<m2r::T, N, false, M2R_SSCAN_PER / 2>(p);                           \
+  }                                                                                              \
+  M2R_KERNEL(m2r::sscan::kChThreads)                                                             \
+  m2r_selective_scan_##DT##_n##N##_ch2s(SelectiveScanParams p) {                                 \
+    m2r::sscan::scan_channels<m2r::T, N, true, M2R_SSCAN_PER / 2>(p);                            \
   }
 #define M2R_SSCAN_N(DT, T)                                                                        \
   M2R_SSCAN(DT, T, 16) M2R_SSCAN(DT, T, 32) M2R_SSCAN(DT, T, 64) M2R_SSCAN(DT, T, 128)            \

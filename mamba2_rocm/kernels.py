@@ -170,10 +170,11 @@ SOURCES: dict[str, KernelSource] = {
                 for n in SELECTIVE_SCAN_SEGMENT_TIERS
             )
             + tuple(
-                f"m2r_selective_scan_{dt}_n{n}{part}"  # the channel form: outputs, segment maps
+                # the channel form: outputs, segment maps; the same at half the state a lane
+                f"m2r_selective_scan_{dt}_n{n}{part}"
                 for dt in KERNEL_DTYPES
                 for n in SELECTIVE_SCAN_SEGMENT_TIERS
-                for part in ("_ch", "_chs")
+                for part in ("_ch", "_chs", "_ch2", "_ch2s")
             ),
         ),
         KernelSource(

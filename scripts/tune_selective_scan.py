@@ -14,7 +14,7 @@ import os
 import torch
 
 from mamba2_rocm import selective_scan_fn
-from mamba2_rocm.bench.timing import copy_bandwidth_gbs, time_graph
+from mamba2_rocm.bench.timing import copy_bandwidth_gbs, env_items, time_graph
 from mamba2_rocm.ops import selective_scan as ops
 
 SHAPES = ((8, 4096, 2048, 16), (1, 5120, 8192, 16), (1, 1536, 2048, 16), (4, 2048, 2048, 16),
@@ -22,21 +22,16 @@ SHAPES = ((8, 4096, 2048, 16), (1, 5120, 8192, 16), (1, 1536, 2048, 16), (4, 204
 SEGMENTS = (None, 1, 8, 12, 16, 24)  # None: the heuristic
 
 
-def _env(name: str, default: tuple, item) -> tuple:
-    """The environment's ``name`` (space-separated items, each read by ``item``) over the
-    default: ``SHAPES="b,d,L,n b,d,L,n"``, ``SEGMENTS="auto 1 8"``."""
-    text = os.environ.get(name)
-    return tuple(item(s) for s in text.split()) if text else default
-
-
 def main() -> None:
     os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")  # read on every call
     ops._CH_PER = int(os.environ.get("PER", "16"))
     ops._CH_THREADS = int(os.environ.get("CH_THREADS", "64"))  # M2R_SSCAN_CH_THREADS
     ops.kernel_form = "channels"
+    # HALF=1 / 0 forces the _ch2 (half the state a lane) / whole-lane kernels; unset: the rule
+    ops.channel_half_lanes = {"1": True, "0": False}.get(os.environ.get("HALF", ""))
     copy = copy_bandwidth_gbs()
     print(f"copy {copy:.0f} GB/s  kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')}")
-    for b, d, L, n in _env("SHAPES", SHAPES, lambda s: tuple(int(v) for v in s.split(","))):
+    for b, d, L, n in env_items("SHAPES", SHAPES, lambda s: tuple(int(v) for v in s.split(","))):
         g = torch.Generator(device="cuda").manual_seed(d + L)
         r = lambda *s, g=g: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
         u, z = r(b, d, L).bfloat16(), r(b, d, L).bfloat16()
@@ -47,7 +42,7 @@ def main() -> None:
         nbytes = 4 * u.numel() * 2 + (B.numel() + C.numel()) * 4
         call = functools.partial(selective_scan_fn, u, delta, A, B, C, D, z, db, True)
         cells = []
-        for segs in _env("SEGMENTS", SEGMENTS, lambda s: None if s == "auto" else int(s)):
+        for segs in env_items("SEGMENTS", SEGMENTS, lambda s: None if s == "auto" else int(s)):
             ops.channel_segments = segs
             t = time_graph(call, replays=5, per_graph=5)
             us = t.median_us

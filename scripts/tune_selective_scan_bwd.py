@@ -18,20 +18,13 @@ import os
 import torch
 
 from mamba2_rocm import selective_scan_fn
-from mamba2_rocm.bench.timing import time_calls, time_graph
+from mamba2_rocm.bench.timing import env_items, time_calls, time_graph
 from mamba2_rocm.ops import selective_scan as ops
 
 SHAPES = ((1, 768, 2048, 16), (1, 1536, 2048, 16), (8, 2048, 2048, 16), (8, 4096, 2048, 16),
           (1, 5120, 8192, 16))  # fmt: skip
 BLOCKS = (8, 16)
 PARTIAL_MB = (64, 1024)
-
-
-def _env(name: str, default: tuple, item) -> tuple:
-    """The environment's ``name`` (space-separated items, each read by ``item``) over the
-    default."""
-    text = os.environ.get(name)
-    return tuple(item(s) for s in text.split()) if text else default
 
 
 def _inputs(b: int, d: int, L: int, n: int):
@@ -49,14 +42,14 @@ def main() -> None:
     os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")  # read on every call
     print(f"kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')}")
     saved = ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES
-    for b, d, L, n in _env("SHAPES", SHAPES, lambda s: tuple(int(v) for v in s.split(","))):
+    for b, d, L, n in env_items("SHAPES", SHAPES, lambda s: tuple(int(v) for v in s.split(","))):
         inputs, dout = _inputs(b, d, L, n)
         fwd = time_graph(functools.partial(selective_scan_fn, *inputs, True), 5, 5).median_us
         leaves = [t.requires_grad_() for t in inputs]
         ref = None
         cells = []
-        for blocks in _env("BLOCKS", BLOCKS, int):
-            for mb in _env("PARTIAL_MB", PARTIAL_MB, int):
+        for blocks in env_items("BLOCKS", BLOCKS, int):
+            for mb in env_items("PARTIAL_MB", PARTIAL_MB, int):
                 ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES = blocks, mb << 20
 
                 def step(leaves=leaves, dout=dout):

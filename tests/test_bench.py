@@ -844,6 +844,18 @@ def test_breakdown_bound_and_table():
     assert bound({"ours": 1.0, "gemm": 0.0, "triton": 0.0, "torch": 0.0}, up) is None
 
 
+def test_top_kernels_sum_launches_by_name():
+    """Launches of one kernel add up under its name without the argument list; the most
+    device time first, ties by name; at most n."""
+    from mamba2_rocm.bench.breakdown import top_kernels
+
+    kernels = [("m2r_a", 5.0), ("void at::native::copy_kernel(int)", 2.0), ("m2r_a", 4.0),
+               ("void at::native::copy_kernel(float)", 3.0), ("m2r_b", 5.0), ("nvjet_x", 1.0)]  # fmt: skip
+    assert top_kernels(kernels, n=3) == [["m2r_a", 2, 9.0], ["m2r_b", 1, 5.0],
+                                         ["void at::native::copy_kernel", 2, 5.0]]  # fmt: skip
+    assert top_kernels([], n=3) == []
+
+
 def test_generate_table_shows_breakdowns_and_the_flag_is_generate_only(capsys):
     from mamba2_rocm import cli
     from mamba2_rocm.bench import generate
@@ -853,8 +865,12 @@ def test_generate_table_shows_breakdowns_and_the_flag_is_generate_only(capsys):
              "train_ms_breakdown": fams},
             {"shape": "130m", "side": "upstream", "dtype": "bfloat16", "train_ms": 6.0,
              "train_ms_breakdown": {**fams, "triton": 2.0e3}}]  # fmt: skip
+    rows[0]["train_ms_kernels"] = [["m2r_ssd_chunk_scan_bf16_t64b128", 48, 2500.0]]
     text = generate.format_table(rows)
     assert "train step b4 l2048 (ms): device ms by kernel family" in text
+    assert "top kernels, ours: device ms, launches" in text
+    assert "      2.50    48  m2r_ssd_chunk_scan_bf16_t64b128" in text
+    assert "top kernels, upstream" not in text  # (its row has none)
     assert "with our kernels at zero at most 2.00x (goal 1.5x: within" in text
     assert cli.main(["bench", "ssd", "--breakdown"]) != 0
     assert "--breakdown applies to `bench generate` only" in capsys.readouterr().err
@@ -1037,3 +1053,24 @@ def test_linear_table_prints_ratios_and_the_worst(monkeypatch):
     text = linear.format_table(rows)
     assert "a rows1: BLAS / ours 1.50x" in text and "b rows2: BLAS / ours 0.90x" in text
     assert "worst: 0.90x (b rows2)" in text
+
+
+def test_env_items_reads_space_separated_items_over_the_default(monkeypatch):
+    """The sweep scripts' knobs: each item through the reader; unset or blank gives the
+    default."""
+    from mamba2_rocm.bench.timing import env_items
+
+    monkeypatch.delenv("M2R_TEST_ITEMS", raising=False)
+    assert env_items("M2R_TEST_ITEMS", (1, 2), int) == (1, 2)
+    monkeypatch.setenv("M2R_TEST_ITEMS", "  ")
+    assert env_items("M2R_TEST_ITEMS", (1, 2), int) == (1, 2)
+    monkeypatch.setenv("M2R_TEST_ITEMS", "8 16  4")
+    assert env_items("M2R_TEST_ITEMS", (), int) == (8, 16, 4)
+    monkeypatch.setenv("M2R_TEST_ITEMS", "1,2 3,4")
+    assert env_items("M2R_TEST_ITEMS", (), lambda s: tuple(map(int, s.split(",")))) == (
+        (1, 2),
+        (3, 4),
+    )
+    monkeypatch.setenv("M2R_TEST_ITEMS", "x")
+    with pytest.raises(ValueError):
+        env_items("M2R_TEST_ITEMS", (), int)

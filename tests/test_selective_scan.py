@@ -260,6 +260,66 @@ def test_channel_form_segments_launch_twice(kernel_stand_in, n, tier, lanes, mon
     assert ws.numel() == 2 * 70 * 3 * (tier + 1)
 
 
+@pytest.mark.parametrize(("n", "tier", "lanes"), [(16, 16, 2), (20, 32, 4), (64, 64, 8)])
+@pytest.mark.parametrize("segments", [None, 3])
+def test_channel_form_half_lanes(kernel_stand_in, n, tier, lanes, segments, monkeypatch):
+    """The _ch2 kernels: half the state elements a lane, so twice the lanes a channel and twice
+    the blocks; cut into segments, their maps' kernel (_ch2s) first, with the segment length
+    and the workspace sized as the whole-lane kernels' are."""
+    from mamba2_rocm.ops import selective_scan as ops
+    from mamba2_rocm.params import SelectiveScanParams
+
+    monkeypatch.setattr(ops, "kernel_form", "channels")
+    monkeypatch.setattr(ops, "channel_half_lanes", True)
+    monkeypatch.setattr(ops, "channel_segments", segments)
+    a = _inputs(seeded("ss-half", n), d=70, n=n, bmode="var", cmode="var", dtype=torch.float16,
+                L=1000)  # fmt: skip
+    selective_scan_fn(**a, delta_softplus=True)
+    blocks = -(-70 // (64 // lanes))
+    if segments is None:
+        ((name, _, grid),) = kernel_stand_in.launches
+        assert name == f"m2r_selective_scan_f16_n{tier}_ch2" and grid == (blocks, 2, 1)
+        return
+    (n1, p1, g1), (n2, p2, g2) = kernel_stand_in.launches
+    assert n1 == f"m2r_selective_scan_f16_n{tier}_ch2s" and g1 == (blocks, 2, 2)
+    assert n2 == f"m2r_selective_scan_f16_n{tier}_ch2" and g2 == (blocks, 2, 3)
+    f = dict(zip((k for k, _ in SelectiveScanParams._fields_), p2, strict=True))
+    assert p1 == p2 and f["seg_len"] == 384
+
+
+@pytest.mark.parametrize(
+    ("batch", "dim", "half"),
+    [(1, 1536, True), (8, 2048, True), (8, 4096, False), (6, 4224, False), (6, 4160, True)],
+)
+def test_channel_form_halves_lanes_only_below_a_full_gpu(kernel_stand_in, batch, dim, half,
+                                                        monkeypatch):  # fmt: skip
+    """With 132 multiprocessors, the _ch2 kernels run below 3 x 132 blocks of the whole-lane
+    kernels (64 channels each): b8 d2048 (256 blocks) halves, b8 d4096 (512) does not, and
+    b6 d4224 is exactly 396."""
+    from mamba2_rocm.ops import selective_scan as ops
+
+    monkeypatch.setattr(ops, "kernel_form", "channels")
+    monkeypatch.setattr(ops, "sm_count", lambda device: 132)
+    a = _inputs(seeded("ss-rule", batch, dim), b=batch, d=dim, n=16, bmode="var", cmode="var",
+                dtype=torch.bfloat16, L=5)  # fmt: skip
+    selective_scan_fn(**a, delta_softplus=True)
+    ((name, _, grid),) = kernel_stand_in.launches
+    assert name.endswith("_ch2" if half else "_ch")
+    assert grid == (-(-dim // (32 if half else 64)), batch, 1)
+
+
+@pytest.mark.parametrize(
+    ("blocks", "sms", "forced", "half"),
+    [(512, 132, None, False), (396, 132, None, False), (395, 132, None, True),
+     (24, 132, None, True), (24, 0, None, False), (24, 132, False, False),
+     (512, 132, True, True)],
+)  # fmt: skip
+def test_channel_halves_lanes_rule(blocks, sms, forced, half):
+    from mamba2_rocm.ops.selective_scan import channel_halves_lanes
+
+    assert channel_halves_lanes(blocks, sms, forced) is half
+
+
 @pytest.mark.parametrize(
     ("blocks", "seqlen", "sms", "forced", "seg_len"),
     [

@@ -52,6 +52,26 @@ def by_family(kernels: Iterable[tuple[str, float]]) -> dict[str, float]:
     return out
 
 
+def top_kernels(kernels: Iterable[tuple[str, float]], n: int = 10) -> list[list]:
+    """The ``n`` kernels of most device time over ``(kernel name, device µs)`` pairs, as
+    ``[name, launches, device µs]`` (names cut before their argument list and at 72
+    characters): what a family's sum is made of."""
+    agg: dict[str, list] = {}
+    for name, us in kernels:
+        base = name.split("(")[0].strip()[:72] or name[:72]
+        entry = agg.setdefault(base, [base, 0, 0.0])
+        entry[1] += 1
+        entry[2] += us
+    return sorted(agg.values(), key=lambda e: (-e[2], e[0]))[:n]
+
+
+def format_top(side: str, top: list[list]) -> list[str]:
+    """Table lines for :func:`top_kernels`' list."""
+    lines = [f"    top kernels, {side}: device ms, launches"]
+    lines += [f"      {us / 1e3:>8.2f} {calls:>5}  {name}" for name, calls, us in top]
+    return lines
+
+
 def profile_kernels(torch, fn: Callable[[], object]) -> list[tuple[str, float]]:
     """``(name, device µs)`` of every kernel one call of ``fn`` ran (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile

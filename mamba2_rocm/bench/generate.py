@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 
-from mamba2_rocm.bench.breakdown import format_rows
+from mamba2_rocm.bench.breakdown import format_rows, format_top
 from mamba2_rocm.bench.model import DECODE_PAIRS, _time_once_ms, real_mamba_ssm_root
 
 SHAPES = {"130m": dict(d_model=768, n_layer=24), "1.3b": dict(d_model=2048, n_layer=48)}
@@ -196,7 +196,7 @@ def breakdowns(torch, models: dict, repeats: int) -> dict:
     """``{side: {key_breakdown: {family: device µs}}}`` for :data:`BREAKDOWN_KEYS`: one
     profiled call of each side's workload after its warm-up (see
     :mod:`mamba2_rocm.bench.breakdown`)."""
-    from mamba2_rocm.bench.breakdown import by_family, profile_kernels
+    from mamba2_rocm.bench.breakdown import by_family, profile_kernels, top_kernels
 
     out: dict = {side: {} for side in models}
     for side, model in models.items():
@@ -205,7 +205,9 @@ def breakdowns(torch, models: dict, repeats: int) -> dict:
             warm, timed = work[key]
             try:
                 warm()
-                out[side][f"{key}_breakdown"] = by_family(profile_kernels(torch, timed))
+                kernels = profile_kernels(torch, timed)
+                out[side][f"{key}_breakdown"] = by_family(kernels)
+                out[side][f"{key}_kernels"] = top_kernels(kernels)
             except Exception as exc:  # recorded; the timed metrics stand
                 out[side][f"{key}_breakdown_error"] = f"{type(exc).__name__}: {exc}"[:300]
             model.zero_grad(set_to_none=True)
@@ -259,6 +261,9 @@ def format_table(rows: list[dict]) -> str:
             a, b = ours.get(f"{key}_breakdown"), up.get(f"{key}_breakdown")
             if isinstance(a, dict) and isinstance(b, dict):
                 out.extend(format_rows(label, a, b, goal))
+                for side, r in (("ours", ours), ("upstream", up)):
+                    if isinstance(r.get(f"{key}_kernels"), list):
+                        out.extend(format_top(side, r[f"{key}_kernels"]))
         for side, r in (("ours", ours), ("upstream", up)):
             if "skipped" in r:
                 out.append(f"  {side}: skipped ({r['skipped']})")

@@ -43,6 +43,14 @@ def kernel_build_note(device_index: int | None = None) -> str:
     return note
 
 
+def env_items(name: str, default: tuple, item: Callable[[str], object]) -> tuple:
+    """The environment's ``name`` read as space-separated items, each through ``item``, or
+    ``default`` where it is unset or empty: the sweep scripts' ``SHAPES="b,d,L,n b,d,L,n"``,
+    ``SEGMENTS="auto 1 8"``."""
+    text = os.environ.get(name, "").strip()
+    return tuple(item(s) for s in text.split()) if text else default
+
+
 def time_calls(fn: Callable[[], object], warmup: int = 10, iters: int = 100) -> Timing:
     """Median of per-call device-event timings; each call is timed alone, launch included."""
     torch = require_torch()

@@ -75,11 +75,28 @@ channel_segments: int | None = None
 
 
 _CH_PER = 16  # csrc/selective_scan.hip: M2R_SSCAN_PER, state elements per lane
+#: The channel form's _ch2 kernels give a lane half the state elements (twice the lanes a
+#: channel, half the channels a block): twice the blocks, where the whole-lane kernels would run
+#: fewer than CH_FULL_PER_SM blocks per multiprocessor (measured on the H100,
+#: scripts/tune_selective_scan.py, us, 16 vs 8 elements a lane: b1 d768 l2048 60 vs 41, b1 d1536
+#: 79 vs 58, b8 d2048 421 vs 352; b8 d4096, which fills the GPU, 536 vs 561). Tests and bench set
+#: ``channel_half_lanes`` to force the choice.
+channel_half_lanes: bool | None = None
 
 
-def _channel_lanes(tier: int) -> int:
-    """Lanes per channel in the channel form: _CH_PER state elements each."""
-    return max(1, tier // _CH_PER)
+def _channel_lanes(tier: int, half: bool = False) -> int:
+    """Lanes per channel in the channel form: _CH_PER state elements each (half as many for
+    the _ch2 kernels)."""
+    per = _CH_PER // 2 if half else _CH_PER
+    return max(1, tier // per)
+
+
+def channel_halves_lanes(blocks: int, sms: int, forced: bool | None = None) -> bool:
+    """Whether the channel form runs its _ch2 kernels, given ``blocks`` blocks of the whole-lane
+    kernels per segment on ``sms`` multiprocessors: only while those cannot fill the GPU."""
+    if forced is not None:
+        return forced
+    return blocks < CH_FULL_PER_SM * sms
 
 
 def _form(tier: int, dims=None) -> str:
@@ -96,7 +113,7 @@ def _channel_form_takes(tier: int, dims) -> bool:
     """Variable B and C, a block's channels in one group of each, 32-bit offsets in a block."""
     if tier not in SELECTIVE_SCAN_SEGMENT_TIERS or not (dims.b_groups and dims.c_groups):
         return False
-    channels = _CH_THREADS // _channel_lanes(tier)
+    channels = _CH_THREADS // _channel_lanes(tier)  # the whole-lane kernels' (a multiple of _ch2's)
     for groups in (dims.b_groups, dims.c_groups):
         if groups > 1 and (dims.dim // groups) % channels:
             return False
@@ -137,10 +154,15 @@ def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out
     )
     tier = next(n for n in SELECTIVE_SCAN_DSTATE_TIERS if dims.dstate <= n)
     form = _form(tier, dims)
+    suffix = KERNEL_FORMS[form]
     # channels per block, as the kernel has them: a lane group per channel
     if form == "channels":
         threads = _CH_THREADS
         channels = threads // _channel_lanes(tier)
+        blocks = -(-dims.dim // channels) * dims.batch
+        if channel_halves_lanes(blocks, sm_count(u.device), channel_half_lanes):
+            channels = threads // _channel_lanes(tier, half=True)
+            suffix = "_ch2"
     else:
         threads = _THREADS
         lanes = _SEGMENT_LANES if form == "segments" else 16 if tier <= 128 else 32
@@ -177,7 +199,7 @@ def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out
         DTYPE_CODE[delta_bias.dtype] if delta_bias is not None else 0,
         seg_len,
     )  # fmt: skip  (SelectiveScanParams, field order)
-    name = f"m2r_selective_scan_{KERNEL_DTYPE[u.dtype]}_n{tier}{KERNEL_FORMS[form]}"
+    name = f"m2r_selective_scan_{KERNEL_DTYPE[u.dtype]}_n{tier}{suffix}"
     if nseg > 1:  # every segment's map but the last's, then the outputs
         launch(kset.launcher(name + "s"), u, params, (blocks, dims.batch, nseg - 1), threads)
     launch(kset.launcher(name), u, params, (blocks, dims.batch, nseg), threads)

@@ -21,18 +21,22 @@ TOL = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 
 
 @pytest.fixture(
-    autouse=True, params=["butterfly", "deferred", "segments", "channels", "channels-3seg"]
-)
+    autouse=True,
+    params=["butterfly", "deferred", "segments", "channels", "channels-3seg", "channels-whole",
+            "channels-whole-3seg"],
+)  # fmt: skip
 def kernel_on(monkeypatch, request):
     """Every form of the kernel (csrc/selective_scan.hip) on every test; the channel form also
     with the sequence cut into 3 segments wherever it is longer than 64 tokens (two launches,
-    the state carried from segment to segment through the maps)."""
+    the state carried from segment to segment through the maps), and with the whole-lane
+    kernels forced ("whole": at these sizes the host's own choice is the half-lane _ch2)."""
     from mamba2_rocm.ops import selective_scan as ops
 
     monkeypatch.setenv("MAMBA2_ROCM_BACKEND", "kernel")  # never a silent torch fallback here
-    form, _, seg = request.param.partition("-")
+    form, *mods = request.param.split("-")
     monkeypatch.setattr(ops, "kernel_form", form)
-    monkeypatch.setattr(ops, "channel_segments", 3 if seg else None)
+    monkeypatch.setattr(ops, "channel_segments", 3 if "3seg" in mods else None)
+    monkeypatch.setattr(ops, "channel_half_lanes", False if "whole" in mods else None)
 
 
 def _inputs(g, b, d, L, n, bmode, cmode, dtype, groups=3):
