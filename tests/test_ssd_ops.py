@@ -474,3 +474,55 @@ def test_cu_seqlens_reaches_the_kernels_dense(monkeypatch, view):
     (dense,) = [c for t, c in copies if t is cu]
     assert torch.equal(dense, ends) and dense.stride() == (1,) and got == {dense.data_ptr()}
     assert (dense.data_ptr() == cu.data_ptr()) is not view
+
+
+@pytest.mark.parametrize(
+    ("blocks", "heads", "sms", "forced", "parts"),
+    [
+        # the 1.3b training step (b4, 8 chunks of 256, 10 tile pairs, 64 heads): 3 waves of 32
+        # heads (+1) in 2 parts, 5 of 16 in 4, 10 of 8 in 8 -> 4, as Triton's dcb
+        (320, 64, 132, None, 4),
+        (40, 64, 132, None, 16),  # parts divide the heads: 16 of 4 heads (3 waves of 4 + 1)
+        (40, 24, 132, None, 6),  # mamba2-130m's 24 heads: 6 parts of 4
+        (40, 8, 132, None, 2),  # 8 heads a group: parts of at least 4
+        (40, 3, 132, None, 1),  # too few heads to split
+        (2000, 64, 132, None, 1),  # enough blocks: 8 waves of 65 beat 16 of 33
+        (40, 64, 0, None, 1),  # no GPU (a stand-in): one part
+        (40, 64, 132, 4, 4),  # forced
+        (40, 64, 132, 3, 2),  # forced, down to a divisor
+        (40, 2, 132, 5, 2),  # forced, clamped to the heads
+        (40, 64, 132, 0, 1),
+    ],
+)
+def test_dcb_parts_rule(blocks, heads, sms, forced, parts):
+    assert ssd_ops.dcb_parts(blocks, heads, sms, forced) == parts
+
+
+@pytest.mark.parametrize(("parts", "ran"), [(1, 1), (3, 3), (4, 3), (7, 6)])
+def test_dcb_head_parts_launch(monkeypatch, parts, ran):
+    """The dcb stage's heads in parts (a divisor of the group's 6 heads, at most the forced
+    count): the one dcb kernel over parts x the blocks, each part a group of its own
+    (heads_per_group / parts heads, its C·Bᵀ at group * parts + part of a copy with room for
+    every part), the other stages' parameters untouched; one part: the plain launch."""
+    from helpers import stand_in_kernels
+
+    from mamba2_rocm.params import SsdBwdParams
+
+    monkeypatch.setattr(ssd_ops, "DCB_PARTS", parts)
+    kset = stand_in_kernels(monkeypatch, ssd_ops)
+    a = _inputs(seeded("dcb parts", parts), L=300, h=12, groups=2)  # 6 heads a group
+    dout = torch.randn_like(a["x"])
+    ssd_ops._bwd_impl(a["x"], a["dt"], a["A"], a["B"], a["C"], 64, None, None, None, None, None,
+                      False, (0.0, math.inf), dout, None)  # fmt: skip
+    names = [f[0] for f in SsdBwdParams._fields_]
+    field = lambda p, k: p[names.index(k)]  # noqa: E731
+    ((_, dx_params, _),) = [(n, p, g) for n, p, g in kset.launches if "_dx_" in n]
+    ((name, params, grid),) = [(n, p, g) for n, p, g in kset.launches if "_dcb_" in n]
+    assert name == "m2r_ssd_bwd_dcb_f32"  # the kernel as it is
+    nchunks = -(-300 // 64)
+    assert grid == (nchunks * 2 * ran, 1, 2)  # one tile pair a 64-token chunk
+    assert field(params, "ngroups") == 2 * ran and field(params, "heads_per_group") == 6 // ran
+    assert field(dx_params, "ngroups") == 2 and field(dx_params, "heads_per_group") == 6
+    same = [k for k in names if k not in ("cb", "ngroups", "heads_per_group")]
+    assert [field(params, k) for k in same] == [field(dx_params, k) for k in same]
+    assert (field(params, "cb") == field(dx_params, "cb")) == (ran == 1)

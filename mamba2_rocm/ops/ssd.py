@@ -51,6 +51,7 @@ from mamba2_rocm.ops.checks import (
     check_chunk_scan_grads,
     kernel_chunk_size,
 )
+from mamba2_rocm.params import SsdBwdParams
 from mamba2_rocm.reference.ssd import (
     empty_varlen_states,
     ssd_chunked,
@@ -71,6 +72,42 @@ _PASS_VEC = 4  # state_passing: elements per thread
 _INT32_MAX = 2**31 - 1
 # csrc/ssd_bwd_common.h and the backward's stage sources csrc/ssd_bwd_*.hip
 _BWD_TILE = 64  # kTile: tokens / headdim / dstate per output tile
+#: The dcb stage (csrc/ssd_bwd_dcb.hip) gives a block one (chunk, group, tile pair) and walks
+#: the group's heads. Where too few blocks would run, the host splits each group's heads into
+#: parts that the kernel takes for groups of their own (``heads_per_group / parts`` heads each,
+#: every part's C·Bᵀ a copy of its group's), and sums the parts' gradients, in order, into the
+#: group's: the kernel as it is, more blocks. ``DCB_PARTS`` forces the part count (1: none);
+#: None lets :func:`dcb_parts` choose. A measuring knob: 1 until a GPU times the split (the
+#: 1.3b training step's dcb: 17.1 ms of 48 x 320 blocks on the H200, bench generate
+#: --breakdown, 2026-12-07; scripts/tune_ssd_bwd_dcb.py).
+DCB_PARTS: int | None = 1
+#: dcb_parts' model: blocks of the dcb kernel resident per multiprocessor (its register cap:
+#: 2 on NVIDIA, csrc/ssd_bwd_dcb.hip), a block's fixed cost (its C·Bᵀ tile and mask, the
+#: gradient's store) in heads' worth, and the fewest heads a part walks
+DCB_RESIDENT_PER_SM = 2
+DCB_BLOCK_COST_HEADS = 1
+DCB_MIN_HEADS = 4
+
+
+def dcb_parts(blocks: int, heads_per_group: int, sms: int, forced: int | None = None) -> int:
+    """Parts the dcb stage splits a group's heads into (a divisor of ``heads_per_group``: every
+    part walks as many heads), given ``blocks`` blocks of the one-part kernel on ``sms``
+    multiprocessors: the count (each part at least DCB_MIN_HEADS heads) that minimises waves x
+    (heads a part + a block's fixed cost), the fewest parts on a tie; 1 on a stand-in (no
+    multiprocessors). ``forced`` wins, down to a divisor. At the 1.3b training step (320 blocks,
+    64 heads, 132 multiprocessors): 4 parts, as mamba_ssm's Triton dcb."""
+    divisors = [k for k in range(1, heads_per_group + 1) if heads_per_group % k == 0]
+    if forced is not None:
+        return max(k for k in divisors if k <= max(1, forced))
+    if sms <= 0 or blocks <= 0:
+        return 1
+    slots = DCB_RESIDENT_PER_SM * sms
+
+    def cost(parts: int) -> int:
+        return -(-blocks * parts // slots) * (heads_per_group // parts + DCB_BLOCK_COST_HEADS)
+
+    fits = [k for k in divisors if k == 1 or heads_per_group // k >= DCB_MIN_HEADS]
+    return min(fits, key=lambda k: (cost(k), k))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -559,6 +596,8 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     dD_part = torch.empty(nheads, headdim, batch, nchunks, ltiles, dtype=f32, device=dev)
     dA_last = torch.empty(batch, nheads, nchunks, pass_blocks, dtype=f32, device=dev)
     head_part = torch.empty(2, batch, nchunks, nheads, dtype=f32, device=dev)
+    pairs = ltiles * (ltiles + 1) // 2
+    parts = dcb_parts(nchunks * g * pairs * batch, nheads // g, sm_count(dev), DCB_PARTS)
     lo, hi = dims.dt_limit
     params = (
         xk.data_ptr(),
@@ -608,13 +647,21 @@ def _bwd_kernel(kset, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
     )  # fmt: skip  (SsdBwdParams, field order)
     dtn = KERNEL_DTYPE[x.dtype]
     run = lambda name, grid: launch(kset.launcher(name), x, params, grid, _THREADS)  # noqa: E731
-    pairs = ltiles * (ltiles + 1) // 2
     if z is not None:  # dz and the gated output gradient (without z nothing needs this stage)
         run(f"m2r_ssd_bwd_dz_{dtn}", (nchunks * ltiles * ptiles * nheads, 1, batch))
     run(f"m2r_ssd_bwd_dstates_{dtn}", (nchunks * _cdiv(ntiles, 2) * ptiles * nheads, 1, batch))
     run(f"m2r_ssd_bwd_state_passing_{dtn}", (pass_blocks, nheads, batch))
     run(f"m2r_ssd_bwd_dx_{dtn}", (nchunks * _cdiv(ltiles, 2) * ptiles * nheads, 1, batch))
-    run(f"m2r_ssd_bwd_dcb_{dtn}", (nchunks * g * pairs, 1, batch))
+    if parts == 1:
+        run(f"m2r_ssd_bwd_dcb_{dtn}", (nchunks * g * pairs, 1, batch))
+    else:  # part k of group j as group j * parts + k, then the parts' sum over cb (in order)
+        cb_parts = cb.unsqueeze(3).expand(batch, nchunks, g, parts, cs, cs).contiguous()
+        fields = dict(zip((k for k, _ in SsdBwdParams._fields_), params, strict=True))
+        fields.update(cb=cb_parts.data_ptr(), ngroups=g * parts,
+                      heads_per_group=nheads // g // parts)  # fmt: skip
+        launch(kset.launcher(f"m2r_ssd_bwd_dcb_{dtn}"), x, tuple(fields.values()),
+               (nchunks * g * parts * pairs, 1, batch), _THREADS)  # fmt: skip
+        torch.sum(cb_parts, 3, out=cb)
     run(f"m2r_ssd_bwd_dc_{dtn}", (nchunks * ltiles * ntiles * g, 1, batch))
     run(f"m2r_ssd_bwd_db_{dtn}", (nchunks * ltiles * ntiles * g, 1, batch))
     run("m2r_ssd_bwd_cumsum", (nchunks, nheads, batch))

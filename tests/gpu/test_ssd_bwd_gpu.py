@@ -196,6 +196,39 @@ def test_small_case_against_autograd_through_the_recurrence():
     check_grads(names, [gt for gt, k in zip(got, t, strict=True) if t[k] is not None], want, 2e-4)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("parts", "ran", "b", "L", "h", "gr", "cuts"),
+    [
+        (2, 2, 2, 512, 8, 1, ()),  # the Mamba2 layout, 4 heads a part
+        (3, 2, 1, 300, 40, 2, (100,)),  # 20 heads a group: 3 asked, 2 parts of 10; a restart
+        (5, 2, 2, 257, 4, 2, ()),  # more parts than heads (2 a group): one head a part
+        (64, 64, 1, 600, 64, 1, (64, 300)),  # a part per head, restarts at and inside chunks
+    ],
+)
+def test_dcb_head_parts(monkeypatch, dtype, parts, ran, b, L, h, gr, cuts):
+    """The dcb stage with a group's heads in parts, each a group of its own for the kernel
+    (its C·Bᵀ a copy of the group's), the parts' gradients summed by the host: the gradients of
+    the one-part run, within the dtype's tolerance of the float64 reference; the part count
+    the host used recorded."""
+    monkeypatch.setattr(ssd_ops, "DCB_PARTS", parts)
+    chosen = []
+    real = ssd_ops.dcb_parts
+    monkeypatch.setattr(ssd_ops, "dcb_parts", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    g = seeded("ssd bwd dcb parts", dtype, parts, b, L, h, gr, device=DEV)
+    t, _, dout, dfin = _inputs(g, b, L, h, 64, gr, 128, dtype)
+    seq = _seq_idx(b, L, cuts) if cuts else None
+    _check(t, seq, dout, dfin, 128, dtype)
+    assert chosen == [ran]
+
+
+def test_dcb_head_parts_bit_identical_runs(monkeypatch):
+    monkeypatch.setattr(ssd_ops, "DCB_PARTS", 4)
+    g = seeded("ssd bwd dcb parts determinism", device=DEV)
+    t, _, dout, dfin = _inputs(g, 2, 1000, 16, 64, 1, 128, torch.bfloat16)
+    assert_bit_identical_runs(lambda: _run(t, None, dout, dfin, 256))
+
+
 def test_long_sequence():
     g = seeded("ssd bwd long", device=DEV)
     t, _, dout, dfin = _inputs(g, 1, 8192, 4, 64, 1, 128, torch.bfloat16)
