@@ -9,7 +9,10 @@ or ``BWD_PARTIAL_MIN_BYTES``. At the narrow widths the cap leaves fewer blocks t
 tiles (mamba-130m, b1 d1536 l2048: 192 blocks of 4 channels for 384 tiles). This times forward
 + backward (autograd, every input's gradient, device events around each call) and the forward
 alone (graph replays), so the backward is their difference, for every pair of
-``BLOCKS="8 16"`` and ``PARTIAL_MB="64 1024"`` over ``SHAPES="b,d,L,n ..."``.
+``BLOCKS="8 16"`` and ``PARTIAL_MB="64 1024"`` over ``SHAPES="b,d,L,n ..."``. Builds with the
+kernel's knobs run from ``MAMBA2_ROCM_KERNEL_PATH``; ``BWD_LD=512`` pads B / C rows for a build
+with ``-DM2R_SSCAN_BWD_TOK=16`` (512-token chunks; with ``-DM2R_SSCAN_BWD_MIN_BLOCKS=2`` it
+builds without spills on sm_90: 255 registers, 45 KB LDS).
 """
 
 import functools
@@ -40,7 +43,11 @@ def _inputs(b: int, d: int, L: int, n: int):
 
 def main() -> None:
     os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")  # read on every call
-    print(f"kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')}")
+    # a build with M2R_SSCAN_BWD_TOK=16 walks chunks of 512 tokens: B / C rows padded to 512
+    ops._BWD_LD = int(os.environ.get("BWD_LD", ops._BWD_LD))
+    print(
+        f"kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')} (B / C rows padded to {ops._BWD_LD})"
+    )
     saved = ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES
     for b, d, L, n in env_items("SHAPES", SHAPES, lambda s: tuple(int(v) for v in s.split(","))):
         inputs, dout = _inputs(b, d, L, n)

@@ -850,9 +850,11 @@ def test_top_kernels_sum_launches_by_name():
     from mamba2_rocm.bench.breakdown import top_kernels
 
     kernels = [("m2r_a", 5.0), ("void at::native::copy_kernel(int)", 2.0), ("m2r_a", 4.0),
-               ("void at::native::copy_kernel(float)", 3.0), ("m2r_b", 5.0), ("nvjet_x", 1.0)]  # fmt: skip
-    assert top_kernels(kernels, n=3) == [["m2r_a", 2, 9.0], ["m2r_b", 1, 5.0],
-                                         ["void at::native::copy_kernel", 2, 5.0]]  # fmt: skip
+               ("void at::native::copy_kernel(float)", 3.0), ("m2r_b", 5.0), ("nvjet_x", 1.0),
+               ("void at::native::(anonymous namespace)::fill<float>(float*)", 0.5)]  # fmt: skip
+    assert top_kernels(kernels, n=3) == [["m2r_a", 2, 9.0], ["at::native::copy_kernel", 2, 5.0],
+                                         ["m2r_b", 1, 5.0]]  # fmt: skip
+    assert top_kernels(kernels)[-1] == ["at::native::fill<float>", 1, 0.5]
     assert top_kernels([], n=3) == []
 
 

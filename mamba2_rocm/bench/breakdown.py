@@ -54,11 +54,12 @@ def by_family(kernels: Iterable[tuple[str, float]]) -> dict[str, float]:
 
 def top_kernels(kernels: Iterable[tuple[str, float]], n: int = 10) -> list[list]:
     """The ``n`` kernels of most device time over ``(kernel name, device µs)`` pairs, as
-    ``[name, launches, device µs]`` (names cut before their argument list and at 72
-    characters): what a family's sum is made of."""
+    ``[name, launches, device µs]`` (names without a leading ``void``, cut before their argument
+    list and at 72 characters): what a family's sum is made of."""
     agg: dict[str, list] = {}
     for name, us in kernels:
-        base = name.split("(")[0].strip()[:72] or name[:72]
+        bare = name.replace("(anonymous namespace)::", "")  # (PyTorch's kernels: before the name)
+        base = bare.split("(")[0].strip().removeprefix("void ")[:72] or name[:72]
         entry = agg.setdefault(base, [base, 0, 0.0])
         entry[1] += 1
         entry[2] += us
