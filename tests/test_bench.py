@@ -97,6 +97,48 @@ def test_sides_hide_a_real_mamba_ssm_except_the_triton_one():
         sys.path[:] = saved
 
 
+def test_model_rounds_rotate_the_sides_and_take_medians(monkeypatch, capsys):
+    """``bench model --rounds 3``: the sides run in turns, the order rotating each round; each
+    number is the median of its rounds (each round's kept beside it), the rest from the first
+    round that ran; a round that failed is noted, a side whose every round failed is an error."""
+    from mamba2_rocm import cli
+    from mamba2_rocm.bench import model
+
+    order = []
+    tok = {"ours": [70.0, 90.0, 60.0], "torch": [40.0, 41.0, 42.0], "triton": [55.0, 50.0, 52.0]}
+
+    def spawn(side, shape, dtype, repeats, real_root):
+        k = sum(1 for s, _ in order if s == side)
+        order.append((side, shape))
+        if side == "torch" and k == 1:
+            return {"side": side, "shape": shape, "error": "Traceback ... boom"}
+        return {"side": side, "shape": shape, "dtype": dtype, "decode_b1_tok_s": tok[side][k],
+                "transformers": "5.17.0", "launched": [f"k{k}"], "problems": []}  # fmt: skip
+
+    monkeypatch.setattr(model, "_spawn", spawn)
+    monkeypatch.setattr(model, "real_mamba_ssm_root", lambda: "/somewhere")
+    rows = model.run(shapes=("130m",), rounds=3)
+    assert [s for s, _ in order] == ["ours", "torch", "triton", "torch", "triton", "ours",
+                                     "triton", "ours", "torch"]  # fmt: skip
+    by = {r["side"]: r for r in rows}
+    assert by["ours"]["decode_b1_tok_s"] == 70.0 and by["ours"]["decode_b1_tok_s_rounds"] == [
+        70.0, 90.0, 60.0]  # fmt: skip
+    assert by["ours"]["launched"] == ["k0"] and by["ours"]["rounds"] == 3
+    assert by["torch"]["decode_b1_tok_s"] == 41.0  # the median of the two that ran (40, 42)
+    assert by["torch"]["rounds_failed"] == ["Traceback ... boom"]
+    assert by["triton"]["decode_b1_tok_s"] == 52.0
+    assert model.merge_rounds([{"side": "x", "error": "e1"}, {"side": "x", "error": "e2"}]) == {
+        "side": "x", "error": "e1"}  # fmt: skip
+    # one round, as before: no per-round lists
+    order.clear()
+    (row, *_) = model.run(shapes=("130m",), rounds=1)
+    assert row["decode_b1_tok_s"] == 70.0 and "decode_b1_tok_s_rounds" not in row
+    assert cli.main(["bench", "ssd", "--rounds", "3"]) != 0
+    assert "--rounds applies to `bench model` only" in capsys.readouterr().err
+    assert cli.main(["bench", "model", "--rounds", "0"]) != 0
+    assert "--rounds takes a count >= 1" in capsys.readouterr().err
+
+
 def test_bench_model_takes_chosen_shapes(monkeypatch, capsys):
     """``bench model --shape 1.3b`` (and ``bench generate``) runs only that shape (a whole run
     can outlast one device call); --shape on another op is refused."""

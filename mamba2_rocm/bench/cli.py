@@ -24,6 +24,12 @@ def _run(args: argparse.Namespace) -> int:
         extra["shapes"] = tuple(args.shape)
     if args.op in ("ssd", "decode"):
         extra["triton_procs"] = args.triton_procs
+    if getattr(args, "rounds", 1) != 1:  # (a namespace made without the option: one round)
+        if args.op != "model":
+            raise ValueError("--rounds applies to `bench model` only")
+        if args.rounds < 1:
+            raise ValueError(f"--rounds takes a count >= 1, got {args.rounds}")
+        extra["rounds"] = args.rounds
     if getattr(args, "breakdown", False):
         if args.op != "generate":
             raise ValueError("--breakdown applies to `bench generate` only")
@@ -58,6 +64,8 @@ def _command(args: argparse.Namespace) -> str:
         parts += ["--shape", shape]
     if getattr(args, "breakdown", False):  # (a namespace made without the option: off)
         parts.append("--breakdown")
+    if getattr(args, "rounds", 1) != 1:
+        parts += ["--rounds", str(args.rounds)]
     if args.op in ("ssd", "decode"):
         parts += ["--triton-procs", str(args.triton_procs)]
     return " ".join(parts)
@@ -102,6 +110,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shape", action="append", choices=["130m", "1.3b"],
                    help="bench model / generate: only these checkpoint shapes (repeatable; "
                         "default: all)")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=1,
+                   help="bench model: run the sides in turns this many times (each its own "
+                        "process; the order rotates) and report each metric's median")  # fmt: skip
     p.add_argument("--breakdown", action="store_true",
                    help="bench generate: also each side's prefill and training-step device time "
                         "by kernel family, and the ratio our kernels could reach at best "

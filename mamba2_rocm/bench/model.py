@@ -19,7 +19,11 @@ prompt's prefill cancels out; the median of that difference over pairs timed bac
 (torch.profiler): the rest is host time between kernels. Every side reports a decode step's
 wall time (all layers, per token) and the host time spent inside the ops it reached through the
 ``mamba_ssm`` / ``causal_conv1d`` names, per owner (:mod:`mamba2_rocm.bench.hosttime`): what of
-a host-bound step is ours, and what is the peer's launchers'.
+a host-bound step is ours, and what is the peer's launchers'. Host-bound numbers can differ
+between processes by as much as the sides differ (2026-12-06, H100: the same conv update took
+43-80 µs a call across the run's processes, and decode b16 read 631 / 741 / 912 tok/s for
+ours / torch / Triton), so ``--rounds N`` runs the sides in turns N times, the order rotating,
+and reports medians.
 """
 
 from __future__ import annotations
@@ -224,22 +228,61 @@ def _spawn(side: str, shape: str, dtype: str, repeats: int, real_root: str | Non
     return json.loads(line.removeprefix("M2R-RESULT "))
 
 
-def run(dtype: str = "bfloat16", shapes=tuple(SHAPES), repeats: int = 3) -> list[dict]:
+def side_order(round_: int) -> tuple[str, ...]:
+    """The sides' order in round ``round_``: rotated by one each round, so that no side always
+    runs first (a cold machine) or last (a warm or throttled one)."""
+    k = round_ % len(SIDES)
+    return SIDES[k:] + SIDES[:k]
+
+
+def merge_rounds(results: list[dict]) -> dict:
+    """One side's row from its rounds (each a ``run_side`` row or an error row): every number
+    at the top level the median over the rounds that ran (``<key>_rounds``: each round's, in
+    order), the rest from the first that ran; an error row only if none ran."""
+    ran = [r for r in results if "error" not in r]
+    if not ran:
+        return results[0]
+    row = dict(ran[0])
+    for key, value in ran[0].items():
+        values = [r.get(key) for r in ran]
+        if isinstance(value, (int, float)) and all(isinstance(v, (int, float)) for v in values):
+            row[key] = statistics.median(values)
+            if len(ran) > 1:
+                row[f"{key}_rounds"] = values
+    row["rounds"] = len(results)
+    if len(ran) < len(results):
+        row["rounds_failed"] = [r["error"][-300:] for r in results if "error" in r]
+    return row
+
+
+def run(dtype: str = "bfloat16", shapes=tuple(SHAPES), repeats: int = 3,
+        rounds: int = 1) -> list[dict]:  # fmt: skip
+    """Every side of every shape, each in its own process; with ``rounds`` > 1 the sides run
+    in turns that many times (:func:`side_order`) and each metric is the median of its rounds
+    (:func:`merge_rounds`): processes of one side differ by more than the sides do where the
+    step is host-bound."""
     real_root = real_mamba_ssm_root()
     rows = []
     for shape in shapes:
+        results: dict[str, list[dict]] = {side: [] for side in SIDES}
+        for round_ in range(max(1, rounds)):
+            for side in side_order(round_):
+                if side == "triton" and real_root is None:
+                    continue
+                t0 = time.perf_counter()
+                results[side].append(_spawn(side, shape, dtype, repeats, real_root))
+                # progress (a whole run takes minutes): each side's numbers as they come
+                print(f"bench model: {shape} {side} (round {round_ + 1}) in "
+                      f"{time.perf_counter() - t0:.0f} s: "
+                      + json.dumps({k: v for k, v in results[side][-1].items() if k != "launched"}),
+                      file=sys.stderr, flush=True)  # fmt: skip
         for side in SIDES:
-            if side == "triton" and real_root is None:
+            if not results[side]:
                 rows.append(
                     {"side": side, "shape": shape, "skipped": "no real mamba_ssm importable"}
                 )
-                continue
-            t0 = time.perf_counter()
-            rows.append(_spawn(side, shape, dtype, repeats, real_root))
-            # progress (a whole run takes minutes): each side's numbers as they come
-            print(f"bench model: {shape} {side} in {time.perf_counter() - t0:.0f} s: "
-                  + json.dumps({k: v for k, v in rows[-1].items() if k != "launched"}),
-                  file=sys.stderr, flush=True)  # fmt: skip
+            else:
+                rows.append(merge_rounds(results[side]))
     return rows
 
 
