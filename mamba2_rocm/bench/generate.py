@@ -35,7 +35,12 @@ import sys
 import time
 
 from mamba2_rocm.bench.breakdown import format_rows, format_top
-from mamba2_rocm.bench.model import DECODE_PAIRS, _time_once_ms, real_mamba_ssm_root
+from mamba2_rocm.bench.model import (
+    DECODE_PAIRS,
+    _time_once_ms,
+    interleaved_per_token,
+    real_mamba_ssm_root,
+)
 
 SHAPES = {"130m": dict(d_model=768, n_layer=24), "1.3b": dict(d_model=2048, n_layer=48)}
 COMMON = dict(
@@ -90,16 +95,6 @@ def interleaved(time_ms, sides: dict, repeats: int) -> dict:
         for name, fn in sides.items():
             times[name].append(time_ms(fn))
     return {name: statistics.median(t) for name, t in times.items()}
-
-
-def interleaved_per_token(time_ms, sides: dict, tokens: int, pairs: int) -> dict:
-    """:func:`mamba2_rocm.bench.model.per_token_ms` of every side, the sides taking turns pair
-    by pair (``sides``: name -> (run_long, run_short))."""
-    diffs: dict = {name: [] for name in sides}
-    for _ in range(pairs):
-        for name, (run_long, run_short) in sides.items():
-            diffs[name].append((time_ms(run_long) - time_ms(run_short)) / tokens)
-    return {name: statistics.median(d) for name, d in diffs.items()}
 
 
 def _workloads(torch, model, repeats: int) -> dict:

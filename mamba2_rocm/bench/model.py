@@ -111,13 +111,22 @@ def _median_ms(torch, fn, repeats: int) -> float:
 DECODE_PAIRS = 7
 
 
+def interleaved_per_token(time_ms, sides: dict, tokens: int, pairs: int = DECODE_PAIRS) -> dict:
+    """:func:`per_token_ms` of every side (``sides``: name -> (run_long, run_short)), the sides
+    taking turns pair by pair, so that a drift over the run reaches them alike."""
+    diffs: dict = {name: [] for name in sides}
+    for _ in range(pairs):
+        for name, (run_long, run_short) in sides.items():
+            diffs[name].append((time_ms(run_long) - time_ms(run_short)) / tokens)
+    return {name: statistics.median(d) for name, d in diffs.items()}
+
+
 def per_token_ms(time_ms, run_long, run_short, tokens: int, pairs: int = DECODE_PAIRS) -> float:
     """Milliseconds a decode step (``tokens`` of them: ``run_long`` decodes that many more than
     ``run_short``, whose prompt prefill is the same) takes: the median over ``pairs`` of the
     per-pair difference, long and short timed back to back (``time_ms(fn)``: one timed call),
     so a slow run of either side, or a drift in clocks, moves one pair and not the result."""
-    diffs = [(time_ms(run_long) - time_ms(run_short)) / tokens for _ in range(pairs)]
-    return statistics.median(diffs)
+    return interleaved_per_token(time_ms, {"": (run_long, run_short)}, tokens, pairs)[""]
 
 
 def _time_once_ms(torch):
