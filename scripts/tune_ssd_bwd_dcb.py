@@ -38,7 +38,7 @@ def _inputs(b: int, L: int, h: int, p: int, g: int, n: int):
 def main() -> None:
     os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")
     print(f"kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')}")
-    saved = ssd_ops.DCB_PARTS
+    saved, rule = ssd_ops.DCB_PARTS, ssd_ops.dcb_parts
     shape = lambda s: tuple(int(v) for v in s.split(","))  # noqa: E731
     for b, L, h, p, g, n, cs in env_items("SHAPES", SHAPES, shape):
         x, dt, A, B, C, D, z, bias, dout = _inputs(b, L, h, p, g, n)
@@ -46,21 +46,19 @@ def main() -> None:
             ssd_ops.mamba_chunk_scan_combined_bwd, x, dt, A, B, C, cs, D, z, bias, None, None,
             True, [0.0, math.inf], dout, None,
         )  # fmt: skip
-        blocks = -(-L // cs) * g * (cs // 64) * (cs // 64 + 1) // 2 * b
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
         ref, cells = None, []
         for parts in env_items("PARTS", PARTS, lambda s: None if s == "auto" else int(s)):
             ssd_ops.DCB_PARTS = parts
+            chosen = []  # the part count the backward ran with (the rule's, for "auto")
+            ssd_ops.dcb_parts = lambda *a, chosen=chosen: chosen.append(rule(*a)) or chosen[-1]
             grads = call()
             ref = grads if ref is None else ref
             diff = max((a.float() - r.float()).abs().max().item()
                        for a, r in zip(grads, ref, strict=True) if a.numel())  # fmt: skip
             us = time_graph(call, replays=5, per_graph=5).median_us
-            label = (
-                parts if parts is not None else f"auto({ssd_ops.dcb_parts(blocks, h // g, sms)})"
-            )
+            label = parts if parts is not None else f"auto({chosen[0]})"
             cells.append(f"{label}={us:.0f}us(diff {diff:.2g})")
-        ssd_ops.DCB_PARTS = saved
+        ssd_ops.DCB_PARTS, ssd_ops.dcb_parts = saved, rule
         print(f"b{b} l{L} h{h} p{p} g{g} n{n} cs{cs}: " + " ".join(cells), flush=True)
 
 

@@ -76,7 +76,7 @@ def _stream_capturing() -> bool:
 
 def _capturing(t: torch.Tensor) -> bool:
     """Whether a CUDA / HIP graph is being captured on ``t``'s device's current stream."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+    return t.is_cuda and _stream_capturing()
 
 
 def decay_rates(module) -> torch.Tensor:

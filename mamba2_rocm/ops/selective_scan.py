@@ -158,11 +158,10 @@ def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out
     # channels per block, as the kernel has them: a lane group per channel
     if form == "channels":
         threads = _CH_THREADS
-        channels = threads // _channel_lanes(tier)
-        blocks = -(-dims.dim // channels) * dims.batch
-        if channel_halves_lanes(blocks, sm_count(u.device), channel_half_lanes):
-            channels = threads // _channel_lanes(tier, half=True)
-            suffix = "_ch2"
+        whole_blocks = -(-dims.dim // (threads // _channel_lanes(tier))) * dims.batch
+        half = channel_halves_lanes(whole_blocks, sm_count(u.device), channel_half_lanes)
+        channels = threads // _channel_lanes(tier, half)
+        suffix = "_ch2" if half else suffix
     else:
         threads = _THREADS
         lanes = _SEGMENT_LANES if form == "segments" else 16 if tier <= 128 else 32
