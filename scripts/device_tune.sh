@@ -6,7 +6,7 @@
 #      -DM2R_SSCAN_BWD_TOK=16 -DM2R_SSCAN_BWD_MIN_BLOCKS=2, rows padded to 512) against the
 #      default build (scripts/tune_selective_scan_bwd.py, the same shapes, one process each);
 #   3. the Mamba1 forward's lane forms at the narrow widths (scripts/tune_selective_scan.py,
-#      HALF=0 / 1).
+#      SPLIT=1 / 2 / 4).
 # STEPS="dcb bwd16 lanes" limits the set. Results under $OUT (sweep.txt, build*.txt).
 set -uo pipefail
 source "$(dirname "$0")/device_lib.sh"  # (sets $OUT)
@@ -33,9 +33,9 @@ for step in ${STEPS:-dcb bwd16 lanes}; do
     MAMBA2_ROCM_KERNEL_PATH=$work/bwd16 BWD_LD=512 SHAPES="1,1536,2048,16 8,2048,2048,16 8,4096,2048,16" \
       BLOCKS=8 PARTIAL_MB=64 timeout 200 python3 scripts/tune_selective_scan_bwd.py 2>&1 | tee -a "$OUT/sweep.txt" ;;
   lanes)
-    for half in 0 1; do
-      HALF=$half SEGMENTS=auto SHAPES="$narrow" timeout 120 python3 scripts/tune_selective_scan.py 2>&1 |
-        sed "s/^/HALF=$half /" | tee -a "$OUT/sweep.txt"
+    for split in 1 2 4; do
+      SPLIT=$split SEGMENTS=auto SHAPES="$narrow" timeout 120 python3 scripts/tune_selective_scan.py 2>&1 |
+        sed "s/^/SPLIT=$split /" | tee -a "$OUT/sweep.txt"
     done ;;
   *) echo "unknown step $step" | tee -a "$OUT/sweep.txt" ;;
   esac

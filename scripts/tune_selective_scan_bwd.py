@@ -44,7 +44,7 @@ def _inputs(b: int, d: int, L: int, n: int):
 def main() -> None:
     os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")  # read on every call
     # a build with M2R_SSCAN_BWD_TOK=16 walks chunks of 512 tokens: B / C rows padded to 512
-    ops._BWD_LD = int(os.environ.get("BWD_LD", ops._BWD_LD))
+    ops._BWD_LD = int(os.environ.get("BWD_LD") or ops._BWD_LD)
     print(
         f"kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')} (B / C rows padded to {ops._BWD_LD})"
     )
