@@ -442,9 +442,10 @@ constexpr int kChT = M2R_SSCAN_CHT;
 #define M2R_STR_(x) #x
 #define M2R_PRAGMA_UNROLL(n) _Pragma(M2R_STR_(unroll n))
 
-// kMaxPer: state elements per lane at most; the _ch2 kernels take half of M2R_SSCAN_PER, so
-// twice the lanes a channel and half the channels a block: twice the blocks where few channels
-// leave the GPU idle (the host chooses, ops/selective_scan.py channel_halves_lanes)
+// kMaxPer: state elements per lane at most; the _ch2 / _ch4 kernels take half / a quarter of
+// M2R_SSCAN_PER, so 2 / 4 times the lanes a channel and as many times fewer channels a block:
+// more blocks where few channels leave the GPU idle (the host chooses, ops/selective_scan.py
+// channel_lane_split)
 template <typename T, int kN, bool kStates, int kMaxPer = M2R_SSCAN_PER>
 M2R_DEVICE void scan_channels(const SelectiveScanParams& p) {
   constexpr int kPer = kN < kMaxPer ? kN : kMaxPer;  // state elements per lane
@@ -457,6 +458,7 @@ M2R_DEVICE void scan_channels(const SelectiveScanParams& p) {
   constexpr int kJ = (kTot + kChThreads - 1) / kChThreads;  // tile vectors per thread (at most)
   constexpr int kQ = kN * kChT / 4 / kChThreads;         // B / C quads per thread
   static_assert(kRowVec * kE == kChT, "whole vectors");
+  static_assert(kPer % 4 == 0, "B / C read 4 state elements at a time");
   static_assert(kQ * kChThreads * 4 == kN * kChT, "whole B / C quads per thread");
   // tile rows padded by one word: a warp reading one token of 32 channels hits 32 banks. With
   // one lane per channel the output tile is the step tile: a thread overwrites its own row's
@@ -778,7 +780,7 @@ M2R_DEVICE void scan_channels(const SelectiveScanParams& p) {
     m2r::sscan::scan_segments<m2r::T, N>(p);                                                     \
   }
 // the channel form (variable B / C) for the same tiers: outputs (_ch) and segment states (_chs),
-// and the same with half the state elements a lane (_ch2, _ch2s)
+// and the same with half / a quarter of the state elements a lane (_ch2, _ch2s / _ch4, _ch4s)
 #define M2R_SSCAN_CH(DT, T, N)                                                                   \
   M2R_KERNEL(m2r::sscan::kChThreads) m2r_selective_scan_##DT##_n##N##_ch(SelectiveScanParams p) { \
     m2r::sscan::scan_channels<m2r::T, N, false>(p);                                              \
@@ -794,6 +796,14 @@ M2R_DEVICE void scan_channels(const SelectiveScanParams& p) {
   M2R_KERNEL(m2r::sscan::kChThreads)                                                             \
   m2r_selective_scan_##DT##_n##N##_ch2s(SelectiveScanParams p) {                                 \
     m2r::sscan::scan_channels<m2r::T, N, true, M2R_SSCAN_PER / 2>(p);                            \
+  }                                                                                              \
+  M2R_KERNEL(m2r::sscan::kChThreads)                                                             \
+  m2r_selective_scan_##DT##_n##N##_ch4(SelectiveScanParams p) {                                  \
+    m2r::sscan::scan_channels<m2r::T, N, false, M2R_SSCAN_PER / 4>(p);                           \
+  }                                                                                              \
+  M2R_KERNEL(m2r::sscan::kChThreads)                                                             \
+  m2r_selective_scan_##DT##_n##N##_ch4s(SelectiveScanParams p) {                                 \
+    m2r::sscan::scan_channels<m2r::T, N, true, M2R_SSCAN_PER / 4>(p);                            \
   }
 #define M2R_SSCAN_N(DT, T)                                                                        \
   M2R_SSCAN(DT, T, 16) M2R_SSCAN(DT, T, 32) M2R_SSCAN(DT, T, 64) M2R_SSCAN(DT, T, 128)            \

@@ -170,11 +170,12 @@ SOURCES: dict[str, KernelSource] = {
                 for n in SELECTIVE_SCAN_SEGMENT_TIERS
             )
             + tuple(
-                # the channel form: outputs, segment maps; the same at half the state a lane
+                # the channel form: outputs, segment maps; the same at half / a quarter of
+                # the state a lane
                 f"m2r_selective_scan_{dt}_n{n}{part}"
                 for dt in KERNEL_DTYPES
                 for n in SELECTIVE_SCAN_SEGMENT_TIERS
-                for part in ("_ch", "_chs", "_ch2", "_ch2s")
+                for part in ("_ch", "_chs", "_ch2", "_ch2s", "_ch4", "_ch4s")
             ),
         ),
         KernelSource(

@@ -2,12 +2,9 @@
 # The open tuning questions of #70 / #72 in one call on the NVIDIA machine (through the device
 # tool): kernels built for the local GPU, then
 #   1. the SSD backward's dcb head parts (scripts/tune_ssd_bwd_dcb.py, PARTS="1 auto 2 4 8");
-#   2. the selective-scan backward with 16 tokens a lane (a second build with
-#      -DM2R_SSCAN_BWD_TOK=16 -DM2R_SSCAN_BWD_MIN_BLOCKS=2, rows padded to 512) against the
-#      default build (scripts/tune_selective_scan_bwd.py, the same shapes, one process each);
-#   3. the Mamba1 forward's lane forms at the narrow widths (scripts/tune_selective_scan.py,
-#      HALF=0 / 1).
-# STEPS="dcb bwd16 lanes" limits the set. Results under $OUT (sweep.txt, build*.txt).
+#   2. the Mamba1 forward's lane forms at the narrow widths (scripts/tune_selective_scan.py,
+#      SPLIT=1 / 2 / 4).
+# STEPS="dcb lanes" limits the set. Results under $OUT (sweep.txt, build.txt).
 set -uo pipefail
 source "$(dirname "$0")/device_lib.sh"  # (sets $OUT)
 work=$(mktemp -d)
@@ -20,22 +17,14 @@ nvidia-smi -L | tee "$OUT/sweep.txt"
 select_kernels "$work/kernels"
 export MAMBA2_ROCM_KERNEL_PATH=$kernels
 narrow="1,768,2048,16 1,1536,2048,16 1,2048,2048,16 8,768,2048,16 8,2048,2048,16 8,4096,2048,16"
-for step in ${STEPS:-dcb bwd16 lanes}; do
+for step in ${STEPS:-dcb lanes}; do
   echo "== $step" | tee -a "$OUT/sweep.txt"
   case $step in
   dcb) timeout 300 python3 scripts/tune_ssd_bwd_dcb.py 2>&1 | tee -a "$OUT/sweep.txt" ;;
-  bwd16)
-    python3 -m mamba2_rocm build --arch native --source selective_scan --source selective_scan_bwd \
-      --extra-flag=-DM2R_SSCAN_BWD_TOK=16 --extra-flag=-DM2R_SSCAN_BWD_MIN_BLOCKS=2 \
-      --out "$work/bwd16" >"$OUT/build-bwd16.txt" 2>&1 || { tail -5 "$OUT/build-bwd16.txt"; continue; }
-    SHAPES="1,1536,2048,16 8,2048,2048,16 8,4096,2048,16" BLOCKS=8 PARTIAL_MB=64 \
-      timeout 200 python3 scripts/tune_selective_scan_bwd.py 2>&1 | tee -a "$OUT/sweep.txt"
-    MAMBA2_ROCM_KERNEL_PATH=$work/bwd16 BWD_LD=512 SHAPES="1,1536,2048,16 8,2048,2048,16 8,4096,2048,16" \
-      BLOCKS=8 PARTIAL_MB=64 timeout 200 python3 scripts/tune_selective_scan_bwd.py 2>&1 | tee -a "$OUT/sweep.txt" ;;
   lanes)
-    for half in 0 1; do
-      HALF=$half SEGMENTS=auto SHAPES="$narrow" timeout 120 python3 scripts/tune_selective_scan.py 2>&1 |
-        sed "s/^/HALF=$half /" | tee -a "$OUT/sweep.txt"
+    for split in 1 2 4; do
+      SPLIT=$split SEGMENTS=auto SHAPES="$narrow" timeout 120 python3 scripts/tune_selective_scan.py 2>&1 |
+        sed "s/^/SPLIT=$split /" | tee -a "$OUT/sweep.txt"
     done ;;
   *) echo "unknown step $step" | tee -a "$OUT/sweep.txt" ;;
   esac

@@ -27,8 +27,9 @@ def main() -> None:
     ops._CH_PER = int(os.environ.get("PER", "16"))
     ops._CH_THREADS = int(os.environ.get("CH_THREADS", "64"))  # M2R_SSCAN_CH_THREADS
     ops.kernel_form = "channels"
-    # HALF=1 / 0 forces the _ch2 (half the state a lane) / whole-lane kernels; unset: the rule
-    ops.channel_half_lanes = {"1": True, "0": False}.get(os.environ.get("HALF", ""))
+    # SPLIT=1 / 2 / 4 forces the whole-lane / _ch2 / _ch4 kernels (the state of a channel over
+    # 1 / 2 / 4 times the lanes); unset: the rule (ops.channel_lane_split)
+    ops.channel_split = int(os.environ["SPLIT"]) if os.environ.get("SPLIT") else None
     copy = copy_bandwidth_gbs()
     print(f"copy {copy:.0f} GB/s  kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')}")
     for b, d, L, n in env_items("SHAPES", SHAPES, lambda s: tuple(int(v) for v in s.split(","))):

@@ -12,7 +12,11 @@ alone (graph replays), so the backward is their difference, for every pair of
 ``BLOCKS="8 16"`` and ``PARTIAL_MB="64 1024"`` over ``SHAPES="b,d,L,n ..."``. Builds with the
 kernel's knobs run from ``MAMBA2_ROCM_KERNEL_PATH``; ``BWD_LD=512`` pads B / C rows for a build
 with ``-DM2R_SSCAN_BWD_TOK=16`` (512-token chunks; with ``-DM2R_SSCAN_BWD_MIN_BLOCKS=2`` it
-builds without spills on sm_90: 255 registers, 45 KB LDS).
+builds without spills on sm_90: 255 registers, 45 KB LDS; slower, see docs/design.md).
+The times are device events around whole autograd calls: at the narrow widths they carry the
+host's share and its jitter (a 16-token build read 671 vs 1019 µs at b1 d1536 in one run, its
+kernel 581 vs 514 µs under torch.profiler in the next), so settle a kernel change by device
+time.
 """
 
 import functools
@@ -44,7 +48,7 @@ def _inputs(b: int, d: int, L: int, n: int):
 def main() -> None:
     os.environ.setdefault("MAMBA2_ROCM_BACKEND", "kernel")  # read on every call
     # a build with M2R_SSCAN_BWD_TOK=16 walks chunks of 512 tokens: B / C rows padded to 512
-    ops._BWD_LD = int(os.environ.get("BWD_LD", ops._BWD_LD))
+    ops._BWD_LD = int(os.environ.get("BWD_LD") or ops._BWD_LD)
     print(
         f"kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')} (B / C rows padded to {ops._BWD_LD})"
     )

@@ -260,64 +260,89 @@ def test_channel_form_segments_launch_twice(kernel_stand_in, n, tier, lanes, mon
     assert ws.numel() == 2 * 70 * 3 * (tier + 1)
 
 
-@pytest.mark.parametrize(("n", "tier", "lanes"), [(16, 16, 2), (20, 32, 4), (64, 64, 8)])
+@pytest.mark.parametrize(
+    ("n", "tier", "split", "lanes"),
+    [(16, 16, 2, 2), (20, 32, 2, 4), (64, 64, 2, 8), (16, 16, 4, 4), (20, 32, 4, 8), (64, 64, 4, 16)],
+)  # fmt: skip
 @pytest.mark.parametrize("segments", [None, 3])
-def test_channel_form_half_lanes(kernel_stand_in, n, tier, lanes, segments, monkeypatch):
-    """The _ch2 kernels: half the state elements a lane, so twice the lanes a channel and twice
-    the blocks; cut into segments, their maps' kernel (_ch2s) first, with the segment length
-    and the workspace sized as the whole-lane kernels' are."""
+def test_channel_form_split_lanes(kernel_stand_in, n, tier, split, lanes, segments, monkeypatch):
+    """The _ch2 / _ch4 kernels: half / a quarter of the state elements a lane, so 2 / 4 times the
+    lanes a channel and the blocks; cut into segments, their maps' kernel (_ch2s / _ch4s)
+    first, with the segment length and the workspace sized as the whole-lane kernels' are."""
     from mamba2_rocm.ops import selective_scan as ops
     from mamba2_rocm.params import SelectiveScanParams
 
     monkeypatch.setattr(ops, "kernel_form", "channels")
-    monkeypatch.setattr(ops, "channel_half_lanes", True)
+    monkeypatch.setattr(ops, "channel_split", split)
     monkeypatch.setattr(ops, "channel_segments", segments)
-    a = _inputs(seeded("ss-half", n), d=70, n=n, bmode="var", cmode="var", dtype=torch.float16,
-                L=1000)  # fmt: skip
+    a = _inputs(seeded("ss-split", n, split), d=70, n=n, bmode="var", cmode="var",
+                dtype=torch.float16, L=1000)  # fmt: skip
     selective_scan_fn(**a, delta_softplus=True)
     blocks = -(-70 // (64 // lanes))
     if segments is None:
         ((name, _, grid),) = kernel_stand_in.launches
-        assert name == f"m2r_selective_scan_f16_n{tier}_ch2" and grid == (blocks, 2, 1)
+        assert name == f"m2r_selective_scan_f16_n{tier}_ch{split}" and grid == (blocks, 2, 1)
         return
     (n1, p1, g1), (n2, p2, g2) = kernel_stand_in.launches
-    assert n1 == f"m2r_selective_scan_f16_n{tier}_ch2s" and g1 == (blocks, 2, 2)
-    assert n2 == f"m2r_selective_scan_f16_n{tier}_ch2" and g2 == (blocks, 2, 3)
+    assert n1 == f"m2r_selective_scan_f16_n{tier}_ch{split}s" and g1 == (blocks, 2, 2)
+    assert n2 == f"m2r_selective_scan_f16_n{tier}_ch{split}" and g2 == (blocks, 2, 3)
     f = dict(zip((k for k, _ in SelectiveScanParams._fields_), p2, strict=True))
     assert p1 == p2 and f["seg_len"] == 384
 
 
 @pytest.mark.parametrize(
-    ("batch", "dim", "half"),
-    [(1, 1536, True), (8, 2048, True), (8, 4096, False), (6, 4224, False), (6, 4160, True)],
+    ("batch", "dim", "suffix", "channels"),
+    [
+        (8, 4096, "_ch", 64),  # 512 blocks of the whole-lane kernels: whole lanes
+        (6, 4224, "_ch", 64),  # exactly 3 x 132
+        (6, 4160, "_ch2", 32),  # 390: halves fill the GPU
+        (8, 1536, "_ch4", 16),  # 192: halves (384) do not, quarters (768) do
+        (1, 1536, "_ch4", 16),  # 24: at 300 tokens (2 segments) halves stay short
+    ],
 )
-def test_channel_form_halves_lanes_only_below_a_full_gpu(kernel_stand_in, batch, dim, half,
-                                                        monkeypatch):  # fmt: skip
-    """With 132 multiprocessors, the _ch2 kernels run below 3 x 132 blocks of the whole-lane
-    kernels (64 channels each): b8 d2048 (256 blocks) halves, b8 d4096 (512) does not, and
-    b6 d4224 is exactly 396."""
+def test_channel_form_splits_lanes_only_below_a_full_gpu(kernel_stand_in, batch, dim, suffix,
+                                                         channels, monkeypatch):  # fmt: skip
+    """With 132 multiprocessors, the channel form's kernel and grid follow channel_lane_split
+    (whose cases at the real lengths are the next test's)."""
     from mamba2_rocm.ops import selective_scan as ops
 
     monkeypatch.setattr(ops, "kernel_form", "channels")
+    monkeypatch.setattr(ops, "channel_segments", 1)  # one launch (segments: tests of their own)
     monkeypatch.setattr(ops, "sm_count", lambda device: 132)
     a = _inputs(seeded("ss-rule", batch, dim), b=batch, d=dim, n=16, bmode="var", cmode="var",
-                dtype=torch.bfloat16, L=5)  # fmt: skip
+                dtype=torch.bfloat16, L=300)  # fmt: skip
     selective_scan_fn(**a, delta_softplus=True)
     ((name, _, grid),) = kernel_stand_in.launches
-    assert name.endswith("_ch2" if half else "_ch")
-    assert grid == (-(-dim // (32 if half else 64)), batch, 1)
+    assert name.endswith(suffix) and name[-len(suffix) - 1] == "6"  # ..._n16_ch*
+    assert grid == (-(-dim // channels), batch, 1)
 
 
 @pytest.mark.parametrize(
-    ("blocks", "sms", "forced", "half"),
-    [(512, 132, None, False), (396, 132, None, False), (395, 132, None, True),
-     (24, 132, None, True), (24, 0, None, False), (24, 132, False, False),
-     (512, 132, True, True)],
+    ("blocks", "seqlen", "sms", "forced", "split"),
+    [(512, 2048, 132, None, 1),  # b8 d4096: whole lanes fill the GPU
+     (396, 2048, 132, None, 1), (395, 2048, 132, None, 2),  # 3 a multiprocessor
+     (256, 2048, 132, None, 2),  # b8 d2048: halves fill it
+     (192, 2048, 132, None, 4),  # b8 d1536: halves do not, quarters (768) do
+     (149, 2048, 132, None, 4), (148, 2048, 132, None, 2),  # 4.5 a multiprocessor
+     (128, 2048, 132, None, 2),  # b4 d2048: halves in 5 segments beat quarters' 512 blocks
+     (24, 2048, 132, None, 2),  # b1 d1536: halves, 16 segments (768 blocks)
+     (12, 2048, 132, None, 4),  # b1 d768: halves reach 384 blocks at most: quarters
+     (12, 8192, 132, None, 2),  # the same width, 64 segments
+     (12, 100, 132, None, 4),
+     (24, 2048, 0, None, 1),  # no GPU (a stand-in)
+     (24, 2048, 132, 1, 1), (512, 2048, 132, 4, 4)],  # forced
 )  # fmt: skip
-def test_channel_halves_lanes_rule(blocks, sms, forced, half):
-    from mamba2_rocm.ops.selective_scan import channel_halves_lanes
+def test_channel_lane_split_rule(blocks, seqlen, sms, forced, split):
+    from mamba2_rocm.ops.selective_scan import channel_lane_split
 
-    assert channel_halves_lanes(blocks, sms, forced) is half
+    assert channel_lane_split(blocks, seqlen, sms, forced) == split
+
+
+def test_channel_lane_split_refuses_other_counts():
+    from mamba2_rocm.ops.selective_scan import channel_lane_split
+
+    with pytest.raises(ValueError, match="channel_split must be one of"):
+        channel_lane_split(24, 2048, 132, 3)
 
 
 @pytest.mark.parametrize(

@@ -482,9 +482,10 @@ def test_cu_seqlens_reaches_the_kernels_dense(monkeypatch, view):
         # the 1.3b training step (b4, 8 chunks of 256, 10 tile pairs, 64 heads): 3 waves of 32
         # heads (+1) in 2 parts, 5 of 16 in 4, 10 of 8 in 8 -> 4, as Triton's dcb
         (320, 64, 132, None, 4),
-        (40, 64, 132, None, 16),  # parts divide the heads: 16 of 4 heads (3 waves of 4 + 1)
-        (40, 24, 132, None, 6),  # mamba2-130m's 24 heads: 6 parts of 4
-        (40, 8, 132, None, 2),  # 8 heads a group: parts of at least 4
+        (40, 64, 132, None, 4),  # parts divide the heads, 16 heads each at least: 4 of 16
+        (320, 32, 132, None, 2),  # b2 l4096 h32: 2 parts of 16
+        (160, 24, 132, None, 1),  # mamba2-130m b8 l512: 24 heads, no part of 16 divides them
+        (40, 8, 132, None, 1),  # 8 heads a group (the g8 shapes): never split
         (40, 3, 132, None, 1),  # too few heads to split
         (2000, 64, 132, None, 1),  # enough blocks: 8 waves of 65 beat 16 of 33
         (40, 64, 0, None, 1),  # no GPU (a stand-in): one part

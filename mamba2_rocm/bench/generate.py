@@ -183,8 +183,10 @@ def measure(torch, models: dict, repeats: int) -> dict:
     return out
 
 
-#: the metrics ``--breakdown`` profiles (device time by kernel family)
-BREAKDOWN_KEYS = ("prefill_ms", "train_ms")
+#: the metrics ``--breakdown`` profiles (device time by kernel family); a decode metric's
+#: profile is one generate call of NEW_TOKENS (its prompt's prefill included), graph replays
+#: traced kernel by kernel
+BREAKDOWN_KEYS = ("prefill_ms", "train_ms", f"decode_b{DECODE_BATCHES[-1]}_cg_tok_s")
 
 
 def breakdowns(torch, models: dict, repeats: int) -> dict:
@@ -198,6 +200,8 @@ def breakdowns(torch, models: dict, repeats: int) -> dict:
         work = _workloads(torch, model, repeats)
         for key in BREAKDOWN_KEYS:
             warm, timed = work[key]
+            if isinstance(timed, tuple):  # a decode metric: (long, short) calls
+                timed = timed[0]
             try:
                 warm()
                 kernels = profile_kernels(torch, timed)

@@ -75,28 +75,50 @@ channel_segments: int | None = None
 
 
 _CH_PER = 16  # csrc/selective_scan.hip: M2R_SSCAN_PER, state elements per lane
-#: The channel form's _ch2 kernels give a lane half the state elements (twice the lanes a
-#: channel, half the channels a block): twice the blocks, where the whole-lane kernels would run
-#: fewer than CH_FULL_PER_SM blocks per multiprocessor (measured on the H100,
-#: scripts/tune_selective_scan.py, us, 16 vs 8 elements a lane: b1 d768 l2048 60 vs 41, b1 d1536
-#: 79 vs 58, b8 d2048 421 vs 352; b8 d4096, which fills the GPU, 536 vs 561). Tests and bench set
-#: ``channel_half_lanes`` to force the choice.
-channel_half_lanes: bool | None = None
+#: The channel form's _ch2 / _ch4 kernels give a lane half / a quarter of the state elements
+#: (2 / 4 times the lanes a channel, as many times fewer channels a block): more blocks where
+#: the whole-lane kernels cannot fill the GPU. A lane's fewer elements cost more per element
+#: (the same per-token loads and sums for less work: 1.04x at 8, 1.5x at 4 on a full GPU), and
+#: segments cost their exps twice. Measured (H100, 2026-12-07, scripts/tune_selective_scan.py
+#: with SPLIT=1 / 2 / 4, the host's segments, graph µs): b1 d768 l2048 60 / 41 / 36, b1 d1536
+#: 80 / 58 / 60, b1 d2048 93 / 74 / 79, b2 d1536 124 / 100 / 122, b4 d768 125 / 100 / 122, b4
+#: d1536 194 / 190 / 213, b4 d2048 248 / 242 / 257, b2 d4096 250 / 241 / 256, b8 d768
+#: 195 / 190 / 213, b8 d1536 360 / 328 / 312, b8 d2048 421 / 352 / 391, b1 d768 l8192
+#: 220 / 113 / 121, b1 d5120 l8192 576 / 588 / 688. The rule (channel_lane_split) picks the
+#: fastest at all of them but the last (2% off). Tests and bench set ``channel_split`` (1, 2 or
+#: 4) to force the choice.
+channel_split: int | None = None
+#: Quarters need this many blocks a multiprocessor to beat halves cut into segments (b8 d1536:
+#: 768 blocks won, b4 d2048's 512 did not); and where halves, cut into the most segments the
+#: sequence allows, still make fewer, quarters win (b1 d768 l2048: 384 blocks).
+CH_QUARTER_FILL_PER_SM = 4.5
+CHANNEL_SPLITS = {1: "_ch", 2: "_ch2", 4: "_ch4"}  # lanes a channel's state is split over, x1
 
 
-def _channel_lanes(tier: int, half: bool = False) -> int:
-    """Lanes per channel in the channel form: _CH_PER state elements each (half as many for
-    the _ch2 kernels)."""
-    per = _CH_PER // 2 if half else _CH_PER
-    return max(1, tier // per)
+def _channel_lanes(tier: int, split: int = 1) -> int:
+    """Lanes per channel in the channel form: _CH_PER / split state elements each."""
+    return max(1, tier * split // _CH_PER)
 
 
-def channel_halves_lanes(blocks: int, sms: int, forced: bool | None = None) -> bool:
-    """Whether the channel form runs its _ch2 kernels, given ``blocks`` blocks of the whole-lane
-    kernels per segment on ``sms`` multiprocessors: only while those cannot fill the GPU."""
+def channel_lane_split(blocks: int, seqlen: int, sms: int, forced: int | None = None) -> int:
+    """How many times finer than the whole-lane kernels the channel form splits a channel's
+    state over lanes (1; 2: the _ch2 kernels; 4: _ch4), given ``blocks`` blocks of the
+    whole-lane kernels per segment on ``sms`` multiprocessors: whole lanes or halves where their
+    blocks reach CH_FULL_PER_SM a multiprocessor (no segments then); else quarters where theirs
+    reach CH_QUARTER_FILL_PER_SM, or where the half-lane blocks in the most segments a
+    ``seqlen`` sequence takes stay under it; else halves (with segments)."""
     if forced is not None:
+        if forced not in CHANNEL_SPLITS:
+            raise ValueError(f"channel_split must be one of {sorted(CHANNEL_SPLITS)}, got {forced}")
         return forced
-    return blocks < CH_FULL_PER_SM * sms
+    if sms <= 0:
+        return 1
+    for split in (1, 2):
+        if blocks * split >= CH_FULL_PER_SM * sms:
+            return split
+    quarter = CH_QUARTER_FILL_PER_SM * sms
+    most_segments = max(1, seqlen // _CH_MIN_SEG)
+    return 4 if 4 * blocks >= quarter or 2 * blocks * most_segments < quarter else 2
 
 
 def _form(tier: int, dims=None) -> str:
@@ -113,7 +135,8 @@ def _channel_form_takes(tier: int, dims) -> bool:
     """Variable B and C, a block's channels in one group of each, 32-bit offsets in a block."""
     if tier not in SELECTIVE_SCAN_SEGMENT_TIERS or not (dims.b_groups and dims.c_groups):
         return False
-    channels = _CH_THREADS // _channel_lanes(tier)  # the whole-lane kernels' (a multiple of _ch2's)
+    # the whole-lane kernels' channels a block (a multiple of the other forms')
+    channels = _CH_THREADS // _channel_lanes(tier)
     for groups in (dims.b_groups, dims.c_groups):
         if groups > 1 and (dims.dim // groups) % channels:
             return False
@@ -159,9 +182,9 @@ def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out
     if form == "channels":
         threads = _CH_THREADS
         whole_blocks = -(-dims.dim // (threads // _channel_lanes(tier))) * dims.batch
-        half = channel_halves_lanes(whole_blocks, sm_count(u.device), channel_half_lanes)
-        channels = threads // _channel_lanes(tier, half)
-        suffix = "_ch2" if half else suffix
+        split = channel_lane_split(whole_blocks, dims.seqlen, sm_count(u.device), channel_split)
+        channels = threads // _channel_lanes(tier, split)
+        suffix = CHANNEL_SPLITS[split]
     else:
         threads = _THREADS
         lanes = _SEGMENT_LANES if form == "segments" else 16 if tier <= 128 else 32

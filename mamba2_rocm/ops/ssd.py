@@ -77,16 +77,19 @@ _BWD_TILE = 64  # kTile: tokens / headdim / dstate per output tile
 #: parts that the kernel takes for groups of their own (``heads_per_group / parts`` heads each,
 #: every part's C·Bᵀ a copy of its group's), and sums the parts' gradients, in order, into the
 #: group's: the kernel as it is, more blocks. ``DCB_PARTS`` forces the part count (1: none);
-#: None lets :func:`dcb_parts` choose. A measuring knob: 1 until a GPU times the split (the
-#: 1.3b training step's dcb: 17.1 ms of 48 x 320 blocks on the H200, bench generate
-#: --breakdown, 2026-12-07; scripts/tune_ssd_bwd_dcb.py).
-DCB_PARTS: int | None = 1
+#: None (the default) lets :func:`dcb_parts` choose. Measured (H100, 2026-12-07,
+#: scripts/tune_ssd_bwd_dcb.py, the whole backward, µs, parts 1 / 2 / 4 / 8): the 1.3b training
+#: step's layer (b4 l2048 h64 g1) 1515 / 1436 / 1444 / 1466, 1409 as the rule picks (4); b2
+#: l4096 h32 799 / 798 / 799 / 844; mamba2-130m b8 l512 h24 345 / 366 / 361 (4) / 381, 3 parts
+#: 351; g8 (8 heads a group) 2983 / 3387 / 3705 / 4617. A part shorter than DCB_MIN_HEADS heads
+#: repeats the block's fixed cost and the sum for too little work: it never won.
+DCB_PARTS: int | None = None
 #: dcb_parts' model: blocks of the dcb kernel resident per multiprocessor (its register cap:
 #: 2 on NVIDIA, csrc/ssd_bwd_dcb.hip), a block's fixed cost (its C·Bᵀ tile and mask, the
 #: gradient's store) in heads' worth, and the fewest heads a part walks
 DCB_RESIDENT_PER_SM = 2
 DCB_BLOCK_COST_HEADS = 1
-DCB_MIN_HEADS = 4
+DCB_MIN_HEADS = 16
 
 
 def dcb_parts(blocks: int, heads_per_group: int, sms: int, forced: int | None = None) -> int:

@@ -23,20 +23,22 @@ TOL = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 @pytest.fixture(
     autouse=True,
     params=["butterfly", "deferred", "segments", "channels", "channels-3seg", "channels-whole",
-            "channels-whole-3seg"],
+            "channels-whole-3seg", "channels-quarter", "channels-quarter-3seg"],
 )  # fmt: skip
 def kernel_on(monkeypatch, request):
     """Every form of the kernel (csrc/selective_scan.hip) on every test; the channel form also
     with the sequence cut into 3 segments wherever it is longer than 64 tokens (two launches,
-    the state carried from segment to segment through the maps), and with the whole-lane
-    kernels forced ("whole": at these sizes the host's own choice is the half-lane _ch2)."""
+    the state carried from segment to segment through the maps), and with the whole-lane and the
+    quarter-lane kernels forced ("whole", "quarter": at these sizes the host's own choice is
+    the half-lane _ch2 or the quarter-lane _ch4)."""
     from mamba2_rocm.ops import selective_scan as ops
 
     monkeypatch.setenv("MAMBA2_ROCM_BACKEND", "kernel")  # never a silent torch fallback here
     form, *mods = request.param.split("-")
     monkeypatch.setattr(ops, "kernel_form", form)
     monkeypatch.setattr(ops, "channel_segments", 3 if "3seg" in mods else None)
-    monkeypatch.setattr(ops, "channel_half_lanes", False if "whole" in mods else None)
+    split = 1 if "whole" in mods else 4 if "quarter" in mods else None
+    monkeypatch.setattr(ops, "channel_split", split)
 
 
 def _inputs(g, b, d, L, n, bmode, cmode, dtype, groups=3):
