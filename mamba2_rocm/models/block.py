@@ -59,7 +59,8 @@ class Block(nn.Module):
             in_proj = getattr(self.mixer, "in_proj", None)
             if isinstance(in_proj, nn.Linear) and linear_ops.plain_linear(in_proj):
                 w, nbytes = in_proj.weight, linear_ops.IN_PROJ_PREFETCH_BYTES
-                side = linear_ops.prefetch_beside(w, w.numel() * w.element_size() - nbytes, nbytes)
+                side = linear_ops.prefetch_beside(w, w.numel() * w.element_size() - nbytes, nbytes,
+                                                  rows=hidden_states.shape[0])  # fmt: skip
         hidden_states, residual = add_then_norm(self.norm, hidden_states, residual,
                                                 self.fused_add_norm, self.residual_in_fp32)  # fmt: skip
         hidden_states = self.mixer(hidden_states, inference_params=inference_params,

@@ -122,7 +122,8 @@ class Mamba(nn.Module):
             raise ValueError(f"step decodes one token at a time, got {hidden_states.shape[1]}")
         x, z = step_linear(self.in_proj, hidden_states.squeeze(1)).chunk(2, dim=-1)
         # in a graph: out_proj's weight read into the cache beside the small steps below
-        side = prefetch_beside(self.out_proj.weight) if plain_linear(self.out_proj) else None
+        side = (prefetch_beside(self.out_proj.weight, rows=x.shape[0])
+                if plain_linear(self.out_proj) else None)  # fmt: skip
         x = causal_conv1d_update(x, conv_state, self._conv_weight(), self.conv1d.bias,
                                  self.activation)  # fmt: skip
         dt, B, C = torch.split(step_linear(self.x_proj, x), [self.dt_rank, self.d_state, self.d_state],

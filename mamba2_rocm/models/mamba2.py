@@ -253,7 +253,8 @@ class Mamba2(nn.Module):
                                        self.activation)  # fmt: skip
         # in a graph: out_proj's weight read into the cache beside the scan step and the norm,
         # which leave the memory bus idle (ops.linear.prefetch_beside)
-        side = prefetch_beside(self.out_proj.weight) if plain_linear(self.out_proj) else None
+        side = (prefetch_beside(self.out_proj.weight, rows=xbc.shape[0])
+                if plain_linear(self.out_proj) else None)  # fmt: skip
         x, B, C = self._xbc_split(xbc)
         h, p, n = self.nheads, self.headdim, self.d_state
         A = decay_rates(self)[:, None, None].expand(h, p, n)

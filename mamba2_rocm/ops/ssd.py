@@ -80,7 +80,7 @@ _BWD_TILE = 64  # kTile: tokens / headdim / dstate per output tile
 #: None (the default) lets :func:`dcb_parts` choose. Measured (H100, 2026-12-07,
 #: scripts/tune_ssd_bwd_dcb.py, the whole backward, µs, parts 1 / 2 / 4 / 8): the 1.3b training
 #: step's layer (b4 l2048 h64 g1) 1515 / 1436 / 1444 / 1466, 1409 as the rule picks (4); b2
-#: l4096 h32 799 / 798 / 799 / 844; mamba2-130m b8 l512 h24 345 / 366 / 361 (4) / 381, 3 parts
+#: l4096 h32 799 / 798 / 799 / 844; mamba2-130m b8 l512 h24 345 / 366 / 361 / 381, 3 parts
 #: 351; g8 (8 heads a group) 2983 / 3387 / 3705 / 4617. A part shorter than DCB_MIN_HEADS heads
 #: repeats the block's fixed cost and the sum for too little work: it never won.
 DCB_PARTS: int | None = None

@@ -202,6 +202,23 @@ def test_prefetch_in_a_graph_reads_and_writes_nothing(start, nbytes, kernel_only
     assert torch.equal(got, ops.decode_linear(x, w))
 
 
+def test_prefetch_only_for_the_streaming_kernels_rows(kernel_only):
+    """In a capture, a product of more than PREFETCH_MAX_ROWS rows (the BLAS library's) gets no
+    prefetch of its weight: nothing launched, None; at PREFETCH_MAX_ROWS one launch."""
+    w = torch.randn(512, 1024, device=DEV).bfloat16()
+    sides = []
+
+    def step():
+        sides.append(ops.prefetch_beside(w, rows=ops.PREFETCH_MAX_ROWS + 1))
+        sides.append(ops.prefetch_beside(w, rows=ops.PREFETCH_MAX_ROWS))
+        for side in sides[-2:]:
+            ops.join_prefetch(side)
+        return w
+
+    _captured(step, before_capture=kernel_only.clear)
+    assert sides[2] is None and sides[3] is not None and len(kernel_only) == 1
+
+
 @pytest.mark.parametrize("ssm_cfg", [{"layer": "Mamba2", "headdim": 32, "d_state": 64},
                                      {"layer": "Mamba1", "d_state": 16}])  # fmt: skip
 def test_graph_decode_with_the_prefetch_equals_without(ssm_cfg, monkeypatch):
