@@ -15,8 +15,9 @@ with ``-DM2R_SSCAN_BWD_TOK=16`` (512-token chunks; with ``-DM2R_SSCAN_BWD_MIN_BL
 builds without spills on sm_90: 255 registers, 45 KB LDS; slower, see docs/design.md).
 The times are device events around whole autograd calls: at the narrow widths they carry the
 host's share and its jitter (a 16-token build read 671 vs 1019 µs at b1 d1536 in one run, its
-kernel 581 vs 514 µs under torch.profiler in the next), so settle a kernel change by device
-time.
+kernel 581 vs 514 µs under torch.profiler in the next). So each setting also prints the
+backward kernel's own device time (``kernel``: torch.profiler, the mean of 3 calls), which is
+what settles a kernel change.
 """
 
 import functools
@@ -25,6 +26,7 @@ import os
 import torch
 
 from mamba2_rocm import selective_scan_fn
+from mamba2_rocm.bench.breakdown import profile_kernels
 from mamba2_rocm.bench.timing import env_items, time_calls, time_graph
 from mamba2_rocm.ops import selective_scan as ops
 
@@ -43,6 +45,16 @@ def _inputs(b: int, d: int, L: int, n: int):
     B, C = r(b, n, L), r(b, n, L)
     D, db = r(d), torch.rand(d, device="cuda", generator=g) * 0.5
     return [u, delta, A, B, C, D, z, db], dout
+
+
+def kernel_us(step, calls: int = 3) -> float:
+    """The backward kernel's device µs a call (torch.profiler over ``calls`` calls of step)."""
+
+    def run():
+        for _ in range(calls):
+            step()
+
+    return sum(t for name, t in profile_kernels(torch, run) if "selective_scan_bwd" in name) / calls
 
 
 def main() -> None:
@@ -71,7 +83,9 @@ def main() -> None:
                     ref = grads
                 same = all(torch.equal(a, r) for a, r in zip(grads, ref, strict=True))
                 us = time_calls(step, warmup=2, iters=10).median_us
-                cells.append(f"{blocks}/{mb}MB={us:.0f}us(bwd {us - fwd:.0f}){'' if same else '!'}")
+                kernel = kernel_us(step)
+                cells.append(f"{blocks}/{mb}MB={us:.0f}us(bwd {us - fwd:.0f}, kernel {kernel:.0f})"
+                             f"{'' if same else '!'}")  # fmt: skip
         ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES = saved
         print(f"b{b} d{d} l{L} n{n}: fwd {fwd:.0f}us " + " ".join(cells), flush=True)
     print("('!': gradients differ in bits from the first setting's: slices sum in another order)")
