@@ -170,10 +170,24 @@ def container_args(name: str) -> list[str]:
 
 
 def stop_container(name: str, timeout: float = 30) -> None:
-    """Kill and remove a container (quietly: it may have ended on its own)."""
+    """Kill and remove a container (quietly: it may have ended on its own), and return once it
+    is gone or ``timeout`` seconds have passed. A container run with ``--rm`` is removed by the
+    daemon after the kill, and ``rm -f`` then fails at once ("removal already in progress")
+    while it may still be listed: on a loaded machine, for long enough that a caller's next
+    ``docker ps`` saw it."""
+    deadline = time.monotonic() + timeout
     for cmd in (["docker", "kill", name], ["docker", "rm", "-f", name]):
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             subprocess.run(cmd, capture_output=True, timeout=timeout)
+    while time.monotonic() < deadline:
+        try:
+            listed = subprocess.run(["docker", "container", "inspect", "--format", "{{.Id}}", name],
+                                    capture_output=True, timeout=timeout)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        if listed.returncode != 0:  # no such container
+            return
+        time.sleep(0.1)
 
 
 def _own_containers() -> list[tuple[str, int]]:

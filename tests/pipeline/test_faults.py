@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,33 @@ def test_a_signal_at_any_stage_leaves_nothing_and_names_the_stage(fake_build, mo
     assert sorted(p.name for p in fake_build.iterdir()) == [".gfx1030.lock", "gfx1030"]
     assert not _temps(), "temporary folders must be removed"
     assert {s: signal.getsignal(s) for s in guard.SIGNALS} == handlers
+
+
+@pytest.mark.parametrize(("listed_for", "polls"), [(0, 1), (3, 4), (None, None)])
+def test_stop_container_returns_once_the_container_is_gone(monkeypatch, listed_for, polls):
+    """stop_container kills, removes, then waits while `docker container inspect` still finds
+    the container (a --rm container's removal by the daemon outlives `rm -f`, which fails at
+    once): it returns at the first miss, or at its timeout if the container stays listed."""
+    calls = []
+
+    def run(cmd, capture_output=True, timeout=None):
+        calls.append(cmd[1])
+        listed = cmd[1] == "container" and (
+            listed_for is None or calls.count("container") <= listed_for
+        )
+        return subprocess.CompletedProcess(cmd, 0 if listed or cmd[1] == "kill" else 1)
+
+    clock = iter(range(1000))  # 0.01 s a reading, no real sleep (guard's own time only)
+    monkeypatch.setattr(guard, "subprocess", types.SimpleNamespace(
+        run=run, TimeoutExpired=subprocess.TimeoutExpired))  # fmt: skip
+    monkeypatch.setattr(guard, "time", types.SimpleNamespace(monotonic=lambda: next(clock) * 0.01,
+                                                              sleep=lambda s: None))  # fmt: skip
+    guard.stop_container("m2r-run-1-0", timeout=0.5)
+    assert calls[:2] == ["kill", "rm"]
+    if polls is None:  # still listed: given up at the timeout (0.5 s of 0.01 s ticks)
+        assert 40 <= calls.count("container") <= 50
+    else:
+        assert calls.count("container") == polls
 
 
 def test_an_interrupted_container_is_stopped(monkeypatch):
