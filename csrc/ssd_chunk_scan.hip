@@ -378,39 +378,39 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       __syncthreads();
     }
   } else {
-  for (int s0 = 0; s0 < s_end; s0 += kSlab) {
-    // every s of the slab in range, at or before every t of the tile, no segments, the decay
-    // factored: no masks
-    const bool plain = s0 + kSlab <= plain_end;
+    for (int s0 = 0; s0 < s_end; s0 += kSlab) {
+      // every s of the slab in range, at or before every t of the tile, no segments, the decay
+      // factored: no masks
+      const bool plain = s0 + kSlab <= plain_end;
 #pragma unroll
-    for (int i = 0; i < mf.kN; ++i) {
-      const int k = mf.row(i), s = s0 + k;
-      float v[4] = {mf.q[i].x, mf.q[i].y, mf.q[i].z, mf.q[i].w};
-      const float as = acs[s], ds = dts[s];
-      if (plain) {
-        const float ws = ds * fast_exp2(a_0 - as);
+      for (int i = 0; i < mf.kN; ++i) {
+        const int k = mf.row(i), s = s0 + k;
+        float v[4] = {mf.q[i].x, mf.q[i].y, mf.q[i].z, mf.q[i].w};
+        const float as = acs[s], ds = dts[s];
+        if (plain) {
+          const float ws = ds * fast_exp2(a_0 - as);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] *= ws * f_t[e];
-      } else {
-        const int sgs = seg[s];
+          for (int e = 0; e < 4; ++e) v[e] *= ws * f_t[e];
+        } else {
+          const int sgs = seg[s];
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          v[e] = s < rows && s <= tq + e && sgs == seg_t[e] ? v[e] * ds * fast_exp2(a_t[e] - as) : 0.f;
+          for (int e = 0; e < 4; ++e)
+            v[e] = s < rows && s <= tq + e && sgs == seg_t[e] ? v[e] * ds * fast_exp2(a_t[e] - as) : 0.f;
+        }
+        store_split<T, kSplitScan>(As + k * LM::kLd + mf.col(), As_lo + k * LM::kLd + mf.col(), v);
       }
-      store_split<T, kSplitScan>(As + k * LM::kLd + mf.col(), As_lo + k * LM::kLd + mf.col(), v);
+      xf.template put_finite<T>(Bs, LX::kLd, bad, s0);  // the masked weights are 0: no NaN x
+      __syncthreads();
+      const int s1 = s0 + kSlab;
+      if (s1 < s_end) mf.fetch(cb + s1 * cs, cs, kSlab, kRows, true), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
+      // a wave whose rows t all precede the slab has only masked (0) terms in it: it skips the
+      // product (in the diagonal slabs; uniform over the wave)
+      if (s0 < t0 + tile.m0 + tile.kFm * 16) {
+        if constexpr (kSplitScan) tile.template product_split<T, kSlab, true, true, true>(As, As_lo, LM::kLd, Bs, nullptr, LX::kLd);
+        else tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
+      }
+      __syncthreads();
     }
-    xf.template put_finite<T>(Bs, LX::kLd, bad, s0);  // the masked weights are 0: no NaN x
-    __syncthreads();
-    const int s1 = s0 + kSlab;
-    if (s1 < s_end) mf.fetch(cb + s1 * cs, cs, kSlab, kRows, true), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
-    // a wave whose rows t all precede the slab has only masked (0) terms in it: it skips the
-    // product (in the diagonal slabs; uniform over the wave)
-    if (s0 < t0 + tile.m0 + tile.kFm * 16) {
-      if constexpr (kSplitScan) tile.template product_split<T, kSlab, true, true, true>(As, As_lo, LM::kLd, Bs, nullptr, LX::kLd);
-      else tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
-    }
-    __syncthreads();
-  }
   }
 
   // D, the gate and the store, 64 rows at a time through LDS (over the operand tiles): each
