@@ -160,6 +160,20 @@ M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
   }
 }
 
+// An A fragment built in registers (make_a) instead of read from LDS: element e of kAElems is
+// at row a_row(e), k a_k(e) of the 16x16 fragment (registers r[h + 2 kh]: rows g + 8 h, k
+// 8 kh + 2 q and the next, g = lane / 4, q = lane % 4).
+constexpr int kAElems = 8;
+M2R_DEVICE int a_row(int e) { return lane() / 4 + 8 * ((e >> 1) & 1); }
+M2R_DEVICE int a_k(int e) { return 8 * (e >> 2) + 2 * (lane() % 4) + (e & 1); }
+template <typename T>
+M2R_DEVICE Frag make_a(const float (&v)[kAElems]) {
+  Frag f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) f.r[i] = T::pack(v + 2 * i);
+  return f;
+}
+
 M2R_DEVICE int acc_row(int r) { return lane() / 4 + 8 * ((r >> 1) & 1); }
 M2R_DEVICE int acc_col(int r) { return 8 * (r >> 2) + 2 * (lane() % 4) + (r & 1); }
 // The rows of a lane's accumulator registers (for sums along a row): kAccRows of them, register
@@ -202,6 +216,10 @@ M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
 #endif
 }
 
+constexpr int kAElems = 4;  // (make_a: row lane % 16, k 4 (lane / 16) + e)
+M2R_DEVICE int a_row(int) { return lane() % 16; }
+M2R_DEVICE int a_k(int e) { return 4 * (lane() / 16) + e; }
+
 M2R_DEVICE int acc_row(int r) { return 4 * (lane() / 16) + r; }
 M2R_DEVICE int acc_col(int) { return lane() % 16; }
 
@@ -241,6 +259,10 @@ M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
 #endif
 }
 
+constexpr int kAElems = 16;  // (make_a: row lane % 16, every k; both half-waves alike)
+M2R_DEVICE int a_row(int) { return lane() % 16; }
+M2R_DEVICE int a_k(int e) { return e; }
+
 M2R_DEVICE int acc_row(int r) { return 2 * r + lane() / 16; }
 M2R_DEVICE int acc_col(int) { return lane() % 16; }
 
@@ -276,6 +298,10 @@ M2R_DEVICE void mma(Acc& c, const Frag& a, const Frag& b) {
 #endif
 }
 
+constexpr int kAElems = 8;  // (make_a: row lane % 16, k 8 (lane / 16) + e)
+M2R_DEVICE int a_row(int) { return lane() % 16; }
+M2R_DEVICE int a_k(int e) { return 8 * (lane() / 16) + e; }
+
 M2R_DEVICE int acc_row(int r) { return r + 8 * (lane() / 16); }
 M2R_DEVICE int acc_col(int) { return lane() % 16; }
 #endif
@@ -285,6 +311,21 @@ constexpr int kAccRows = kAccRegs, kRowLanes = 16;
 constexpr bool kAccColPairs = false;
 M2R_DEVICE int acc_slot(int r) { return r; }
 M2R_DEVICE int acc_slot_reg(int s) { return s; }
+#endif
+
+#if M2R_MMA >= 2
+// AMD layouts: a fragment's 16-bit elements in k order, packed two to a word
+template <typename T>
+M2R_DEVICE Frag make_a(const float (&v)[kAElems]) {
+  struct Words {
+    uint32_t w[kAElems / 2];
+  } words;
+#pragma unroll
+  for (int i = 0; i < kAElems / 2; ++i) words.w[i] = T::pack(v + 2 * i);
+  Frag f;
+  f.r = __builtin_bit_cast(decltype(f.r), words);
+  return f;
+}
 #endif
 
 #if M2R_MMA != 0 && M2R_MMA != 1
@@ -380,6 +421,25 @@ struct BlockTile {
           for (int j = 0; j < kFn; ++j) mma<T>(acc[i][j], fa, fb2[j]);
         }
       }
+    }
+  }
+
+  // One slab of kK along the reduction dim with this wave's A fragments in registers
+  // (fa[i][k / 16], from make_a) and B from LDS as in product; only the first k_end of the
+  // slab (uniform over the wave: the rest of its A is zero) is multiplied.
+  template <typename T, int kK, bool kTransB>
+  M2R_DEVICE void product_a_regs(const Frag (&fa)[kFm][kK / 16], const uint16_t* Bs, int ldb, int k_end) {
+    const uint16_t* b = Bs + lane_b<kTransB>(ldb);
+#pragma unroll
+    for (int k = 0; k < kK; k += 16) {
+      if (k >= k_end) break;
+      Frag fb[kFn];
+#pragma unroll
+      for (int j = 0; j < kFn; ++j) fb[j] = frag<kTransB>(b, ldb, k, j);
+#pragma unroll
+      for (int i = 0; i < kFm; ++i)
+#pragma unroll
+        for (int j = 0; j < kFn; ++j) mma<T>(acc[i][j], fa[i][k / 16], fb[j]);
     }
   }
 

@@ -1,7 +1,8 @@
 // The matrix-core interface's self-test (mma.h), run by tests/gpu/test_mma_probe_gpu.py on
 // whatever GPU and build it meets: the NVIDIA build, each emulation variant, and an AMD
 // runner's own GPU. One wave computes D = C + A B^T for a single 16x16x16 step through exactly
-// what the kernels use (load_lane / load_lane_t from an LDS tile, mma<T>, acc_row / acc_col)
+// what the kernels use (load_lane / load_lane_t from an LDS tile, or an A fragment built in
+// registers with a_row / a_k / make_a; mma<T>, acc_row / acc_col)
 // and writes every accumulator register to the (row, col) acc_row / acc_col name, counting the
 // writes per cell. The test chooses operands whose product says which source element reached
 // which cell, so a wrong lane -> (row, col) formula fails naming the formula and the cells.
@@ -38,8 +39,14 @@ M2R_DEVICE void mma_probe(const MmaProbeParams& p) {
   }
   __syncthreads();
   if (t >= kWavefront) return;  // wave32: the step is one wave's
-  const mma::Frag fa = ta ? mma::load_lane_t(As + mma::lane_off_t(kLd), kLd)
-                          : mma::load_lane(As + mma::lane_off(kLd), kLd);
+  mma::Frag fa = ta ? mma::load_lane_t(As + mma::lane_off_t(kLd), kLd)
+                    : mma::load_lane(As + mma::lane_off(kLd), kLd);
+  if (p.mode & 4) {  // A built in registers: element e from (a_row(e), a_k(e)), then make_a
+    float v[mma::kAElems];
+#pragma unroll
+    for (int e = 0; e < mma::kAElems; ++e) v[e] = T::to_float(p.a[mma::a_row(e) * 16 + mma::a_k(e)]);
+    fa = mma::make_a<T>(v);
+  }
   const mma::Frag fb = tb ? mma::load_lane_t(Bs + mma::lane_off_bt(kLd), kLd)
                           : mma::load_lane(Bs + mma::lane_off_b(kLd), kLd);
   mma::Acc acc;

@@ -182,7 +182,8 @@ struct MmaProbeParams {
   float* d;
   int32_t* hits;
   int32_t* info;
-  int32_t mode;      // bit 0: A staged k-major and read with load_lane_t; bit 1: the same for B
+  int32_t mode;      // bit 0: A staged k-major and read with load_lane_t; bit 1: the same for B;
+                     // bit 2: A built in registers (mma::make_a at a_row / a_k) instead
   int32_t reserved;  // explicit tail padding: the size is a multiple of 8 on every ABI
 };
 

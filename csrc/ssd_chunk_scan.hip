@@ -195,13 +195,17 @@ template <typename T, int kRows, bool kHasZ, int kNT = kThreads, int kCols = 64>
 M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   typedef KMajor<kRows> LM;
   typedef KMajor<kCols> LX;
+  // (not the 256-thread 64-column forms: the FMA path's shapes, which 16-bit types on matrix
+  // cores take only when forced; at 80 registers they spilled)
+  constexpr bool kRegA = kScanRegA && !kSplitScan && (kNT != kThreads || kCols != 64);
   constexpr int kLdOut = kCols + 8;  // O's rows (kLdO for 64 columns)
   constexpr int kASize = kRows * kLdH > LM::kSize ? kRows * kLdH : LM::kSize;
-  constexpr int kOperands = kASize + LM::kSize + 2 * LX::kSize, kOut = 64 * kLdOut * 2;
+  constexpr int kLoSize = kSplitScan ? LM::kSize : 0;  // (rounded once: no remainder tile)
+  constexpr int kOperands = kASize + kLoSize + 2 * LX::kSize, kOut = 64 * kLdOut * 2;
   __shared__ __align__(16) uint16_t smem[kOperands > kOut ? kOperands : kOut];
   uint16_t* As = smem;                   // C [t][n], then C·Bᵀ weighted [s][t]
-  uint16_t* As_lo = As + kASize;         // the weighted C·Bᵀ's rounding remainder
-  uint16_t* Bs = As_lo + LM::kSize;      // entering state [n][p], then x [s][p]
+  uint16_t* As_lo = As + kASize;         // the weighted C·Bᵀ's rounding remainder (kSplitScan)
+  uint16_t* Bs = As_lo + kLoSize;        // entering state [n][p], then x [s][p]
   uint16_t* Bs_lo = Bs + LX::kSize;      // the entering state's rounding remainder
   __shared__ float acs[kMaxChunk], dts[kMaxChunk];  // acs: dA_cs times log2(e)
   __shared__ int32_t seg[kMaxChunk];
@@ -219,7 +223,12 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // a tile wholly past the sequence's end (the last chunk's, when it is partial) has no output:
   // its entering-state and within-chunk products would only fill rows that are never stored
   if (t0 >= rows) return;
-  mma::BlockTile<kNT, kRows, kCols, kRows == 128 && kNT / kWavefront == 8 ? 4 : 2> tile;  // rows t, cols p
+  // kRegA: the within-chunk weights go from global memory straight into A fragments (waves
+  // along the rows t first: each weight is then worked out by one wave, or by kWavesN where the
+  // block has more waves than 16-row fragments)
+  constexpr int kWavesM = kRegA ? (kNT / kWavefront < kRows / 16 ? kNT / kWavefront : kRows / 16)
+                                : (kRows == 128 && kNT / kWavefront == 8 ? 4 : 2);
+  mma::BlockTile<kNT, kRows, kCols, kWavesM> tile;  // rows t, cols p
 
   {
     const float* a = p.dA_cs + chunk_row(p, b, h, c);
@@ -279,10 +288,23 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   const bool xvec = aligned(xp, 2 * xl, 16);
   const float* cb = p.cb + ((static_cast<int64_t>(b) * p.nchunks + c) * p.ngroups + g) *
                                static_cast<int64_t>(cs) * cs + t0;
-  Rows32<kSlab, kRows, kNT> mf;  // C·Bᵀ rows: the workspace is chunk_size^2, always in range
   Rows16<kSlab, kCols, kNT> xf;
-  mf.fetch(cb, cs, kSlab, kRows, true);
   xf.fetch(xp, xl, rows, pcols, xvec);
+  Rows32<kSlab, kRows, kNT> mf;  // C·Bᵀ rows (unless kRegA): the workspace is chunk_size^2, always in range
+  // (kRegA) this lane's C·Bᵀ entries of its A fragments: [fragment i][k step][element]
+  constexpr int kKs = kSlab / 16;
+  float cv[tile.kFm][kKs][mma::kAElems];
+  const auto fetch_cb = [&](int s0) {
+#pragma unroll
+    for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+      for (int kk = 0; kk < kKs; ++kk)
+#pragma unroll
+        for (int e = 0; e < mma::kAElems; ++e)
+          cv[i][kk][e] = cb[(s0 + 16 * kk + mma::a_k(e)) * cs + tile.m0 + 16 * i + mma::a_row(e)];
+  };
+  if constexpr (kRegA) fetch_cb(0);
+  else mf.fetch(cb, cs, kSlab, kRows, true);
   // whether dA_cs never rises over the chunk's tokens (dt A <= 0, as in every Mamba model),
   // read from acs in LDS (scaled by log2(e), the values the factored exponentials take) after
   // the entering state's product: a global re-read here cost 1% of chunk_scan (H100), and
@@ -308,38 +330,87 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     a_t[e] = acs[tq + e], seg_t[e] = seg[tq + e];
     f_t[e] = tq + e < rows ? fast_exp2(a_t[e] - a_0) : 0.f;
   }
-  for (int s0 = 0; s0 < s_end; s0 += kSlab) {
-    // every s of the slab in range, at or before every t of the tile, no segments, the decay
-    // factored: no masks
-    const bool plain = s0 + kSlab <= plain_end;
+  if constexpr (kRegA) {
+    // this lane's rows t of each fragment: dA_cs, segment, decay from t0 (0 past the end)
+    float at[tile.kFm][mma::kAElems], ft[tile.kFm][mma::kAElems];
+    int sgt[tile.kFm][mma::kAElems];
 #pragma unroll
-    for (int i = 0; i < mf.kN; ++i) {
-      const int k = mf.row(i), s = s0 + k;
-      float v[4] = {mf.q[i].x, mf.q[i].y, mf.q[i].z, mf.q[i].w};
-      const float as = acs[s], ds = dts[s];
-      if (plain) {
-        const float ws = ds * fast_exp2(a_0 - as);
+    for (int i = 0; i < tile.kFm; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] *= ws * f_t[e];
-      } else {
-        const int sgs = seg[s];
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          v[e] = s < rows && s <= tq + e && sgs == seg_t[e] ? v[e] * ds * fast_exp2(a_t[e] - as) : 0.f;
+      for (int e = 0; e < mma::kAElems; ++e) {
+        const int t = t0 + tile.m0 + 16 * i + mma::a_row(e);
+        at[i][e] = acs[t], sgt[i][e] = seg[t];
+        ft[i][e] = t < rows ? fast_exp2(at[i][e] - a_0) : 0.f;
       }
-      store_split<T, kSplitScan>(As + k * LM::kLd + mf.col(), As_lo + k * LM::kLd + mf.col(), v);
+    // the wave's rows end here: later k steps of a slab hold only masked (0) weights
+    const int wave_end = t0 + tile.m0 + 16 * tile.kFm;
+    for (int s0 = 0; s0 < s_end; s0 += kSlab) {
+      const bool plain = s0 + kSlab <= plain_end;
+      mma::Frag fa[tile.kFm][kKs];
+#pragma unroll
+      for (int kk = 0; kk < kKs; ++kk) {
+        // per k of this lane: s, its decay and dt (the plain form: one factor about t0)
+        float ws[mma::kAElems], as[mma::kAElems], ds[mma::kAElems];
+        int sgs[mma::kAElems];
+#pragma unroll
+        for (int e = 0; e < mma::kAElems; ++e) {
+          const int s = s0 + 16 * kk + mma::a_k(e);
+          as[e] = acs[s], ds[e] = dts[s], sgs[e] = seg[s];
+          ws[e] = ds[e] * fast_exp2(a_0 - as[e]);
+        }
+#pragma unroll
+        for (int i = 0; i < tile.kFm; ++i) {
+          float v[mma::kAElems];
+#pragma unroll
+          for (int e = 0; e < mma::kAElems; ++e) {
+            const int s = s0 + 16 * kk + mma::a_k(e), t = t0 + tile.m0 + 16 * i + mma::a_row(e);
+            if (plain) v[e] = cv[i][kk][e] * ws[e] * ft[i][e];
+            else v[e] = s < rows && s <= t && sgs[e] == sgt[i][e] ? cv[i][kk][e] * ds[e] * fast_exp2(at[i][e] - as[e]) : 0.f;
+          }
+          fa[i][kk] = mma::make_a<T>(v);
+        }
+      }
+      xf.template put_finite<T>(Bs, LX::kLd, bad, s0);  // the masked weights are 0: no NaN x
+      __syncthreads();
+      const int s1 = s0 + kSlab;
+      if (s1 < s_end) fetch_cb(s1), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
+      tile.template product_a_regs<T, kSlab, true>(fa, Bs, LX::kLd, wave_end - s0);
+      __syncthreads();
     }
-    xf.template put_finite<T>(Bs, LX::kLd, bad, s0);  // the masked weights are 0: no NaN x
-    __syncthreads();
-    const int s1 = s0 + kSlab;
-    if (s1 < s_end) mf.fetch(cb + s1 * cs, cs, kSlab, kRows, true), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
-    // a wave whose rows t all precede the slab has only masked (0) terms in it: it skips the
-    // product (in the diagonal slabs; uniform over the wave)
-    if (s0 < t0 + tile.m0 + tile.kFm * 16) {
-      if constexpr (kSplitScan) tile.template product_split<T, kSlab, true, true, true>(As, As_lo, LM::kLd, Bs, nullptr, LX::kLd);
-      else tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
+  } else {
+    for (int s0 = 0; s0 < s_end; s0 += kSlab) {
+      // every s of the slab in range, at or before every t of the tile, no segments, the decay
+      // factored: no masks
+      const bool plain = s0 + kSlab <= plain_end;
+#pragma unroll
+      for (int i = 0; i < mf.kN; ++i) {
+        const int k = mf.row(i), s = s0 + k;
+        float v[4] = {mf.q[i].x, mf.q[i].y, mf.q[i].z, mf.q[i].w};
+        const float as = acs[s], ds = dts[s];
+        if (plain) {
+          const float ws = ds * fast_exp2(a_0 - as);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[e] *= ws * f_t[e];
+        } else {
+          const int sgs = seg[s];
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            v[e] = s < rows && s <= tq + e && sgs == seg_t[e] ? v[e] * ds * fast_exp2(a_t[e] - as) : 0.f;
+        }
+        store_split<T, kSplitScan>(As + k * LM::kLd + mf.col(), As_lo + k * LM::kLd + mf.col(), v);
+      }
+      xf.template put_finite<T>(Bs, LX::kLd, bad, s0);  // the masked weights are 0: no NaN x
+      __syncthreads();
+      const int s1 = s0 + kSlab;
+      if (s1 < s_end) mf.fetch(cb + s1 * cs, cs, kSlab, kRows, true), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
+      // a wave whose rows t all precede the slab has only masked (0) terms in it: it skips the
+      // product (in the diagonal slabs; uniform over the wave)
+      if (s0 < t0 + tile.m0 + tile.kFm * 16) {
+        if constexpr (kSplitScan) tile.template product_split<T, kSlab, true, true, true>(As, As_lo, LM::kLd, Bs, nullptr, LX::kLd);
+        else tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
 
   // D, the gate and the store, 64 rows at a time through LDS (over the operand tiles): each

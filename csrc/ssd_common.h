@@ -158,10 +158,17 @@ M2R_DEVICE int* chain_flag(const SsdParams& p, int b, int c, int tile, int h) {
 // thread loads its part of the next slab into registers (Rows16 / Rows32 fetch) right after
 // the current slab reached LDS, so global latency overlaps the products instead of following
 // them (the kernels were latency-bound at 2 blocks per SM). Operands computed in fp32 (the
-// decay-weighted x and C·Bᵀ, the entering states) are split into a part rounded to the input
-// dtype and its rounded remainder, two products each: about 16 mantissa bits instead of bf16's
-// 8, so states and outputs keep close to fp32 accuracy (mamba_ssm's Triton kernels round these
-// operands once).
+// decay-weighted x, the entering states) are split into a part rounded to the input dtype and
+// its rounded remainder, two products each: about 16 mantissa bits instead of bf16's 8, so
+// states keep close to fp32 accuracy (mamba_ssm's Triton kernels round these operands once).
+// chunk_scan's decay-weighted C·Bᵀ is rounded once, as Triton rounds it: issue #72's rule lets
+// the forward round where its output error, in the output's dtype against the float64
+// recurrence, stays at or below Triton's (`bench ssd-error`). Measured (H100, 2026-12-07):
+// bf16 2.21-2.32e-3 against Triton's 2.33-2.44e-3 (split: 1.65-1.67e-3, the floor), fp16
+// 2.77-2.87e-4 against 2.89-3.04e-4, in 8 of 8 cases each; chunk_scan 119.0 -> 108.6 us at
+// b2 l4096 h32, 434.3 -> 405.1 at Nemotron-H b1 l8192. Rounding the entering state once too
+// would have saved 5% more at an error level with Triton's (bf16 2.29-2.35e-3: within 1-2%,
+// no margin), so it stays split.
 #if M2R_MMA != 0
 constexpr int kWaves = kThreads / kWavefront;
 constexpr int kLdH = kSlab + 8;  // [row][k] tiles with k = kSlab: rows 16-byte aligned
@@ -182,19 +189,26 @@ M2R_DEVICE void stage_half(const Tile& tile, float* O, int half) {
   }
 }
 
-// Build knobs (measurement only): M2R_SSD_SPLIT_SCAN / M2R_SSD_SPLIT_STATE = 0 round chunk_scan's /
-// chunk_state's fp32-computed operands once, as mamba_ssm's Triton kernels do (half the products);
-// M2R_SSD_SPLIT_SCAN_ENTER (default: M2R_SSD_SPLIT_SCAN) sets chunk_scan's entering-state product
-// apart from its within-chunk one, so that each rounding's cost and error can be measured alone.
+// Build knobs (measurement only): M2R_SSD_SPLIT_SCAN = 1 splits chunk_scan's within-chunk
+// weights (C·Bᵀ, decay, dt) as it splits the other fp32-computed operands (half the products
+// again, the output at the rounding floor); M2R_SSD_SPLIT_SCAN_ENTER / M2R_SSD_SPLIT_STATE = 0
+// round chunk_scan's entering state / chunk_state's decay-weighted x once, as mamba_ssm's Triton
+// kernels do, so that each rounding's cost and error can be measured alone.
 #ifndef M2R_SSD_SPLIT_SCAN
-#define M2R_SSD_SPLIT_SCAN 1
+#define M2R_SSD_SPLIT_SCAN 0
 #endif
 #ifndef M2R_SSD_SPLIT_SCAN_ENTER
-#define M2R_SSD_SPLIT_SCAN_ENTER M2R_SSD_SPLIT_SCAN
+#define M2R_SSD_SPLIT_SCAN_ENTER 1
 #endif
 #ifndef M2R_SSD_SPLIT_STATE
 #define M2R_SSD_SPLIT_STATE 1
 #endif
+// M2R_SSD_SCAN_REG_A = 1: chunk_scan's within-chunk weights built in the A fragments' registers
+// (no LDS pass; rounded once only)
+#ifndef M2R_SSD_SCAN_REG_A
+#define M2R_SSD_SCAN_REG_A 0
+#endif
+constexpr bool kScanRegA = M2R_SSD_SCAN_REG_A != 0;
 constexpr bool kSplitScan = M2R_SSD_SPLIT_SCAN != 0, kSplitEnter = M2R_SSD_SPLIT_SCAN_ENTER != 0,
                kSplitState = M2R_SSD_SPLIT_STATE != 0;
 

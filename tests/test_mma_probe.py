@@ -38,3 +38,5 @@ def test_probe_argument_errors():
     meta = dict(device="meta")
     with pytest.raises(ValueError, match="must be on a GPU, got meta"):
         run_mma_probe(torch.zeros(16, 16, dtype=torch.float16, **meta), h, c)
+    with pytest.raises(ValueError, match="a_in_registers builds A without LDS"):
+        run_mma_probe(h, h, c, a_in_registers=True, a_k_major=True)

@@ -31,10 +31,16 @@ class ProbeResult:
     hits: object  # (16, 16) int32: accumulator registers written per cell, or None
 
 
-def run_mma_probe(a, b, c, *, a_k_major: bool = False, b_k_major: bool = False) -> ProbeResult:
+def run_mma_probe(
+    a, b, c, *, a_k_major: bool = False, b_k_major: bool = False, a_in_registers: bool = False
+) -> ProbeResult:
     """``C + A B^T`` for A, B (16, 16) float16/bfloat16 (rows of K) and C (16, 16) float32 on
     their GPU's kernels. ``a_k_major`` stages A k-major in LDS (read by ``load_lane_t``), as the
-    kernels do for an operand whose reduction dim is the slow one; likewise ``b_k_major``."""
+    kernels do for an operand whose reduction dim is the slow one; likewise ``b_k_major``.
+    ``a_in_registers``: each lane builds its A fragment from the elements ``mma::a_row`` /
+    ``mma::a_k`` name (``mma::make_a``), as chunk_scan's within-chunk weights are built."""
+    if a_in_registers and a_k_major:
+        raise ValueError("a_in_registers builds A without LDS: a_k_major does not apply")
     for name, t in (("a", a), ("b", b), ("c", c)):
         if not isinstance(t, torch.Tensor) or t.shape != (16, 16):
             raise ValueError(
@@ -57,7 +63,7 @@ def run_mma_probe(a, b, c, *, a_k_major: bool = False, b_k_major: bool = False) 
     d = torch.full((16, 16), float("nan"), dtype=torch.float32, device=a.device)  # poisoned
     hits = torch.zeros((16, 16), dtype=torch.int32, device=a.device)
     info = torch.full((3,), -1, dtype=torch.int32, device=a.device)
-    mode = int(a_k_major) | 2 * int(b_k_major)
+    mode = int(a_k_major) | 2 * int(b_k_major) | 4 * int(a_in_registers)
     params = (
         a.data_ptr(),
         b.data_ptr(),

@@ -106,6 +106,25 @@ def test_a_fragment_layout(build, dtype, k_major):
     )
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_a_fragment_built_in_registers(build, dtype):
+    """B = I with A built by each lane from the elements a_row / a_k name (make_a): D = A, each
+    cell naming the A element that reached it; then a random exact product."""
+    _matrix_or_skip(build)
+    eye = torch.eye(16, device=DEV, dtype=dtype)
+    res = _probe(_ids().to(dtype), eye, torch.zeros(16, 16, device=DEV), a_in_registers=True)
+    wrong = _misplaced(res.d, _ids(), "A")
+    assert not wrong, "A operand via a_row / a_k / make_a: " + "; ".join(wrong)
+    gen = torch.Generator(device=DEV).manual_seed(torch.seed() % 2**31)
+    a = torch.randint(-8, 9, (16, 16), device=DEV, generator=gen).float()
+    b = torch.randint(-8, 9, (16, 16), device=DEV, generator=gen).float()
+    for b_k_major in (False, True):
+        res = _probe(a.to(dtype), b.to(dtype), torch.zeros(16, 16, device=DEV),
+                     a_in_registers=True, b_k_major=b_k_major)  # fmt: skip
+        assert torch.equal(res.d, (a.double() @ b.double().T).float())
+        assert torch.equal(res.hits, torch.ones_like(res.hits))
+
+
 @pytest.mark.parametrize("k_major", [False, True], ids=["load_lane", "load_lane_t"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 def test_b_fragment_layout(build, dtype, k_major):
