@@ -198,7 +198,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // (not the 256-thread 64-column forms: the FMA path's shapes, which 16-bit types on matrix
   // cores take only when forced; at 80 registers they spilled)
   constexpr bool kRegA = kScanRegA && !kSplitScan && (kNT != kThreads || kCols != 64);
-  constexpr bool kFold = kScanFold && !kRegA;
+  // (kFold neither: at 256 threads on wave64 its flags spilled scalar registers in t128)
+  constexpr bool kFold = kScanFold && !kRegA && (kNT != kThreads || kCols != 64);
   constexpr int kLdOut = kCols + 8;  // O's rows (kLdO for 64 columns)
   constexpr int kASize = kRows * kLdH > LM::kSize ? kRows * kLdH : LM::kSize;
   constexpr int kLoSize = kSplitScan ? LM::kSize : 0;  // (rounded once: no remainder tile)
