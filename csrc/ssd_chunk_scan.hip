@@ -198,6 +198,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // (not the 256-thread 64-column forms: the FMA path's shapes, which 16-bit types on matrix
   // cores take only when forced; at 80 registers they spilled)
   constexpr bool kRegA = kScanRegA && !kSplitScan && (kNT != kThreads || kCols != 64);
+  // (kFold neither: at 256 threads on wave64 its flags spilled scalar registers in t128)
+  constexpr bool kFold = kScanFold && !kRegA && (kNT != kThreads || kCols != 64);
   constexpr int kLdOut = kCols + 8;  // O's rows (kLdO for 64 columns)
   constexpr int kASize = kRows * kLdH > LM::kSize ? kRows * kLdH : LM::kSize;
   constexpr int kLoSize = kSplitScan ? LM::kSize : 0;  // (rounded once: no remainder tile)
@@ -209,6 +211,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   uint16_t* Bs_lo = Bs + LX::kSize;      // the entering state's rounding remainder
   __shared__ float acs[kMaxChunk], dts[kMaxChunk];  // acs: dA_cs times log2(e)
   __shared__ int32_t seg[kMaxChunk];
+  __shared__ float wsl[kFold ? kMaxChunk : 1];  // (kFold) dt[s] exp2(a_t0 - a_s), s <= t0
   __shared__ int bad_any;
   // non-finite x marks: in Bs_lo, which holds nothing once the entering state is done
   constexpr int kWords = kCols / 32;
@@ -244,8 +247,22 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       if (s < cs) acs[s] = a[s] * kLog2e, dts[s] = d[s], seg[s] = sg[s];
     }
   }
+  // the entering state's decay, exp2(acs[t]) on rows whose sequence began before the chunk
+  const auto scale_entering = [&] {
+#pragma unroll
+    for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+      for (int r = 0; r < mma::kAccRegs; ++r) {
+        const int t = t0 + tile.row(i, r);
+        const bool from_before = seg[t] == 0;  // else a sequence that started in this chunk
+        const float f = fast_exp2(acs[t]);
+#pragma unroll
+        for (int j = 0; j < tile.kFn; ++j) tile.acc[i][j].v[r] = from_before ? tile.acc[i][j].v[r] * f : 0.f;
+      }
+  };
   // the entering state, read through C (it is zero for chunk 0 without initial states)
-  if (c > 0 || p.initial_states) {
+  const bool entering = c > 0 || p.initial_states;
+  if (entering) {
     const uint16_t* Cp = static_cast<const uint16_t*>(p.C) + b * p.C_batch_stride + l0 * p.C_l_stride + g * p.C_g_stride + t0 * cl;
     const bool cvec = aligned(Cp, 2 * cl, 16), evec = p.headdim % 4 == 0;
     const int crows = rows - t0;
@@ -265,16 +282,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       else tile.template product<T, kSlab, false, true>(As, kLdH, Bs, LX::kLd);
       __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < tile.kFm; ++i)
-#pragma unroll
-      for (int r = 0; r < mma::kAccRegs; ++r) {
-        const int t = t0 + tile.row(i, r);
-        const bool from_before = seg[t] == 0;  // else a sequence that started in this chunk
-        const float f = fast_exp2(acs[t]);
-#pragma unroll
-        for (int j = 0; j < tile.kFn; ++j) tile.acc[i][j].v[r] = from_before ? tile.acc[i][j].v[r] * f : 0.f;
-      }
+    if constexpr (!kFold) scale_entering();
     bad.template clear<kNT>(cs);  // Bs_lo is free now
   } else {
     bad.template clear<kNT>(cs);
@@ -312,7 +320,11 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // the wave64 targets
   int rises = 0;
   for (int s = threadIdx.x + 1; s < rows; s += kNT) rises |= acs[s] > acs[s - 1];
-  const bool decays = __syncthreads_count(rises) == 0;  // also the barrier for acs, dts, seg, marks
+  if constexpr (kFold) {  // (kFold) the plain slabs' per-s weights, read only where dA_cs decays
+    const float a0 = acs[t0];
+    for (int s = threadIdx.x; s <= t0; s += kNT) wsl[s] = dts[s] * fast_exp2(a0 - acs[s]);
+  }
+  const bool decays = __syncthreads_count(rises) == 0;  // also the barrier for acs, dts, seg, marks, wsl
 
   const int s_end = min(t0 + kRows, rows);
   // the slabs wholly before the tile end here, where the decay factors (below) and there are no
@@ -323,6 +335,39 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // exp2(a_t - a_s) = exp2(a_t - a_t0) exp2(a_t0 - a_s), both at most 1 where dA_cs never rises:
   // an exponential per row s and per column t instead of one per element.
   const float a_0 = per_lane(acs[t0]);  // (per_lane: scalar registers, wave64)
+  // kFold, where the plain slabs run (dA_cs decays, no segments): their weights leave out the
+  // per-row factor exp2(a_t - a_0), and so does the entering state's product (scaled by
+  // exp2(a_0) alone: exp2(acs[t]) = exp2(a_0) exp2(a_t - a_0), no sequence starts in the chunk);
+  // the accumulators take that factor once, before the first masked slab (fold_rows)
+  const bool fold = kFold && !kRegA && decays && !p.seq_idx;
+  if (entering) {
+    if constexpr (kFold) {
+      if (fold) {
+        const float f0 = fast_exp2(a_0);
+#pragma unroll
+        for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+          for (int j = 0; j < tile.kFn; ++j)
+#pragma unroll
+            for (int r = 0; r < mma::kAccRegs; ++r) tile.acc[i][j].v[r] *= f0;
+      } else {
+        scale_entering();
+      }
+    }
+  }
+  bool fold_pending = fold;
+  const auto fold_rows = [&] {
+#pragma unroll
+    for (int i = 0; i < tile.kFm; ++i)
+#pragma unroll
+      for (int r = 0; r < mma::kAccRegs; ++r) {
+        const int t = t0 + tile.row(i, r);
+        const float f = t < rows ? fast_exp2(acs[t] - a_0) : 0.f;
+#pragma unroll
+        for (int j = 0; j < tile.kFn; ++j) tile.acc[i][j].v[r] *= f;
+      }
+    fold_pending = false;
+  };
   float a_t[4], f_t[4];
   int seg_t[4];
 #pragma unroll
@@ -361,11 +406,15 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
 #pragma unroll
         for (int i = 0; i < tile.kFm; ++i) {
           float v[mma::kAElems];
+          if (plain) {  // (one branch a fragment: tested per element, nvcc branched per element)
 #pragma unroll
-          for (int e = 0; e < mma::kAElems; ++e) {
-            const int s = s0 + 16 * kk + mma::a_k(e), t = t0 + tile.m0 + 16 * i + mma::a_row(e);
-            if (plain) v[e] = cv[i][kk][e] * ws[e] * ft[i][e];
-            else v[e] = s < rows && s <= t && sgs[e] == sgt[i][e] ? cv[i][kk][e] * ds[e] * fast_exp2(at[i][e] - as[e]) : 0.f;
+            for (int e = 0; e < mma::kAElems; ++e) v[e] = cv[i][kk][e] * ws[e] * ft[i][e];
+          } else {
+#pragma unroll
+            for (int e = 0; e < mma::kAElems; ++e) {
+              const int s = s0 + 16 * kk + mma::a_k(e), t = t0 + tile.m0 + 16 * i + mma::a_row(e);
+              v[e] = s < rows && s <= t && sgs[e] == sgt[i][e] ? cv[i][kk][e] * ds[e] * fast_exp2(at[i][e] - as[e]) : 0.f;
+            }
           }
           fa[i][kk] = mma::make_a<T>(v);
         }
@@ -382,16 +431,21 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       // every s of the slab in range, at or before every t of the tile, no segments, the decay
       // factored: no masks
       const bool plain = s0 + kSlab <= plain_end;
+      if (fold_pending && !plain) fold_rows();  // (uniform over the block)
 #pragma unroll
       for (int i = 0; i < mf.kN; ++i) {
         const int k = mf.row(i), s = s0 + k;
         float v[4] = {mf.q[i].x, mf.q[i].y, mf.q[i].z, mf.q[i].w};
-        const float as = acs[s], ds = dts[s];
-        if (plain) {
-          const float ws = ds * fast_exp2(a_0 - as);
+        if (kFold && plain) {
+          const float ws = wsl[s];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[e] *= ws;
+        } else if (plain) {
+          const float ws = dts[s] * fast_exp2(a_0 - acs[s]);
 #pragma unroll
           for (int e = 0; e < 4; ++e) v[e] *= ws * f_t[e];
         } else {
+          const float as = acs[s], ds = dts[s];
           const int sgs = seg[s];
 #pragma unroll
           for (int e = 0; e < 4; ++e)
@@ -411,6 +465,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       }
       __syncthreads();
     }
+    if (fold_pending) fold_rows();  // (every tile has a masked slab: its diagonal one)
   }
 
   // D, the gate and the store, 64 rows at a time through LDS (over the operand tiles): each

@@ -6,12 +6,12 @@
 #      SPLIT=1 / 2 / 4);
 #   3. the decode step's weight prefetch always / never / by its rule, graph decode of a
 #      1.3b-like model at batch 16 and 1 (scripts/tune_prefetch.py);
-#   4. scan-rega: chunk_scan with its within-chunk weights built in the A fragments' registers
-#      (-DM2R_SSD_SCAN_REG_A=1, one source rebuilt and laid over the build with
-#      mamba2_rocm.build.overlay) against the default, by scripts/profile_ssd.py in alternating
-#      rounds; then the SSD and matrix-core probe GPU tests and `bench ssd-error` on the variant
-#      (Triton's column where .dev/upstream-src holds mamba_ssm's source).
-# STEPS="dcb lanes prefetch scan-rega" limits the set. Results under $OUT (sweep.txt, build.txt).
+#   4. scan: chunk_scan's build knobs (SCAN_KNOBS, default "REG_A FOLD": -DM2R_SSD_SCAN_<knob>=1,
+#      csrc/ssd_common.h), each one source rebuilt and laid over the build with
+#      mamba2_rocm.build.overlay, against the default by scripts/profile_ssd.py in alternating
+#      rounds; then the SSD, non-finite and matrix-core probe GPU tests and `bench ssd-error` on
+#      each variant (Triton's column where .dev/upstream-src holds mamba_ssm's source).
+# STEPS="dcb lanes prefetch scan" limits the set. Results under $OUT (sweep.txt, build.txt).
 set -uo pipefail
 source "$(dirname "$0")/device_lib.sh"  # (sets $OUT)
 work=$(mktemp -d)
@@ -34,20 +34,30 @@ for step in ${STEPS:-dcb lanes prefetch}; do
         sed "s/^/SPLIT=$split /" | tee -a "$OUT/sweep.txt"
     done ;;
   prefetch) timeout 300 python3 scripts/tune_prefetch.py 2>&1 | tee -a "$OUT/sweep.txt" ;;
-  scan-rega)
-    python3 -m mamba2_rocm build --arch native --source ssd_chunk_scan --extra-flag=-DM2R_SSD_SCAN_REG_A=1 \
-      --out "$work/rega-src" >>"$OUT/build.txt" 2>&1 &&
-      python3 -m mamba2_rocm.build.overlay "$kernels" "$work/rega-src" "$work/rega" | tee -a "$OUT/sweep.txt" || continue
-    shapes=${SSD_SHAPES:-issue-g1 issue-g8 mamba2-130m mamba2-2.7b nemotron-h falcon-h1 codestral-b8}
-    for k in "$kernels" "$work/rega" "$kernels" "$work/rega"; do
-      # shellcheck disable=SC2086  # shapes is a list
-      MAMBA2_ROCM_KERNEL_PATH=$k timeout 120 python3 scripts/profile_ssd.py $shapes 2>&1 | grep -v -i warn |
-        sed "s|^|[$(basename "$k")] |" | tee -a "$OUT/sweep.txt"
+  scan)
+    dirs=("$kernels")
+    for knob in ${SCAN_KNOBS:-REG_A FOLD}; do
+      python3 -m mamba2_rocm build --arch native --source ssd_chunk_scan --extra-flag="-DM2R_SSD_SCAN_$knob=1" \
+        --out "$work/src-$knob" >>"$OUT/build.txt" 2>&1 &&
+        python3 -m mamba2_rocm.build.overlay "$kernels" "$work/src-$knob" "$work/$knob" | tee -a "$OUT/sweep.txt" &&
+        dirs+=("$work/$knob")
     done
-    MAMBA2_ROCM_KERNEL_PATH=$work/rega timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
-      tests/gpu/test_ssd_gpu.py tests/gpu/test_mma_probe_gpu.py tests/gpu/test_bench_error_gpu.py 2>&1 | tail -5 | tee -a "$OUT/sweep.txt"
-    ( [ -d .dev/upstream-src ] && beside_upstream
-      MAMBA2_ROCM_KERNEL_PATH=$work/rega timeout 200 python3 -m mamba2_rocm bench ssd-error 2>&1 | grep -v -i warn | tee -a "$OUT/sweep.txt" ) ;;
+    shapes=${SSD_SHAPES:-issue-g1 issue-g8 mamba2-130m mamba2-2.7b nemotron-h falcon-h1 codestral-b8}
+    for round in 1 2; do
+      for k in "${dirs[@]}"; do
+        # shellcheck disable=SC2086  # shapes is a list
+        MAMBA2_ROCM_KERNEL_PATH=$k timeout 120 python3 scripts/profile_ssd.py $shapes 2>&1 | grep -v -i warn |
+          sed "s|^|[round $round $(basename "$k")] |" | tee -a "$OUT/sweep.txt"
+      done
+    done
+    for k in "${dirs[@]:1}"; do
+      MAMBA2_ROCM_KERNEL_PATH=$k timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 -rfE \
+        tests/gpu/test_ssd_gpu.py tests/gpu/test_nonfinite_gpu.py tests/gpu/test_mma_probe_gpu.py \
+        tests/gpu/test_bench_error_gpu.py 2>&1 | tail -5 | sed "s|^|[$(basename "$k")] |" | tee -a "$OUT/sweep.txt"
+      ( [ -d .dev/upstream-src ] && beside_upstream
+        MAMBA2_ROCM_KERNEL_PATH=$k timeout 200 python3 -m mamba2_rocm bench ssd-error 2>&1 | grep -v -i warn |
+          sed "s|^|[$(basename "$k")] |" | tee -a "$OUT/sweep.txt" )
+    done ;;
   *) echo "unknown step $step" | tee -a "$OUT/sweep.txt" ;;
   esac
 done
