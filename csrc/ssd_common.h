@@ -166,9 +166,9 @@ M2R_DEVICE int* chain_flag(const SsdParams& p, int b, int c, int tile, int h) {
 // recurrence, stays at or below Triton's (`bench ssd-error`). Measured (H100, 2026-12-07):
 // bf16 2.21-2.32e-3 against Triton's 2.33-2.44e-3 (split: 1.65-1.67e-3, the floor), fp16
 // 2.77-2.87e-4 against 2.89-3.04e-4, in 8 of 8 cases each; chunk_scan 119.0 -> 108.6 us at
-// b2 l4096 h32, 434.3 -> 405.1 at Nemotron-H b1 l8192. Rounding the entering state once too
-// would have saved 5% more at an error level with Triton's (bf16 2.29-2.35e-3: within 1-2%,
-// no margin), so it stays split.
+// b2 l4096 h32, 434.3 -> 405.1 at Nemotron-H b1 l8192 (bf16 1.3-7.9% under Triton's case by
+// case). Rounding the entering state once too saved 5% more at bf16 2.29-2.35e-3, 0.4-3.7%
+// under Triton's: level with it, no margin for other inputs, so the entering state stays split.
 #if M2R_MMA != 0
 constexpr int kWaves = kThreads / kWavefront;
 constexpr int kLdH = kSlab + 8;  // [row][k] tiles with k = kSlab: rows 16-byte aligned
