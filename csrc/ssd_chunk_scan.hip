@@ -339,7 +339,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // per-row factor exp2(a_t - a_0), and so does the entering state's product (scaled by
   // exp2(a_0) alone: exp2(acs[t]) = exp2(a_0) exp2(a_t - a_0), no sequence starts in the chunk);
   // the accumulators take that factor once, before the first masked slab (fold_rows)
-  const bool fold = kFold && !kRegA && decays && !p.seq_idx;
+  const bool fold = kFold && decays && !p.seq_idx;
   if (entering) {
     if constexpr (kFold) {
       if (fold) {

@@ -19,7 +19,7 @@ import json
 import shutil
 from pathlib import Path
 
-MANIFEST = "manifest.json"
+from mamba2_rocm.runtime.discovery import MANIFEST_NAME as MANIFEST
 
 
 def _targets(root: Path) -> dict[str, Path]:
