@@ -7,7 +7,9 @@
 //    16-byte aligned; blockDim.x threads (a multiple of 64, at most kThreads) each hold kRuns
 //    runs of 4 consecutive elements of a row, so every input is read once, 8 or 16 bytes per
 //    load. The forward's grid is (rows, 1, 1); the backward's (row blocks, 1, 1), each block
-//    walking rows_per_block rows with its dweight / dbias sums in registers.
+//    walking rows_per_block rows with its dweight / dbias sums in registers. The forward's
+//    _r<kRuns>_plain kernels take the calls without x1 / weight1, dropout or rowscale (those
+//    pointers null at compile time: a shorter path for a decode step's single row).
 //  - generic (m2r_add_norm_{fwd,bwd}_<dt>): any hidden and alignment, blockDim.x = kThreads; the
 //    stream s is recomputed from the inputs at each pass over the row (the same operations in
 //    the same order: the same values), and the backward's column sums live in its own row of
