@@ -7,7 +7,9 @@
 //    16-byte aligned; blockDim.x threads (a multiple of 64, at most kThreads) each hold kRuns
 //    runs of 4 consecutive elements of a row, so every input is read once, 8 or 16 bytes per
 //    load. The forward's grid is (rows, 1, 1); the backward's (row blocks, 1, 1), each block
-//    walking rows_per_block rows with its dweight / dbias sums in registers.
+//    walking rows_per_block rows with its dweight / dbias sums in registers. The forward's
+//    _r<kRuns>_plain kernels take the calls without x1 / weight1, dropout or rowscale (those
+//    pointers null at compile time: a shorter path for a decode step's single row).
 //  - generic (m2r_add_norm_{fwd,bwd}_<dt>): any hidden and alignment, blockDim.x = kThreads; the
 //    stream s is recomputed from the inputs at each pass over the row (the same operations in
 //    the same order: the same values), and the backward's column sums live in its own row of
@@ -151,9 +153,18 @@ M2R_DEVICE uint32_t load_mask4(const uint8_t* m, int64_t at) { return *reinterpr
 #define M2R_ADD_NORM_EARLY_WEIGHT_RUNS 0
 #endif
 
-template <typename T, int kRuns>
+// kPlain: the call of a pre-norm block (no x1 / weight1, dropout or rowscale; the host checks):
+// those pointers are known null at compile time, so each run is one straight block of code. The
+// full form tests them element by element at run time; a decode step's single row pays that
+// path length in latency.
+template <typename T, int kRuns, bool kPlain>
 M2R_DEVICE void forward_rows(const AddNormParams& p) {
   __shared__ float partial[kMaxWaves];
+  const void* const x1 = kPlain ? nullptr : p.x1;
+  const uint8_t* const mask = kPlain ? nullptr : p.mask;
+  const uint8_t* const mask1 = kPlain ? nullptr : p.mask1;
+  const float* const rowscale = kPlain ? nullptr : p.rowscale;
+  void* const y1 = kPlain ? nullptr : p.y1;
   constexpr bool kEarlyWeight = kRuns <= M2R_ADD_NORM_EARLY_WEIGHT_RUNS;
   // (eight runs a thread keep their loads with their run: all first took 74 -> 87 registers
   // on sm_90, a block fewer a multiprocessor, at widths where many rows hide the latency)
@@ -161,7 +172,7 @@ M2R_DEVICE void forward_rows(const AddNormParams& p) {
   constexpr bool kWeightsFirst = kLoadsFirst && !kEarlyWeight;
   const int n = p.hidden, nt = blockDim.x;
   const int64_t row = blockIdx.x, base = row * n;
-  const float rs = p.rowscale ? p.rowscale[row] : 1.f;
+  const float rs = rowscale ? rowscale[row] : 1.f;
   // x and the residual of every run are requested before any value is used or any store is
   // made: a store to the stream may alias an input as far as the compiler knows, so loads
   // written after a run's store waited for it, and the runs' loads went out one round trip
@@ -193,16 +204,16 @@ M2R_DEVICE void forward_rows(const AddNormParams& p) {
       xq[k] = load4_raw(p.x, T::kDType, base + c);
       if (p.residual) rq[k] = load4_raw(p.residual, p.stream_dtype, base + c);
     }
-    if (p.x1) load4_as_float(p.x1, T::kDType, base + c, u);
-    const uint32_t m = p.mask ? load_mask4(p.mask, base + c) : 0u;
-    const uint32_t m1 = p.mask1 ? load_mask4(p.mask1, base + c) : 0u;
+    if (x1) load4_as_float(x1, T::kDType, base + c, u);
+    const uint32_t m = mask ? load_mask4(mask, base + c) : 0u;
+    const uint32_t m1 = mask1 ? load_mask4(mask1, base + c) : 0u;
     raw4_as_float(xq[k], T::kDType, s[k]);
     if (p.residual) raw4_as_float(rq[k], p.stream_dtype, r);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float v = s[k][e] * rs;
-      if (p.mask) v = dropped(v, (m >> (8 * e)) & 0xffu, p.keep);
-      if (p.x1) v += p.mask1 ? dropped(u[e], (m1 >> (8 * e)) & 0xffu, p.keep) : u[e];
+      if (mask) v = dropped(v, (m >> (8 * e)) & 0xffu, p.keep);
+      if (x1) v += mask1 ? dropped(u[e], (m1 >> (8 * e)) & 0xffu, p.keep) : u[e];
       if (p.residual) v += r[e];
       s[k][e] = v;
       sum[0] += v;
@@ -261,7 +272,7 @@ M2R_DEVICE void forward_rows(const AddNormParams& p) {
       for (int e = 0; e < 4; ++e) y[e] += w[e];
     }
     store4_as(p.y, T::kDType, base + c, y);
-    if (p.y1) {
+    if (y1) {
       load4_as_float(p.weight1, p.weight1_dtype, c, w);
 #pragma unroll
       for (int e = 0; e < 4; ++e) y[e] = s[k][e] * rstd * w[e];
@@ -270,7 +281,7 @@ M2R_DEVICE void forward_rows(const AddNormParams& p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) y[e] += w[e];
       }
-      store4_as(p.y1, T::kDType, base + c, y);
+      store4_as(y1, T::kDType, base + c, y);
     }
   }
 }
@@ -503,9 +514,12 @@ M2R_DEVICE void reduce_partials(const AddNormParams& p) {
 // left 192 (H100, bf16, 16384 rows, backward alone: 321.0 -> 286.9 us at d2560, 352.5 -> 323.3
 // at d3072) and are held to 2 blocks a multiprocessor on NVIDIA: unheld, ptxas
 // spilled 32 bytes in the f32 2-run form at 80 registers (CUDA 13.0, sm_90).
-#define M2R_ADD_NORM_FWD_R(DT, T, R)                                                    \
-  M2R_KERNEL(m2r::add_norm::kThreads) m2r_add_norm_fwd_##DT##_r##R(AddNormParams p) { \
-    m2r::add_norm::forward_rows<m2r::T, R>(p);                                         \
+#define M2R_ADD_NORM_FWD_R(DT, T, R)                                                         \
+  M2R_KERNEL(m2r::add_norm::kThreads) m2r_add_norm_fwd_##DT##_r##R(AddNormParams p) {      \
+    m2r::add_norm::forward_rows<m2r::T, R, false>(p);                                       \
+  }                                                                                         \
+  M2R_KERNEL(m2r::add_norm::kThreads) m2r_add_norm_fwd_##DT##_r##R##_plain(AddNormParams p) { \
+    m2r::add_norm::forward_rows<m2r::T, R, true>(p);                                        \
   }
 #define M2R_ADD_NORM_BWD_R(DT, T, R)                                                    \
   M2R_KERNEL_MIN_BLOCKS(m2r::add_norm::kThreads, 2) m2r_add_norm_bwd_##DT##_r##R(AddNormParams p) { \

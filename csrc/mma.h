@@ -424,25 +424,6 @@ struct BlockTile {
     }
   }
 
-  // One slab of kK along the reduction dim with this wave's A fragments in registers
-  // (fa[i][k / 16], from make_a) and B from LDS as in product; only the first k_end of the
-  // slab (uniform over the wave: the rest of its A is zero) is multiplied.
-  template <typename T, int kK, bool kTransB>
-  M2R_DEVICE void product_a_regs(const Frag (&fa)[kFm][kK / 16], const uint16_t* Bs, int ldb, int k_end) {
-    const uint16_t* b = Bs + lane_b<kTransB>(ldb);
-#pragma unroll
-    for (int k = 0; k < kK; k += 16) {
-      if (k >= k_end) break;
-      Frag fb[kFn];
-#pragma unroll
-      for (int j = 0; j < kFn; ++j) fb[j] = frag<kTransB>(b, ldb, k, j);
-#pragma unroll
-      for (int i = 0; i < kFm; ++i)
-#pragma unroll
-        for (int j = 0; j < kFn; ++j) mma<T>(acc[i][j], fa[i][k / 16], fb[j]);
-    }
-  }
-
   M2R_DEVICE int row(int i, int r) const { return m0 + 16 * i + acc_row(r); }
   M2R_DEVICE int col(int j, int r) const { return n0 + 16 * j + acc_col(r); }
 };

@@ -195,11 +195,6 @@ template <typename T, int kRows, bool kHasZ, int kNT = kThreads, int kCols = 64>
 M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   typedef KMajor<kRows> LM;
   typedef KMajor<kCols> LX;
-  // (not the 256-thread 64-column forms: the FMA path's shapes, which 16-bit types on matrix
-  // cores take only when forced; at 80 registers they spilled)
-  constexpr bool kRegA = kScanRegA && !kSplitScan && (kNT != kThreads || kCols != 64);
-  // (kFold neither: at 256 threads on wave64 its flags spilled scalar registers in t128)
-  constexpr bool kFold = kScanFold && !kRegA && (kNT != kThreads || kCols != 64);
   constexpr int kLdOut = kCols + 8;  // O's rows (kLdO for 64 columns)
   constexpr int kASize = kRows * kLdH > LM::kSize ? kRows * kLdH : LM::kSize;
   constexpr int kLoSize = kSplitScan ? LM::kSize : 0;  // (rounded once: no remainder tile)
@@ -211,7 +206,6 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   uint16_t* Bs_lo = Bs + LX::kSize;      // the entering state's rounding remainder
   __shared__ float acs[kMaxChunk], dts[kMaxChunk];  // acs: dA_cs times log2(e)
   __shared__ int32_t seg[kMaxChunk];
-  __shared__ float wsl[kFold ? kMaxChunk : 1];  // (kFold) dt[s] exp2(a_t0 - a_s), s <= t0
   __shared__ int bad_any;
   // non-finite x marks: in Bs_lo, which holds nothing once the entering state is done
   constexpr int kWords = kCols / 32;
@@ -226,11 +220,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // a tile wholly past the sequence's end (the last chunk's, when it is partial) has no output:
   // its entering-state and within-chunk products would only fill rows that are never stored
   if (t0 >= rows) return;
-  // kRegA: the within-chunk weights go from global memory straight into A fragments (waves
-  // along the rows t first: each weight is then worked out by one wave, or by kWavesN where the
-  // block has more waves than 16-row fragments)
-  constexpr int kWavesM = kRegA ? (kNT / kWavefront < kRows / 16 ? kNT / kWavefront : kRows / 16)
-                                : (kRows == 128 && kNT / kWavefront == 8 ? 4 : 2);
+  constexpr int kWavesM = kRows == 128 && kNT / kWavefront == 8 ? 4 : 2;
   mma::BlockTile<kNT, kRows, kCols, kWavesM> tile;  // rows t, cols p
 
   {
@@ -282,7 +272,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
       else tile.template product<T, kSlab, false, true>(As, kLdH, Bs, LX::kLd);
       __syncthreads();
     }
-    if constexpr (!kFold) scale_entering();
+    scale_entering();
     bad.template clear<kNT>(cs);  // Bs_lo is free now
   } else {
     bad.template clear<kNT>(cs);
@@ -298,21 +288,8 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
                                static_cast<int64_t>(cs) * cs + t0;
   Rows16<kSlab, kCols, kNT> xf;
   xf.fetch(xp, xl, rows, pcols, xvec);
-  Rows32<kSlab, kRows, kNT> mf;  // C·Bᵀ rows (unless kRegA): the workspace is chunk_size^2, always in range
-  // (kRegA) this lane's C·Bᵀ entries of its A fragments: [fragment i][k step][element]
-  constexpr int kKs = kSlab / 16;
-  float cv[tile.kFm][kKs][mma::kAElems];
-  const auto fetch_cb = [&](int s0) {
-#pragma unroll
-    for (int i = 0; i < tile.kFm; ++i)
-#pragma unroll
-      for (int kk = 0; kk < kKs; ++kk)
-#pragma unroll
-        for (int e = 0; e < mma::kAElems; ++e)
-          cv[i][kk][e] = cb[(s0 + 16 * kk + mma::a_k(e)) * cs + tile.m0 + 16 * i + mma::a_row(e)];
-  };
-  if constexpr (kRegA) fetch_cb(0);
-  else mf.fetch(cb, cs, kSlab, kRows, true);
+  Rows32<kSlab, kRows, kNT> mf;  // C·Bᵀ rows: the workspace is chunk_size^2, always in range
+  mf.fetch(cb, cs, kSlab, kRows, true);
   // whether dA_cs never rises over the chunk's tokens (dt A <= 0, as in every Mamba model),
   // read from acs in LDS (scaled by log2(e), the values the factored exponentials take) after
   // the entering state's product: a global re-read here cost 1% of chunk_scan (H100), and
@@ -320,11 +297,7 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // the wave64 targets
   int rises = 0;
   for (int s = threadIdx.x + 1; s < rows; s += kNT) rises |= acs[s] > acs[s - 1];
-  if constexpr (kFold) {  // (kFold) the plain slabs' per-s weights, read only where dA_cs decays
-    const float a0 = acs[t0];
-    for (int s = threadIdx.x; s <= t0; s += kNT) wsl[s] = dts[s] * fast_exp2(a0 - acs[s]);
-  }
-  const bool decays = __syncthreads_count(rises) == 0;  // also the barrier for acs, dts, seg, marks, wsl
+  const bool decays = __syncthreads_count(rises) == 0;  // also the barrier for acs, dts, seg, marks
 
   const int s_end = min(t0 + kRows, rows);
   // the slabs wholly before the tile end here, where the decay factors (below) and there are no
@@ -335,39 +308,6 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
   // exp2(a_t - a_s) = exp2(a_t - a_t0) exp2(a_t0 - a_s), both at most 1 where dA_cs never rises:
   // an exponential per row s and per column t instead of one per element.
   const float a_0 = per_lane(acs[t0]);  // (per_lane: scalar registers, wave64)
-  // kFold, where the plain slabs run (dA_cs decays, no segments): their weights leave out the
-  // per-row factor exp2(a_t - a_0), and so does the entering state's product (scaled by
-  // exp2(a_0) alone: exp2(acs[t]) = exp2(a_0) exp2(a_t - a_0), no sequence starts in the chunk);
-  // the accumulators take that factor once, before the first masked slab (fold_rows)
-  const bool fold = kFold && decays && !p.seq_idx;
-  if (entering) {
-    if constexpr (kFold) {
-      if (fold) {
-        const float f0 = fast_exp2(a_0);
-#pragma unroll
-        for (int i = 0; i < tile.kFm; ++i)
-#pragma unroll
-          for (int j = 0; j < tile.kFn; ++j)
-#pragma unroll
-            for (int r = 0; r < mma::kAccRegs; ++r) tile.acc[i][j].v[r] *= f0;
-      } else {
-        scale_entering();
-      }
-    }
-  }
-  bool fold_pending = fold;
-  const auto fold_rows = [&] {
-#pragma unroll
-    for (int i = 0; i < tile.kFm; ++i)
-#pragma unroll
-      for (int r = 0; r < mma::kAccRegs; ++r) {
-        const int t = t0 + tile.row(i, r);
-        const float f = t < rows ? fast_exp2(acs[t] - a_0) : 0.f;
-#pragma unroll
-        for (int j = 0; j < tile.kFn; ++j) tile.acc[i][j].v[r] *= f;
-      }
-    fold_pending = false;
-  };
   float a_t[4], f_t[4];
   int seg_t[4];
 #pragma unroll
@@ -375,97 +315,38 @@ M2R_DEVICE void chunk_scan_mma(const SsdParams& p) {
     a_t[e] = acs[tq + e], seg_t[e] = seg[tq + e];
     f_t[e] = tq + e < rows ? fast_exp2(a_t[e] - a_0) : 0.f;
   }
-  if constexpr (kRegA) {
-    // this lane's rows t of each fragment: dA_cs, segment, decay from t0 (0 past the end)
-    float at[tile.kFm][mma::kAElems], ft[tile.kFm][mma::kAElems];
-    int sgt[tile.kFm][mma::kAElems];
+  for (int s0 = 0; s0 < s_end; s0 += kSlab) {
+    // every s of the slab in range, at or before every t of the tile, no segments, the decay
+    // factored: no masks
+    const bool plain = s0 + kSlab <= plain_end;
 #pragma unroll
-    for (int i = 0; i < tile.kFm; ++i)
+    for (int i = 0; i < mf.kN; ++i) {
+      const int k = mf.row(i), s = s0 + k;
+      float v[4] = {mf.q[i].x, mf.q[i].y, mf.q[i].z, mf.q[i].w};
+      if (plain) {
+        const float ws = dts[s] * fast_exp2(a_0 - acs[s]);
 #pragma unroll
-      for (int e = 0; e < mma::kAElems; ++e) {
-        const int t = t0 + tile.m0 + 16 * i + mma::a_row(e);
-        at[i][e] = acs[t], sgt[i][e] = seg[t];
-        ft[i][e] = t < rows ? fast_exp2(at[i][e] - a_0) : 0.f;
+        for (int e = 0; e < 4; ++e) v[e] *= ws * f_t[e];
+      } else {
+        const float as = acs[s], ds = dts[s];
+        const int sgs = seg[s];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          v[e] = s < rows && s <= tq + e && sgs == seg_t[e] ? v[e] * ds * fast_exp2(a_t[e] - as) : 0.f;
       }
-    // the wave's rows end here: later k steps of a slab hold only masked (0) weights
-    const int wave_end = t0 + tile.m0 + 16 * tile.kFm;
-    for (int s0 = 0; s0 < s_end; s0 += kSlab) {
-      const bool plain = s0 + kSlab <= plain_end;
-      mma::Frag fa[tile.kFm][kKs];
-#pragma unroll
-      for (int kk = 0; kk < kKs; ++kk) {
-        // per k of this lane: s, its decay and dt (the plain form: one factor about t0)
-        float ws[mma::kAElems], as[mma::kAElems], ds[mma::kAElems];
-        int sgs[mma::kAElems];
-#pragma unroll
-        for (int e = 0; e < mma::kAElems; ++e) {
-          const int s = s0 + 16 * kk + mma::a_k(e);
-          as[e] = acs[s], ds[e] = dts[s], sgs[e] = seg[s];
-          ws[e] = ds[e] * fast_exp2(a_0 - as[e]);
-        }
-#pragma unroll
-        for (int i = 0; i < tile.kFm; ++i) {
-          float v[mma::kAElems];
-          if (plain) {  // (one branch a fragment: tested per element, nvcc branched per element)
-#pragma unroll
-            for (int e = 0; e < mma::kAElems; ++e) v[e] = cv[i][kk][e] * ws[e] * ft[i][e];
-          } else {
-#pragma unroll
-            for (int e = 0; e < mma::kAElems; ++e) {
-              const int s = s0 + 16 * kk + mma::a_k(e), t = t0 + tile.m0 + 16 * i + mma::a_row(e);
-              v[e] = s < rows && s <= t && sgs[e] == sgt[i][e] ? cv[i][kk][e] * ds[e] * fast_exp2(at[i][e] - as[e]) : 0.f;
-            }
-          }
-          fa[i][kk] = mma::make_a<T>(v);
-        }
-      }
-      xf.template put_finite<T>(Bs, LX::kLd, bad, s0);  // the masked weights are 0: no NaN x
-      __syncthreads();
-      const int s1 = s0 + kSlab;
-      if (s1 < s_end) fetch_cb(s1), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
-      tile.template product_a_regs<T, kSlab, true>(fa, Bs, LX::kLd, wave_end - s0);
-      __syncthreads();
+      store_split<T, kSplitScan>(As + k * LM::kLd + mf.col(), As_lo + k * LM::kLd + mf.col(), v);
     }
-  } else {
-    for (int s0 = 0; s0 < s_end; s0 += kSlab) {
-      // every s of the slab in range, at or before every t of the tile, no segments, the decay
-      // factored: no masks
-      const bool plain = s0 + kSlab <= plain_end;
-      if (fold_pending && !plain) fold_rows();  // (uniform over the block)
-#pragma unroll
-      for (int i = 0; i < mf.kN; ++i) {
-        const int k = mf.row(i), s = s0 + k;
-        float v[4] = {mf.q[i].x, mf.q[i].y, mf.q[i].z, mf.q[i].w};
-        if (kFold && plain) {
-          const float ws = wsl[s];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) v[e] *= ws;
-        } else if (plain) {
-          const float ws = dts[s] * fast_exp2(a_0 - acs[s]);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) v[e] *= ws * f_t[e];
-        } else {
-          const float as = acs[s], ds = dts[s];
-          const int sgs = seg[s];
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            v[e] = s < rows && s <= tq + e && sgs == seg_t[e] ? v[e] * ds * fast_exp2(a_t[e] - as) : 0.f;
-        }
-        store_split<T, kSplitScan>(As + k * LM::kLd + mf.col(), As_lo + k * LM::kLd + mf.col(), v);
-      }
-      xf.template put_finite<T>(Bs, LX::kLd, bad, s0);  // the masked weights are 0: no NaN x
-      __syncthreads();
-      const int s1 = s0 + kSlab;
-      if (s1 < s_end) mf.fetch(cb + s1 * cs, cs, kSlab, kRows, true), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
-      // a wave whose rows t all precede the slab has only masked (0) terms in it: it skips the
-      // product (in the diagonal slabs; uniform over the wave)
-      if (s0 < t0 + tile.m0 + tile.kFm * 16) {
-        if constexpr (kSplitScan) tile.template product_split<T, kSlab, true, true, true>(As, As_lo, LM::kLd, Bs, nullptr, LX::kLd);
-        else tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
-      }
-      __syncthreads();
+    xf.template put_finite<T>(Bs, LX::kLd, bad, s0);  // the masked weights are 0: no NaN x
+    __syncthreads();
+    const int s1 = s0 + kSlab;
+    if (s1 < s_end) mf.fetch(cb + s1 * cs, cs, kSlab, kRows, true), xf.fetch(xp + s1 * xl, xl, rows - s1, pcols, xvec);
+    // a wave whose rows t all precede the slab has only masked (0) terms in it: it skips the
+    // product (in the diagonal slabs; uniform over the wave)
+    if (s0 < t0 + tile.m0 + tile.kFm * 16) {
+      if constexpr (kSplitScan) tile.template product_split<T, kSlab, true, true, true>(As, As_lo, LM::kLd, Bs, nullptr, LX::kLd);
+      else tile.template product<T, kSlab, true, true>(As, LM::kLd, Bs, LX::kLd);
     }
-    if (fold_pending) fold_rows();  // (every tile has a masked slab: its diagonal one)
+    __syncthreads();
   }
 
   // D, the gate and the store, 64 rows at a time through LDS (over the operand tiles): each

@@ -203,19 +203,6 @@ M2R_DEVICE void stage_half(const Tile& tile, float* O, int half) {
 #ifndef M2R_SSD_SPLIT_STATE
 #define M2R_SSD_SPLIT_STATE 1
 #endif
-// M2R_SSD_SCAN_REG_A = 1: chunk_scan's within-chunk weights built in the A fragments' registers
-// (no LDS pass; rounded once only)
-#ifndef M2R_SSD_SCAN_REG_A
-#define M2R_SSD_SCAN_REG_A 0
-#endif
-constexpr bool kScanRegA = M2R_SSD_SCAN_REG_A != 0;
-// M2R_SSD_SCAN_FOLD = 1: chunk_scan's plain slabs (dA_cs decaying, no segments) weighted by a
-// per-s factor from LDS alone, the per-row decay applied to the accumulators once (fewer
-// instructions a slab: the kernel's bound)
-#ifndef M2R_SSD_SCAN_FOLD
-#define M2R_SSD_SCAN_FOLD 0
-#endif
-constexpr bool kScanFold = M2R_SSD_SCAN_FOLD != 0;
 constexpr bool kSplitScan = M2R_SSD_SPLIT_SCAN != 0, kSplitEnter = M2R_SSD_SPLIT_SCAN_ENTER != 0,
                kSplitState = M2R_SSD_SPLIT_STATE != 0;
 

@@ -248,7 +248,12 @@ SOURCES: dict[str, KernelSource] = {
             AddNormParams,
             (
                 *(f"m2r_add_norm_{d}_{dt}" for dt in KERNEL_DTYPES for d in ("fwd", "bwd")),
-                *(f"m2r_add_norm_fwd_{dt}_r{r}" for dt in KERNEL_DTYPES for r in ADD_NORM_FWD_RUNS),
+                *(
+                    f"m2r_add_norm_fwd_{dt}_r{r}{plain}"
+                    for dt in KERNEL_DTYPES
+                    for r in ADD_NORM_FWD_RUNS
+                    for plain in ("", "_plain")  # _plain: no x1 / weight1, dropout, rowscale
+                ),
                 *(f"m2r_add_norm_bwd_{dt}_r{r}" for dt in KERNEL_DTYPES for r in ADD_NORM_BWD_RUNS),
                 "m2r_add_norm_bwd_reduce",  # dweight ... dbias1 from the partial rows
             ),

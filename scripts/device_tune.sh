@@ -6,8 +6,8 @@
 #      SPLIT=1 / 2 / 4);
 #   3. the decode step's weight prefetch always / never / by its rule, graph decode of a
 #      1.3b-like model at batch 16 and 1 (scripts/tune_prefetch.py);
-#   4. scan: chunk_scan's build knobs (SCAN_KNOBS, default "REG_A FOLD": -DM2R_SSD_SCAN_<knob>=1,
-#      csrc/ssd_common.h), each one source rebuilt and laid over the build with
+#   4. scan: chunk_scan build knobs (SCAN_KNOBS, e.g. "SPLIT_SCAN":
+#      -DM2R_SSD_<knob>=1, csrc/ssd_common.h), each one source rebuilt and laid over the build with
 #      mamba2_rocm.build.overlay, against the default by scripts/profile_ssd.py in alternating
 #      rounds; then the SSD, non-finite and matrix-core probe GPU tests and `bench ssd-error` on
 #      each variant (Triton's column where .dev/upstream-src holds mamba_ssm's source).
@@ -36,8 +36,9 @@ for step in ${STEPS:-dcb lanes prefetch}; do
   prefetch) timeout 300 python3 scripts/tune_prefetch.py 2>&1 | tee -a "$OUT/sweep.txt" ;;
   scan)
     dirs=("$kernels")
-    for knob in ${SCAN_KNOBS:-REG_A FOLD}; do
-      python3 -m mamba2_rocm build --arch native --source ssd_chunk_scan --extra-flag="-DM2R_SSD_SCAN_$knob=1" \
+    [ -n "${SCAN_KNOBS:-}" ] || { echo "scan: set SCAN_KNOBS (e.g. SPLIT_SCAN)" | tee -a "$OUT/sweep.txt"; continue; }
+    for knob in $SCAN_KNOBS; do
+      python3 -m mamba2_rocm build --arch native --source ssd_chunk_scan --extra-flag="-DM2R_SSD_$knob=1" \
         --out "$work/src-$knob" >>"$OUT/build.txt" 2>&1 &&
         python3 -m mamba2_rocm.build.overlay "$kernels" "$work/src-$knob" "$work/$knob" | tee -a "$OUT/sweep.txt" &&
         dirs+=("$work/$knob")

@@ -311,11 +311,20 @@ def test_kernel_tier_launch_plans(monkeypatch):
     ops._fwd_run(x, w, None, res, None, None, None, None, None, None, 1e-5, 0.0, False, True,
                  True, kset)  # fmt: skip
     (name, params, grid), block = kset.launches[-1], kset.blocks[-1]
-    assert (name, grid, block) == ("m2r_add_norm_fwd_bf16_r1", (5, 1, 1), (192, 1, 1))
+    assert (name, grid, block) == ("m2r_add_norm_fwd_bf16_r1_plain", (5, 1, 1), (192, 1, 1))
     pack(*params)
     fields = dict(zip([f for f, _ in AddNormParams._fields_], params, strict=False))
     assert fields["rows"] == 5 and fields["hidden"] == 768 and fields["stream_dtype"] == 0
     assert fields["mean"] == 0 and fields["rstd"] != 0 and fields["layer_norm"] == 0
+    # any of x1 / weight1, rowscale, dropout: the register form that reads them
+    x1, mask = torch.randn_like(x), torch.ones(5, 768, dtype=torch.bool)
+    for extra in ({"x1": x1}, {"weight1": w}, {"rowscale": torch.ones(5)}, {"mask": mask}):
+        a = dict(x1=None, weight1=None, rowscale=None, mask=None)
+        a.update(extra)
+        ops._fwd_run(x, w, None, res, a["x1"], a["weight1"], None, a["rowscale"], a["mask"], None,
+                     1e-5, 0.1 if "mask" in extra else 0.0, False, True, True, kset)  # fmt: skip
+        assert kset.launches[-1][0] == "m2r_add_norm_fwd_bf16_r1", extra
+        pack(*kset.launches[-1][1])
 
     ops._fwd_run(x[:, :767], w[:767], None, None, None, None, None, None, None, None, 1e-5, 0.0,
                  False, False, False, kset)  # fmt: skip

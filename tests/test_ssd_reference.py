@@ -26,6 +26,7 @@ from mamba2_rocm.reference.ssd import (
     selective_state_update_ref,
     ssd_chunked,
     ssd_sequential,
+    ssd_term_magnitude,
 )
 
 F64 = torch.float64
@@ -943,3 +944,40 @@ def test_varlen_states_with_a_padded_tail(impl):
     want_out, want = run(**real, seq_idx=seq_idx[:, :9], **kw)
     torch.testing.assert_close(states, want)
     torch.testing.assert_close(out[:, :9], want_out)
+
+
+def test_term_magnitude_against_loops():
+    """ssd_term_magnitude term by term: groups shared by heads, a sequence restart, a gate."""
+    g = torch.Generator().manual_seed(7)
+    b, L, h, p, G, n = 2, 11, 4, 3, 2, 5
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    x, dt, B, C, z = r(b, L, h, p), r(b, L, h), r(b, L, G, n), r(b, L, G, n), r(b, L, h, p)
+    A, bias = -torch.rand(h, generator=g, dtype=torch.float64) - 0.1, r(h)
+    seq_idx = torch.tensor([[0] * 4 + [1] * 7, [0] * 11], dtype=I32)
+    got = ssd_term_magnitude(x, dt, A, B, C, z=z, dt_bias=bias, seq_idx=seq_idx, dt_softplus=True)
+    d = F.softplus(dt + bias)
+    want = torch.zeros(b, L, h, p, dtype=torch.float64)
+    for i, t, k in itertools.product(range(b), range(L), range(h)):
+        grp = k // (h // G)
+        for s in range(t + 1):
+            if seq_idx[i, s] != seq_idx[i, t]:
+                continue
+            decay = torch.exp(A[k] * d[i, s + 1 : t + 1].sum(0)[k]) if s < t else 1.0
+            w = (C[i, t, grp] @ B[i, s, grp]).abs() * decay * d[i, s, k]
+            want[i, t, k] += w * x[i, s, k].abs()
+    want *= F.silu(z).abs()
+    torch.testing.assert_close(got, want)
+    blocks = ssd_term_magnitude(x, dt, A, B, C, z=z, dt_bias=bias, seq_idx=seq_idx,
+                                dt_softplus=True, block=4)  # fmt: skip
+    torch.testing.assert_close(blocks, want)  # rows in blocks of 4 tokens
+
+
+def test_term_magnitude_is_the_output_when_no_term_is_negative():
+    """With B, C, x >= 0 (every term's sign +), no D, gate or initial state: M == out."""
+    g = torch.Generator().manual_seed(3)
+    b, L, h, p, n = 1, 37, 2, 4, 3
+    x = torch.rand(b, L, h, p, generator=g, dtype=torch.float64)
+    B, C = (torch.rand(b, L, 1, n, generator=g, dtype=torch.float64) for _ in range(2))
+    dt, A = torch.rand(b, L, h, generator=g, dtype=torch.float64), -torch.rand(h, generator=g)
+    out = ssd_sequential(x, dt, A, B, C)
+    torch.testing.assert_close(ssd_term_magnitude(x, dt, A, B, C), out)

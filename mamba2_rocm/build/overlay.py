@@ -1,5 +1,5 @@
 """A kernel directory whose code objects for some sources come from another build: a variant
-built with a measurement knob (``build --source ssd_chunk_scan --extra-flag=-DM2R_SSD_SCAN_REG_A=1``)
+built with a measurement knob (``build --source ssd_chunk_scan --extra-flag=-DM2R_SSD_SPLIT_SCAN=1``)
 laid over the full build, so that one GPU can time both in the same run without rebuilding
 every source twice (a full build on the device machine costs a minute of its time; one source
 about ten seconds). Never shipped: the overlaid manifest names each replaced source and the

@@ -229,6 +229,8 @@ def _fwd_kernel(kset, x, weight, bias, residual, x1, weight1, bias1, rowscale, m
     name, threads = f"m2r_add_norm_fwd_{dt}", _THREADS
     if plan is not None and _aligned(*(a[k] for k in a if k not in ("rowscale", "mean", "rstd"))):
         name, threads = f"m2r_add_norm_fwd_{dt}_r{plan[0]}", plan[1]
+        if all(t is None for t in (x1, weight1, rowscale, mask, mask1)):
+            name += "_plain"  # a pre-norm block's call: the form without the extras' code
     params = _params(a, rows, hidden, stream_dtype, not is_rms_norm, 0, 0, eps, 1.0 - dropout_p)
     launch(kset.launcher(name), x, params, (rows, 1, 1), threads)
     return a

@@ -38,7 +38,7 @@ def run_mma_probe(
     their GPU's kernels. ``a_k_major`` stages A k-major in LDS (read by ``load_lane_t``), as the
     kernels do for an operand whose reduction dim is the slow one; likewise ``b_k_major``.
     ``a_in_registers``: each lane builds its A fragment from the elements ``mma::a_row`` /
-    ``mma::a_k`` name (``mma::make_a``), as chunk_scan's within-chunk weights are built."""
+    ``mma::a_k`` name (``mma::make_a``): a kernel's A operand worked out in registers."""
     if a_in_registers and a_k_major:
         raise ValueError("a_in_registers builds A without LDS: a_k_major does not apply")
     for name, t in (("a", a), ("b", b), ("c", c)):

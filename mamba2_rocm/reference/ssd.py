@@ -48,6 +48,7 @@ __all__ = [
     "ssd_chunked",
     "ssd_chunked_bwd",
     "ssd_sequential",
+    "ssd_term_magnitude",
     "state_rows",
 ]  # fmt: skip
 
@@ -176,6 +177,41 @@ def ssd_sequential(
         return_final_states,
         return_varlen_states,
     )
+
+
+def ssd_term_magnitude(
+    x, dt, A, B, C, z=None, dt_bias=None, seq_idx=None, dt_softplus=False,
+    dt_limit=(0.0, math.inf), compute_dtype=torch.float64, block=512,
+):  # fmt: skip
+    """M (batch, seqlen, nheads, headdim): each output's sum of its token terms' magnitudes,
+    |silu(z_t)| * sum over s <= t in t's sequence of |C_t . B_s| exp(cs_t - cs_s) dt'_s |x_s|
+    (cs the inclusive cumsum of dt' A), so that out_t = silu(z_t) * (sum of those terms with
+    their signs + the entering state's part + D x_t).
+
+    What it bounds: a scan that rounds each term's weight C_t . B_s exp(cs_t - cs_s) dt'_s once
+    to a dtype of unit roundoff u (mamba_ssm's Triton kernels and ours for 16-bit inputs: the
+    weights meet x in the matrix cores in x's dtype) moves out_t by at most u * M_t, whatever
+    the chunk size; where terms cancel that is many times out_t's own rounding. Tests add it
+    to their tolerance for 16-bit inputs. Work O(seqlen^2), memory (batch, nheads, block, seqlen).
+    """
+    dims = scan_sizes(x, B, None, dt_limit, None)
+    cd = compute_dtype
+    batch, seqlen = x.shape[:2]
+    dtc = _effective_dt(dt, dt_bias, dt_softplus, dims.dt_limit, cd)  # (batch, seqlen, nheads)
+    cs = torch.cumsum(dtc * A.to(cd), dim=1).transpose(1, 2)  # (batch, nheads, seqlen)
+    seg = _segments(seq_idx, batch, seqlen, x.device)
+    Bc, Cc, xa, dta = B.to(cd), C.to(cd), x.to(cd).abs(), dtc.abs().transpose(1, 2)[..., None, :]
+    m = torch.empty(x.shape, dtype=cd, device=x.device)
+    s_pos = torch.arange(seqlen, device=x.device)
+    for t0 in range(0, seqlen, block):  # (batch, nheads, block, seqlen) at a time
+        t1 = min(t0 + block, seqlen)
+        cb = torch.einsum("btgn,bsgn->bgts", Cc[:, t0:t1], Bc).abs()
+        cb = cb.repeat_interleave(dims.heads_per_group, dim=1)
+        causal = s_pos[None, :] <= s_pos[t0:t1, None]
+        keep = (causal & (seg[:, t0:t1, None] == seg[:, None, :]))[:, None]
+        decay = _masked_exp(keep, cs[..., t0:t1, None] - cs[..., None, :])
+        m[:, t0:t1] = torch.einsum("bhts,bshp->bthp", cb * decay * dta, xa)
+    return m if z is None else m * F.silu(z.to(cd)).abs()
 
 
 def ssd_chunked(
