@@ -24,6 +24,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from mamba2_rocm.build.driver import DEFAULT_CUDA
+
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"\bBRA\b(?:\s+!?U?P\w+,)?\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)")
 _PREDICATE = re.compile(r"^@!?U?P\w+\s+")
@@ -65,8 +67,8 @@ def loops(instructions: list[tuple[int, str]]) -> list[Loop]:
 
 
 def find_cuobjdump() -> str:
-    """cuobjdump from PATH, $CUDA_HOME/bin (default /usr/local/cuda), or the PyPI wheel."""
-    cuda = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    """cuobjdump from PATH, $CUDA_HOME/bin (default ``driver.DEFAULT_CUDA``), or the PyPI wheel."""
+    cuda = Path(os.environ.get("CUDA_HOME", DEFAULT_CUDA))
     candidates = [shutil.which("cuobjdump"), str(cuda / "bin" / "cuobjdump")]
     purelib = Path(sysconfig.get_paths()["purelib"])
     candidates += [str(p) for p in sorted(purelib.glob("nvidia/cu*/bin/cuobjdump"))]
