@@ -2,11 +2,12 @@
 
 Usage (on the GPU machine, kernels built): python scripts/tune_selective_scan_bwd.py
 
-The backward (csrc/selective_scan_bwd.hip) gives each block a slice of a group's channels; the
-host sizes the slices from ``BWD_BLOCKS_PER_SM`` and caps them so that the variable dB / dC
-partials (one per slice, summed by the host) stay under ``BWD_PARTIAL_FACTOR`` times u's bytes
-or ``BWD_PARTIAL_MIN_BYTES``. At the narrow widths the cap leaves fewer blocks than channel
-tiles (mamba-130m, b1 d1536 l2048: 192 blocks of 4 channels for 384 tiles). This times forward
+The backward (csrc/selective_scan_bwd.hip) gives each block of its gradients' kernel a slice of
+a group's channels and a range of chunks (their carries come from the carries' kernel before
+it); the host (``ops.bwd_grid``) takes a range per 256 tokens, sizes the slices from
+``BWD_BLOCKS_PER_SM`` and caps them so that the variable dB / dC partials (one per slice,
+summed by the host) stay under ``BWD_PARTIAL_FACTOR`` times u's bytes or
+``BWD_PARTIAL_MIN_BYTES``. This times forward
 + backward (autograd, every input's gradient, device events around each call) and the forward
 alone (graph replays), so the backward is their difference, for every pair of
 ``BLOCKS="8 16"`` and ``PARTIAL_MB="64 1024"`` over ``SHAPES="b,d,L,n ..."``. Builds with the
@@ -48,7 +49,8 @@ def _inputs(b: int, d: int, L: int, n: int):
 
 
 def kernel_us(step, calls: int = 3) -> float:
-    """The backward kernel's device µs a call (torch.profiler over ``calls`` calls of step)."""
+    """The backward kernels' device µs a call (the carries and the gradients; torch.profiler over
+    ``calls`` calls of step)."""
 
     def run():
         for _ in range(calls):
