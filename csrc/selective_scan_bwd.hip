@@ -334,8 +334,9 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
   p.dA_part = per_lane(p.dA_part), p.dB_part = per_lane(p.dB_part);
   p.dC_part = per_lane(p.dC_part), p.dD_part = per_lane(p.dD_part);
   p.ddb_part = per_lane(p.ddb_part);
-  // one (chunk, n)'s variable dB / dC terms per channel, two buffers (by n's parity: one
-  // barrier per element)
+  // one (chunk, n)'s variable dB / dC terms per channel, two buffers taken in turns by the
+  // block's element steps, counted across chunks and channels (one barrier per step: the
+  // buffer a step writes was last read before the previous step's barrier)
   __shared__ float s_red[2][kInter][2][kCh][kChunk];
   // the thread's tokens' y (sum over the state elements of C h) in the backward walk, for dz: a
   // column per thread (AMD's compiler ran out of vector registers with y in them)
@@ -371,8 +372,9 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
       c_var ? p.C + static_cast<int64_t>(b * p.c_groups + c_begin / (p.dim / p.c_groups)) * nst * ld : p.C;
   const int64_t part = (static_cast<int64_t>(b * p.groups + g) * p.slices + slice) * nst * ld;
 
+  int step = 0;  // the block's element steps so far (uniform): s_red's buffer is its parity
 #pragma unroll 1
-  for (int o = c_begin; o < c_end; o += kCh) {  // the slice's channels, 8 at a time
+  for (int o = c_begin; o < c_end; o += kCh) {  // the slice's channels, kCh at a time
     const int d = o + ch;
     const bool live = d < c_end;
     const int live_m = per_lane(live ? -1 : 0);
@@ -440,7 +442,7 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
 #pragma unroll 1
       for (int n0 = 0; n0 < nst; n0 += kI) {
         const int j = j0;
-        const int buf = (n0 / kI) & 1;
+        const int buf = step & 1;
         // this thread's tokens of the dB / dC partials' rows (the reduction below): their old
         // values are read here, ahead of the step's work
         int64_t prow[kI];
@@ -554,6 +556,7 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
             }
           }
         }
+        ++step;
       }
       // the chunk's outputs: du, ddelta (through softplus and the bias), dz
       float raw[kTok], gout[kTok];
