@@ -180,6 +180,32 @@ M2R_DEVICE void load_bc(const float* blk, const float* fixed, int n, int t, int 
   }
 }
 
+// A block's share of either kernel's grid (blockIdx.x = group * slices + slice, blockIdx.y the
+// batch row): its slice [c_begin, c_end) of the group's channels, and the group's rows of
+// variable B / C (every channel of the block reads the same ones; a fixed one: the tensor).
+// 32-bit indices (channels, tokens, chunks all < 2^31); 64-bit only in offsets: fewer scalar
+// registers on AMD.
+struct BlockSlice {
+  int b, g, slice, c_begin, c_end;
+  const float* b_blk;
+  const float* c_blk;
+};
+
+template <bool kVarB, bool kVarC>
+M2R_DEVICE BlockSlice block_slice(const SelectiveScanBwdParams& p) {
+  BlockSlice s;
+  s.b = blockIdx.y;
+  s.g = blockIdx.x / p.slices;
+  s.slice = blockIdx.x % p.slices;
+  const int gdim = p.dim / p.groups;
+  s.c_begin = s.g * gdim + s.slice * p.slice_ch;
+  s.c_end = min(s.c_begin + p.slice_ch, (s.g + 1) * gdim);
+  const int nst = p.dstate, ld = p.ld;
+  s.b_blk = kVarB ? p.B + static_cast<int64_t>(s.b * p.b_groups + s.c_begin / (p.dim / p.b_groups)) * nst * ld : p.B;
+  s.c_blk = kVarC ? p.C + static_cast<int64_t>(s.b * p.c_groups + s.c_begin / (p.dim / p.c_groups)) * nst * ld : p.C;
+  return s;
+}
+
 // 1. The carries: ckpt, the state entering every chunk (chunk 0: zero), and wckpt, the
 // adjoint entering every chunk from the right (the last chunk: the last state's gradient).
 // Grid and channels as the gradients' kernel, one chunk range (blockIdx.z unused).
@@ -198,21 +224,15 @@ M2R_DEVICE void carries(const SelectiveScanBwdParams& params) {
   const int tid = threadIdx.x;
   const int j0 = per_lane(static_cast<int>(tid % kSeg));
   const int ch = tid / kSeg;
-  const int b = blockIdx.y;
-  const int g = blockIdx.x / p.slices;
-  const int slice = blockIdx.x % p.slices;
-  const int gdim = p.dim / p.groups;
-  const int c_begin = g * gdim + slice * p.slice_ch;
-  const int c_end = min(c_begin + p.slice_ch, (g + 1) * gdim);
+  const BlockSlice bs = block_slice<kVarB, kVarC>(p);
+  const int b = bs.b, c_begin = bs.c_begin, c_end = bs.c_end;
+  const float* const b_blk = bs.b_blk;
+  const float* const c_blk = bs.c_blk;
   const int L = p.seqlen;
   const int nst = p.dstate;
   const int nchunks = (L + kChunk - 1) / kChunk;
   const int ld = p.ld;
   const int sp_m = per_lane(p.delta_softplus != 0 ? -1 : 0);
-  const float* const b_blk =
-      kVarB ? p.B + static_cast<int64_t>(b * p.b_groups + c_begin / (p.dim / p.b_groups)) * nst * ld : p.B;
-  const float* const c_blk =
-      kVarC ? p.C + static_cast<int64_t>(b * p.c_groups + c_begin / (p.dim / p.c_groups)) * nst * ld : p.C;
 #pragma unroll 1
   for (int o = c_begin; o < c_end; o += kCh) {
     const int d = o + ch;
@@ -344,14 +364,8 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
   const int tid = threadIdx.x;
   const int j0 = per_lane(static_cast<int>(tid % kSeg));
   const int ch = tid / kSeg;
-  const int b = blockIdx.y;
-  const int g = blockIdx.x / p.slices;
-  const int slice = blockIdx.x % p.slices;
-  // 32-bit indices (channels, tokens, chunks all < 2^31); 64-bit only in offsets: fewer
-  // scalar registers on AMD
-  const int gdim = p.dim / p.groups;
-  const int c_begin = g * gdim + slice * p.slice_ch;
-  const int c_end = min(c_begin + p.slice_ch, (g + 1) * gdim);
+  const BlockSlice bs = block_slice<kVarB, kVarC>(p);
+  const int b = bs.b, g = bs.g, slice = bs.slice, c_begin = bs.c_begin, c_end = bs.c_end;
   const int L = p.seqlen;
   const int nst = p.dstate;  // <= kMaxN
   const int nchunks = (L + kChunk - 1) / kChunk;  // <= p.nck
@@ -364,12 +378,9 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
   constexpr bool b_var = kVarB, c_var = kVarC;  // kernels of their own, as z
   // softplus on or off as a lane mask (bit selects, no scalar mask live across the loops)
   const int sp_m = per_lane(p.delta_softplus != 0 ? -1 : 0);
-  // the group's B / C rows (variable: every channel of the block reads the same ones) and the
-  // block's slices of the dB / dC partials
-  const float* const b_blk =
-      b_var ? p.B + static_cast<int64_t>(b * p.b_groups + c_begin / (p.dim / p.b_groups)) * nst * ld : p.B;
-  const float* const c_blk =
-      c_var ? p.C + static_cast<int64_t>(b * p.c_groups + c_begin / (p.dim / p.c_groups)) * nst * ld : p.C;
+  // the group's B / C rows and the block's slices of the dB / dC partials
+  const float* const b_blk = bs.b_blk;
+  const float* const c_blk = bs.c_blk;
   const int64_t part = (static_cast<int64_t>(b * p.groups + g) * p.slices + slice) * nst * ld;
 
   int step = 0;  // the block's element steps so far (uniform): s_red's buffer is its parity
