@@ -426,8 +426,8 @@ struct SelectiveScanParams {
 // groups: the finer of the variable B / C groupings (a block's channels share a group of each;
 // 1 when both are fixed); slices, slice_ch: the blocks per group and channels per block.
 // ckpt, wckpt: (batch, dim, nck, dstate) fp32 workspaces the carries' kernel writes and the
-// gradients' kernel reads: the state entering each chunk, and the adjoint entering it from the
-// right.
+// gradients' kernel reads: the state entering each chunk, and the adjoint entering the last
+// chunk of each range from the right (the ranges chain it through their other chunks).
 struct SelectiveScanBwdParams {
   const void* u;
   const void* delta;
@@ -456,6 +456,8 @@ struct SelectiveScanBwdParams {
   int32_t groups, slices, slice_ch;
   int32_t ld;   // row length of variable B / C and their partials: seqlen rounded up to 256
   int32_t nck;  // chunks per channel in ckpt and the per-chunk partials: seqlen / 128 rounded up
+  int32_t ranges;  // the gradients' chunk ranges (the gridDim.z of its launch; the carries' own is 1)
+  int32_t reserved;  // (the struct's size a multiple of 8 without padding: the host packs it)
 };
 
 // Small-batch linear layer of a decode step (csrc/linear.hip): y[m, n] = sum_k x[m, k] *

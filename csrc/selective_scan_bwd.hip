@@ -17,22 +17,26 @@
 // AMD wave32, 2 on wave64: 128). Two kernels:
 //   1. carries (m2r_selective_scan_bwd_carry_*): per channel, the state entering every chunk,
 //      forward over the chunks (the lanes' maps h -> P h + hl, P the product of the decays, hl
-//      the state from zero, composed by a prefix scan over the lanes), to ckpt; and the
-//      adjoint entering every chunk from the right, backward over the chunks from the last
-//      state's gradient (the lanes' maps w -> P w + wl of w = a g, composed right to left), to
-//      wckpt (dstate floats per chunk and channel each). Both walks are short (a scan per chunk
-//      and state element); they are all that chains the chunks.
+//      the state from zero, composed by a prefix scan over the lanes), to ckpt; and, where the
+//      gradients run in more than one chunk range, the adjoint entering each range's last chunk
+//      from the right, backward over the chunks from the last state's gradient (the lanes' maps
+//      w -> P w + wl of w = a g, composed right to left), to wckpt (dstate floats per chunk and
+//      channel each). Both walks are short (a scan per chunk and state element); they are all
+//      that chains the ranges.
 //   2. the gradients (m2r_selective_scan_bwd_*): every (channel slice, chunk range) a block
-//      (blockIdx.x = group * slices + slice, blockIdx.z the range: the chunks are independent
-//      once their carries are known, so narrow calls still fill the GPU). Per chunk, last first,
-//      and state element: the lane's decays and states again from the chunk's entering state
-//      (the prefix scan), then the adjoint through the lanes' maps from the chunk's carry (the
-//      suffix scan), then every token's terms. The sums over state elements (du, ddelta, y)
-//      stay in the lane's registers (y in LDS); dA and fixed dB / dC are summed over the wave per
-//      (chunk, element) and written per chunk (the host sums the chunks); variable dB / dC are
-//      summed over the block's channels in LDS, in channel order, and added to the block's
-//      slice of the partial at the chunk's tokens (read-modify-write: no other block touches
-//      them; the host zeroes it and sums the slices); dD and ddelta_bias per channel and range.
+//      (blockIdx.x = group * slices + slice, blockIdx.z the range: the ranges are independent
+//      once their carries are known, so narrow calls still fill the GPU; the host takes one
+//      range where the slices alone fill it, and the carries then skip their backward walk).
+//      Per chunk, last first, and state element: the lane's decays and states again from the
+//      chunk's entering state (the prefix scan), then the adjoint through the lanes' maps from
+//      the carry entering the chunk (the suffix scan; the range's own for its last chunk, then
+//      each chunk's carry out, kept in LDS), then every token's terms. The sums over state
+//      elements (du, ddelta, y) stay in the lane's registers (y in LDS); dA and fixed dB / dC
+//      are summed over the wave per (chunk, element) and written per chunk (the host sums the
+//      chunks); variable dB / dC are summed over the block's channels in LDS, in channel order,
+//      and added to the block's slice of the partial at the chunk's tokens (read-modify-write:
+//      no other block touches them; the host zeroes it and sums the slices); dD and ddelta_bias
+//      per channel and range.
 // No per-token state is stored, and nothing is atomic: every sum has a fixed order, runs are
 // bit-identical. Tokens past seqlen (the last chunk's tail) take step 0, u 0 and dy 0: the
 // identity, contributing nothing. Variable B / C rows (and their partials) are padded by the
@@ -288,16 +292,18 @@ M2R_DEVICE void carries(const SelectiveScanBwdParams& params) {
         ck[(c + 1) * nst + n] = h;
       }
     }
-    // the adjoint, backward: the carry out of chunk c (w = a g at its first token) enters c - 1
+    // the adjoint, backward, from the last state's gradient: the carry out of chunk c (w = a g
+    // at its first token) enters c - 1, and goes to wckpt where c - 1 ends a range. The last
+    // range starts from dlast, and each range chains the carry through its other chunks
+    // itself: so the walk stops at the first range's end, and one range needs none.
+    const int per_range = (nchunks + p.ranges - 1) / p.ranges;  // as the gradients' kernel's
+    if (per_range >= nchunks) continue;  // (uniform)
     const float* const dl = per_lane(p.dlast + cd * nst);
     wave_sync();
-    for (int n = 0; n < nst; ++n) {
-      const float w = dl[n];
-      s_carry[ch][n] = w;
-      if (j0 == 0) wk[(nchunks - 1) * nst + n] = w;
-    }
+    for (int n = 0; n < nst; ++n) s_carry[ch][n] = dl[n];
 #pragma unroll 1
-    for (int c = nchunks - 1; c > 0; --c) {
+    for (int c = nchunks - 1; c >= per_range; --c) {
+      const bool range_end = c % per_range == 0;  // c - 1 is the last chunk of a range
       const int t0 = c * kChunk + j0 * kTok;
       float dt[kTok], dy[kTok];
       load_seg<T, kTok>(in(p.delta), t0, L, vec_x, dt);
@@ -328,7 +334,7 @@ M2R_DEVICE void carries(const SelectiveScanBwdParams& params) {
         wave_sync();
         const float carry = fmaf(P_all, prev, w_all);
         s_carry[ch][n] = carry;
-        wk[(c - 1) * nst + n] = carry;
+        if (range_end) wk[(c - 1) * nst + n] = carry;
       }
     }
   }
@@ -361,6 +367,9 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
   // the thread's tokens' y (sum over the state elements of C h) in the backward walk, for dz: a
   // column per thread (AMD's compiler ran out of vector registers with y in them)
   __shared__ float s_y[kTok][kThreads];
+  // per channel and element, the adjoint entering the chunk from the right: the range's own
+  // (wckpt, or dlast for the last range) for its last chunk, then each chunk's carry out
+  __shared__ float s_wc[kCh][kMaxN];
   const int tid = threadIdx.x;
   const int j0 = per_lane(static_cast<int>(tid % kSeg));
   const int ch = tid / kSeg;
@@ -370,9 +379,10 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
   const int nst = p.dstate;  // <= kMaxN
   const int nchunks = (L + kChunk - 1) / kChunk;  // <= p.nck
   const int ld = p.ld;  // row length of variable B / C and their partials (>= nchunks * kChunk)
-  // this block's chunks: gridDim.z ranges of equal length (the host sizes the grid by its own
-  // chunk length; a range past the last chunk runs no chunk and writes zero partials)
-  const int per_range = (nchunks + static_cast<int>(gridDim.z) - 1) / static_cast<int>(gridDim.z);
+  // this block's chunks: p.ranges (the grid's z) ranges of equal length (the host sizes the
+  // grid by its own chunk length; a range past the last chunk runs no chunk and writes zero
+  // partials)
+  const int per_range = (nchunks + p.ranges - 1) / p.ranges;
   const int c_lo = static_cast<int>(blockIdx.z) * per_range;
   const int c_hi = min(nchunks, c_lo + per_range);
   constexpr bool b_var = kVarB, c_var = kVarC;  // kernels of their own, as z
@@ -409,7 +419,12 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
     // this channel's rows of ckpt and the per-chunk partials: (nck, dstate) each
     const int64_t crow = cd * p.nck * nst;
     const float* const ck = per_lane(p.ckpt + crow);
-    const float* const wk = per_lane(p.wckpt + crow);
+    // the adjoint entering the range from the right; a lane an element at a time. The wave
+    // syncs before (the previous channels' last reads) and after (every lane reads them all)
+    const float* const w_end = c_hi == nchunks ? per_lane(p.dlast + cd * nst) : per_lane(p.wckpt + crow + (c_hi - 1) * nst);
+    wave_sync();
+    for (int n = j0; n < nst; n += kSeg) s_wc[ch][n] = w_end[n];
+    wave_sync();
 
     float dD_l = 0.f, ddb_l = 0.f;
 #pragma unroll 1
@@ -436,20 +451,20 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
       // dstate (odd dstate, kInter 2) runs on zeros: A 0, B = C = 0, zero state and carry
       constexpr int kI = kInter;
       constexpr int kPass = (kChunk + kThreads - 1) / kThreads;
-      float nb[kI][kTok], nc[kI][kTok], n_an[kI], n_hin[kI], n_win[kI];
-      const auto fetch = [&](int n, float* bq, float* cq, float& an, float& hin, float& win) {
+      float nb[kI][kTok], nc[kI][kTok], n_an[kI], n_hin[kI];
+      const auto fetch = [&](int n, float* bq, float* cq, float& an, float& hin) {
         const int m = min(n, nst - 1);
         load_bc<kVarB>(b_blk, b_fix, m, t, ld, bq);
         load_bc<kVarC>(c_blk, c_fix, m, t, ld, cq);
         const bool ok = n < nst;
-        an = ok ? a_row[m] : 0.f, hin = ok ? ck[c * nst + m] : 0.f, win = ok ? wk[c * nst + m] : 0.f;
+        an = ok ? a_row[m] : 0.f, hin = ok ? ck[c * nst + m] : 0.f;
         if (!ok) {
 #pragma unroll
           for (int k = 0; k < kTok; ++k) bq[k] = 0.f, cq[k] = 0.f;
         }
       };
 #pragma unroll
-      for (int i = 0; i < kI; ++i) fetch(i, nb[i], nc[i], n_an[i], n_hin[i], n_win[i]);
+      for (int i = 0; i < kI; ++i) fetch(i, nb[i], nc[i], n_an[i], n_hin[i]);
 #pragma unroll 1
       for (int n0 = 0; n0 < nst; n0 += kI) {
         const int j = j0;
@@ -458,7 +473,7 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
         // values are read here, ahead of the step's work
         int64_t prow[kI];
         float db_old[kI][kPass], dc_old[kI][kPass];
-        float bv[kI][kTok], cv[kI][kTok], an[kI], h_in[kI], w_in[kI];
+        float bv[kI][kTok], cv[kI][kTok], an[kI], h_in[kI];
 #pragma unroll
         for (int i = 0; i < kI; ++i) {
           prow[i] = part + static_cast<int64_t>(min(n0 + i, nst - 1)) * ld + c * kChunk;
@@ -468,13 +483,13 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
             db_old[i][e] = kVarB && q < kChunk ? p.dB_part[prow[i] + q] : 0.f;
             dc_old[i][e] = kVarC && q < kChunk ? p.dC_part[prow[i] + q] : 0.f;
           }
-          an[i] = n_an[i], h_in[i] = n_hin[i], w_in[i] = n_win[i];
+          an[i] = n_an[i], h_in[i] = n_hin[i];
 #pragma unroll
           for (int k = 0; k < kTok; ++k) bv[i][k] = nb[i][k], cv[i][k] = nc[i][k];
         }
         if (n0 + kI < nst) {
 #pragma unroll
-          for (int i = 0; i < kI; ++i) fetch(n0 + kI + i, nb[i], nc[i], n_an[i], n_hin[i], n_win[i]);
+          for (int i = 0; i < kI; ++i) fetch(n0 + kI + i, nb[i], nc[i], n_an[i], n_hin[i]);
         }
 #pragma unroll
         for (int i = 0; i < kI; ++i) {
@@ -510,7 +525,9 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
             hk[k] = h;
             if (has_z) s_y[k][tid] = fmaf(cv[i][k], h, s_y[k][tid]);
           }
-          const float carry = w_in[i];  // the adjoint entering the chunk from the right
+          // the adjoint entering the chunk from the right (from LDS at its use: held from the
+          // step before, as the other operands are, it made ptxas spill)
+          const float carry = valid ? s_wc[ch][n] : 0.f;
           float wv = pick((j + 1) / kSeg - 1, fmaf(P_nx, carry, w_nx), carry);  // the last lane: carry
           // every token's terms, right to left; variable dB / dC terms go to LDS (0 from a
           // channel past the slice), fixed ones are summed over the lane's tokens
@@ -530,6 +547,11 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
             sb += rb, sc += rc;
             wv = dec[k] * gk;
           }
+          // the carry out of the chunk (lane 0's adjoint at its first token) enters the range's
+          // next chunk: every lane writes it, once every lane has read the old one (above)
+          const float w_out = shfl_idx(wv, 0);
+          wave_sync();
+          if (valid) s_wc[ch][n] = w_out;
           dA_l = lane_sum(dA_l);
           if constexpr (!b_var) sb = lane_sum(sb);
           if constexpr (!c_var) sc = lane_sum(sc);

@@ -233,5 +233,5 @@ class SelectiveScanBwdParams(ctypes.Structure):
         "dD_part ddb_part",
         "",
         "batch dim seqlen dstate b_groups c_groups delta_softplus d_dtype delta_bias_dtype "
-        "groups slices slice_ch ld nck",
+        "groups slices slice_ch ld nck ranges reserved",
     )

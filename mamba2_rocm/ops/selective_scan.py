@@ -281,18 +281,20 @@ BWD_PARTIAL_MIN_BYTES = 64 << 20
 
 def bwd_grid(batch: int, groups: int, gdim: int, seqlen: int, sms: int,
              max_slices: int | None) -> tuple[int, int, int]:  # fmt: skip
-    """``(slices, slice_ch, ranges)`` of the backward's gradients kernel: ``ranges`` chunk
-    ranges of _BWD_RANGE tokens (each range's carries come from the carries' kernel, so the
-    ranges run in parallel), then enough channel slices a group that the grid reaches
-    BWD_BLOCKS_PER_SM blocks a multiprocessor, no more than ``max_slices`` (the variable dB / dC
-    partials' memory cap; None: no cap) and no more than the group's _BWD_CH-channel tiles;
-    ``slice_ch`` the channels a slice (a whole number of tiles), every slice with channels."""
-    ranges = max(1, min(-(-seqlen // _BWD_RANGE), GRID_YZ_MAX))
+    """``(slices, slice_ch, ranges)`` of the backward's gradients kernel: enough channel slices
+    a group that the grid reaches BWD_BLOCKS_PER_SM blocks a multiprocessor, no more than
+    ``max_slices`` (the variable dB / dC partials' memory cap; None: no cap) and no more than
+    the group's _BWD_CH-channel tiles; ``slice_ch`` the channels a slice (a whole number of
+    tiles), every slice with channels. Where the slices alone cannot reach that, the chunks go
+    in ``ranges`` ranges of _BWD_RANGE tokens, which run in parallel (their carries come from
+    the carries' kernel); else one range, and the carries' kernel skips its backward walk."""
+    aim = BWD_BLOCKS_PER_SM * max(1, sms)
     tiles = -(-gdim // _BWD_CH)
-    slices = -(-BWD_BLOCKS_PER_SM * max(1, sms) // (batch * groups * ranges))
-    if max_slices is not None:
-        slices = min(slices, max(1, max_slices))
-    slices = max(1, min(slices, tiles))
+    most = tiles if max_slices is None else max(1, min(tiles, max_slices))
+    ranges = 1
+    if batch * groups * most < aim:
+        ranges = max(1, min(-(-seqlen // _BWD_RANGE), GRID_YZ_MAX))
+    slices = max(1, min(-(-aim // (batch * groups * ranges)), most))
     slice_ch = -(-tiles // slices) * _BWD_CH
     return -(-gdim // slice_ch), slice_ch, ranges
 
@@ -336,7 +338,8 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
         batch, groups, gdim, L, sm_count(dev), allowed // var_bytes if var_bytes else None
     )
     ckpt = torch.empty(batch * dim * nck * N, dtype=f32, device=dev)
-    wckpt = torch.empty(batch * dim * nck * N, dtype=f32, device=dev)
+    # the adjoint entering each range's last chunk (none read with one range)
+    wckpt = torch.empty(batch * dim * nck * N if ranges > 1 else 1, dtype=f32, device=dev)
     du, ddl = torch.empty_like(x), torch.empty_like(x)
     dz = None if zk is None else torch.empty_like(x)
     per_chunk = lambda: zeros(batch, dim, nck, N)  # noqa: E731  (chunks past the kernel's: 0)
@@ -384,6 +387,8 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
             slice_ch,
             ld,
             nck,
+            ranges,
+            0,
         )  # fmt: skip  (SelectiveScanBwdParams, field order)
 
     kind = ("v" if gb else "f") + ("v" if gc else "f")

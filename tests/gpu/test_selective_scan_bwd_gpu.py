@@ -139,12 +139,13 @@ def test_long_sequence():
     _check(t, True, dout, dl, torch.float32)
 
 
-@pytest.mark.parametrize("range_tokens", [128, 512, 768])
+@pytest.mark.parametrize("range_tokens", [128, 512, 768, 1 << 20])
 def test_chunk_ranges_of_any_length(range_tokens, monkeypatch):
-    """The gradients' blocks take their chunks' carries from the carries' kernel: ranges of
-    several chunks (as on AMD, where a chunk is 128 tokens), and more ranges than chunks (the
-    empty ones still write their dD / ddelta_bias partials, as zeros: the buffers are
-    poisoned)."""
+    """The gradients' blocks take each range's carry from the carries' kernel and chain it
+    through the range's chunks: ranges of several chunks (as on AMD, where a chunk is 128
+    tokens), more ranges than chunks (the empty ones still write their dD / ddelta_bias
+    partials, as zeros: the buffers are poisoned), and one range for the whole sequence (the
+    carries' kernel walks no adjoint back; the last state's gradient enters directly)."""
     monkeypatch.setattr(ops, "_BWD_RANGE", range_tokens)
     g = seeded("ss bwd ranges", range_tokens, device=DEV)
     t, dout, dl = _inputs(g, 2, 13, 1000, 16, "var", "fixed", torch.float32)
