@@ -419,12 +419,15 @@ struct SelectiveScanParams {
 // the last state (dout, dlast) for u, delta, A, B, C, D, z and delta_bias. Inputs as in
 // SelectiveScanParams (contiguous; B / C / A float32), dout like u. Outputs: du, ddelta, dz in
 // the kernel's dtype (batch, dim, seqlen); fp32 partials the host sums in a fixed order:
-//   dA_part (batch, dim, dstate); dD_part, ddb_part (batch, dim) (null without D / delta_bias);
-//   dB_part / dC_part: fixed B / C (batch, dim, dstate); variable ones (batch, groups, slices,
-//   dstate, seqlen), one slice per block, summed over the slice's channels.
+//   dA_part (batch, dim, nck, dstate); dD_part, ddb_part (ranges, batch, dim), ranges = gridDim.z
+//   of the gradients' launch (D / delta_bias: zeros where absent, never null);
+//   dB_part / dC_part: fixed B / C (batch, dim, nck, dstate); variable ones (batch, groups,
+//   slices, dstate, ld), one slice per block, summed over the slice's channels.
 // groups: the finer of the variable B / C groupings (a block's channels share a group of each;
 // 1 when both are fixed); slices, slice_ch: the blocks per group and channels per block.
-// ckpt: (batch, dim, nchunks, dstate) fp32 workspace, the state entering each chunk.
+// ckpt, wckpt: (batch, dim, nck, dstate) fp32 workspaces the carries' kernel writes and the
+// gradients' kernel reads: the state entering each chunk, and the adjoint entering the last
+// chunk of each range from the right (the ranges chain it through their other chunks).
 struct SelectiveScanBwdParams {
   const void* u;
   const void* delta;
@@ -437,6 +440,7 @@ struct SelectiveScanBwdParams {
   const void* dout;
   const float* dlast;  // (batch, dim, dstate), or null
   float* ckpt;
+  float* wckpt;
   void* du;
   void* ddelta;
   void* dz;  // null without z
@@ -452,6 +456,8 @@ struct SelectiveScanBwdParams {
   int32_t groups, slices, slice_ch;
   int32_t ld;   // row length of variable B / C and their partials: seqlen rounded up to 256
   int32_t nck;  // chunks per channel in ckpt and the per-chunk partials: seqlen / 128 rounded up
+  int32_t ranges;  // the gradients' chunk ranges (the gridDim.z of its launch; the carries' own is 1)
+  int32_t reserved;  // (the struct's size a multiple of 8 without padding: the host packs it)
 };
 
 // Small-batch linear layer of a decode step (csrc/linear.hip): y[m, n] = sum_k x[m, k] *

@@ -171,6 +171,19 @@ M2R_DEVICE float from_lane(float v, int src) {
 }  // namespace wave64
 #endif
 
+// Orders the wave's shared-memory accesses before it against those after it, across its lanes:
+// NVIDIA's lanes may run apart (a warp barrier); an AMD wave's lanes never do (a compiler
+// barrier: the accesses stay in program order).
+M2R_DEVICE void wave_sync() {
+#if M2R_AMD
+  __builtin_amdgcn_wave_barrier();
+#elif defined(M2R_EMULATE_WAVE64)
+  wave64::sync();
+#else
+  __syncwarp();
+#endif
+}
+
 M2R_DEVICE float shfl_xor(float v, int lane_mask) {
 #if M2R_AMD
   return __shfl_xor(v, lane_mask, kWavefront);

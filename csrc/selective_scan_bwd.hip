@@ -11,32 +11,39 @@
 // and ddelta through softplus and the bias; dB / dC summed over the channels of a group
 // (variable B / C) or over the tokens (fixed ones).
 //
-// Work split, parallel along the sequence as the forward's segment form: a channel takes a
-// wavefront (32 lanes, 64 on CDNA), a block of 128 threads kCh = 4 (2) channels of one group of
-// B and of C (the host lays the grid out so: blockIdx.x = group * slices + slice), walking the
-// slice_ch channels of its slice kCh at a time. The sequence goes in chunks of kChunk tokens,
-// lane j owning the kTok consecutive tokens from j * kTok (kTok 8 on NVIDIA: 256 tokens a chunk;
-// 4 on AMD wave32, 2 on wave64: 128). Per kCh channels:
-//   1. forward over the chunks: the lanes' maps h -> P h + hl (P the product of the decays, hl
-//      the state from zero) composed by a prefix scan over the lanes, per state element; the
-//      state entering every chunk goes to ckpt (dstate floats per chunk and channel: nothing
-//      per token is stored);
-//   2. backward over the chunks, last first, per state element: the lane's decays and states
-//      again from the chunk's entering state (the same prefix scan), then the adjoint, carried
-//      right to left as w = a g through the lanes' maps w -> P w + wl (a suffix scan, from the
-//      next chunk's carry), then every token's terms. The sums over state elements (du, ddelta,
-//      y) stay in the lane's registers (y in LDS); dA and fixed dB / dC are summed over the
-//      wave per (chunk, element) and written per chunk (the host sums the chunks); variable
-//      dB / dC are summed over the block's channels in LDS, in channel order, and added to the
-//      block's slice of the partial (read-modify-write: no other block touches it; the host
-//      zeroes it and sums the slices).
+// Work split: a channel takes a wavefront (32 lanes, 64 on CDNA), a block of 128 threads kCh = 4
+// (2) channels of one group of B and of C. The sequence goes in chunks of kChunk tokens, lane j
+// owning the kTok consecutive tokens from j * kTok (kTok 8 on NVIDIA: 256 tokens a chunk; 4 on
+// AMD wave32, 2 on wave64: 128). Two kernels:
+//   1. carries (m2r_selective_scan_bwd_carry_*): per channel, the state entering every chunk,
+//      forward over the chunks (the lanes' maps h -> P h + hl, P the product of the decays, hl
+//      the state from zero, composed by a prefix scan over the lanes), to ckpt; and, where the
+//      gradients run in more than one chunk range, the adjoint entering each range's last chunk
+//      from the right, backward over the chunks from the last state's gradient (the lanes' maps
+//      w -> P w + wl of w = a g, composed right to left), to wckpt (dstate floats per chunk and
+//      channel each). Both walks are short (a scan per chunk and state element); they are all
+//      that chains the ranges.
+//   2. the gradients (m2r_selective_scan_bwd_*): every (channel slice, chunk range) a block
+//      (blockIdx.x = group * slices + slice, blockIdx.z the range: the ranges are independent
+//      once their carries are known, so narrow calls still fill the GPU; the host takes one
+//      range where the slices alone fill it, and the carries then skip their backward walk).
+//      Per chunk, last first, and state element: the lane's decays and states again from the
+//      chunk's entering state (the prefix scan), then the adjoint through the lanes' maps from
+//      the carry entering the chunk (the suffix scan; the range's own for its last chunk, then
+//      each chunk's carry out, kept in LDS), then every token's terms. The sums over state
+//      elements (du, ddelta, y) stay in the lane's registers (y in LDS); dA and fixed dB / dC
+//      are summed over the wave per (chunk, element) and written per chunk (the host sums the
+//      chunks); variable dB / dC are summed over the block's channels in LDS, in channel order,
+//      and added to the block's slice of the partial at the chunk's tokens (read-modify-write:
+//      no other block touches them; the host zeroes it and sums the slices); dD and ddelta_bias
+//      per channel and range.
 // No per-token state is stored, and nothing is atomic: every sum has a fixed order, runs are
 // bit-identical. Tokens past seqlen (the last chunk's tail) take step 0, u 0 and dy 0: the
 // identity, contributing nothing. Variable B / C rows (and their partials) are padded by the
 // host to ld tokens, so their loads need no tail.
 //
-// Kernels: m2r_selective_scan_bwd_<dtype>_<B><C>[_z], B / C variable (v) or fixed (f), with z
-// or without. AMD's compiler keeps uniform flags and base pointers in scalar registers (masks
+// Kernels: m2r_selective_scan_bwd_[carry_]<dtype>_<B><C>[_z], B / C variable (v) or fixed (f),
+// with z or without. AMD's compiler keeps uniform flags and base pointers in scalar registers (masks
 // of two on wave64) through the loops: the variants are kernels of their own, absent D /
 // delta_bias / last-state gradient come as zeros, lane conditions are bit selects (pick) and
 // pointers sit in vector registers (per_lane); so every recipe target compiles without spills.
@@ -85,6 +92,9 @@ static_assert(kInter == 1 || kInter == 2, "one or two elements a step");
 #endif
 constexpr int kThreads = 128;  // 3 blocks per multiprocessor on the H100 (168 registers)
 constexpr int kCh = kThreads / kSeg;  // channels per block: 4, or 2 on wave64
+// NVIDIA: blocks per multiprocessor the carries' kernel is built for (8: 64 registers; without
+// the bound ptxas took 56 and spilled in the gfx1030 emulation build)
+constexpr int kCarryBlocks = 8;
 constexpr int kMaxN = 256;  // dstate
 
 // a where the lane mask m is all ones, b where it is 0: bit operations on a mask held in a
@@ -129,6 +139,18 @@ M2R_DEVICE float lane_sum(float v) {
   return v;
 }
 
+// The composition of a channel's lanes' maps x -> P x + v, right to left (lane j's map applied
+// after lane j + 1's), in lane 0: a tree over the lanes, no masks (a lane whose partner is past
+// the wave composes garbage that no lane 0 reads).
+M2R_DEVICE void compose_down(float& P, float& v) {
+#pragma unroll
+  for (int s = 1; s < kSeg; s *= 2) {
+    const float vn = shfl_down(v, s), Pn = shfl_down(P, s);
+    v = fmaf(P, vn, v);
+    P *= Pn;
+  }
+}
+
 // step' (bias, then softplus where the mask sp is all ones) of kTok tokens from t on; 0 past the
 // sequence (the identity step)
 M2R_DEVICE void steps(const float* raw, float dbias, int sp, int t, int L, float* dt) {
@@ -162,6 +184,163 @@ M2R_DEVICE void load_bc(const float* blk, const float* fixed, int n, int t, int 
   }
 }
 
+// A block's share of either kernel's grid (blockIdx.x = group * slices + slice, blockIdx.y the
+// batch row): its slice [c_begin, c_end) of the group's channels, and the group's rows of
+// variable B / C (every channel of the block reads the same ones; a fixed one: the tensor).
+// 32-bit indices (channels, tokens, chunks all < 2^31); 64-bit only in offsets: fewer scalar
+// registers on AMD.
+struct BlockSlice {
+  int b, g, slice, c_begin, c_end;
+  const float* b_blk;
+  const float* c_blk;
+};
+
+template <bool kVarB, bool kVarC>
+M2R_DEVICE BlockSlice block_slice(const SelectiveScanBwdParams& p) {
+  BlockSlice s;
+  s.b = blockIdx.y;
+  s.g = blockIdx.x / p.slices;
+  s.slice = blockIdx.x % p.slices;
+  const int gdim = p.dim / p.groups;
+  s.c_begin = s.g * gdim + s.slice * p.slice_ch;
+  s.c_end = min(s.c_begin + p.slice_ch, (s.g + 1) * gdim);
+  const int nst = p.dstate, ld = p.ld;
+  s.b_blk = kVarB ? p.B + static_cast<int64_t>(s.b * p.b_groups + s.c_begin / (p.dim / p.b_groups)) * nst * ld : p.B;
+  s.c_blk = kVarC ? p.C + static_cast<int64_t>(s.b * p.c_groups + s.c_begin / (p.dim / p.c_groups)) * nst * ld : p.C;
+  return s;
+}
+
+// 1. The carries: ckpt, the state entering every chunk (chunk 0: zero), and wckpt, the
+// adjoint entering every chunk from the right (the last chunk: the last state's gradient).
+// Grid and channels as the gradients' kernel, one chunk range (blockIdx.z unused).
+template <typename T, bool kZ, bool kVarB, bool kVarC>
+M2R_DEVICE void carries(const SelectiveScanBwdParams& params) {
+  typedef typename T::storage S;
+  SelectiveScanBwdParams p = params;
+  if constexpr (kWavefront == 64) {
+    p.u = per_lane(p.u), p.delta = per_lane(p.delta), p.dout = per_lane(p.dout);
+    p.z = per_lane(p.z);
+  }
+  p.A = per_lane(p.A), p.B = per_lane(p.B), p.C = per_lane(p.C);
+  p.delta_bias = per_lane(p.delta_bias), p.dlast = per_lane(p.dlast);
+  p.ckpt = per_lane(p.ckpt), p.wckpt = per_lane(p.wckpt);
+  __shared__ float s_carry[kCh][kMaxN];  // per channel and element, the carry between chunks
+  const int tid = threadIdx.x;
+  const int j0 = per_lane(static_cast<int>(tid % kSeg));
+  const int ch = tid / kSeg;
+  const BlockSlice bs = block_slice<kVarB, kVarC>(p);
+  const int b = bs.b, c_begin = bs.c_begin, c_end = bs.c_end;
+  const float* const b_blk = bs.b_blk;
+  const float* const c_blk = bs.c_blk;
+  const int L = p.seqlen;
+  const int nst = p.dstate;
+  const int nchunks = (L + kChunk - 1) / kChunk;
+  const int ld = p.ld;
+  const int sp_m = per_lane(p.delta_softplus != 0 ? -1 : 0);
+#pragma unroll 1
+  for (int o = c_begin; o < c_end; o += kCh) {
+    const int d = o + ch;
+    const int dd = d < c_end ? d : o;  // a channel past the slice recomputes channel o: same values
+    const int64_t cd = static_cast<int64_t>(b) * p.dim + dd;
+    const int64_t row = per_lane(cd * L);
+    const auto in = [&](const void* base) { return static_cast<const S*>(base) + per_lane(row); };
+    const bool vec_x = (row * static_cast<int64_t>(sizeof(S))) % 16 == 0 && aligned16(params.u) &&
+                       aligned16(params.delta) && aligned16(params.dout) &&
+                       (!kZ || aligned16(params.z));
+    const float dbias = load_as_float(p.delta_bias, p.delta_bias_dtype, dd);
+    const float* const a_row = per_lane(p.A + dd * nst);
+    const float* const b_fix = per_lane(p.B + dd * nst);  // read only when fixed
+    const float* const c_fix = per_lane(p.C + dd * nst);
+    const int64_t crow = cd * p.nck * nst;
+    float* const ck = per_lane(p.ckpt + crow);
+    float* const wk = per_lane(p.wckpt + crow);
+
+    // the states, forward. Every lane keeps the carries in LDS alike: it reads the old one,
+    // the wave syncs, every lane writes the same new one (so a lane's later read finds the new
+    // value whichever lane's write it sees); the wave syncs again before the carries start over.
+    wave_sync();
+    for (int n = 0; n < nst; ++n) s_carry[ch][n] = 0.f;
+    if (j0 == 0) {
+      for (int n = 0; n < nst; ++n) ck[n] = 0.f;
+    }
+#pragma unroll 1
+    for (int c = 0; c + 1 < nchunks; ++c) {
+      const int t0 = c * kChunk + j0 * kTok;
+      float u[kTok], dt[kTok];
+      load_seg<T, kTok>(in(p.u), t0, L, vec_x, u);
+      load_seg<T, kTok>(in(p.delta), t0, L, vec_x, dt);
+      steps(dt, dbias, sp_m, t0, L, dt);
+      M2R_BWD_PRAGMA_UNROLL(M2R_SSCAN_BWD_UNROLL1)
+      for (int n = 0; n < nst; ++n) {
+        const float a2 = a_row[n] * kLog2e;
+        float bv[kTok];
+        load_bc<kVarB>(b_blk, b_fix, n, t0, ld, bv);
+        float P = 1.f, v = 0.f;
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) {
+          const float dec = fast_exp2(a2 * dt[k]);
+          v = fmaf(dec, v, dt[k] * u[k] * bv[k]);
+          P *= dec;
+        }
+        scan_up(j0, P, v);
+        const float P_all = shfl_idx(P, kSeg - 1);
+        const float v_all = shfl_idx(v, kSeg - 1);
+        const float prev = s_carry[ch][n];
+        wave_sync();
+        const float h = fmaf(P_all, prev, v_all);
+        s_carry[ch][n] = h;
+        ck[(c + 1) * nst + n] = h;
+      }
+    }
+    // the adjoint, backward, from the last state's gradient: the carry out of chunk c (w = a g
+    // at its first token) enters c - 1, and goes to wckpt where c - 1 ends a range. The last
+    // range starts from dlast, and each range chains the carry through its other chunks
+    // itself: so the walk stops at the first range's end, and one range needs none.
+    const int per_range = (nchunks + p.ranges - 1) / p.ranges;  // as the gradients' kernel's
+    if (per_range >= nchunks) continue;  // (uniform)
+    const float* const dl = per_lane(p.dlast + cd * nst);
+    wave_sync();
+    for (int n = 0; n < nst; ++n) s_carry[ch][n] = dl[n];
+#pragma unroll 1
+    for (int c = nchunks - 1; c >= per_range; --c) {
+      const bool range_end = c % per_range == 0;  // c - 1 is the last chunk of a range
+      const int t0 = c * kChunk + j0 * kTok;
+      float dt[kTok], dy[kTok];
+      load_seg<T, kTok>(in(p.delta), t0, L, vec_x, dt);
+      steps(dt, dbias, sp_m, t0, L, dt);
+      load_seg<T, kTok>(in(p.dout), t0, L, vec_x, dy);
+      if constexpr (kZ) {
+        float zv[kTok];
+        load_seg<T, kTok>(in(p.z), t0, L, vec_x, zv);
+#pragma unroll
+        for (int k = 0; k < kTok; ++k) dy[k] *= silu(zv[k]);
+      }
+      M2R_BWD_PRAGMA_UNROLL(M2R_SSCAN_BWD_UNROLL1)
+      for (int n = 0; n < nst; ++n) {
+        const float a2 = a_row[n] * kLog2e;
+        float cv[kTok];
+        load_bc<kVarC>(c_blk, c_fix, n, t0, ld, cv);
+        float P = 1.f, w = 0.f;
+#pragma unroll
+        for (int k = kTok - 1; k >= 0; --k) {
+          const float dec = fast_exp2(a2 * dt[k]);
+          w = dec * fmaf(cv[k], dy[k], w);
+          P *= dec;
+        }
+        compose_down(P, w);
+        const float P_all = shfl_idx(P, 0);
+        const float w_all = shfl_idx(w, 0);
+        const float prev = s_carry[ch][n];
+        wave_sync();
+        const float carry = fmaf(P_all, prev, w_all);
+        s_carry[ch][n] = carry;
+        if (range_end) wk[(c - 1) * nst + n] = carry;
+      }
+    }
+  }
+}
+
+// 2. The gradients, chunk by chunk from the carries (blockIdx.z: a range of chunks).
 template <typename T, bool kZ, bool kVarB, bool kVarC>
 M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
   typedef typename T::storage S;
@@ -177,45 +356,46 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
     p.z = per_lane(p.z), p.du = per_lane(p.du), p.ddelta = per_lane(p.ddelta), p.dz = per_lane(p.dz);
   }
   p.A = per_lane(p.A), p.B = per_lane(p.B), p.C = per_lane(p.C), p.D = per_lane(p.D);
-  p.delta_bias = per_lane(p.delta_bias), p.dlast = per_lane(p.dlast), p.ckpt = per_lane(p.ckpt);
+  p.delta_bias = per_lane(p.delta_bias), p.ckpt = per_lane(p.ckpt), p.wckpt = per_lane(p.wckpt);
   p.dA_part = per_lane(p.dA_part), p.dB_part = per_lane(p.dB_part);
   p.dC_part = per_lane(p.dC_part), p.dD_part = per_lane(p.dD_part);
   p.ddb_part = per_lane(p.ddb_part);
-  // one (chunk, n)'s variable dB / dC terms per channel, two buffers (by n's parity: one
-  // barrier per element)
+  // one (chunk, n)'s variable dB / dC terms per channel, two buffers taken in turns by the
+  // block's element steps, counted across chunks and channels (one barrier per step: the
+  // buffer a step writes was last read before the previous step's barrier)
   __shared__ float s_red[2][kInter][2][kCh][kChunk];
-  __shared__ float s_carry[kCh][kMaxN];  // per channel and element, the carry between chunks
   // the thread's tokens' y (sum over the state elements of C h) in the backward walk, for dz: a
   // column per thread (AMD's compiler ran out of vector registers with y in them)
   __shared__ float s_y[kTok][kThreads];
+  // per channel and element, the adjoint entering the chunk from the right: the range's own
+  // (wckpt, or dlast for the last range) for its last chunk, then each chunk's carry out
+  __shared__ float s_wc[kCh][kMaxN];
   const int tid = threadIdx.x;
   const int j0 = per_lane(static_cast<int>(tid % kSeg));
   const int ch = tid / kSeg;
-  const int b = blockIdx.y;
-  const int g = blockIdx.x / p.slices;
-  const int slice = blockIdx.x % p.slices;
-  // 32-bit indices (channels, tokens, chunks all < 2^31); 64-bit only in offsets: fewer
-  // scalar registers on AMD
-  const int gdim = p.dim / p.groups;
-  const int c_begin = g * gdim + slice * p.slice_ch;
-  const int c_end = min(c_begin + p.slice_ch, (g + 1) * gdim);
+  const BlockSlice bs = block_slice<kVarB, kVarC>(p);
+  const int b = bs.b, g = bs.g, slice = bs.slice, c_begin = bs.c_begin, c_end = bs.c_end;
   const int L = p.seqlen;
   const int nst = p.dstate;  // <= kMaxN
   const int nchunks = (L + kChunk - 1) / kChunk;  // <= p.nck
   const int ld = p.ld;  // row length of variable B / C and their partials (>= nchunks * kChunk)
+  // this block's chunks: p.ranges (the grid's z) ranges of equal length (the host sizes the
+  // grid by its own chunk length; a range past the last chunk runs no chunk and writes zero
+  // partials)
+  const int per_range = (nchunks + p.ranges - 1) / p.ranges;
+  const int c_lo = static_cast<int>(blockIdx.z) * per_range;
+  const int c_hi = min(nchunks, c_lo + per_range);
   constexpr bool b_var = kVarB, c_var = kVarC;  // kernels of their own, as z
   // softplus on or off as a lane mask (bit selects, no scalar mask live across the loops)
   const int sp_m = per_lane(p.delta_softplus != 0 ? -1 : 0);
-  // the group's B / C rows (variable: every channel of the block reads the same ones) and the
-  // block's slices of the dB / dC partials
-  const float* const b_blk =
-      b_var ? p.B + static_cast<int64_t>(b * p.b_groups + c_begin / (p.dim / p.b_groups)) * nst * ld : p.B;
-  const float* const c_blk =
-      c_var ? p.C + static_cast<int64_t>(b * p.c_groups + c_begin / (p.dim / p.c_groups)) * nst * ld : p.C;
+  // the group's B / C rows and the block's slices of the dB / dC partials
+  const float* const b_blk = bs.b_blk;
+  const float* const c_blk = bs.c_blk;
   const int64_t part = (static_cast<int64_t>(b * p.groups + g) * p.slices + slice) * nst * ld;
 
+  int step = 0;  // the block's element steps so far (uniform): s_red's buffer is its parity
 #pragma unroll 1
-  for (int o = c_begin; o < c_end; o += kCh) {  // the slice's channels, 8 at a time
+  for (int o = c_begin; o < c_end; o += kCh) {  // the slice's channels, kCh at a time
     const int d = o + ch;
     const bool live = d < c_end;
     const int live_m = per_lane(live ? -1 : 0);
@@ -238,54 +418,17 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
     const float* const c_fix = per_lane(p.C + dd * nst);
     // this channel's rows of ckpt and the per-chunk partials: (nck, dstate) each
     const int64_t crow = cd * p.nck * nst;
-    float* const ck = per_lane(p.ckpt + crow);
+    const float* const ck = per_lane(p.ckpt + crow);
+    // the adjoint entering the range from the right; a lane an element at a time. The wave
+    // syncs before (the previous channels' last reads) and after (every lane reads them all)
+    const float* const w_end = c_hi == nchunks ? per_lane(p.dlast + cd * nst) : per_lane(p.wckpt + crow + (c_hi - 1) * nst);
+    wave_sync();
+    for (int n = j0; n < nst; n += kSeg) s_wc[ch][n] = w_end[n];
+    wave_sync();
 
-    // 1. the state entering each chunk (chunk 0: zero; the last chunk's end is not needed)
-    if (j0 == 0) {
-      for (int n = 0; n < nst; ++n) s_carry[ch][n] = 0.f, ck[n] = 0.f;
-    }
-#pragma unroll 1
-    for (int c = 0; c + 1 < nchunks; ++c) {
-      const int t0 = c * kChunk + j0 * kTok;
-      float u[kTok], dt[kTok];
-      load_seg<T, kTok>(in(p.u), t0, L, vec_x, u);
-      load_seg<T, kTok>(in(p.delta), t0, L, vec_x, dt);
-      steps(dt, dbias, sp_m, t0, L, dt);
-      M2R_BWD_PRAGMA_UNROLL(M2R_SSCAN_BWD_UNROLL1)
-      for (int n = 0; n < nst; ++n) {
-        const int j = j0;
-        const int t = t0;
-        const float a2 = a_row[n] * kLog2e;
-        float bv[kTok];
-        load_bc<kVarB>(b_blk, b_fix, n, t, ld, bv);
-        float P = 1.f, v = 0.f;
-#pragma unroll
-        for (int k = 0; k < kTok; ++k) {
-          const float dec = fast_exp2(a2 * dt[k]);
-          v = fmaf(dec, v, dt[k] * u[k] * bv[k]);
-          P *= dec;
-        }
-        scan_up(j, P, v);
-        const float P_all = shfl_idx(P, kSeg - 1);
-        const float v_all = shfl_idx(v, kSeg - 1);
-        // every lane reads the carry, then every lane writes the same new one (no lane mask)
-        const float h = fmaf(P_all, s_carry[ch][n], v_all);
-        s_carry[ch][n] = h;
-        ck[(c + 1) * nst + n] = h;
-      }
-    }
-    // ckpt (lane 0's writes) is read by every lane of the channel
-    __syncthreads();
-
-    // 2. backward over the chunks; the adjoint's carry starts at the last state's gradient
-    if (j0 == 0) {
-      for (int n = 0; n < nst; ++n) {
-        s_carry[ch][n] = p.dlast[cd * nst + n];
-      }
-    }
     float dD_l = 0.f, ddb_l = 0.f;
 #pragma unroll 1
-    for (int c = nchunks - 1; c >= 0; --c) {
+    for (int c = c_hi - 1; c >= c_lo; --c) {
       const int t0 = c * kChunk + j0 * kTok;
       const int t = t0;
       float u[kTok], dt[kTok], dy[kTok];
@@ -325,7 +468,7 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
 #pragma unroll 1
       for (int n0 = 0; n0 < nst; n0 += kI) {
         const int j = j0;
-        const int buf = (n0 / kI) & 1;
+        const int buf = step & 1;
         // this thread's tokens of the dB / dC partials' rows (the reduction below): their old
         // values are read here, ahead of the step's work
         int64_t prow[kI];
@@ -382,9 +525,9 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
             hk[k] = h;
             if (has_z) s_y[k][tid] = fmaf(cv[i][k], h, s_y[k][tid]);
           }
-          const float carry = valid ? s_carry[ch][n] : 0.f;
-          // into the previous chunk: lane 0's inclusive map, written by every lane
-          if (valid) s_carry[ch][n] = fmaf(shfl_idx(Pw, 0), carry, shfl_idx(w, 0));
+          // the adjoint entering the chunk from the right (from LDS at its use: held from the
+          // step before, as the other operands are, it made ptxas spill)
+          const float carry = valid ? s_wc[ch][n] : 0.f;
           float wv = pick((j + 1) / kSeg - 1, fmaf(P_nx, carry, w_nx), carry);  // the last lane: carry
           // every token's terms, right to left; variable dB / dC terms go to LDS (0 from a
           // channel past the slice), fixed ones are summed over the lane's tokens
@@ -404,6 +547,11 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
             sb += rb, sc += rc;
             wv = dec[k] * gk;
           }
+          // the carry out of the chunk (lane 0's adjoint at its first token) enters the range's
+          // next chunk: every lane writes it, once every lane has read the old one (above)
+          const float w_out = shfl_idx(wv, 0);
+          wave_sync();
+          if (valid) s_wc[ch][n] = w_out;
           dA_l = lane_sum(dA_l);
           if constexpr (!b_var) sb = lane_sum(sb);
           if constexpr (!c_var) sc = lane_sum(sc);
@@ -441,6 +589,7 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
             }
           }
         }
+        ++step;
       }
       // the chunk's outputs: du, ddelta (through softplus and the bias), dz
       float raw[kTok], gout[kTok];
@@ -473,9 +622,10 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
     // the channel's sums over the tokens
     dD_l = lane_sum(dD_l);
     ddb_l = lane_sum(ddb_l);
-    if (live && j0 == 0) {
-      p.dD_part[cd] = dD_l;
-      p.ddb_part[cd] = ddb_l;
+    if (live && j0 == 0) {  // (range, batch row, channel)
+      const int64_t at = static_cast<int64_t>(blockIdx.z) * p.batch * p.dim + cd;
+      p.dD_part[at] = dD_l;
+      p.ddb_part[at] = ddb_l;
     }
   }
 }
@@ -483,15 +633,24 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
 }  // namespace sscan_bwd
 }  // namespace m2r
 
-// m2r_selective_scan_bwd_<dtype>_<B><C>[_z]: B / C variable (v) or fixed (f), with z or not
-#define M2R_SSCAN_BWD1(DT, T, BC, VB, VC)                                             \
-  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, M2R_SSCAN_BWD_MIN_BLOCKS)                                  \
-  m2r_selective_scan_bwd_##DT##_##BC(SelectiveScanBwdParams p) {                      \
-    m2r::sscan_bwd::scan_bwd<m2r::T, false, VB, VC>(p);                               \
-  }                                                                                   \
-  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, M2R_SSCAN_BWD_MIN_BLOCKS)                                  \
-  m2r_selective_scan_bwd_##DT##_##BC##_z(SelectiveScanBwdParams p) {                  \
-    m2r::sscan_bwd::scan_bwd<m2r::T, true, VB, VC>(p);                                \
+// m2r_selective_scan_bwd_[carry_]<dtype>_<B><C>[_z]: B / C variable (v) or fixed (f), with z or
+// not
+#define M2R_SSCAN_BWD1(DT, T, BC, VB, VC)                                                    \
+  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, m2r::sscan_bwd::kCarryBlocks)             \
+  m2r_selective_scan_bwd_carry_##DT##_##BC(SelectiveScanBwdParams p) {                       \
+    m2r::sscan_bwd::carries<m2r::T, false, VB, VC>(p);                                       \
+  }                                                                                          \
+  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, m2r::sscan_bwd::kCarryBlocks)             \
+  m2r_selective_scan_bwd_carry_##DT##_##BC##_z(SelectiveScanBwdParams p) {                   \
+    m2r::sscan_bwd::carries<m2r::T, true, VB, VC>(p);                                        \
+  }                                                                                          \
+  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, M2R_SSCAN_BWD_MIN_BLOCKS)                  \
+  m2r_selective_scan_bwd_##DT##_##BC(SelectiveScanBwdParams p) {                             \
+    m2r::sscan_bwd::scan_bwd<m2r::T, false, VB, VC>(p);                                      \
+  }                                                                                          \
+  M2R_KERNEL_MIN_BLOCKS(m2r::sscan_bwd::kThreads, M2R_SSCAN_BWD_MIN_BLOCKS)                  \
+  m2r_selective_scan_bwd_##DT##_##BC##_z(SelectiveScanBwdParams p) {                         \
+    m2r::sscan_bwd::scan_bwd<m2r::T, true, VB, VC>(p);                                       \
   }
 #define M2R_SSCAN_BWD(DT, T)                                                          \
   M2R_SSCAN_BWD1(DT, T, vv, true, true) M2R_SSCAN_BWD1(DT, T, vf, true, false)        \

@@ -182,7 +182,8 @@ SOURCES: dict[str, KernelSource] = {
             "selective_scan_bwd",
             SelectiveScanBwdParams,
             tuple(
-                f"m2r_selective_scan_bwd_{dt}_{bc}{z}"
+                f"m2r_selective_scan_bwd_{stage}{dt}_{bc}{z}"
+                for stage in ("carry_", "")  # the chunks' carries, then the gradients
                 for dt in KERNEL_DTYPES
                 for bc in ("vv", "vf", "fv", "ff")  # B, C variable or fixed
                 for z in ("", "_z")

@@ -229,9 +229,9 @@ class SelectiveScanParams(ctypes.Structure):
 
 class SelectiveScanBwdParams(ctypes.Structure):
     _fields_ = _fields(
-        "u delta A B C D z delta_bias dout dlast ckpt du ddelta dz dA_part dB_part dC_part "
+        "u delta A B C D z delta_bias dout dlast ckpt wckpt du ddelta dz dA_part dB_part dC_part "
         "dD_part ddb_part",
         "",
         "batch dim seqlen dstate b_groups c_groups delta_softplus d_dtype delta_bias_dtype "
-        "groups slices slice_ch ld nck",
+        "groups slices slice_ch ld nck ranges reserved",
     )

@@ -2,14 +2,16 @@
 
 Usage (on the GPU machine, kernels built): python scripts/tune_selective_scan_bwd.py
 
-The backward (csrc/selective_scan_bwd.hip) gives each block a slice of a group's channels; the
-host sizes the slices from ``BWD_BLOCKS_PER_SM`` and caps them so that the variable dB / dC
-partials (one per slice, summed by the host) stay under ``BWD_PARTIAL_FACTOR`` times u's bytes
-or ``BWD_PARTIAL_MIN_BYTES``. At the narrow widths the cap leaves fewer blocks than channel
-tiles (mamba-130m, b1 d1536 l2048: 192 blocks of 4 channels for 384 tiles). This times forward
-+ backward (autograd, every input's gradient, device events around each call) and the forward
-alone (graph replays), so the backward is their difference, for every pair of
-``BLOCKS="8 16"`` and ``PARTIAL_MB="64 1024"`` over ``SHAPES="b,d,L,n ..."``. Builds with the
+The backward (csrc/selective_scan_bwd.hip) gives each block of its gradients' kernel a slice of
+a group's channels and a range of chunks (their carries come from the carries' kernel before
+it); the host (``ops.bwd_grid``) takes a range per 256 tokens, sizes the slices from
+``BWD_BLOCKS_PER_SM`` and caps them so that the variable dB / dC partials (one per slice,
+summed by the host) stay under ``BWD_PARTIAL_FACTOR`` times u's bytes or
+``BWD_PARTIAL_MIN_BYTES``. This times forward + backward (autograd, every input's gradient,
+device events around each call) and the forward alone (graph replays), so the backward is their
+difference, for every combination of ``RANGES`` (tokens a chunk range; default the host's
+``_BWD_RANGE``), ``BLOCKS="8 16"`` and ``PARTIAL_MB="64 1024"`` over
+``SHAPES="b,d,L,n ..."``. Builds with the
 kernel's knobs run from ``MAMBA2_ROCM_KERNEL_PATH``; ``BWD_LD=512`` pads B / C rows for a build
 with ``-DM2R_SSCAN_BWD_TOK=16`` (512-token chunks; with ``-DM2R_SSCAN_BWD_MIN_BLOCKS=2`` it
 builds without spills on sm_90: 255 registers, 45 KB LDS; slower, see docs/design.md).
@@ -21,6 +23,7 @@ what settles a kernel change.
 """
 
 import functools
+import itertools
 import os
 
 import torch
@@ -48,7 +51,8 @@ def _inputs(b: int, d: int, L: int, n: int):
 
 
 def kernel_us(step, calls: int = 3) -> float:
-    """The backward kernel's device µs a call (torch.profiler over ``calls`` calls of step)."""
+    """The backward kernels' device µs a call (the carries and the gradients; torch.profiler over
+    ``calls`` calls of step)."""
 
     def run():
         for _ in range(calls):
@@ -64,29 +68,33 @@ def main() -> None:
     print(
         f"kernels {os.environ.get('MAMBA2_ROCM_KERNEL_PATH')} (B / C rows padded to {ops._BWD_LD})"
     )
-    saved = ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES
+    saved = ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES, ops._BWD_RANGE
     for b, d, L, n in env_items("SHAPES", SHAPES, lambda s: tuple(int(v) for v in s.split(","))):
         inputs, dout = _inputs(b, d, L, n)
         fwd = time_graph(functools.partial(selective_scan_fn, *inputs, True), 5, 5).median_us
         leaves = [t.requires_grad_() for t in inputs]
         ref = None
         cells = []
-        for blocks in env_items("BLOCKS", BLOCKS, int):
-            for mb in env_items("PARTIAL_MB", PARTIAL_MB, int):
-                ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES = blocks, mb << 20
+        for rng, blocks, mb in itertools.product(
+            env_items("RANGES", (saved[2],), int),
+            env_items("BLOCKS", BLOCKS, int),
+            env_items("PARTIAL_MB", PARTIAL_MB, int),
+        ):
+            ops._BWD_RANGE = rng
+            ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES = blocks, mb << 20
 
-                def step(leaves=leaves, dout=dout):
-                    return torch.autograd.grad(selective_scan_fn(*leaves, True), leaves, dout)
+            def step(leaves=leaves, dout=dout):
+                return torch.autograd.grad(selective_scan_fn(*leaves, True), leaves, dout)
 
-                grads = step()
-                if ref is None:
-                    ref = grads
-                same = all(torch.equal(a, r) for a, r in zip(grads, ref, strict=True))
-                us = time_calls(step, warmup=2, iters=10).median_us
-                kernel = kernel_us(step)
-                cells.append(f"{blocks}/{mb}MB={us:.0f}us(bwd {us - fwd:.0f}, kernel {kernel:.0f})"
-                             f"{'' if same else '!'}")  # fmt: skip
-        ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES = saved
+            grads = step()
+            if ref is None:
+                ref = grads
+            same = all(torch.equal(a, r) for a, r in zip(grads, ref, strict=True))
+            us = time_calls(step, warmup=2, iters=10).median_us
+            kernel = kernel_us(step)
+            cells.append(f"r{rng}/{blocks}/{mb}MB={us:.0f}us(bwd {us - fwd:.0f}, kernel {kernel:.0f})"
+                         f"{'' if same else '!'}")  # fmt: skip
+        ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES, ops._BWD_RANGE = saved
         print(f"b{b} d{d} l{L} n{n}: fwd {fwd:.0f}us " + " ".join(cells), flush=True)
     print("('!': gradients differ in bits from the first setting's: slices sum in another order)")
 

@@ -415,12 +415,21 @@ def test_kernel_path_trains_through_the_backward_op(kernel_stand_in, monkeypatch
     ("fixed", "fixed", 1, "ff"), ("var", "grouped", 2, "vv"),
 ])  # fmt: skip
 @pytest.mark.parametrize("with_z", [False, True])
-def test_backward_launch_fields(kernel_stand_in, bmode, cmode, groups, kind, with_z):
-    """The backward's one launch: its kernel by B / C kind and z, a grid of (groups x slices,
-    batch), variable B / C padded to 256-token rows, zeros for the absent D / delta_bias / last
-    state's gradient, the chunk capacity for 128-token chunks, every slice with channels."""
+@pytest.mark.parametrize("ranges", [1, 2])
+def test_backward_launch_fields(kernel_stand_in, bmode, cmode, groups, kind, with_z, ranges,
+                                monkeypatch):  # fmt: skip
+    """The backward's two launches: the carries' kernel (a block per 4 channels of a group),
+    then the gradients' over (groups x slices, batch, chunk ranges), each by B / C kind and z,
+    on the same buffers and told the ranges; variable B / C padded to 256-token rows, zeros for
+    the absent D / delta_bias / last state's gradient, the chunk capacity for 128-token chunks,
+    every slice with channels, dD / ddelta_bias partials per chunk range. One range where the
+    slices fill the grid the host aims at (the CPU counts as one multiprocessor), 300 tokens'
+    two where they do not."""
     from mamba2_rocm.ops import selective_scan as ops
     from mamba2_rocm.params import SelectiveScanBwdParams
+
+    if ranges == 2:
+        monkeypatch.setattr(ops, "BWD_BLOCKS_PER_SM", 64)  # more blocks than 2 x groups x tiles
 
     a = _inputs(seeded("ss-bwd-launch", bmode, cmode), d=20, n=5, L=300, bmode=bmode,
                 cmode=cmode, dtype=torch.bfloat16)  # fmt: skip
@@ -429,10 +438,21 @@ def test_backward_launch_fields(kernel_stand_in, bmode, cmode, groups, kind, wit
     dout = torch.randn(2, 20, 300).to(torch.bfloat16)
     grads = ops._bwd_impl(a["u"], a["delta"], a["A"], a["B"], a["C"], None, z, None, True,
                           dout, None)  # fmt: skip
-    (name, params, grid), = kernel_stand_in.launches  # fmt: skip
-    assert name == f"m2r_selective_scan_bwd_bf16_{kind}{'_z' if with_z else ''}"
-    f = dict(zip((k for k, _ in SelectiveScanBwdParams._fields_), params, strict=True))
-    assert f["groups"] == groups and grid == (groups * f["slices"], 2, 1)
+    (cname, cparams, cgrid), (name, params, grid) = kernel_stand_in.launches
+    tail = f"bf16_{kind}{'_z' if with_z else ''}"
+    assert cname == f"m2r_selective_scan_bwd_carry_{tail}"
+    assert name == f"m2r_selective_scan_bwd_{tail}"
+    names = [k for k, _ in SelectiveScanBwdParams._fields_]
+    c = dict(zip(names, cparams, strict=True))
+    f = dict(zip(names, params, strict=True))
+    assert {k: v for k, v in c.items() if k not in ("slices", "slice_ch")} == {
+        k: v for k, v in f.items() if k not in ("slices", "slice_ch")
+    }  # the same buffers and sizes: the carries reach the gradients' kernel through ckpt / wckpt
+    tiles = -(-(20 // groups) // 4)
+    assert (c["slices"], c["slice_ch"]) == (tiles, 4) and cgrid == (groups * tiles, 2, 1)
+    assert c["ckpt"] != 0 and c["wckpt"] != 0 and c["ckpt"] != c["wckpt"]
+    assert f["groups"] == groups and grid == (groups * f["slices"], 2, ranges)
+    assert f["ranges"] == c["ranges"] == ranges
     assert f["ld"] == 512 and f["nck"] == 3  # 300 tokens: two 256-token rows, three 128-chunks
     assert f["slice_ch"] % 4 == 0 and (f["slices"] - 1) * f["slice_ch"] < 20 // groups
     assert all(f[k] != 0 for k in ("D", "delta_bias", "dlast", "dD_part", "ddb_part"))
@@ -442,6 +462,29 @@ def test_backward_launch_fields(kernel_stand_in, bmode, cmode, groups, kind, wit
     shapes = [g.shape for g in grads]
     assert shapes[:5] == [a[k].shape for k in ("u", "delta", "A", "B", "C")]
     assert shapes[5] == shapes[7] == (0,) and shapes[6] == ((2, 20, 300) if with_z else (0,))
+
+
+@pytest.mark.parametrize(("batch", "groups", "gdim", "seqlen", "sms", "cap", "want"), [
+    (1, 1, 1536, 2048, 132, 256, (128, 12, 8)),  # mamba-130m: 8 ranges, 3 tiles a slice
+    (1, 1, 1536, 2048, 132, 40, (39, 40, 8)),  # the partials' cap
+    (8, 1, 4096, 2048, 132, None, (128, 32, 1)),  # fixed B / C: no cap; the slices fill it
+    (1, 1, 5120, 8192, 132, None, (640, 8, 1)),  # 1280 tiles: one range
+    (2, 4, 10, 100, 132, 1000, (3, 4, 1)),  # fewer channels than the grid wants: a tile each
+    (1, 1, 1536, 2048 * 1024, 132, None, (1, 1536, 8192)),  # ranges alone fill the GPU
+])  # fmt: skip
+def test_backward_grid(batch, groups, gdim, seqlen, sms, cap, want):
+    """The gradients' grid: channel slices up to BWD_BLOCKS_PER_SM blocks a multiprocessor,
+    under the partials' cap and the group's tiles; a chunk range per 256 tokens only where the
+    slices cannot reach that alone (one range otherwise: the carries skip their backward walk);
+    every slice has channels, and the slices cover the group."""
+    from mamba2_rocm.ops import selective_scan as ops
+
+    slices, slice_ch, ranges = ops.bwd_grid(batch, groups, gdim, seqlen, sms, cap)
+    assert (slices, slice_ch, ranges) == want
+    assert slice_ch % 4 == 0 and (slices - 1) * slice_ch < gdim <= slices * slice_ch
+    assert batch * groups * slices * ranges <= max(
+        ops.BWD_BLOCKS_PER_SM * sms + batch * groups * ranges, batch * groups * ranges
+    )
 
 
 def test_backward_checks_its_output_gradients():

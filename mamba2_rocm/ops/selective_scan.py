@@ -268,6 +268,7 @@ _BWD_THREADS = 128
 _BWD_LD = 256  # variable B / C rows padded to a multiple of every kChunk (128 / 256 tokens)
 _BWD_MIN_CHUNK = 128  # the smallest kChunk: ckpt and the per-chunk partials are sized by it
 _BWD_CH = 4  # channels per block on wave32 (2 on wave64, which divides it)
+_BWD_RANGE = 256  # tokens a chunk range of the gradients' kernel (a kChunk on NVIDIA, two on AMD)
 #: Blocks the backward's grid aims at per multiprocessor (measured on the H100, b8 d4096 l2048
 #: n16 bf16: 7.3 ms at 8, 8.7 at 4, 7.5 at 16); fewer slices (each a partial of the variable
 #: dB / dC the host sums) where that fills the GPU.
@@ -278,10 +279,32 @@ BWD_PARTIAL_FACTOR = 4
 BWD_PARTIAL_MIN_BYTES = 64 << 20
 
 
+def bwd_grid(batch: int, groups: int, gdim: int, seqlen: int, sms: int,
+             max_slices: int | None) -> tuple[int, int, int]:  # fmt: skip
+    """``(slices, slice_ch, ranges)`` of the backward's gradients kernel: enough channel slices
+    a group that the grid reaches BWD_BLOCKS_PER_SM blocks a multiprocessor, no more than
+    ``max_slices`` (the variable dB / dC partials' memory cap; None: no cap) and no more than
+    the group's _BWD_CH-channel tiles; ``slice_ch`` the channels a slice (a whole number of
+    tiles), every slice with channels. Where the slices alone cannot reach that, the chunks go
+    in ``ranges`` ranges of _BWD_RANGE tokens, which run in parallel (their carries come from
+    the carries' kernel); else one range, and the carries' kernel skips its backward walk."""
+    aim = BWD_BLOCKS_PER_SM * max(1, sms)
+    tiles = -(-gdim // _BWD_CH)
+    most = tiles if max_slices is None else max(1, min(tiles, max_slices))
+    ranges = 1
+    if batch * groups * most < aim:
+        ranges = max(1, min(-(-seqlen // _BWD_RANGE), GRID_YZ_MAX))
+    slices = max(1, min(-(-aim // (batch * groups * ranges)), most))
+    slice_ch = -(-tiles // slices) * _BWD_CH
+    return -(-gdim // slice_ch), slice_ch, ranges
+
+
 def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, dout, dlast):
     """The gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias; None for an absent input)
-    by m2r_selective_scan_bwd_<dt>_<B><C>[_z] (csrc/selective_scan_bwd.hip): one launch; the
-    kernel's fp32 partials summed here in a fixed order (torch's reductions: bit-identical)."""
+    by csrc/selective_scan_bwd.hip: m2r_selective_scan_bwd_carry_<dt>_<B><C>[_z] (the chunks'
+    carries, a block per 4 channels), then m2r_selective_scan_bwd_<dt>_<B><C>[_z] over
+    (group x slice, batch, chunk range) (:func:`bwd_grid`); the kernels' fp32 partials summed
+    here in a fixed order (torch's reductions: bit-identical)."""
     batch, dim, L, N = dims.batch, dims.dim, dims.seqlen, dims.dstate
     if batch > GRID_YZ_MAX:
         raise ValueError(f"the selective-scan kernel takes batch <= {GRID_YZ_MAX}, got {batch}")
@@ -309,17 +332,14 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
     bias = zeros(dim) if delta_bias is None else as_kernel_float(delta_bias).contiguous()
     dl_last = zeros(batch, dim, N) if dlast is None else dlast.float().contiguous()
     gdim = dim // groups
-    tiles = -(-gdim // _BWD_CH)  # kCh-channel tiles of a group
     var_bytes = (bool(gb) + bool(gc)) * batch * groups * N * ld * 4
-    slices = -(-BWD_BLOCKS_PER_SM * max(1, sm_count(dev)) // (batch * groups))
-    if var_bytes:
-        allowed = max(BWD_PARTIAL_FACTOR * x.numel() * x.element_size(), BWD_PARTIAL_MIN_BYTES)
-        cap = max(1, allowed // var_bytes)
-        slices = min(slices, cap)
-    slices = max(1, min(slices, tiles))
-    slice_ch = -(-tiles // slices) * _BWD_CH
-    slices = -(-gdim // slice_ch)  # every slice has channels
+    allowed = max(BWD_PARTIAL_FACTOR * x.numel() * x.element_size(), BWD_PARTIAL_MIN_BYTES)
+    slices, slice_ch, ranges = bwd_grid(
+        batch, groups, gdim, L, sm_count(dev), allowed // var_bytes if var_bytes else None
+    )
     ckpt = torch.empty(batch * dim * nck * N, dtype=f32, device=dev)
+    # the adjoint entering each range's last chunk (none read with one range)
+    wckpt = torch.empty(batch * dim * nck * N if ranges > 1 else 1, dtype=f32, device=dev)
     du, ddl = torch.empty_like(x), torch.empty_like(x)
     dz = None if zk is None else torch.empty_like(x)
     per_chunk = lambda: zeros(batch, dim, nck, N)  # noqa: E731  (chunks past the kernel's: 0)
@@ -327,47 +347,57 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
     dB_part = zeros(batch, groups, slices, N, ld) if gb else per_chunk()
     dC_part = zeros(batch, groups, slices, N, ld) if gc else per_chunk()
     dD_part, ddb_part = (
-        torch.empty(batch, dim, dtype=f32, device=dev),
-        torch.empty(batch, dim, dtype=f32, device=dev),
+        torch.empty(ranges, batch, dim, dtype=f32, device=dev),
+        torch.empty(ranges, batch, dim, dtype=f32, device=dev),
     )
-    params = (
-        x.data_ptr(),
-        dl.data_ptr(),
-        Ak.data_ptr(),
-        Bk.data_ptr(),
-        Ck.data_ptr(),
-        Dk.data_ptr(),
-        ptr(zk),
-        bias.data_ptr(),
-        go.data_ptr(),
-        dl_last.data_ptr(),
-        ckpt.data_ptr(),
-        du.data_ptr(),
-        ddl.data_ptr(),
-        ptr(dz),
-        dA_part.data_ptr(),
-        dB_part.data_ptr(),
-        dC_part.data_ptr(),
-        dD_part.data_ptr(),
-        ddb_part.data_ptr(),
-        batch,
-        dim,
-        L,
-        N,
-        gb,
-        gc,
-        int(delta_softplus),
-        DTYPE_CODE[Dk.dtype],
-        DTYPE_CODE[bias.dtype],
-        groups,
-        slices,
-        slice_ch,
-        ld,
-        nck,
-    )  # fmt: skip  (SelectiveScanBwdParams, field order)
+
+    def params(slices: int, slice_ch: int) -> tuple:
+        return (
+            x.data_ptr(),
+            dl.data_ptr(),
+            Ak.data_ptr(),
+            Bk.data_ptr(),
+            Ck.data_ptr(),
+            Dk.data_ptr(),
+            ptr(zk),
+            bias.data_ptr(),
+            go.data_ptr(),
+            dl_last.data_ptr(),
+            ckpt.data_ptr(),
+            wckpt.data_ptr(),
+            du.data_ptr(),
+            ddl.data_ptr(),
+            ptr(dz),
+            dA_part.data_ptr(),
+            dB_part.data_ptr(),
+            dC_part.data_ptr(),
+            dD_part.data_ptr(),
+            ddb_part.data_ptr(),
+            batch,
+            dim,
+            L,
+            N,
+            gb,
+            gc,
+            int(delta_softplus),
+            DTYPE_CODE[Dk.dtype],
+            DTYPE_CODE[bias.dtype],
+            groups,
+            slices,
+            slice_ch,
+            ld,
+            nck,
+            ranges,
+            0,
+        )  # fmt: skip  (SelectiveScanBwdParams, field order)
+
     kind = ("v" if gb else "f") + ("v" if gc else "f")
-    name = f"m2r_selective_scan_bwd_{KERNEL_DTYPE[x.dtype]}_{kind}{'_z' if z is not None else ''}"
-    launch(kset.launcher(name), x, params, (groups * slices, batch, 1), _BWD_THREADS)
+    tail = f"{KERNEL_DTYPE[x.dtype]}_{kind}{'_z' if z is not None else ''}"
+    tiles = -(-gdim // _BWD_CH)  # the carries: a block per tile of _BWD_CH channels
+    launch(kset.launcher(f"m2r_selective_scan_bwd_carry_{tail}"), x, params(tiles, _BWD_CH),
+           (groups * tiles, batch, 1), _BWD_THREADS)  # fmt: skip
+    launch(kset.launcher(f"m2r_selective_scan_bwd_{tail}"), x, params(slices, slice_ch),
+           (groups * slices, batch, ranges), _BWD_THREADS)  # fmt: skip
 
     def bc_grad(part, t, g):
         if not g:  # fixed: (dim, dstate), summed over the batch and the chunks
@@ -379,9 +409,9 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
 
     return (
         du, ddl.to(delta.dtype), dA_part.sum((0, 2)).to(A.dtype), bc_grad(dB_part, B, gb),
-        bc_grad(dC_part, C, gc), None if D is None else dD_part.sum(0).to(D.dtype),
+        bc_grad(dC_part, C, gc), None if D is None else dD_part.sum((0, 1)).to(D.dtype),
         None if dz is None else dz.to(z.dtype),
-        None if delta_bias is None else ddb_part.sum(0).to(delta_bias.dtype),
+        None if delta_bias is None else ddb_part.sum((0, 1)).to(delta_bias.dtype),
     )  # fmt: skip
 
 

@@ -139,6 +139,19 @@ def test_long_sequence():
     _check(t, True, dout, dl, torch.float32)
 
 
+@pytest.mark.parametrize("range_tokens", [128, 512, 768, 1 << 20])
+def test_chunk_ranges_of_any_length(range_tokens, monkeypatch):
+    """The gradients' blocks take each range's carry from the carries' kernel and chain it
+    through the range's chunks: ranges of several chunks (as on AMD, where a chunk is 128
+    tokens), more ranges than chunks (the empty ones still write their dD / ddelta_bias
+    partials, as zeros: the buffers are poisoned), and one range for the whole sequence (the
+    carries' kernel walks no adjoint back; the last state's gradient enters directly)."""
+    monkeypatch.setattr(ops, "_BWD_RANGE", range_tokens)
+    g = seeded("ss bwd ranges", range_tokens, device=DEV)
+    t, dout, dl = _inputs(g, 2, 13, 1000, 16, "var", "fixed", torch.float32)
+    _check(t, True, dout, dl, torch.float32)
+
+
 def test_bit_identical_runs():
     g = seeded("ss bwd det", device=DEV)
     t, dout, dl = _inputs(g, 2, 40, 700, 16, "var", "grouped", torch.bfloat16, groups=(1, 4))
