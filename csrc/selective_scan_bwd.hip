@@ -184,6 +184,10 @@ M2R_DEVICE void load_bc(const float* blk, const float* fixed, int n, int t, int 
   }
 }
 
+// Chunks a range of the gradients' kernel: ``ranges`` ranges of equal length (the last ones may
+// be short or empty). The carries' kernel writes wckpt at the same range ends.
+M2R_DEVICE int chunks_per_range(int nchunks, int ranges) { return (nchunks + ranges - 1) / ranges; }
+
 // A block's share of either kernel's grid (blockIdx.x = group * slices + slice, blockIdx.y the
 // batch row): its slice [c_begin, c_end) of the group's channels, and the group's rows of
 // variable B / C (every channel of the block reads the same ones; a fixed one: the tensor).
@@ -296,7 +300,7 @@ M2R_DEVICE void carries(const SelectiveScanBwdParams& params) {
     // at its first token) enters c - 1, and goes to wckpt where c - 1 ends a range. The last
     // range starts from dlast, and each range chains the carry through its other chunks
     // itself: so the walk stops at the first range's end, and one range needs none.
-    const int per_range = (nchunks + p.ranges - 1) / p.ranges;  // as the gradients' kernel's
+    const int per_range = chunks_per_range(nchunks, p.ranges);
     if (per_range >= nchunks) continue;  // (uniform)
     const float* const dl = per_lane(p.dlast + cd * nst);
     wave_sync();
@@ -382,7 +386,7 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
   // this block's chunks: p.ranges (the grid's z) ranges of equal length (the host sizes the
   // grid by its own chunk length; a range past the last chunk runs no chunk and writes zero
   // partials)
-  const int per_range = (nchunks + p.ranges - 1) / p.ranges;
+  const int per_range = chunks_per_range(nchunks, p.ranges);
   const int c_lo = static_cast<int>(blockIdx.z) * per_range;
   const int c_hi = min(nchunks, c_lo + per_range);
   constexpr bool b_var = kVarB, c_var = kVarC;  // kernels of their own, as z
