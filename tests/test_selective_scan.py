@@ -799,3 +799,32 @@ def test_wave_fit_tiles_is_the_least_cost():
         assert per in allowed
         assert cost(per) == min(cost(p) for p in allowed)
         assert -(-tiles // per) == min(-(-tiles // p) for p in allowed if cost(p) == cost(per))
+
+
+def test_backward_reads_whole_rows_in_place(kernel_stand_in):
+    """Variable float32 B / C whose rows are whole 256-token rows already go to the backward's
+    kernels as they are (no padded copy); one zero-filled workspace holds the partials."""
+    from mamba2_rocm.ops import selective_scan as ops
+    from mamba2_rocm.params import SelectiveScanBwdParams
+
+    a = _inputs(seeded("ss-bwd-rows"), d=8, n=4, L=256, bmode="var", cmode="var",
+                dtype=torch.bfloat16)  # fmt: skip
+    dout = torch.randn(2, 8, 256).to(torch.bfloat16)
+    ops._bwd_impl(a["u"], a["delta"], a["A"], a["B"], a["C"], None, None, None, True, dout, None)
+    _, (_, params, _) = kernel_stand_in.launches
+    f = dict(zip((k for k, _ in SelectiveScanBwdParams._fields_), params, strict=True))
+    assert f["ld"] == 256 and f["B"] == a["B"].data_ptr() and f["C"] == a["C"].data_ptr()
+    parts = sorted(f[k] for k in ("dA_part", "dB_part", "dC_part"))
+    assert parts[2] - parts[0] < (1 << 20)  # carved from one buffer
+
+
+def test_carved_buffers_are_aligned_and_disjoint():
+    from mamba2_rocm.ops import selective_scan as ops
+
+    a, b, c = ops.carved(torch.zeros, "cpu", (3, 5), (7,), (2, 2, 2))
+    assert (a.shape, b.shape, c.shape) == ((3, 5), (7,), (2, 2, 2))
+    starts = [t.data_ptr() for t in (a, b, c)]
+    assert all((s - starts[0]) % (ops._CARVE_ALIGN * 4) == 0 for s in starts)
+    assert starts[1] - starts[0] >= 15 * 4 and starts[2] - starts[1] >= 7 * 4
+    a.fill_(1), b.fill_(2), c.fill_(3)
+    assert a.sum() == 15 and b.sum() == 14 and c.sum() == 24  # no overlap

@@ -325,6 +325,24 @@ def wave_fit_tiles(tiles: int, most: int, others: int, slots: int) -> int:
     return best
 
 
+#: floats each buffer :func:`carved` cuts is aligned to (256 bytes, as the allocator's own)
+_CARVE_ALIGN = 64
+
+
+def carved(make, device, *shapes) -> list:
+    """float32 tensors of ``shapes`` cut from one ``make`` (torch.empty or torch.zeros) buffer,
+    each starting _CARVE_ALIGN floats apart: one allocation and at most one fill for all of a
+    backward's workspaces, where one each cost a launch's host time (their contents as
+    ``make`` leaves them)."""
+    sizes = [math.prod(s) for s in shapes]
+    starts, at = [], 0
+    for n in sizes:
+        starts.append(at)
+        at += -(-n // _CARVE_ALIGN) * _CARVE_ALIGN
+    buf = make(at, dtype=torch.float32, device=device)
+    return [buf[a : a + n].view(s) for a, n, s in zip(starts, sizes, shapes, strict=True)]
+
+
 def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, dout, dlast):
     """The gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias; None for an absent input)
     by csrc/selective_scan_bwd.hip: m2r_selective_scan_bwd_carry_<dt>_<B><C>[_z] (the chunks'
@@ -347,8 +365,11 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
     def padded(t, g):  # variable: (batch, groups, dstate, ld) float32, zeros past seqlen
         if not g:
             return t.float().contiguous()
+        t = t.reshape(batch, g, N, L)
+        if ld == L:  # whole rows already: no copy of a float32 contiguous B / C
+            return t.float().contiguous()
         out = torch.zeros(batch, g, N, ld, dtype=f32, device=dev)
-        out[..., :L] = t.reshape(batch, g, N, L)
+        out[..., :L] = t
         return out
 
     Bk, Ck = padded(B, gb), padded(C, gc)
@@ -373,19 +394,18 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
         allowed // var_bytes if var_bytes else None,
         resident(_BWD_THREADS) if resident is not None else None,
     )
-    ckpt = torch.empty(batch * dim * nck * N, dtype=f32, device=dev)
-    # the adjoint entering each range's last chunk (none read with one range)
-    wckpt = torch.empty(batch * dim * nck * N if ranges > 1 else 1, dtype=f32, device=dev)
+    # ckpt, then the adjoint entering each range's last chunk (wckpt; none read with one range)
+    ckpt, wckpt = carved(
+        torch.empty, dev, (batch * dim * nck * N,), (batch * dim * nck * N if ranges > 1 else 1,)
+    )
     du, ddl = torch.empty_like(x), torch.empty_like(x)
     dz = None if zk is None else torch.empty_like(x)
-    per_chunk = lambda: zeros(batch, dim, nck, N)  # noqa: E731  (chunks past the kernel's: 0)
-    dA_part = per_chunk()
-    dB_part = zeros(batch, groups, slices, N, ld) if gb else per_chunk()
-    dC_part = zeros(batch, groups, slices, N, ld) if gc else per_chunk()
-    dD_part, ddb_part = (
-        torch.empty(ranges, batch, dim, dtype=f32, device=dev),
-        torch.empty(ranges, batch, dim, dtype=f32, device=dev),
+    per_chunk = (batch, dim, nck, N)  # chunks past the kernel's stay 0
+    var_part = (batch, groups, slices, N, ld)  # dB / dC accumulate into it: zeros first
+    dA_part, dB_part, dC_part = carved(
+        torch.zeros, dev, per_chunk, var_part if gb else per_chunk, var_part if gc else per_chunk
     )
+    dD_part, ddb_part = torch.empty(2, ranges, batch, dim, dtype=f32, device=dev).unbind(0)
 
     def params(slices: int, slice_ch: int) -> tuple:
         return (
