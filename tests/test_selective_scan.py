@@ -760,3 +760,71 @@ def test_mamba_inner_fn_with_complex_a_matches_the_composition():
         xz, cw, cb, xw, dw, ow, None, A.requires_grad_(), None, None, D, db
     ).sum().backward()
     assert xz.grad.isfinite().all() and A.grad.dtype == torch.complex64
+
+
+@pytest.mark.parametrize(("batch", "gdim", "seqlen", "cap", "want"), [
+    (8, 4096, 2048, 256, (49, 84, 1)),  # 392 blocks: one wave of 396 (3 a multiprocessor)
+    (1, 1536, 2048, 256, (48, 32, 8)),  # 384 blocks of 8 tiles (was 1024 of 3: 3 waves)
+    (1, 768, 2048, 256, (48, 16, 8)),
+    (8, 2048, 2048, 128, (37, 56, 8)),
+    (2, 40, 100, None, (10, 4, 1)),  # a tile a slice: 20 blocks, less than a wave
+])  # fmt: skip
+def test_backward_grid_fits_whole_waves(batch, gdim, seqlen, cap, want):
+    """Where the runtime tells how many gradients blocks a multiprocessor holds (3 of 132 on
+    the H100), the slices take the tiles whose waves times tiles a block is least; of equals the
+    fewest slices. The ranges are chosen as without it."""
+    from mamba2_rocm.ops import selective_scan as ops
+
+    got = ops.bwd_grid(batch, 1, gdim, seqlen, 132, cap, 3)
+    assert got == want
+    slices, slice_ch, ranges = got
+    assert ranges == ops.bwd_grid(batch, 1, gdim, seqlen, 132, cap)[2]
+    assert slice_ch % 4 == 0 and (slices - 1) * slice_ch < gdim <= slices * slice_ch
+    assert slices <= (cap or gdim)
+
+
+def test_wave_fit_tiles_is_the_least_cost():
+    """Against every tiles-a-slice choice, by brute force: no other has fewer waves x tiles,
+    and none of equal cost has fewer slices."""
+    from mamba2_rocm.ops import selective_scan as ops
+
+    for tiles, most, others, slots in [(1024, 256, 8, 396), (384, 256, 8, 396), (10, 10, 16, 396),
+                                       (1280, 320, 32, 396), (97, 5, 3, 7), (1, 1, 1, 1)]:  # fmt: skip
+        per = ops.wave_fit_tiles(tiles, most, others, slots)
+
+        def cost(p, tiles=tiles, others=others, slots=slots):
+            return -(-others * -(-tiles // p) // slots) * p
+
+        allowed = [p for p in range(1, tiles + 1) if -(-tiles // p) <= most]
+        assert per in allowed
+        assert cost(per) == min(cost(p) for p in allowed)
+        assert -(-tiles // per) == min(-(-tiles // p) for p in allowed if cost(p) == cost(per))
+
+
+def test_backward_reads_whole_rows_in_place(kernel_stand_in):
+    """Variable float32 B / C whose rows are whole 256-token rows already go to the backward's
+    kernels as they are (no padded copy); one zero-filled workspace holds the partials."""
+    from mamba2_rocm.ops import selective_scan as ops
+    from mamba2_rocm.params import SelectiveScanBwdParams
+
+    a = _inputs(seeded("ss-bwd-rows"), d=8, n=4, L=256, bmode="var", cmode="var",
+                dtype=torch.bfloat16)  # fmt: skip
+    dout = torch.randn(2, 8, 256).to(torch.bfloat16)
+    ops._bwd_impl(a["u"], a["delta"], a["A"], a["B"], a["C"], None, None, None, True, dout, None)
+    _, (_, params, _) = kernel_stand_in.launches
+    f = dict(zip((k for k, _ in SelectiveScanBwdParams._fields_), params, strict=True))
+    assert f["ld"] == 256 and f["B"] == a["B"].data_ptr() and f["C"] == a["C"].data_ptr()
+    parts = sorted(f[k] for k in ("dA_part", "dB_part", "dC_part"))
+    assert parts[2] - parts[0] < (1 << 20)  # carved from one buffer
+
+
+def test_carved_buffers_are_aligned_and_disjoint():
+    from mamba2_rocm.ops import selective_scan as ops
+
+    a, b, c = ops.carved(torch.zeros, "cpu", (3, 5), (7,), (2, 2, 2))
+    assert (a.shape, b.shape, c.shape) == ((3, 5), (7,), (2, 2, 2))
+    starts = [t.data_ptr() for t in (a, b, c)]
+    assert all((s - starts[0]) % (ops._CARVE_ALIGN * 4) == 0 for s in starts)
+    assert starts[1] - starts[0] >= 15 * 4 and starts[2] - starts[1] >= 7 * 4
+    a.fill_(1), b.fill_(2), c.fill_(3)
+    assert a.sum() == 15 and b.sum() == 14 and c.sum() == 24  # no overlap

@@ -280,23 +280,67 @@ BWD_PARTIAL_MIN_BYTES = 64 << 20
 
 
 def bwd_grid(batch: int, groups: int, gdim: int, seqlen: int, sms: int,
-             max_slices: int | None) -> tuple[int, int, int]:  # fmt: skip
+             max_slices: int | None, resident: int | None = None) -> tuple[int, int, int]:  # fmt: skip
     """``(slices, slice_ch, ranges)`` of the backward's gradients kernel: enough channel slices
     a group that the grid reaches BWD_BLOCKS_PER_SM blocks a multiprocessor, no more than
     ``max_slices`` (the variable dB / dC partials' memory cap; None: no cap) and no more than
     the group's _BWD_CH-channel tiles; ``slice_ch`` the channels a slice (a whole number of
     tiles), every slice with channels. Where the slices alone cannot reach that, the chunks go
     in ``ranges`` ranges of _BWD_RANGE tokens, which run in parallel (their carries come from
-    the carries' kernel); else one range, and the carries' kernel skips its backward walk."""
+    the carries' kernel); else one range, and the carries' kernel skips its backward walk.
+
+    With ``resident`` (the gradients kernel's blocks a multiprocessor holds at once, from the
+    runtime's occupancy calculator) the tiles a slice are those of :func:`wave_fit_tiles`
+    instead: a block walks its slice's tiles one after another, so a grid whose last wave is
+    partly empty runs as long as a full one (the H100 at b8 d4096 l2048: 1024 blocks of 8
+    tiles, 3 resident a multiprocessor, 2.6 waves, the last a third full)."""
     aim = BWD_BLOCKS_PER_SM * max(1, sms)
     tiles = -(-gdim // _BWD_CH)
     most = tiles if max_slices is None else max(1, min(tiles, max_slices))
     ranges = 1
     if batch * groups * most < aim:
         ranges = max(1, min(-(-seqlen // _BWD_RANGE), GRID_YZ_MAX))
-    slices = max(1, min(-(-aim // (batch * groups * ranges)), most))
-    slice_ch = -(-tiles // slices) * _BWD_CH
+    if resident:
+        per = wave_fit_tiles(tiles, most, batch * groups * ranges, resident * max(1, sms))
+    else:
+        slices = max(1, min(-(-aim // (batch * groups * ranges)), most))
+        per = -(-tiles // slices)
+    slice_ch = per * _BWD_CH
     return -(-gdim // slice_ch), slice_ch, ranges
+
+
+def wave_fit_tiles(tiles: int, most: int, others: int, slots: int) -> int:
+    """Tiles a slice (``tiles`` a group, at most ``most`` slices) that finish soonest where
+    ``others`` blocks run per slice (batch x groups x ranges) and ``slots`` blocks at once:
+    the fewest waves times the tiles a block walks; of equals, the most tiles a slice (fewest
+    slices: the fewest dB / dC partials to write and sum)."""
+    best, best_cost = tiles, None
+    for per in range(tiles, 0, -1):
+        slices = -(-tiles // per)
+        if slices > most:
+            break
+        cost = -(-others * slices // slots) * per
+        if best_cost is None or cost < best_cost:
+            best, best_cost = per, cost
+    return best
+
+
+#: floats each buffer :func:`carved` cuts is aligned to (256 bytes, as the allocator's own)
+_CARVE_ALIGN = 64
+
+
+def carved(make, device, *shapes) -> list:
+    """float32 tensors of ``shapes`` cut from one ``make`` (torch.empty or torch.zeros) buffer,
+    each starting _CARVE_ALIGN floats apart: one allocation and at most one fill for all of a
+    backward's workspaces, where one each cost a launch's host time (their contents as
+    ``make`` leaves them)."""
+    sizes = [math.prod(s) for s in shapes]
+    starts, at = [], 0
+    for n in sizes:
+        starts.append(at)
+        at += -(-n // _CARVE_ALIGN) * _CARVE_ALIGN
+    buf = make(at, dtype=torch.float32, device=device)
+    return [buf[a : a + n].view(s) for a, n, s in zip(starts, sizes, shapes, strict=True)]
 
 
 def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, dout, dlast):
@@ -321,8 +365,11 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
     def padded(t, g):  # variable: (batch, groups, dstate, ld) float32, zeros past seqlen
         if not g:
             return t.float().contiguous()
+        t = t.reshape(batch, g, N, L)
+        if ld == L:  # whole rows already: no copy of a float32 contiguous B / C
+            return t.float().contiguous()
         out = torch.zeros(batch, g, N, ld, dtype=f32, device=dev)
-        out[..., :L] = t.reshape(batch, g, N, L)
+        out[..., :L] = t
         return out
 
     Bk, Ck = padded(B, gb), padded(C, gc)
@@ -334,22 +381,31 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
     gdim = dim // groups
     var_bytes = (bool(gb) + bool(gc)) * batch * groups * N * ld * 4
     allowed = max(BWD_PARTIAL_FACTOR * x.numel() * x.element_size(), BWD_PARTIAL_MIN_BYTES)
+    kind = ("v" if gb else "f") + ("v" if gc else "f")
+    tail = f"{KERNEL_DTYPE[x.dtype]}_{kind}{'_z' if z is not None else ''}"
+    grads_kernel = kset.launcher(f"m2r_selective_scan_bwd_{tail}")
+    resident = getattr(grads_kernel, "resident_blocks", None)
     slices, slice_ch, ranges = bwd_grid(
-        batch, groups, gdim, L, sm_count(dev), allowed // var_bytes if var_bytes else None
+        batch,
+        groups,
+        gdim,
+        L,
+        sm_count(dev),
+        allowed // var_bytes if var_bytes else None,
+        resident(_BWD_THREADS) if resident is not None else None,
     )
-    ckpt = torch.empty(batch * dim * nck * N, dtype=f32, device=dev)
-    # the adjoint entering each range's last chunk (none read with one range)
-    wckpt = torch.empty(batch * dim * nck * N if ranges > 1 else 1, dtype=f32, device=dev)
+    # ckpt, then the adjoint entering each range's last chunk (wckpt; none read with one range)
+    ckpt, wckpt = carved(
+        torch.empty, dev, (batch * dim * nck * N,), (batch * dim * nck * N if ranges > 1 else 1,)
+    )
     du, ddl = torch.empty_like(x), torch.empty_like(x)
     dz = None if zk is None else torch.empty_like(x)
-    per_chunk = lambda: zeros(batch, dim, nck, N)  # noqa: E731  (chunks past the kernel's: 0)
-    dA_part = per_chunk()
-    dB_part = zeros(batch, groups, slices, N, ld) if gb else per_chunk()
-    dC_part = zeros(batch, groups, slices, N, ld) if gc else per_chunk()
-    dD_part, ddb_part = (
-        torch.empty(ranges, batch, dim, dtype=f32, device=dev),
-        torch.empty(ranges, batch, dim, dtype=f32, device=dev),
+    per_chunk = (batch, dim, nck, N)  # chunks past the kernel's stay 0
+    var_part = (batch, groups, slices, N, ld)  # dB / dC accumulate into it: zeros first
+    dA_part, dB_part, dC_part = carved(
+        torch.zeros, dev, per_chunk, var_part if gb else per_chunk, var_part if gc else per_chunk
     )
+    dD_part, ddb_part = torch.empty(2, ranges, batch, dim, dtype=f32, device=dev).unbind(0)
 
     def params(slices: int, slice_ch: int) -> tuple:
         return (
@@ -391,12 +447,10 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
             0,
         )  # fmt: skip  (SelectiveScanBwdParams, field order)
 
-    kind = ("v" if gb else "f") + ("v" if gc else "f")
-    tail = f"{KERNEL_DTYPE[x.dtype]}_{kind}{'_z' if z is not None else ''}"
     tiles = -(-gdim // _BWD_CH)  # the carries: a block per tile of _BWD_CH channels
     launch(kset.launcher(f"m2r_selective_scan_bwd_carry_{tail}"), x, params(tiles, _BWD_CH),
            (groups * tiles, batch, 1), _BWD_THREADS)  # fmt: skip
-    launch(kset.launcher(f"m2r_selective_scan_bwd_{tail}"), x, params(slices, slice_ch),
+    launch(grads_kernel, x, params(slices, slice_ch),
            (groups * slices, batch, ranges), _BWD_THREADS)  # fmt: skip
 
     def bc_grad(part, t, g):
