@@ -6,13 +6,13 @@ The backward (csrc/selective_scan_bwd.hip) gives each block of its gradients' ke
 a group's channels and a range of chunks (their carries come from the carries' kernel before
 it); the host (``ops.bwd_grid``) takes a range per 256 tokens, sizes the slices from
 ``BWD_BLOCKS_PER_SM`` (or, where the runtime tells how many blocks a multiprocessor holds,
-fits them to whole waves: ``ops.wave_fit_tiles``) and caps them so that the variable dB / dC partials (one per slice,
-summed by the host) stay under ``BWD_PARTIAL_FACTOR`` times u's bytes or
-``BWD_PARTIAL_MIN_BYTES``. This times forward + backward (autograd, every input's gradient,
+fits them to whole waves: ``ops.wave_fit_tiles``) and caps them so that the variable dB / dC
+partials (one per slice, summed by the host) stay under ``BWD_PARTIAL_FACTOR`` times u's bytes
+or ``BWD_PARTIAL_MIN_BYTES``. This times forward + backward (autograd, every input's gradient,
 device events around each call) and the forward alone (graph replays), so the backward is their
 difference, for every combination of ``RANGES`` (tokens a chunk range; default the host's
-``_BWD_RANGE``), ``BLOCKS="8 16"``, ``PARTIAL_MB="64 1024"`` and ``WAVE_FIT="1 0"`` (0: the runtime's
-occupancy is not asked, the slices come from ``BLOCKS`` alone) over
+``_BWD_RANGE``), ``BLOCKS="8 16"``, ``PARTIAL_MB="64 1024"`` and ``WAVE_FIT="1 0"`` (0: the
+runtime's occupancy is not asked, the slices come from ``BLOCKS`` alone) over
 ``SHAPES="b,d,L,n ..."``. Builds with the
 kernel's knobs run from ``MAMBA2_ROCM_KERNEL_PATH``; ``BWD_LD=512`` pads B / C rows for a build
 with ``-DM2R_SSCAN_BWD_TOK=16`` (512-token chunks; with ``-DM2R_SSCAN_BWD_MIN_BLOCKS=2`` it
@@ -103,8 +103,8 @@ def main() -> None:
             same = all(torch.equal(a, r) for a, r in zip(grads, ref, strict=True))
             us = time_calls(step, warmup=2, iters=10).median_us
             kernel = kernel_us(step)
-            cells.append(f"r{rng}/{blocks}/{mb}MB{'' if fit else '/nofit'}={us:.0f}us(bwd {us - fwd:.0f}, kernel {kernel:.0f})"
-                         f"{'' if same else '!'}")  # fmt: skip
+            cells.append(f"r{rng}/{blocks}/{mb}MB{'' if fit else '/nofit'}={us:.0f}us"
+                         f"(bwd {us - fwd:.0f}, kernel {kernel:.0f}){'' if same else '!'}")  # fmt: skip
         ops.BWD_BLOCKS_PER_SM, ops.BWD_PARTIAL_MIN_BYTES, ops._BWD_RANGE = saved
         ops.bwd_grid = grid
         print(f"b{b} d{d} l{L} n{n}: fwd {fwd:.0f}us " + " ".join(cells), flush=True)

@@ -828,3 +828,20 @@ def test_carved_buffers_are_aligned_and_disjoint():
     assert starts[1] - starts[0] >= 15 * 4 and starts[2] - starts[1] >= 7 * 4
     a.fill_(1), b.fill_(2), c.fill_(3)
     assert a.sum() == 15 and b.sum() == 14 and c.sum() == 24  # no overlap
+
+
+def test_backward_copies_misaligned_whole_rows(kernel_stand_in):
+    """Whole rows, but a float32 B that starts 4 bytes into its storage: the kernel reads rows in
+    16-byte runs, so it gets an aligned copy, never the misaligned tensor."""
+    from mamba2_rocm.ops import selective_scan as ops
+    from mamba2_rocm.params import SelectiveScanBwdParams
+
+    a = _inputs(seeded("ss-bwd-misaligned"), d=8, n=4, L=256, bmode="var", cmode="var",
+                dtype=torch.bfloat16)  # fmt: skip
+    B = torch.empty(a["B"].numel() + 1)[1:].view(a["B"].shape).copy_(a["B"])
+    assert B.is_contiguous() and B.data_ptr() % 16 != 0
+    dout = torch.randn(2, 8, 256).to(torch.bfloat16)
+    ops._bwd_impl(a["u"], a["delta"], a["A"], B, a["C"], None, None, None, True, dout, None)
+    _, (_, params, _) = kernel_stand_in.launches
+    f = dict(zip((k for k, _ in SelectiveScanBwdParams._fields_), params, strict=True))
+    assert f["B"] != B.data_ptr() and f["B"] % 16 == 0 and f["C"] == a["C"].data_ptr()

@@ -366,8 +366,10 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
         if not g:
             return t.float().contiguous()
         t = t.reshape(batch, g, N, L)
-        if ld == L:  # whole rows already: no copy of a float32 contiguous B / C
-            return t.float().contiguous()
+        if ld == L:  # whole rows already: no copy of a float32 contiguous, 16-byte aligned B / C
+            k = t.float().contiguous()
+            if k.data_ptr() % 16 == 0:  # (the kernel reads rows in 16-byte runs)
+                return k
         out = torch.zeros(batch, g, N, ld, dtype=f32, device=dev)
         out[..., :L] = t
         return out
