@@ -425,7 +425,8 @@ M2R_DEVICE void scan_bwd(const SelectiveScanBwdParams& params) {
     const float* const ck = per_lane(p.ckpt + crow);
     // the adjoint entering the range from the right; a lane an element at a time. The wave
     // syncs before (the previous channels' last reads) and after (every lane reads them all)
-    const float* const w_end = c_hi == nchunks ? per_lane(p.dlast + cd * nst) : per_lane(p.wckpt + crow + (c_hi - 1) * nst);
+    const float* const w_end = c_hi == nchunks ? per_lane(p.dlast + cd * nst)
+                                               : per_lane(p.wckpt + crow + (c_hi - 1) * nst);
     wave_sync();
     for (int n = j0; n < nst; n += kSeg) s_wc[ch][n] = w_end[n];
     wave_sync();

@@ -83,6 +83,14 @@ def remember(plans: dict, key, plan, size: int) -> None:
     plans[key] = plan
 
 
+def resident_blocks(launcher, threads: int) -> int | None:
+    """Blocks of ``threads`` threads of ``launcher``'s kernel a multiprocessor holds at once, by
+    the runtime's occupancy calculator (``Launcher.resident_blocks``); None where it cannot
+    tell, or where the launcher is a stand-in without one (the CPU tests)."""
+    ask = getattr(launcher, "resident_blocks", None)
+    return None if ask is None else ask(threads)
+
+
 def sm_count(device) -> int:
     """Multiprocessors (CUs on ROCm) of ``device``, which launch heuristics size grids by; 0
     where it is no GPU (launches stood in for on the CPU in tests)."""

@@ -31,6 +31,7 @@ from mamba2_rocm.ops._launch import (
     like,
     needs_autograd,
     register_training,
+    resident_blocks,
     sm_count,
     traced,
 )
@@ -146,8 +147,7 @@ def bwd_row_blocks(rows: int, launcher, threads: int, sms: int) -> int:
     count was the fastest of 2 / 3 / 4 / 6 / 8 blocks a multiprocessor at every width (d768:
     6 blocks, 76.8 us, 87% of copy, against 113.2 us at 2; d2048: 3 blocks, 197.5 against
     224.0 us at 2 and 231.8 at 4)."""
-    resident = getattr(launcher, "resident_blocks", None)
-    per_sm = (resident(threads) if resident is not None else None) or BWD_BLOCKS_PER_SM
+    per_sm = resident_blocks(launcher, threads) or BWD_BLOCKS_PER_SM
     return max(1, min(rows, per_sm * max(1, sms)))
 
 
