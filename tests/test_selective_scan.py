@@ -399,8 +399,10 @@ def test_kernel_path_trains_through_the_backward_op(kernel_stand_in, monkeypatch
         out.copy_(res[0])
         if last is not None:
             last.copy_(res[1])
+        return B.float().contiguous(), C.float().contiguous()  # (what the kernel read)
 
-    def bwd_stand_in(kset, u, delta, A, B, C, D, z, delta_bias, softplus, dims, dout, dlast):
+    def bwd_stand_in(kset, u, delta, A, B, C, D, z, delta_bias, softplus, dims, dout, dlast,
+                     bc):  # fmt: skip
         bwd.append(1)
         return ops._torch_grads((u, delta, A, B, C, D, z, delta_bias), softplus, dout, dlast)
 
@@ -845,3 +847,97 @@ def test_backward_copies_misaligned_whole_rows(kernel_stand_in):
     _, (_, params, _) = kernel_stand_in.launches
     f = dict(zip((k for k, _ in SelectiveScanBwdParams._fields_), params, strict=True))
     assert f["B"] != B.data_ptr() and f["B"] % 16 == 0 and f["C"] == a["C"].data_ptr()
+
+
+@pytest.mark.parametrize(("L", "kept"), [(256, True), (512, True), (250, False)])
+def test_training_reads_the_forwards_float32_bc(kernel_stand_in, L, kept):
+    """Eager training keeps the float32 copies of bf16 B / C the forward's kernel read and the
+    backward reads those (no second conversion to float32) where their rows are whole;
+    elsewhere the backward converts B / C into padded rows of its own, as before."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mamba2_rocm.params import SelectiveScanBwdParams
+
+    class Conversions(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            copies = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
+            if func in copies and out.dtype == torch.float32:
+                self.seen.append(tuple(out.shape))
+            return out
+
+    a = _inputs(seeded("ss-kept", L), d=8, n=4, L=L, dtype=torch.bfloat16)
+    a["B"], a["C"] = a["B"].to(torch.bfloat16), a["C"].to(torch.bfloat16)
+    ins = {k: v.requires_grad_() for k, v in a.items()}
+    out = selective_scan_fn(**ins)
+    with Conversions() as mode:
+        torch.autograd.grad(out, list(ins.values()), torch.randn_like(out))
+    assert mode.seen == ([] if kept else [(2, 1, 4, L)] * 2)
+    for _, p, _ in kernel_stand_in.launches[1:]:
+        b = dict(zip((k for k, _ in SelectiveScanBwdParams._fields_), p, strict=True))
+        assert b["ld"] == (L if kept else 256)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kept_bc_go_through_saved_tensor_hooks(kernel_stand_in, dtype):
+    """The kept copies of 16-bit B / C are saved as the inputs are: activation checkpointing's
+    and offloading's hooks see them (and may drop or move them). A float32 contiguous B / C is
+    read as it is by both kernels: nothing besides the inputs is saved."""
+    a = _inputs(seeded("ss-hooks"), d=8, n=4, L=256, dtype=dtype)
+    a["B"], a["C"] = a["B"].to(dtype), a["C"].to(dtype)
+    ins = {k: v.requires_grad_() for k, v in a.items()}
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = selective_scan_fn(**ins)
+    extra = [(t.dtype, tuple(t.shape)) for t in packed if all(t is not v for v in ins.values())]
+    assert extra == ([(torch.float32, (2, 4, 256))] * 2 if dtype == torch.bfloat16 else [])
+    torch.autograd.grad(out, list(ins.values()), torch.randn_like(out))
+
+
+def test_absent_operands_read_zeros_from_the_workspace(kernel_stand_in):
+    """No D, no delta_bias and no last-state gradient: the kernels read zeros cut from the
+    partials' zero-filled buffer, no fill of their own."""
+    from mamba2_rocm.ops import selective_scan as ops
+    from mamba2_rocm.params import SelectiveScanBwdParams
+
+    a = _inputs(seeded("ss-absent"), d=8, n=4, L=256, dtype=torch.bfloat16)
+    dout = torch.randn(2, 8, 256).to(torch.bfloat16)
+    made = []
+    real = ops.carved
+
+    def carved(make, device, *shapes):
+        views = real(make, device, *shapes)
+        made.append((make, views))
+        return views
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops, "carved", carved)
+        ops._bwd_impl(a["u"], a["delta"], a["A"], a["B"], a["C"], None, None, None, True, dout,
+                      None)  # fmt: skip
+    _, (_, params, _) = kernel_stand_in.launches
+    f = dict(zip((k for k, _ in SelectiveScanBwdParams._fields_), params, strict=True))
+    (zeroed,) = [views for make, views in made if make is torch.zeros]
+    blank = {v.data_ptr(): v for v in zeroed[3:]}
+    assert set(blank) == {f["D"], f["delta_bias"], f["dlast"]}
+    shapes = [tuple(blank[f[k]].shape) for k in ("D", "delta_bias", "dlast")]
+    assert shapes == [(8,), (8,), (2, 8, 4)]
+
+
+def test_gradient_through_the_last_state_alone(kernel_stand_in):
+    """Only the last state used: out's gradient is never materialized by autograd; the
+    backward reads zeros for it and still runs the kernels."""
+    a = _inputs(seeded("ss-last"), d=8, n=4, L=256, dtype=torch.bfloat16)
+    ins = {k: v.requires_grad_() for k, v in a.items()}
+    _, last = selective_scan_fn(**ins, return_last_state=True)
+    grads = torch.autograd.grad(last.sum(), list(ins.values()))
+    assert [g.shape for g in grads] == [v.shape for v in ins.values()]
+    assert len(kernel_stand_in.launches) == 3  # forward, carries, gradients

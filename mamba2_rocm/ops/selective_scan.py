@@ -162,10 +162,11 @@ def channel_segment_len(blocks: int, seqlen: int, sms: int, forced: int | None =
     return 0 if seg >= seqlen else seg
 
 
-def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out, last) -> None:
+def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out, last) -> tuple:
     """m2r_selective_scan_<dtype>_n<tier>[form] (csrc/selective_scan.hip): one launch, or two
     for the channel form cut into segments; every operand contiguous (copies only where the
-    caller's is not), B / C / A in float32."""
+    caller's is not), B / C / A in float32. Returns the float32 B and C it read (the
+    backward reads them too: :func:`_train_forward`)."""
     if dims.batch > GRID_YZ_MAX:
         raise ValueError(
             f"the selective-scan kernel takes batch <= {GRID_YZ_MAX}, got {dims.batch}"
@@ -227,6 +228,7 @@ def _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out
     if nseg > 1:  # every segment's map but the last's, then the outputs
         launch(kset.launcher(name + "s"), u, params, (blocks, dims.batch, nseg - 1), threads)
     launch(kset.launcher(name), u, params, (blocks, dims.batch, nseg), threads)
+    return B, C
 
 
 def _impl(
@@ -234,20 +236,27 @@ def _impl(
     z: Tensor | None, delta_bias: Tensor | None, delta_softplus: bool, return_last_state: bool,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """``(out, last_state)``, last_state empty unless asked for."""
+    return _forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)[:2]
+
+
+def _forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state) -> tuple:
+    """``_impl``'s ``(out, last_state)``, then the float32 B and C the kernel read (None, None
+    off the kernel tier)."""
     dims = check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias)
     shape = _last_shape(dims, return_last_state)
     if dims.batch == 0 or dims.seqlen == 0:  # empty input: empty output, zero state
         return (torch.empty(u.shape, dtype=u.dtype, device=u.device),
-                torch.zeros(shape, dtype=last_state_dtype(A), device=u.device))  # fmt: skip
+                torch.zeros(shape, dtype=last_state_dtype(A), device=u.device), None, None)  # fmt: skip
     tier, kset = choose(u.device)
     if tier == "kernel" and u.dtype in KERNEL_DTYPE and last_state_dtype(A) == torch.float32:
         out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
         last = torch.empty(shape, dtype=torch.float32, device=u.device)
-        _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out,
-                last if return_last_state else None)  # fmt: skip
-        return out, last
+        Bk, Ck = _kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, out,
+                         last if return_last_state else None)  # fmt: skip
+        return out, last, Bk, Ck
     fn = selective_scan_ref if tier == "eager" else selective_scan_torch
-    return _torch_tier(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, fn)
+    return (*_torch_tier(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state,
+                         fn), None, None)  # fmt: skip
 
 
 def _last_shape(dims, return_last_state: bool) -> tuple[int, ...]:
@@ -338,21 +347,27 @@ def carved(make, device, *shapes) -> list:
     each starting _CARVE_ALIGN floats apart: one allocation and at most one fill for all of a
     backward's workspaces, where one each cost a launch's host time (their contents as
     ``make`` leaves them)."""
-    sizes = [math.prod(s) for s in shapes]
-    starts, at = [], 0
-    for n in sizes:
-        starts.append(at)
+    cuts, at = [], 0
+    for shape in shapes:
+        strides, n = [], 1
+        for size in reversed(shape):  # contiguous strides
+            strides.append(n)
+            n *= size
+        cuts.append((shape, strides[::-1], at))
         at += -(-n // _CARVE_ALIGN) * _CARVE_ALIGN
     buf = make(at, dtype=torch.float32, device=device)
-    return [buf[a : a + n].view(s) for a, n, s in zip(starts, sizes, shapes, strict=True)]
+    return [buf.as_strided(shape, strides, start) for shape, strides, start in cuts]
 
 
-def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, dout, dlast):
+def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, dout, dlast,
+                bc=(None, None)):  # fmt: skip
     """The gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias; None for an absent input)
     by csrc/selective_scan_bwd.hip: m2r_selective_scan_bwd_carry_<dt>_<B><C>[_z] (the chunks'
     carries, a block per 4 channels), then m2r_selective_scan_bwd_<dt>_<B><C>[_z] over
     (group x slice, batch, chunk range) (:func:`bwd_grid`); the kernels' fp32 partials summed
-    here in a fixed order (torch's reductions: bit-identical)."""
+    here in a fixed order (torch's reductions: bit-identical). ``bc``: the float32 B and C
+    the forward read where it kept them (:func:`_train_forward`), else None each: read instead
+    of converting B / C again."""
     batch, dim, L, N = dims.batch, dims.dim, dims.seqlen, dims.dstate
     if batch > GRID_YZ_MAX:
         raise ValueError(f"the selective-scan kernel takes batch <= {GRID_YZ_MAX}, got {batch}")
@@ -366,7 +381,9 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
     ld = -(-L // _BWD_LD) * _BWD_LD
     nck = -(-L // _BWD_MIN_CHUNK)
 
-    def padded(t, g):  # variable: (batch, groups, dstate, ld) float32, zeros past seqlen
+    def padded(t, g, k):  # variable: (batch, groups, dstate, ld) float32, zeros past seqlen
+        if k is not None:  # the forward's float32 contiguous copy of t
+            t = k
         if not g:
             return t.float().contiguous()
         t = t.reshape(batch, g, N, L)
@@ -378,12 +395,8 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
         out[..., :L] = t
         return out
 
-    Bk, Ck = padded(B, gb), padded(C, gc)
+    Bk, Ck = padded(B, gb, bc[0]), padded(C, gc, bc[1])
     Ak = A.float().contiguous()
-    zeros = lambda *shape: torch.zeros(shape, dtype=f32, device=dev)  # noqa: E731
-    Dk = zeros(dim) if D is None else as_kernel_float(D).contiguous()
-    bias = zeros(dim) if delta_bias is None else as_kernel_float(delta_bias).contiguous()
-    dl_last = zeros(batch, dim, N) if dlast is None else dlast.float().contiguous()
     gdim = dim // groups
     var_bytes = (bool(gb) + bool(gc)) * batch * groups * N * ld * 4
     allowed = max(BWD_PARTIAL_FACTOR * x.numel() * x.element_size(), BWD_PARTIAL_MIN_BYTES)
@@ -402,9 +415,17 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
     dz = None if zk is None else torch.empty_like(x)
     per_chunk = (batch, dim, nck, N)  # chunks past the kernel's stay 0
     var_part = (batch, groups, slices, N, ld)  # dB / dC accumulate into it: zeros first
-    dA_part, dB_part, dC_part = carved(
-        torch.zeros, dev, per_chunk, var_part if gb else per_chunk, var_part if gc else per_chunk
-    )
+    # absent D, delta_bias and last-state gradient read as zeros: cut from the same buffer
+    absent = [s for t, s in ((D, (dim,)), (delta_bias, (dim,)), (dlast, (batch, dim, N)))
+              if t is None]  # fmt: skip
+    dA_part, dB_part, dC_part, *blank = carved(
+        torch.zeros, dev, per_chunk, var_part if gb else per_chunk,
+        var_part if gc else per_chunk, *absent,
+    )  # fmt: skip
+    blank.reverse()
+    Dk = blank.pop() if D is None else as_kernel_float(D).contiguous()
+    bias = blank.pop() if delta_bias is None else as_kernel_float(delta_bias).contiguous()
+    dl_last = blank.pop() if dlast is None else dlast.float().contiguous()
     dD_part, ddb_part = torch.empty(2, ranges, batch, dim, dtype=f32, device=dev).unbind(0)
 
     def params(slices: int, slice_ch: int) -> tuple:
@@ -478,6 +499,12 @@ def _bwd_impl(
     A, B, C, D, z, delta_bias), each in its input's dtype; an empty tensor stands for an
     absent input. The kernel tier runs csrc/selective_scan_bwd.hip (real A); otherwise
     autograd through the forward's PyTorch tier."""
+    return _backward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, dout, dlast)
+
+
+def _backward(u, delta, A, B, C, D, z, delta_bias, delta_softplus, dout, dlast,
+              bc=(None, None)) -> tuple:  # fmt: skip
+    """``_bwd_impl``; ``bc`` the float32 B / C the forward kept (:func:`_bwd_kernel`)."""
     dims = check_selective_scan_args(u, delta, A, B, C, D, z, delta_bias)
     _check_grads(u, dims, A, dout, dlast)
     inputs = (u, delta, A, B, C, D, z, delta_bias)
@@ -487,7 +514,7 @@ def _bwd_impl(
         tier, kset = choose(u.device)
         if tier == "kernel" and u.dtype in KERNEL_DTYPE and not dims.complex_a:
             grads = _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
-                                dout, dlast)  # fmt: skip
+                                dout, dlast, bc)  # fmt: skip
         else:
             grads = _torch_grads(inputs, delta_softplus, dout, dlast)
     return tuple(u.new_empty(0) if g is None else g for g in grads)  # type: ignore[return-value]
@@ -543,9 +570,10 @@ def _bwd_fake(u, delta, A, B, C, D, z, delta_bias, delta_softplus, dout, dlast):
 
 def _scan_backward(ctx, dout, dlast):
     """The selective scan's gradients through ``selective_scan_bwd`` (the HIP kernel on the
-    kernel tier; only the inputs are saved, the states are recomputed, as mamba_ssm does).
-    Complex A recomputes through the PyTorch tier (``_launch.recomputed_grads``)."""
-    inputs = saved_inputs(ctx)
+    kernel tier; the inputs are saved and the states recomputed, as mamba_ssm does, with the
+    float32 B / C that eager training may keep: ``_train_forward``). Complex A recomputes
+    through the PyTorch tier (``_launch.recomputed_grads``)."""
+    inputs, kept = saved_inputs(ctx, extra=True)
     if not wants_grads(ctx, inputs, _DIFFERENTIABLE):
         return (None,) * len(inputs)
     u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state = inputs
@@ -556,12 +584,44 @@ def _scan_backward(ctx, dout, dlast):
     if dlast is not None and (not return_last_state or dlast.numel() == 0):
         dlast = None
     # the registered op while compiling (traced through its fake), else the function itself
-    bwd = selective_scan_bwd if traced(u, dout) else _bwd_impl
-    grads = bwd(u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus), dout, dlast)
+    args = (u, delta, A, B, C, D, z, delta_bias, bool(delta_softplus), dout, dlast)
+    if traced(u, dout):
+        grads = selective_scan_bwd(*args)
+    else:
+        grads = _backward(*args, bc=kept or (None, None))
     return placed_grads(ctx, inputs, _DIFFERENTIABLE, grads)
 
 
-_train_scan = register_training(selective_scan_op, _impl, save_inputs, _scan_backward)
+def _train_forward(ctx, u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state):
+    """Eager training's forward: ``_impl``, with the float32 B / C copies the kernel read kept
+    on ``ctx.bc`` (for ``_save_scan``) where the backward reads them as they are: a copy (not
+    the caller's float32 tensor itself) of a fixed B / C, or of a variable one whose rows are
+    whole (seqlen a multiple of _BWD_LD; else the backward pads a copy anyway). That saves the
+    backward two conversions, at b * dstate * seqlen * 4 bytes each held until it runs.
+    Gradients of unused outputs stay None (the backward takes a missing one as zeros)."""
+    out, last, Bk, Ck = _forward(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
+                                 return_last_state)  # fmt: skip
+    whole = u.shape[-1] % _BWD_LD == 0
+
+    def kept(k, t):
+        return None if k is None or k is t or (t.dim() > 2 and not whole) else k
+
+    ctx.bc = (kept(Bk, B), kept(Ck, C))
+    ctx.set_materialize_grads(False)
+    return out, last
+
+
+def _save_scan(ctx, inputs, output) -> None:
+    """The scan's ``setup_context``: the inputs, and the B / C eager training kept
+    (``_train_forward``), saved with them through ``save_for_backward`` (so saved-tensor hooks
+    see them as they see the inputs; autograd frees them after the backward)."""
+    kept = getattr(ctx, "bc", None)
+    ctx.bc = None  # (held by save_for_backward only, so the hooks see every reference)
+    save_inputs(ctx, inputs, output, extra=() if kept is None else kept)
+
+
+_train_scan = register_training(selective_scan_op, _impl, _save_scan, _scan_backward,
+                                eager_forward=_train_forward)  # fmt: skip
 
 
 @selective_scan_op.register_fake
