@@ -941,3 +941,57 @@ def test_gradient_through_the_last_state_alone(kernel_stand_in):
     grads = torch.autograd.grad(last.sum(), list(ins.values()))
     assert [g.shape for g in grads] == [v.shape for v in ins.values()]
     assert len(kernel_stand_in.launches) == 3  # forward, carries, gradients
+
+
+@pytest.mark.parametrize(("gb", "gc"), [(0, 0), (1, 1), (2, 2), (2, 1), (1, 2), (0, 2), (1, 0)])
+@pytest.mark.parametrize(("bdt", "cdt"), [(torch.bfloat16, torch.bfloat16),
+                                          (torch.float32, torch.bfloat16)])  # fmt: skip
+@pytest.mark.parametrize("extras", [True, False])
+def test_summed_partials_match_plain_sums(gb, gc, bdt, cdt, extras):
+    """The backward's partials reduced in as few launches as the layouts allow give the sums
+    taken one by one (on the CPU exactly; a GPU may order a stacked reduction differently)."""
+    from mamba2_rocm.ops import selective_scan as ops
+    from mamba2_rocm.ops.checks import ScanDims
+
+    g = seeded("ss-sums", gb, gc, str(bdt), extras)
+    batch, dim, L, N, nck, slices, ranges = 3, 10, 300, 5, 3, 4, 2
+    groups, ld = math.lcm(gb or 1, gc or 1), 512
+    dims = ScanDims(batch, dim, L, N, gb, gc)
+    per_chunk, var_part = (batch, dim, nck, N), (batch, groups, slices, N, ld)
+    parts = ops.carved(torch.zeros, "cpu", per_chunk, var_part if gb else per_chunk,
+                       var_part if gc else per_chunk)  # fmt: skip
+    for p in parts:
+        p.copy_(torch.randn(p.shape, generator=g))
+    dDb = torch.randn(2, ranges, batch, dim, generator=g)
+    shape = lambda k: (dim, N) if not k else (batch, N, L) if k == 1 else (batch, k, N, L)  # noqa: E731
+    A = torch.zeros(dim, N)
+    B, C = torch.zeros(shape(gb), dtype=bdt), torch.zeros(shape(gc), dtype=cdt)
+    D = delta_bias = torch.zeros(dim, dtype=torch.bfloat16) if extras else None
+    got = ops.summed_partials(*parts, dDb, A, B, C, D, delta_bias, dims, groups)
+
+    def plain(part, t, k):
+        if not k:
+            return part.sum((0, 2)).to(t.dtype)
+        s = part[..., :L].sum(2)
+        if k < groups:
+            s = s.view(batch, k, groups // k, N, L).sum(2)
+        return s.reshape(t.shape).to(t.dtype)
+
+    want = (parts[0].sum((0, 2)), plain(parts[1], B, gb), plain(parts[2], C, gc),
+            dDb[0].sum((0, 1)).to(torch.bfloat16) if extras else None,
+            dDb[1].sum((0, 1)).to(torch.bfloat16) if extras else None)  # fmt: skip
+    for a, b in zip(got, want, strict=True):
+        if b is None:
+            assert a is None
+        else:
+            assert a.dtype == b.dtype and a.shape == b.shape
+            assert torch.equal(a, b)
+
+
+def test_stacked_refuses_uneven_parts():
+    from mamba2_rocm.ops import selective_scan as ops
+
+    a, b, c = ops.carved(torch.zeros, "cpu", (4, 3), (4, 3), (2, 6))
+    assert ops.stacked(a, b).shape == (2, 4, 3)
+    with pytest.raises(ValueError, match="equally shaped"):
+        ops.stacked(a, b, c)

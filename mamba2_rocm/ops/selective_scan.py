@@ -359,13 +359,26 @@ def carved(make, device, *shapes) -> list:
     return [buf.as_strided(shape, strides, start) for shape, strides, start in cuts]
 
 
+def stacked(*parts):
+    """Equally shaped tensors cut from one buffer by :func:`carved`, each at the same distance
+    from the one before, as one (len(parts), ...) view (a reduction over all of them is then
+    one launch)."""
+    first = parts[0]
+    step = parts[1].storage_offset() - first.storage_offset() if len(parts) > 1 else 0
+    if any(p.shape != first.shape or p.storage_offset() != first.storage_offset() + i * step
+           for i, p in enumerate(parts)):  # fmt: skip
+        raise ValueError("stacked: the parts are not equally shaped and spaced")
+    return first.as_strided((len(parts), *first.shape), (step, *first.stride()),
+                            first.storage_offset())  # fmt: skip
+
+
 def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims, dout, dlast,
                 bc=(None, None)):  # fmt: skip
     """The gradients (du, ddelta, dA, dB, dC, dD, dz, ddelta_bias; None for an absent input)
     by csrc/selective_scan_bwd.hip: m2r_selective_scan_bwd_carry_<dt>_<B><C>[_z] (the chunks'
     carries, a block per 4 channels), then m2r_selective_scan_bwd_<dt>_<B><C>[_z] over
     (group x slice, batch, chunk range) (:func:`bwd_grid`); the kernels' fp32 partials summed
-    here in a fixed order (torch's reductions: bit-identical). ``bc``: the float32 B and C
+    here (:func:`summed_partials`). ``bc``: the float32 B and C
     the forward read where it kept them (:func:`_train_forward`), else None each: read instead
     of converting B / C again."""
     batch, dim, L, N = dims.batch, dims.dim, dims.seqlen, dims.dstate
@@ -426,7 +439,8 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
     Dk = blank.pop() if D is None else as_kernel_float(D).contiguous()
     bias = blank.pop() if delta_bias is None else as_kernel_float(delta_bias).contiguous()
     dl_last = blank.pop() if dlast is None else dlast.float().contiguous()
-    dD_part, ddb_part = torch.empty(2, ranges, batch, dim, dtype=f32, device=dev).unbind(0)
+    dDb_part = torch.empty(2, ranges, batch, dim, dtype=f32, device=dev)  # dD, ddelta_bias
+    dD_part, ddb_part = dDb_part.unbind(0)
 
     def params(slices: int, slice_ch: int) -> tuple:
         return (
@@ -474,20 +488,44 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
     launch(grads_kernel, x, params(slices, slice_ch),
            (groups * slices, batch, ranges), _BWD_THREADS)  # fmt: skip
 
-    def bc_grad(part, t, g):
-        if not g:  # fixed: (dim, dstate), summed over the batch and the chunks
-            return part.sum((0, 2)).to(t.dtype)
-        s = part[..., :L].sum(2)  # (batch, groups, dstate, seqlen): the slices
+    dA, dB, dC, dD, ddb = summed_partials(dA_part, dB_part, dC_part, dDb_part, A, B, C, D,
+                                          delta_bias, dims, groups)  # fmt: skip
+    return du, ddl.to(delta.dtype), dA, dB, dC, dD, None if dz is None else dz.to(z.dtype), ddb
+
+
+def summed_partials(dA_part, dB_part, dC_part, dDb_part, A, B, C, D, delta_bias, dims,
+                    groups: int) -> tuple:  # fmt: skip
+    """(dA, dB, dC, dD, ddelta_bias) from the backward kernel's float32 partials, each in its
+    input's dtype (None for an absent D / delta_bias), in as few launches as the layouts allow:
+    dA and a fixed B / C's (batch, dim, chunks, dstate) partials summed over the batch and the
+    chunks in one reduction, a variable B / C's (batch, groups, slices, dstate, ld) over the
+    slices in one (and converted once where both go to one dtype as they are), dD with
+    ddelta_bias ((2, ranges, batch, dim)) in one. The pieces of each reduction are equally
+    spaced in one :func:`carved` buffer (:func:`stacked`). Torch's reductions take a fixed
+    order for a given shape: runs are bit-identical."""
+    batch, N, L = dims.batch, dims.dstate, dims.seqlen
+    gb, gc = dims.b_groups, dims.c_groups
+    fixed = [dA_part] + [p for p, g in ((dB_part, gb), (dC_part, gc)) if not g]
+    fixed_sums = iter(stacked(*fixed).sum((1, 3)).unbind(0))
+    var = [(p, t, g) for p, t, g in ((dB_part, B, gb), (dC_part, C, gc)) if g]
+    var_sums = stacked(*(p for p, _, _ in var))[..., :L].sum(3) if var else None
+    if var and all(g == groups for _, _, g in var) and len({t.dtype for _, t, _ in var}) == 1:
+        var_sums = var_sums.to(var[0][1].dtype)  # (no more sums after: one conversion)
+    var_sums = iter(() if var_sums is None else var_sums.unbind(0))
+
+    def bc_grad(t, g):
+        if not g:  # fixed: (dim, dstate)
+            return next(fixed_sums).to(t.dtype)
+        s = next(var_sums)  # (batch, groups, dstate, seqlen)
         if g < groups:  # the finer grouping's groups back to the tensor's
             s = s.view(batch, g, groups // g, N, L).sum(2)
         return s.reshape(t.shape).to(t.dtype)
 
-    return (
-        du, ddl.to(delta.dtype), dA_part.sum((0, 2)).to(A.dtype), bc_grad(dB_part, B, gb),
-        bc_grad(dC_part, C, gc), None if D is None else dD_part.sum((0, 1)).to(D.dtype),
-        None if dz is None else dz.to(z.dtype),
-        None if delta_bias is None else ddb_part.sum((0, 1)).to(delta_bias.dtype),
-    )  # fmt: skip
+    dA = next(fixed_sums).to(A.dtype)
+    dB, dC = bc_grad(B, gb), bc_grad(C, gc)
+    dDb = None if D is None and delta_bias is None else dDb_part.sum((1, 2))
+    return (dA, dB, dC, None if D is None else dDb[0].to(D.dtype),
+            None if delta_bias is None else dDb[1].to(delta_bias.dtype))  # fmt: skip
 
 
 def _bwd_impl(
