@@ -1,6 +1,7 @@
 """Host cost of a selective-scan training step on the kernel tier, measured on the CPU.
 
 Usage: python scripts/host_selective_scan.py [b,d,L,n ...]
+       python scripts/host_selective_scan.py --block [b,L,d_model ...]
 
 At mamba-130m width (b1 d1536 l2048 n16) an eager forward + backward on the H100 machine took
 924 µs of host time against ~480 µs of kernels (docs/design.md): the step waits for the host.
@@ -13,6 +14,11 @@ machine is a shared VM whose neighbours slow some runs), and what one step launc
 kernels, and the torch ops that launch a kernel of their own on a GPU (copies, fills,
 reductions; views and allocations launch nothing). B / C are variable bf16 (batch, dstate, L),
 as mamba_ssm's ``Mamba`` passes them; D and delta_bias float32, z given.
+
+``--block``: a whole Mamba1 block (``mamba2_rocm.models.mamba1.Mamba``, bf16, d_state 16,
+expand 2) forward + backward instead, counting its launches and the copies it makes (clones,
+dtype conversions, copies into views: count and MiB), which at mamba widths are full
+(batch, d_inner, seqlen) tensors wherever a layout does not match the next op's.
 
 The torch ops compute on the CPU here, at the shape's size: use a narrow shape (the default
 b1 d64 l256 n16) to see the host path alone. This machine runs Python about 2.6-4x faster
@@ -121,10 +127,55 @@ def measure(b: int, d: int, L: int, n: int) -> dict:
     return row
 
 
+class Copies(TorchDispatchMode):
+    """The copies of a region: count and bytes written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.nbytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if str(func).removeprefix("aten.").startswith(("clone", "_to_copy", "copy_")):
+            self.count += 1
+            self.nbytes += out.numel() * out.element_size()
+        return out
+
+
+def measure_block(b: int, L: int, d_model: int) -> dict:
+    from mamba2_rocm.models.mamba1 import Mamba
+
+    torch.manual_seed(0)
+    block = Mamba(d_model=d_model, d_state=16, d_conv=4, expand=2).to(torch.bfloat16)
+    x = torch.randn(b, L, d_model, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    wrt = [x, *block.parameters()]
+
+    def step():
+        return torch.autograd.grad(block(x), wrt, dy)
+
+    step()
+    KSET.launches.clear()
+    with TorchLaunches() as launches, Copies() as copies:
+        step()
+    return {"shape": f"b{b} l{L} d_model{d_model}", "our_launches": len(KSET.launches),
+            "torch_launches": len(launches.ops), "copies": copies.count,
+            "copied_mib": copies.nbytes / 2**20}  # fmt: skip
+
+
 KSET = stand_in()
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
+    if sys.argv[1:2] == ["--block"]:
+        shapes = [tuple(int(v) for v in a.split(",")) for a in sys.argv[2:]] or [(2, 512, 768)]
+        print(f"{'block':24} {'ours':>5} {'torch':>5} {'copies':>6} {'copied MiB':>10}")
+        for shape in shapes:
+            r = measure_block(*shape)
+            print(f"{r['shape']:24} {r['our_launches']:5d} {r['torch_launches']:5d} "
+                  f"{r['copies']:6d} {r['copied_mib']:10.1f}")  # fmt: skip
+        sys.exit()
     shapes = [tuple(int(v) for v in a.split(",")) for a in sys.argv[1:]] or [(1, 64, 256, 16)]
     print(f"{'shape':24} {'fwd no_grad us':>14} {'fwd+bwd us':>10} {'ours':>5} {'torch':>5}")
     for shape in shapes:

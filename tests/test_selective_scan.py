@@ -562,6 +562,32 @@ def test_mamba_inner_fn_forward_and_gradients(rms):
                                    msg=lambda m, k=k: f"d{k}: {m}")  # fmt: skip
 
 
+@pytest.mark.parametrize("rms", [False, True])
+def test_mamba_inner_fn_hands_the_scan_its_layout(rms, monkeypatch):
+    """Without a dt norm, delta comes out of one batched product as the scan's contiguous
+    (batch, dim, seqlen), which the scan reads without a copy, forward and backward (a
+    (batch * seqlen, dim) product read as (batch, dim, seqlen) was copied twice a step)."""
+    from mamba2_rocm.ops import mamba1
+
+    seen = []
+    real = mamba1.selective_scan_fn
+
+    def spy(u, delta, *args, **kwargs):
+        seen.append(delta.is_contiguous())
+        return real(u, delta, *args, **kwargs)
+
+    monkeypatch.setattr(mamba1, "selective_scan_fn", spy)
+    g = seeded("inner-layout", rms)
+    b, d, L, n, r = 2, 12, 33, 8, 3
+    kw = dict(dt_rms_weight=torch.randn(d, generator=g) + 2) if rms else {}
+    out = mamba1.mamba_inner_fn(
+        torch.randn(b, 2 * d, L, generator=g), torch.randn(d, 4, generator=g), None,
+        torch.randn(r + 2 * n, d, generator=g), torch.randn(d, r, generator=g),
+        torch.randn(10, d, generator=g), None, -torch.rand(d, n, generator=g), **kw,
+    )  # fmt: skip
+    assert out.shape == (b, L, 10) and seen == [not rms]
+
+
 @pytest.mark.parametrize(
     ("change", "error", "message"),
     [

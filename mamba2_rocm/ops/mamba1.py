@@ -6,9 +6,10 @@ xz (batch, 2 * dim, seqlen) splits into x and the gate z; x goes through the cau
 RMSNorms ``b_rms_weight`` / ``c_rms_weight`` / ``dt_rms_weight`` (FalconMamba) normalize B, C
 and delta over their last dim; then the selective scan with D, z and delta_bias, and
 ``out_proj``. Built from this package's ops (``causal_conv1d_fn``, ``rmsnorm_fn``,
-``selective_scan_fn``) and ``F.linear``, so it runs and differentiates wherever they do; each of
-those ops saves only its inputs for the backward. ``checkpoint_lvl`` (0 or 1) is accepted for
-mamba_ssm's signature; what is kept for the backward is decided by the ops.
+``selective_scan_fn``) and torch's products, so it runs and differentiates wherever they do;
+each of those ops saves its inputs for the backward (the scan also the float32 B / C it read).
+``checkpoint_lvl`` (0 or 1) is accepted for mamba_ssm's signature; what is kept for the
+backward is decided by the ops.
 
 ``mamba_inner_ref`` is mamba_ssm's name for the unfused block its tests compare the fused one
 with; there it is built from the same kernels (``causal_conv1d_fn``, ``selective_scan_fn``).
@@ -83,7 +84,15 @@ def mamba_inner_fn(
     x = causal_conv1d_fn(x, conv1d_weight, conv1d_bias, activation="silu")
     rows = x.transpose(1, 2).reshape(batch * seqlen, dim)  # (b l, d)
     x_dbl = F.linear(rows, x_proj_weight)  # (b l, dt_rank [+ dstate] [+ dstate])
-    delta = F.linear(x_dbl[:, :rank], delta_proj_weight)  # (b l, d)
+    if dt_rms_weight is None:  # (b, d, l) contiguous from a batched product: the scan's layout,
+        # which it reads as it is, forward and backward (a (b l, d) product read as (b, d, l)
+        # was copied into it twice a training step)
+        dt_in = x_dbl.view(batch, seqlen, x_dbl.shape[1])[..., :rank].transpose(1, 2)
+        delta = torch.bmm(delta_proj_weight.expand(batch, -1, -1), dt_in)
+    else:  # normalized over dim: rows of dim first
+        delta = F.linear(x_dbl[:, :rank], delta_proj_weight)  # (b l, d)
+        delta = rmsnorm_fn(delta, dt_rms_weight, None, eps=b_c_dt_rms_eps)
+        delta = delta.reshape(batch, seqlen, dim).transpose(1, 2)  # (b, d, l)
     at = rank
 
     def per_token(proj_bias, rms_weight):
@@ -101,9 +110,6 @@ def mamba_inner_fn(
 
     B = per_token(B_proj_bias, b_rms_weight) if B is None else B
     C = per_token(C_proj_bias, c_rms_weight) if C is None else C
-    if dt_rms_weight is not None:
-        delta = rmsnorm_fn(delta, dt_rms_weight, None, eps=b_c_dt_rms_eps)
-    delta = delta.reshape(batch, seqlen, dim).transpose(1, 2)  # (b, d, l)
     y = selective_scan_fn(x, delta, A, B, C, D, z=z, delta_bias=delta_bias,
                           delta_softplus=delta_softplus)  # fmt: skip
     return F.linear(y.transpose(1, 2), out_proj_weight, out_proj_bias)
