@@ -378,9 +378,8 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
     by csrc/selective_scan_bwd.hip: m2r_selective_scan_bwd_carry_<dt>_<B><C>[_z] (the chunks'
     carries, a block per 4 channels), then m2r_selective_scan_bwd_<dt>_<B><C>[_z] over
     (group x slice, batch, chunk range) (:func:`bwd_grid`); the kernels' fp32 partials summed
-    here (:func:`summed_partials`). ``bc``: the float32 B and C
-    the forward read where it kept them (:func:`_train_forward`), else None each: read instead
-    of converting B / C again."""
+    here (:func:`summed_partials`). ``bc``: the float32 B and C the forward read where it kept
+    them (:func:`_train_forward`), else None each: read instead of converting B / C again."""
     batch, dim, L, N = dims.batch, dims.dim, dims.seqlen, dims.dstate
     if batch > GRID_YZ_MAX:
         raise ValueError(f"the selective-scan kernel takes batch <= {GRID_YZ_MAX}, got {batch}")
