@@ -6,9 +6,9 @@ Usage: python scripts/host_selective_scan.py [b,d,L,n ...]
 At mamba-130m width (b1 d1536 l2048 n16) an eager forward + backward on the H100 machine took
 924 µs of host time against ~480 µs of kernels (docs/design.md): the step waits for the host.
 What the host does there is Python and torch calls, which this script runs on the CPU with the
-kernel tier's launches stood in for (every ``launch`` records instead of launching; ``choose``
-answers "kernel"), so the host path is exactly the GPU's, minus the driver calls. Per shape it
-prints the forward alone (no autograd), the forward with autograd and its backward, in µs of
+kernel tier's launches stood in for (``choose`` answers "kernel"; every ``launch`` is only
+counted, by ``mamba2_rocm.bench.host.launches_disabled``), so the host path is exactly the
+GPU's, minus the driver calls. Per shape it prints the forward alone (no autograd), the forward with autograd and its backward, in µs of
 this machine's wall time (the fastest of 9 runs of 200 steps, one torch thread: this
 machine is a shared VM whose neighbours slow some runs), and what one step launches: our
 kernels, and the torch ops that launch a kernel of their own on a GPU (copies, fills,
@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import mamba2_rocm.ops as ops_pkg
 from mamba2_rocm import selective_scan_fn
+from mamba2_rocm.bench.host import launches_disabled
 
 #: aten ops that launch nothing on a GPU: views, metadata, allocations
 _NO_LAUNCH = ("view", "slice", "select", "alias", "unbind", "expand", "as_strided", "empty",
@@ -44,28 +45,21 @@ _NO_LAUNCH = ("view", "slice", "select", "alias", "unbind", "expand", "as_stride
               "promote_types", "split", "narrow", "_reshape_alias", "reshape")  # fmt: skip
 
 
-class StandIn:
-    """A kernel set whose launchers count launches by kernel name instead of launching."""
-
-    def __init__(self) -> None:
-        self.launches: list[str] = []
+class KernelNames:
+    """A kernel set whose launchers are their names: ``launches_disabled`` (mamba2_rocm.bench.host)
+    turns every launch into a count, so nothing is run."""
 
     def launcher(self, name):
-        def record(params, grid, block, stream):
-            self.launches.append(name)
-
-        return record
+        return name
 
 
-def stand_in() -> StandIn:
-    kset = StandIn()
+def kernel_tier_on_cpu() -> None:
+    """Every ops module's ``choose`` answers "kernel" on the CPU (its host path as on a GPU)."""
+    kset = KernelNames()
     for info in pkgutil.iter_modules(ops_pkg.__path__):
         mod = importlib.import_module(f"mamba2_rocm.ops.{info.name}")
         if hasattr(mod, "choose"):
             mod.choose = lambda device: ("kernel", kset)
-        if hasattr(mod, "launch"):
-            mod.launch = lambda launcher, x, p, grid, threads: launcher(p, grid, threads, 0)
-    return kset
 
 
 class TorchLaunches(TorchDispatchMode):
@@ -114,17 +108,16 @@ def measure(b: int, d: int, L: int, n: int) -> dict:
     def step():
         return torch.autograd.grad(fwd(), ins, dout)
 
-    for _ in range(20):  # caches, lazy imports
-        step()
-    kset = KSET
-    kset.launches.clear()
-    with TorchLaunches() as mode:
-        step()
-    ours, torch_ops = list(kset.launches), mode.ops
-    row = {"shape": f"b{b} d{d} l{L} n{n}", "fwd_no_grad_us": best_us(fwd_no_grad),
-           "fwd_bwd_us": best_us(step), "our_launches": len(ours),
-           "torch_launches": len(torch_ops), "torch_ops": sorted(set(torch_ops))}  # fmt: skip
-    return row
+    with launches_disabled() as ours:
+        for _ in range(20):  # caches, lazy imports
+            step()
+        ours[0] = 0
+        with TorchLaunches() as mode:
+            step()
+        launched = ours[0]
+        return {"shape": f"b{b} d{d} l{L} n{n}", "fwd_no_grad_us": best_us(fwd_no_grad),
+                "fwd_bwd_us": best_us(step), "our_launches": launched,
+                "torch_launches": len(mode.ops), "torch_ops": sorted(set(mode.ops))}  # fmt: skip
 
 
 class Copies(TorchDispatchMode):
@@ -155,16 +148,17 @@ def measure_block(b: int, L: int, d_model: int) -> dict:
     def step():
         return torch.autograd.grad(block(x), wrt, dy)
 
-    step()
-    KSET.launches.clear()
-    with TorchLaunches() as launches, Copies() as copies:
+    with launches_disabled() as ours:
         step()
-    return {"shape": f"b{b} l{L} d_model{d_model}", "our_launches": len(KSET.launches),
+        ours[0] = 0
+        with TorchLaunches() as launches, Copies() as copies:
+            step()
+    return {"shape": f"b{b} l{L} d_model{d_model}", "our_launches": ours[0],
             "torch_launches": len(launches.ops), "copies": copies.count,
             "copied_mib": copies.nbytes / 2**20}  # fmt: skip
 
 
-KSET = stand_in()
+kernel_tier_on_cpu()
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

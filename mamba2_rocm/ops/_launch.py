@@ -157,6 +157,22 @@ def save_inputs(ctx, inputs, output, extra=()) -> None:
     ctx.save_for_backward(*(inputs[i] for i in ctx.tensor_pos), *extra)
 
 
+def save_inputs_kept(ctx, inputs, output, attr: str) -> None:
+    """An autograd ``setup_context`` for ops whose eager training forward keeps intermediates on
+    ``ctx.<attr>`` (a tensor, a tuple of tensors or None entries, or absent): the inputs and
+    those, all through ``save_for_backward`` (:func:`save_inputs`), so saved-tensor hooks
+    (activation checkpointing, offloading) see every reference and autograd frees them after
+    the backward. ``ctx.<attr>`` is cleared; the registered op's autograd (which has no eager
+    forward) saves the inputs alone. Use with ``functools.partial(..., attr=...)``."""
+    kept = getattr(ctx, attr, None)
+    setattr(ctx, attr, None)
+    if kept is None:
+        kept = ()
+    elif isinstance(kept, torch.Tensor):
+        kept = (kept,)
+    save_inputs(ctx, inputs, output, extra=tuple(kept))
+
+
 def saved_inputs(ctx, extra: bool = False):
     """The op's inputs as :func:`save_inputs` kept them, in argument order; with ``extra``,
     ``(inputs, extra tensors)``. Call it once per backward: ``ctx.saved_tensors`` is read once

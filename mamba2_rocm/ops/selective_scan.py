@@ -33,7 +33,7 @@ from mamba2_rocm.ops._launch import (
     recomputed_grads,
     register_training,
     resident_blocks,
-    save_inputs,
+    save_inputs_kept,
     saved_inputs,
     sm_count,
     traced,
@@ -434,10 +434,10 @@ def _bwd_kernel(kset, u, delta, A, B, C, D, z, delta_bias, delta_softplus, dims,
         torch.zeros, dev, per_chunk, var_part if gb else per_chunk,
         var_part if gc else per_chunk, *absent,
     )  # fmt: skip
-    blank.reverse()
-    Dk = blank.pop() if D is None else as_kernel_float(D).contiguous()
-    bias = blank.pop() if delta_bias is None else as_kernel_float(delta_bias).contiguous()
-    dl_last = blank.pop() if dlast is None else dlast.float().contiguous()
+    blank = iter(blank)  # (in absent's order)
+    Dk = next(blank) if D is None else as_kernel_float(D).contiguous()
+    bias = next(blank) if delta_bias is None else as_kernel_float(delta_bias).contiguous()
+    dl_last = next(blank) if dlast is None else dlast.float().contiguous()
     dDb_part = torch.empty(2, ranges, batch, dim, dtype=f32, device=dev)  # dD, ddelta_bias
     dD_part, ddb_part = dDb_part.unbind(0)
 
@@ -648,13 +648,8 @@ def _train_forward(ctx, u, delta, A, B, C, D, z, delta_bias, delta_softplus, ret
     return out, last
 
 
-def _save_scan(ctx, inputs, output) -> None:
-    """The scan's ``setup_context``: the inputs, and the B / C eager training kept
-    (``_train_forward``), saved with them through ``save_for_backward`` (so saved-tensor hooks
-    see them as they see the inputs; autograd frees them after the backward)."""
-    kept = getattr(ctx, "bc", None)
-    ctx.bc = None  # (held by save_for_backward only, so the hooks see every reference)
-    save_inputs(ctx, inputs, output, extra=() if kept is None else kept)
+#: the scan's ``setup_context``: the inputs and the float32 B / C eager training kept
+_save_scan = functools.partial(save_inputs_kept, attr="bc")
 
 
 _train_scan = register_training(selective_scan_op, _impl, _save_scan, _scan_backward,

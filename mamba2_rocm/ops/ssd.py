@@ -20,6 +20,7 @@ state for empty sequences at offset 0).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -38,7 +39,7 @@ from mamba2_rocm.ops._launch import (
     ptr,
     recomputed_grads,
     register_training,
-    save_inputs,
+    save_inputs_kept,
     saved_inputs,
     sm_count,
     strides,
@@ -780,14 +781,8 @@ def _train_forward(ctx, *inputs):
     return _scan(*inputs, keep=ctx)
 
 
-def _save_scan(ctx, inputs, output) -> None:
-    """The scan's ``setup_context``: the inputs, and the entering states eager training kept
-    (``_train_forward``), saved with them through ``save_for_backward``: so saved-tensor hooks
-    see them as they see the inputs (activation checkpointing drops them and recomputes the
-    forward, offloading moves them), and autograd frees them after the backward."""
-    kept = getattr(ctx, "states", None)
-    ctx.states = None  # (held by save_for_backward only, so the hooks see every reference)
-    save_inputs(ctx, inputs, output, extra=() if kept is None else (kept,))
+#: the scan's ``setup_context``: the inputs and the entering states eager training kept
+_save_scan = functools.partial(save_inputs_kept, attr="states")
 
 
 _train_scan = register_training(mamba_chunk_scan_combined_op, _impl, _save_scan, _scan_backward,
