@@ -8,12 +8,12 @@ At mamba-130m width (b1 d1536 l2048 n16) an eager forward + backward on the H100
 What the host does there is Python and torch calls, which this script runs on the CPU with the
 kernel tier's launches stood in for (``choose`` answers "kernel"; every ``launch`` is only
 counted, by ``mamba2_rocm.bench.host.launches_disabled``), so the host path is exactly the
-GPU's, minus the driver calls. Per shape it prints the forward alone (no autograd), the forward with autograd and its backward, in µs of
-this machine's wall time (the fastest of 9 runs of 200 steps, one torch thread: this
-machine is a shared VM whose neighbours slow some runs), and what one step launches: our
-kernels, and the torch ops that launch a kernel of their own on a GPU (copies, fills,
-reductions; views and allocations launch nothing). B / C are variable bf16 (batch, dstate, L),
-as mamba_ssm's ``Mamba`` passes them; D and delta_bias float32, z given.
+GPU's, minus the driver calls. Per shape it prints the forward alone (no autograd), the forward
+with autograd and its backward, in µs of this machine's wall time (the fastest of 9 runs of 200
+steps, one torch thread: this machine is a shared VM whose neighbours slow some runs), and what
+one step launches: our kernels, and the torch ops that launch a kernel of their own on a GPU
+(copies, fills, reductions; views and allocations launch nothing). B / C are variable bf16
+(batch, dstate, L), as mamba_ssm's ``Mamba`` passes them; D and delta_bias float32, z given.
 
 ``--block``: a whole Mamba1 block (``mamba2_rocm.models.mamba1.Mamba``, bf16, d_state 16,
 expand 2) forward + backward instead, counting its launches and the copies it makes (clones,
